@@ -1,0 +1,31 @@
+"""TorchLens: see, save and steer a neural network as it runs, in any framework.
+
+    import torchlens as tl
+    trace = tl.trace(model, x)
+    trace["layer3"].out, trace.summary(), trace.audit()
+"""
+
+from torchlens_core import (
+    AuditReport,
+    BackendNotFoundError,
+    CaptureError,
+    LabelNotFoundError,
+    ModulePass,
+    ModuleRecord,
+    OpRecord,
+    ParamRecord,
+    ReplayError,
+    TorchLensError,
+    Trace,
+    UnsupportedError,
+    backends,
+    trace,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
+    "ModuleRecord", "OpRecord", "ParamRecord", "ReplayError", "TorchLensError", "Trace",
+    "UnsupportedError", "__version__", "backends", "trace",
+]

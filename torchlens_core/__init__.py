@@ -1,0 +1,29 @@
+"""torchlens_core: the framework-neutral heart of TorchLens.
+
+The IR (records, trace), the hook specs and plugin manager, and everything a
+trace does without a framework (lookup, summary, replay driver, audit). This
+package never imports a framework.
+"""
+
+from torchlens_core.api import trace
+from torchlens_core.audit import AuditReport, Finding
+from torchlens_core.builder import TraceBuilder
+from torchlens_core.errors import (
+    BackendNotFoundError,
+    CaptureError,
+    LabelNotFoundError,
+    TorchLensError,
+    UnsupportedError,
+)
+from torchlens_core.hookspecs import hookimpl
+from torchlens_core.plugins import BackendInfo, backends
+from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
+from torchlens_core.replay import ReplayError
+from torchlens_core.trace import Trace
+
+__all__ = [
+    "AuditReport", "BackendInfo", "BackendNotFoundError", "CaptureError", "Finding",
+    "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "ParamRef",
+    "Ref", "ReplayError", "TorchLensError", "Trace", "TraceBuilder", "UnsupportedError",
+    "backends", "hookimpl", "trace",
+]

@@ -1,0 +1,224 @@
+"""audit(): is this trace faithful? Replay parity plus invariant tripwires.
+
+Each check yields Findings; a failing finding names the op at fault. The
+report is falsy when any check fails.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from torchlens_core import tree
+from torchlens_core.plugins import hook
+from torchlens_core.records import SOURCE_KINDS, ParamRef, Ref, refs_in
+
+if TYPE_CHECKING:
+    from torchlens_core.trace import Trace
+
+
+@attrs.frozen
+class Finding:
+    check: str
+    ok: bool
+    detail: str = ""
+    op: str | None = None
+
+
+@attrs.define
+class AuditReport:
+    findings: list[Finding]
+
+    def __bool__(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+    @property
+    def failures(self) -> list[Finding]:
+        return [f for f in self.findings if not f.ok]
+
+    def __str__(self) -> str:
+        lines = [f"Audit: {'PASS' if self else 'FAIL'} ({len(self.failures)} of {len(self.findings)} checks failed)"]
+        for f in self.findings:
+            where = f" [{f.op}]" if f.op else ""
+            lines.append(f"  {'ok  ' if f.ok else 'FAIL'} {f.check}{where}: {f.detail}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def audit(trace: Trace, rtol: float = 1e-5) -> AuditReport:
+    findings: list[Finding] = []
+    for check in (_acyclic_and_ordered, _edges_agree, _sources_declared, _labels_unique,
+                  _passes_consistent, _module_outputs_inside, _shapes_match, _values_intact,
+                  _counts_agree):
+        failures = list(check(trace))
+        name = check.__name__.strip("_").replace("_", " ")
+        findings += failures or [Finding(name, True, "ok")]
+    findings += _replay_parity(trace, rtol)
+    return AuditReport(findings)
+
+
+def _acyclic_and_ordered(trace: Trace) -> Iterator[Finding]:
+    for position, op in enumerate(trace.ops):
+        if op.index != position:
+            yield Finding("acyclic and ordered", False, f"index {op.index} is not its position {position}", op.label)
+        for i in op.parent_indices:
+            if not 0 <= i < op.index:
+                yield Finding("acyclic and ordered", False,
+                              f"parent #{i} does not run before it (a cycle or a misordered graph)", op.label)
+
+
+def _edges_agree(trace: Trace) -> Iterator[Finding]:
+    """Parents are the ops whose outputs the call reads; children mirror parents."""
+    ops, name = trace.ops, "edges agree"
+    by_label = {op.label: op for op in ops}
+    for op in ops:
+        from_args = sorted({r.index for r in refs_in((op.args, op.kwargs))})
+        if sorted(set(op.parent_indices)) != from_args:
+            yield Finding(name, False, f"parents {list(op.parent_indices)} but arguments read {from_args}", op.label)
+        if op.parents != [ops[i].label for i in op.parent_indices if 0 <= i < len(ops)]:
+            yield Finding(name, False, f"parent labels {op.parents} disagree with the graph", op.label)
+        for child in op.children:
+            c = by_label.get(child)
+            if c is None or op.label not in c.parents:
+                yield Finding(name, False, f"child {child} does not list it as a parent", op.label)
+        for parent in op.parents:
+            p = by_label.get(parent)
+            if p is None or op.label not in p.children:
+                yield Finding(name, False, f"parent {parent} does not list it as a child", op.label)
+
+
+def _sources_declared(trace: Trace) -> Iterator[Finding]:
+    """An op without parents must be a declared source, and its call must agree."""
+    for op in trace.ops:
+        if op.kind == "input" or op.parents:
+            continue
+        if op.kind == "output":
+            yield Finding("sources declared", False, "output node without a parent", op.label)
+        elif op.source not in SOURCE_KINDS:
+            yield Finding("sources declared", False,
+                          "has no parents and is not a declared source (constant, parameter, random)", op.label)
+        elif op.source == "parameter" and not any(
+                isinstance(leaf, ParamRef) for _, leaf in tree.leaves((op.args, op.kwargs), lambda x: isinstance(x, ParamRef))):
+            yield Finding("sources declared", False, "declared a parameter source but reads no parameter", op.label)
+
+
+def _labels_unique(trace: Trace) -> Iterator[Finding]:
+    seen: set[str] = set()
+    for op in trace.ops:
+        if not op.label or op.label in seen:
+            yield Finding("labels unique", False, f"label {op.label!r} is empty or repeated", op.label)
+        seen.add(op.label)
+
+
+def _passes_consistent(trace: Trace) -> Iterator[Finding]:
+    layers: dict[str, list[Any]] = {}
+    for op in trace.ops:
+        layers.setdefault(op.layer_label, []).append(op)
+    for label, ops in layers.items():
+        nums = [op.pass_num for op in ops]
+        if nums != list(range(1, len(ops) + 1)) or any(op.num_passes != len(ops) for op in ops):
+            yield Finding("passes consistent", False, f"layer {label} has passes {nums}", ops[0].label)
+        if len({op.func_name for op in ops}) > 1:
+            yield Finding("passes consistent", False, f"layer {label} mixes functions", ops[0].label)
+    for module in trace.modules.values():
+        if [p.pass_num for p in module.passes] != list(range(1, module.num_passes + 1)):
+            yield Finding("passes consistent", False, f"module {module.path} passes are misnumbered")
+
+
+def _module_outputs_inside(trace: Trace) -> Iterator[Finding]:
+    for module in trace.modules.values():
+        for mp in module.passes:
+            for ref in refs_in(mp.out_template):
+                op = trace.ops[ref.index]
+                if (mp.path, mp.pass_num) not in op.module_passes:
+                    yield Finding("module outputs inside", False,
+                                  f"output of {mp.label} was computed outside it", op.label)
+
+
+def _shapes_match(trace: Trace) -> Iterator[Finding]:
+    info = hook().torchlens_array_info
+    for op in trace.ops:
+        if op.out is None:
+            continue
+        leaves = [leaf for _, leaf in tree.leaves(op.out, lambda x: info(backend=trace.backend, value=x) is not None)]
+        shapes = [tuple(info(backend=trace.backend, value=leaf)[0]) for leaf in leaves]
+        recorded = op.shape
+        expected = shapes[0] if len(shapes) == 1 and tree.children(op.out) is None else tuple(shapes)
+        if recorded is not None and tuple(recorded) != expected:
+            yield Finding("shapes match", False, f"recorded {recorded}, value has {expected}", op.label)
+
+
+def _values_intact(trace: Trace) -> Iterator[Finding]:
+    for op in trace.ops:
+        if op.meta.get("mutated_after_recording"):
+            yield Finding("values intact", False, "saved value was changed in place after it was recorded", op.label)
+
+
+def _counts_agree(trace: Trace) -> Iterator[Finding]:
+    n_parent_edges = sum(len(op.parents) for op in trace.ops)
+    n_child_edges = sum(len(op.children) for op in trace.ops)
+    if n_parent_edges != n_child_edges:
+        yield Finding("counts agree", False, f"{n_parent_edges} parent edges but {n_child_edges} child edges")
+    n_outputs = len(refs_in(trace.output_template))
+    if n_outputs != len(trace.output_labels):
+        yield Finding("counts agree", False, f"{n_outputs} outputs returned, {len(trace.output_labels)} output nodes")
+    for module in trace.modules.values():
+        for mp in module.passes:
+            inside = [op.label for op in trace.ops if (mp.path, mp.pass_num) in op.module_passes]
+            if inside != mp.ops:
+                yield Finding("counts agree", False, f"{mp.label} lists {len(mp.ops)} ops, {len(inside)} ran inside it")
+
+
+def _replay_parity(trace: Trace, rtol: float) -> list[Finding]:
+    from torchlens_core.replay import ReplayError, replay_values
+
+    try:
+        values = replay_values(trace)
+    except ReplayError as exc:
+        return [Finding("replay", False, str(exc))]
+    error = _error_fn(trace)
+    worst, worst_op, compared = 0.0, None, 0
+    for op in trace.ops:
+        if op.kind != "op" or op.out is None:
+            continue
+        e = error(values[op.index], op.out)
+        compared += 1
+        if not e <= worst:  # NaN and inf count as worst
+            worst, worst_op = e, op.label
+    per_op = Finding("per-op replay parity", worst <= rtol,
+                     f"{compared} ops replayed, worst error {worst:.3g}" + (f" at {worst_op}" if worst_op else ""),
+                     worst_op if worst > rtol else None)
+    replayed = [values[r.index] for r in refs_in(trace.output_template)]
+    recorded = [trace.ops[r.index].out for r in refs_in(trace.output_template)]
+    model = [v for _, v in tree.leaves(trace.model_output, _array_test(trace))]
+    e_replay = max((error(a, b) for a, b in zip(replayed, recorded)), default=0.0)
+    same_count = len(model) == len(recorded)
+    e_model = max((error(a, b) for a, b in zip(recorded, model)), default=0.0) if same_count else math.inf
+    ok = e_replay <= rtol and e_model <= rtol
+    return [per_op, Finding("output parity", ok,
+                            f"replayed vs recorded {e_replay:.3g}, recorded vs model {e_model:.3g}"
+                            + ("" if same_count else f" ({len(recorded)} recorded, {len(model)} returned)"))]
+
+
+def _array_test(trace: Trace) -> Any:
+    info = hook().torchlens_array_info
+    return lambda x: info(backend=trace.backend, value=x) is not None
+
+
+def _error_fn(trace: Trace) -> Any:
+    h = hook()
+    is_array = _array_test(trace)
+
+    def error(actual: Any, expected: Any) -> float:
+        a = [v for _, v in tree.leaves(actual, is_array)]
+        e = [v for _, v in tree.leaves(expected, is_array)]
+        if len(a) != len(e):
+            return math.inf
+        return max((h.torchlens_array_error(backend=trace.backend, actual=x, expected=y) for x, y in zip(a, e)),
+                   default=0.0)
+
+    return error

@@ -1,0 +1,180 @@
+"""TraceBuilder: the framework-neutral half of capture.
+
+A backend's capture calls ``add_input``, ``add_op``, ``enter_module`` /
+``exit_module`` and ``add_outputs`` as the model runs, then ``finish()``, which
+names every op (labels, passes, parents, children) and returns the Trace.
+Everything here is cheap per op; naming happens once at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchlens_core import tree
+from torchlens_core.errors import CaptureError
+from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, Ref, refs_in
+from torchlens_core.trace import Trace
+
+
+class TraceBuilder:
+    def __init__(self, backend: str, model_name: str = "") -> None:
+        self.backend = backend
+        self.model_name = model_name
+        self.ops: list[OpRecord] = []
+        self.modules: dict[str, ModuleRecord] = {}
+        self.params: dict[str, ParamRecord] = {}
+        # The stack of (module path, pass) the next op runs inside. A tuple, so
+        # that every op recorded in the same context shares one object.
+        self.module_stack: tuple[tuple[str, int], ...] = ()
+        self.notes: dict[str, Any] = {}
+        self._output_template: Any = None
+        self._model_output: Any = None
+
+    # -- declared once, before the forward -------------------------------------------
+    def add_module(self, path: str, type_name: str, params: list[str] | None = None) -> None:
+        self.modules[path] = ModuleRecord(path=path, type_name=type_name, params=params or [])
+
+    def add_param(self, record: ParamRecord) -> None:
+        self.params[record.name] = record
+
+    # -- while the forward runs ------------------------------------------------------
+    def add_input(self, value: Any, shape: Any = None, dtype: Any = None, device: Any = None) -> OpRecord:
+        op = OpRecord(index=len(self.ops), kind="input", func_name="input", out=value,
+                      shape=shape, dtype=dtype, device=device)
+        self.ops.append(op)
+        return op
+
+    def add_op(self, func_name: str, call: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               parent_indices: tuple[int, ...], out: Any, *, shape: Any = None, dtype: Any = None,
+               device: Any = None, params: tuple[str, ...] = (), random: bool = False,
+               in_place: bool = False, code_site: Any = None, layer_key: Any = None,
+               meta: dict[str, Any] | None = None) -> OpRecord:
+        source = None
+        if not parent_indices:
+            source = "random" if random else "parameter" if params else "constant"
+        op = OpRecord(index=len(self.ops), kind="op", func_name=func_name, call=call, args=args,
+                      kwargs=kwargs, out=out, shape=shape, dtype=dtype, device=device,
+                      module_passes=self.module_stack, params=params, source=source,
+                      in_place=in_place, code_site=code_site, layer_key=layer_key,
+                      parent_indices=parent_indices, meta=meta if meta is not None else {})
+        self.ops.append(op)
+        return op
+
+    def enter_module(self, path: str) -> int:
+        """Open a new pass of module ``path``; returns its pass number."""
+        module = self.modules[path]
+        n = len(module.passes) + 1
+        module.passes.append(ModulePass(path=path, pass_num=n))
+        self.module_stack = (*self.module_stack, (path, n))
+        return n
+
+    def exit_module(self, path: str, out_template: Any) -> None:
+        """Close the innermost pass of ``path``; ``out_template`` holds Refs to what it returned."""
+        stack = self.module_stack
+        while stack and stack[-1][0] != path:  # a module that raised never closed its pass
+            stack = stack[:-1]
+        if not stack:
+            raise CaptureError(f"module {path!r} finished without having started")
+        self.modules[path].passes[stack[-1][1] - 1].out_template = out_template
+        self.module_stack = stack[:-1]
+
+    def identity_op(self, ref: Ref, value: Any, func_name: str = "identity", **meta: Any) -> OpRecord:
+        """An explicit pass-through op, for a module that returns a value it did not compute."""
+        src = self.ops[ref.index]
+        return self.add_op(func_name, None, (ref,), {}, (ref.index,), value, shape=_leaf(src.shape, ref.path),
+                           dtype=src.dtype, device=src.device, meta={"identity": True, **meta})
+
+    def add_outputs(self, template: Any, model_output: Any) -> None:
+        """One output node per Ref leaf of the model's output, keeping its structure.
+
+        ``template`` is ``model_output`` with every recorded array replaced by its Ref.
+        """
+        self._model_output = model_output
+        def node(leaf: Any) -> Any:
+            if not isinstance(leaf, Ref):
+                return leaf
+            src = self.ops[leaf.index]
+            out = OpRecord(index=len(self.ops), kind="output", func_name="output", args=(leaf,),
+                           out=tree.get(src.out, leaf.path), shape=_leaf(src.shape, leaf.path),
+                           dtype=src.dtype, device=src.device, parent_indices=(leaf.index,))
+            self.ops.append(out)
+            return Ref(out.index)
+
+        self._output_template = tree.map_leaves(node, template)
+
+    # -- once, at the end --------------------------------------------------------------
+    def finish(self) -> Trace:
+        ops = self.ops
+        _name_layers(ops)
+        for op in ops:
+            op.parents = [ops[i].label for i in op.parent_indices]
+        for op in ops:
+            for i in op.parent_indices:
+                ops[i].children.append(op.label)
+            for path, n in op.module_passes:
+                self.modules[path].passes[n - 1].ops.append(op.label)
+        trace = Trace(backend=self.backend, model_name=self.model_name, ops=ops,
+                      modules=self.modules, params=self.params,
+                      output_template=self._output_template, model_output=self._model_output,
+                      notes=self.notes)
+        for module in self.modules.values():
+            for mp in module.passes:
+                mp.trace = trace
+                for ref in refs_in(mp.out_template):
+                    ops[ref.index].module_outputs.append(mp.label)
+        return trace
+
+
+def _leaf(shape: Any, path: tuple[Any, ...]) -> Any:
+    """The shape of the leaf at ``path`` of a structured output's shapes."""
+    if not path or shape is None:
+        return shape
+    try:
+        return tree.get(shape, path)
+    except (IndexError, KeyError, TypeError):
+        return None
+
+
+def _name_layers(ops: list[OpRecord]) -> None:
+    """Give every op its layer, pass and label.
+
+    Repeated calls of one module are passes of the same layers: the k-th call
+    of function f inside a pass of module m is the same layer in every pass of
+    m. A backend may name the layer itself (``layer_key``), e.g. for the
+    iterations of a scan. Labels read ``{func}_{per-function ordinal}_{index of
+    the first pass}``, with ``:{pass}`` appended for layers of several passes.
+    """
+    layers: dict[Any, list[OpRecord]] = {}
+    per_pass_counts: dict[tuple[Any, ...], int] = {}
+    func_layers: dict[str, int] = {}
+    io_counts = {"input": 0, "output": 0}
+    for op in ops:
+        if op.kind != "op":
+            io_counts[op.kind] += 1
+            op.layer_label = op.label = f"{op.kind}_{io_counts[op.kind]}"
+            continue
+        key = op.layer_key
+        if key is None and op.module_passes:
+            inner = op.module_passes[-1]
+            slot = (inner, op.func_name)
+            k = per_pass_counts.get(slot, 0)
+            per_pass_counts[slot] = k + 1
+            key = (inner[0], op.func_name, k)
+        elif key is None:
+            key = ("", op.index)
+        passes = layers.get(key)
+        if passes is None:
+            func_layers[op.func_name] = ordinal = func_layers.get(op.func_name, 0) + 1
+            op.func_ordinal = ordinal
+            op.layer_label = f"{op.func_name}_{ordinal}_{op.index}"
+            layers[key] = [op]
+        else:
+            first = passes[0]
+            op.func_ordinal, op.layer_label = first.func_ordinal, first.layer_label
+            passes.append(op)
+            op.pass_num = len(passes)
+    for passes in layers.values():
+        n = len(passes)
+        for op in passes:
+            op.num_passes = n
+            op.label = f"{op.layer_label}:{op.pass_num}" if n > 1 else op.layer_label

@@ -1,0 +1,38 @@
+"""Typed errors. Every error TorchLens raises is a ``TorchLensError``."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class TorchLensError(Exception):
+    """Base class of every error TorchLens raises on purpose."""
+
+
+class BackendNotFoundError(TorchLensError, LookupError):
+    """A backend name was asked for that no installed plugin provides."""
+
+
+class UnsupportedError(TorchLensError, TypeError):
+    """The backend cannot capture this target or honour this request."""
+
+
+class CaptureError(TorchLensError, RuntimeError):
+    """Capture failed; nothing of it is left installed."""
+
+
+class LabelNotFoundError(TorchLensError, KeyError):
+    """A lookup key names no op or module of the trace."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; show it plainly
+        return str(self.args[0]) if self.args else ""
+
+
+def closest(key: str, candidates: Iterable[str], n: int = 5) -> list[str]:
+    """The candidates nearest to ``key``, best first (for "did you mean" messages)."""
+    pool = list(dict.fromkeys(candidates))
+    near = difflib.get_close_matches(key, pool, n=n, cutoff=0.5)
+    if len(near) < n:  # prefix matches catch "conv2d" -> "conv2d_1_1"
+        near += [c for c in pool if c.startswith(key) and c not in near][: n - len(near)]
+    return near

@@ -1,0 +1,113 @@
+"""The hooks a TorchLens backend implements, in the order a trace uses them.
+
+Every backend, built-in or third-party, is a pluggy plugin registered under the
+entry-point group ``torchlens.backends``. Hooks that act on one backend take
+its ``backend`` name and are ``firstresult``: an implementation returns None
+for any name that is not its own. An implementation may accept fewer
+arguments than its spec declares.
+
+Importing a backend's plugin module must not import its framework: detect
+frameworks through ``sys.modules`` and import them inside the hooks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+PROJECT = "torchlens"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# -- identity --------------------------------------------------------------------------
+@hookspec
+def torchlens_backend_info() -> Any:
+    """Describe this plugin's backend.
+
+    Called on every plugin when backends are listed or resolved. Return a
+    :class:`torchlens_core.plugins.BackendInfo` (name, aliases, framework
+    distribution, capabilities, the pip extra that installs it).
+    """
+
+
+@hookspec(firstresult=True)
+def torchlens_claim(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Claim a model or function traced with ``backend=None``.
+
+    Return the backend name if ``target`` (or its inputs) belongs to this
+    framework, else None; the first claim wins. Decide from ``sys.modules`` and
+    types only: a framework that is not yet imported cannot own the target.
+    """
+
+
+# -- capture ---------------------------------------------------------------------------
+@hookspec(firstresult=True)
+def torchlens_capture(backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``target(*args, **kwargs)`` once and record every op.
+
+    Build the trace with :class:`torchlens_core.builder.TraceBuilder` and return
+    the finished :class:`Trace`. Raise
+    :class:`~torchlens_core.errors.UnsupportedError` for targets or options the
+    backend cannot honour. Whatever happens, including an exception inside the
+    model or a KeyboardInterrupt, leave nothing patched or hooked.
+    """
+
+
+# -- replay ----------------------------------------------------------------------------
+@hookspec(firstresult=True)
+def torchlens_replay_graph(backend: str, trace: Any) -> list[Any] | None:
+    """Re-execute the whole recorded graph; return the value of every op, by index.
+
+    Implementations normally set up the framework (no autograd, RNG handling)
+    and call :func:`torchlens_core.replay.interpret` with their op runner.
+    """
+
+
+@hookspec(firstresult=True)
+def torchlens_replay_op(backend: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run one recorded op on the given (already resolved) arguments; return its output.
+
+    Must not modify the arguments: an in-place op runs on a copy.
+    """
+
+
+# -- arrays ----------------------------------------------------------------------------
+@hookspec(firstresult=True)
+def torchlens_array_info(backend: str, value: Any) -> tuple[tuple[int, ...], str, str] | None:
+    """``(shape, dtype name, device name)`` of an array of this backend, or None for a non-array."""
+
+
+@hookspec(firstresult=True)
+def torchlens_to_numpy(backend: str, value: Any) -> Any:
+    """A NumPy copy of one array of this backend."""
+
+
+@hookspec(firstresult=True)
+def torchlens_array_error(backend: str, actual: Any, expected: Any) -> float | None:
+    """How far ``actual`` is from ``expected``: ``max |a - e| / (1 + |e|)`` elementwise.
+
+    0.0 means equal; ``inf`` for different shapes or dtypes, or NaNs in
+    different places. Both are arrays of this backend.
+    """
+
+
+# -- conformance -----------------------------------------------------------------------
+@hookspec(firstresult=True)
+def torchlens_conformance_cases(backend: str) -> list[Any] | None:
+    """The backend's model zoo for the shared conformance suite.
+
+    Return a list of :class:`torchlens_core.conformance.Case`. Cases build their
+    models lazily, with random weights and nothing downloaded.
+    """
+
+
+@hookspec(firstresult=True)
+def torchlens_observe_module_outputs(backend: str, target: Any, args: tuple[Any, ...],
+                                     kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """Run the model with the framework's own module hooks; return ``{"path:pass": output}``.
+
+    The conformance suite compares these with the trace's module outputs.
+    Outputs must be copies, safe from later in-place changes.
+    """

@@ -1,0 +1,102 @@
+"""The plugin manager, and finding backends by name.
+
+Backends, the built-in ones included, are found through the entry-point group
+``torchlens.backends``; nothing here knows any framework by name.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from typing import Any
+
+import attrs
+import pluggy
+
+from torchlens_core import hookspecs
+from torchlens_core.errors import BackendNotFoundError
+
+ENTRY_POINT_GROUP = "torchlens.backends"
+
+# Capability names a backend may declare (BackendInfo.capabilities):
+#   "modules"      module containment and passes are recorded
+#   "functions"    plain functions can be traced
+#   "in_place"     in-place ops are recorded and saved values protected from them
+#   "random"       random ops replay exactly (RNG state is recorded)
+#   "control_flow" data-dependent branches and loops are recorded as they ran
+CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow")
+
+
+@attrs.frozen
+class BackendInfo:
+    """What a backend plugin says about itself."""
+
+    name: str
+    framework: str
+    extra: str
+    aliases: tuple[str, ...] = ()
+    capabilities: frozenset[str] = frozenset()
+    distribution: str = ""
+
+    @property
+    def framework_version(self) -> str | None:
+        """Installed version of the framework (read from package metadata, no import)."""
+        try:
+            return importlib.metadata.version(self.framework)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    @property
+    def available(self) -> bool:
+        return self.framework_version is not None
+
+
+@functools.lru_cache(maxsize=1)
+def plugin_manager() -> pluggy.PluginManager:
+    """The process-wide plugin manager, with every installed backend loaded."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    pm.check_pending()
+    return pm
+
+
+def hook() -> Any:
+    return plugin_manager().hook
+
+
+def backend_infos() -> list[BackendInfo]:
+    """Every registered backend, available or not, sorted by name."""
+    return sorted(hook().torchlens_backend_info(), key=lambda info: info.name)
+
+
+def backends() -> list[dict[str, Any]]:
+    """Installed backends: name, framework and its version, availability, capabilities."""
+    return [
+        {"name": i.name, "aliases": list(i.aliases), "framework": i.framework,
+         "version": i.framework_version, "available": i.available,
+         "capabilities": sorted(i.capabilities), "install": f"pip install 'torchlens[{i.extra}]'"}
+        for i in backend_infos()
+    ]
+
+
+def resolve_backend(name: str) -> BackendInfo:
+    """The backend called ``name`` (or one of its aliases), with its framework installed."""
+    infos = backend_infos()
+    for info in infos:
+        if name == info.name or name in info.aliases:
+            if not info.available:
+                raise BackendNotFoundError(
+                    f"backend {info.name!r} needs {info.framework}, which is not installed: "
+                    f"pip install 'torchlens[{info.extra}]'")
+            return info
+    listed = ", ".join(f"{i.name} ({'ready' if i.available else 'pip install torchlens[' + i.extra + ']'})"
+                       for i in infos) or "none"
+    raise BackendNotFoundError(
+        f"no backend named {name!r}. Registered backends: {listed}. A third-party backend "
+        f"registers itself under the entry-point group {ENTRY_POINT_GROUP!r}.")
+
+
+def claim_backend(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The backend that claims ``target`` (first claim wins), or None."""
+    return hook().torchlens_claim(target=target, args=args, kwargs=kwargs)

@@ -1,0 +1,162 @@
+"""The records a trace is made of: ops, modules, parameters, and argument placeholders.
+
+Records are plain attrs classes with slots. Framework arrays stay the
+framework's own; the core reads them only through a backend's hooks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from torchlens_core import tree
+
+if TYPE_CHECKING:
+    from torchlens_core.trace import Trace
+
+
+@attrs.frozen(slots=True)
+class Ref:
+    """Argument placeholder: the output of op ``index``, or the leaf at ``path`` inside it."""
+
+    index: int
+    path: tuple[Any, ...] = ()
+
+
+@attrs.frozen(slots=True)
+class ParamRef:
+    """Argument placeholder: the parameter (or buffer) named ``name``."""
+
+    name: str
+
+
+OP_KINDS = ("input", "op", "output")
+SOURCE_KINDS = ("constant", "parameter", "random")
+
+
+@attrs.define(slots=True, eq=False, repr=False)
+class OpRecord:
+    """One executed operation (or an input / output node) of a trace.
+
+    ``args`` and ``kwargs`` are the call as it ran, with every recorded array
+    replaced by a :class:`Ref` and every parameter by a :class:`ParamRef`;
+    ``call`` is what the backend needs to run it again (a function, a
+    primitive...). Labels, passes, parents and children are filled in when the
+    trace is finished.
+    """
+
+    index: int
+    kind: str
+    func_name: str
+    call: Any = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = attrs.Factory(dict)
+    out: Any = None
+    shape: tuple[Any, ...] | None = None
+    dtype: str | None = None
+    device: str | None = None
+    module_passes: tuple[tuple[str, int], ...] = ()
+    params: tuple[str, ...] = ()
+    source: str | None = None
+    in_place: bool = False
+    code_site: tuple[str, int, str] | None = None
+    layer_key: Any = None
+    meta: dict[str, Any] = attrs.Factory(dict)
+    parent_indices: tuple[int, ...] = ()
+    # Filled by TraceBuilder.finish():
+    label: str = ""
+    layer_label: str = ""
+    func_ordinal: int = 0
+    pass_num: int = 1
+    num_passes: int = 1
+    parents: list[str] = attrs.Factory(list)
+    children: list[str] = attrs.Factory(list)
+    module_outputs: list[str] = attrs.Factory(list)
+
+    @property
+    def module(self) -> str | None:
+        """Path of the innermost module this op ran inside (None at top level)."""
+        return self.module_passes[-1][0] if self.module_passes else None
+
+    @property
+    def modules(self) -> list[str]:
+        """``path:pass`` of every module this op ran inside, outermost first."""
+        return [f"{path}:{n}" for path, n in self.module_passes]
+
+    @property
+    def is_source(self) -> bool:
+        return self.kind == "op" and not self.parents
+
+    def __repr__(self) -> str:
+        where = f" in {self.modules[-1]}" if self.module_passes else ""
+        return f"<OpRecord {self.label} {self.func_name} shape={self.shape}{where}>"
+
+
+@attrs.define(slots=True, eq=False, repr=False)
+class ModulePass:
+    """One call of a module: the ops that ran inside it and what it returned."""
+
+    path: str
+    pass_num: int
+    out_template: Any = None
+    ops: list[str] = attrs.Factory(list)
+    trace: Trace | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}:{self.pass_num}"
+
+    @property
+    def out(self) -> Any:
+        """The module's output, with the structure (tuple, dict, dataclass) it returned."""
+        assert self.trace is not None
+        return self.trace.resolve(self.out_template)
+
+    @property
+    def output_ops(self) -> list[OpRecord]:
+        assert self.trace is not None
+        return [self.trace.ops[r.index] for r in refs_in(self.out_template)]
+
+    def __repr__(self) -> str:
+        return f"<ModulePass {self.label} ({len(self.ops)} ops)>"
+
+
+@attrs.define(slots=True, eq=False, repr=False)
+class ModuleRecord:
+    """A module (layer) of the model: its path, type and every pass through it."""
+
+    path: str
+    type_name: str
+    params: list[str] = attrs.Factory(list)
+    passes: list[ModulePass] = attrs.Factory(list)
+
+    @property
+    def num_passes(self) -> int:
+        return len(self.passes)
+
+    def __repr__(self) -> str:
+        return f"<ModuleRecord {self.path} ({self.type_name}), {self.num_passes} passes>"
+
+
+@attrs.define(slots=True, eq=False, repr=False)
+class ParamRecord:
+    """A parameter or buffer the traced model holds."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    trainable: bool
+    module: str
+    is_buffer: bool = False
+    value: Any = None
+
+    def __repr__(self) -> str:
+        kind = "buffer" if self.is_buffer else "param"
+        return f"<ParamRecord {kind} {self.name} {self.shape}>"
+
+
+def refs_in(template: Any) -> list[Ref]:
+    """Every :class:`Ref` inside an argument or output template, in order."""
+    return [leaf for _, leaf in tree.leaves(template, lambda x: isinstance(x, Ref))]

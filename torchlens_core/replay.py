@@ -1,0 +1,68 @@
+"""The evaluator: re-execute a recorded trace op by op.
+
+``interpret`` walks the ops in recorded order, resolves each op's argument
+template (Refs to earlier values, ParamRefs to parameters, constants as they
+were) and hands the call to ``run_op``, which is the backend's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from torchlens_core import tree
+from torchlens_core.errors import TorchLensError
+from torchlens_core.plugins import hook
+from torchlens_core.records import OpRecord, ParamRef, Ref
+
+if TYPE_CHECKING:
+    from torchlens_core.trace import Trace
+
+RunOp = Callable[[OpRecord, tuple[Any, ...], dict[str, Any]], Any]
+
+
+class ReplayError(TorchLensError, RuntimeError):
+    """An op could not be re-executed."""
+
+
+def interpret(trace: Trace, run_op: RunOp) -> list[Any]:
+    """Replay every op of ``trace`` with ``run_op``; the values, by op index.
+
+    Inputs take their recorded values; output nodes pass their parent's value on.
+    """
+    values: list[Any] = [None] * len(trace.ops)
+    params = trace.params
+
+    def resolve(leaf: Any) -> Any:
+        if isinstance(leaf, Ref):
+            return tree.get(values[leaf.index], leaf.path)
+        if isinstance(leaf, ParamRef):
+            return params[leaf.name].value
+        return leaf
+
+    for op in trace.ops:
+        if op.kind == "input":
+            values[op.index] = op.out
+            continue
+        args = tree.map_leaves(resolve, op.args)
+        if op.kind == "output" or op.meta.get("identity"):
+            values[op.index] = args[0]
+            continue
+        kwargs = tree.map_leaves(resolve, op.kwargs)
+        try:
+            values[op.index] = run_op(op, args, kwargs)
+        except Exception as exc:
+            raise ReplayError(f"replaying {op.label} ({op.func_name}) failed: {exc}") from exc
+    return values
+
+
+def replay_values(trace: Trace) -> list[Any]:
+    """Replay through the trace's backend; the value of every op, by index."""
+    h = hook()
+    values = h.torchlens_replay_graph(backend=trace.backend, trace=trace)
+    if values is None:
+        def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return h.torchlens_replay_op(backend=trace.backend, op=op, args=args, kwargs=kwargs)
+
+        values = interpret(trace, run_op)
+    return values

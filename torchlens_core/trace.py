@@ -1,0 +1,162 @@
+"""Trace: the recorded graph of one forward, and every way to look into it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from torchlens_core import tree
+from torchlens_core.errors import LabelNotFoundError, closest
+from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
+
+if TYPE_CHECKING:
+    from torchlens_core.audit import AuditReport
+
+
+class Trace:
+    """The ops of one forward pass in execution order, with modules and parameters.
+
+    Look ops up with ``trace[key]``: a label (``"relu_1_2"``), a short label
+    (``"relu_1"``), either with a pass (``"linear_1:2"``), a module path
+    (``"layer3"``, ``"layer3:2"``: the module's output) or a position
+    (``trace[7]``, ``trace[-1]``).
+    """
+
+    def __init__(self, backend: str, model_name: str, ops: list[OpRecord],
+                 modules: dict[str, ModuleRecord], params: dict[str, ParamRecord],
+                 output_template: Any, model_output: Any = None,
+                 notes: dict[str, Any] | None = None) -> None:
+        self.backend = backend
+        self.model_name = model_name
+        self.ops = ops
+        self.modules = modules
+        self.params = params
+        self.output_template = output_template
+        # What the forward itself returned, kept apart from the output nodes so
+        # that audit() can compare the two.
+        self.model_output = model_output
+        self.notes = notes or {}
+        self._keys: dict[str, OpRecord | ModulePass] | None = None
+        self._ambiguous: dict[str, list[str]] = {}
+
+    # -- the graph ------------------------------------------------------------------
+    @property
+    def output(self) -> Any:
+        """The model's output as the forward returned it."""
+        return self.resolve(self.output_template)
+
+    @property
+    def input_labels(self) -> list[str]:
+        return [op.label for op in self.ops if op.kind == "input"]
+
+    @property
+    def output_labels(self) -> list[str]:
+        return [op.label for op in self.ops if op.kind == "output"]
+
+    @property
+    def num_ops(self) -> int:
+        """Operations executed, not counting input and output nodes."""
+        return sum(op.kind == "op" for op in self.ops)
+
+    @property
+    def num_edges(self) -> int:
+        return sum(len(op.parents) for op in self.ops)
+
+    def resolve(self, template: Any) -> Any:
+        """Replace the Refs and ParamRefs inside ``template`` by the recorded values."""
+        def value(leaf: Any) -> Any:
+            if isinstance(leaf, Ref):
+                return tree.get(self.ops[leaf.index].out, leaf.path)
+            if isinstance(leaf, ParamRef):
+                return self.params[leaf.name].value
+            return leaf
+
+        return tree.map_leaves(value, template)
+
+    # -- lookup ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __iter__(self) -> Iterator[OpRecord]:
+        return iter(self.ops)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._index()
+
+    def __getitem__(self, key: int | str) -> Any:
+        if isinstance(key, int):
+            try:
+                return self.ops[key]
+            except IndexError:
+                raise LabelNotFoundError(
+                    f"op position {key} is out of range: this trace has {len(self.ops)} ops "
+                    f"(0..{len(self.ops) - 1}, or negative from the end)") from None
+        if not isinstance(key, str):
+            raise TypeError(f"trace keys are labels, module paths or positions, not {type(key).__name__}")
+        found = self._index().get(key)
+        if found is not None:
+            return found
+        if key in self._ambiguous:
+            options = ", ".join(self._ambiguous[key][:6])
+            raise LabelNotFoundError(f"{key!r} ran several times; name the pass, e.g. {options}")
+        near = closest(key, self._index())
+        hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
+        raise LabelNotFoundError(f"no op or module {key!r} in this trace{hint}")
+
+    def keys_of(self, op: OpRecord) -> list[str]:
+        """Every string key that finds ``op``."""
+        return [k for k, v in self._index().items() if v is op]
+
+    def _index(self) -> dict[str, OpRecord | ModulePass]:
+        if self._keys is not None:
+            return self._keys
+        keys: dict[str, OpRecord | ModulePass] = {}
+        multi: dict[str, list[str]] = {}
+
+        def add(base: str, target: OpRecord | ModulePass, pass_num: int, num_passes: int) -> None:
+            with_pass = f"{base}:{pass_num}"
+            keys[with_pass] = target
+            if num_passes == 1:
+                keys[base] = target
+            else:
+                multi.setdefault(base, []).append(with_pass)
+
+        for op in self.ops:
+            add(op.layer_label, op, op.pass_num, op.num_passes)
+            if op.kind == "op":
+                add(op.layer_label.rsplit("_", 1)[0], op, op.pass_num, op.num_passes)
+        for module in self.modules.values():
+            for mp in module.passes:
+                outs = mp.output_ops
+                single = len(outs) == 1 and isinstance(mp.out_template, Ref) and not mp.out_template.path
+                add(module.path, outs[0] if single else mp, mp.pass_num, module.num_passes)
+        self._ambiguous = multi
+        self._keys = keys
+        return keys
+
+    # -- reports --------------------------------------------------------------------
+    def summary(self) -> str:
+        """The module table: name and type, output shape, parameters, trainable; then totals."""
+        from torchlens_core.summary import summary
+
+        return summary(self)
+
+    def replay(self) -> Any:
+        """Run the recorded graph again, op by op, and return its output."""
+        from torchlens_core.replay import replay_values
+
+        values = replay_values(self)
+        return tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r,
+                               self.output_template)
+
+    def audit(self, rtol: float = 1e-5) -> AuditReport:
+        """Replay parity and invariant tripwires; the report is falsy if anything fails."""
+        from torchlens_core.audit import audit
+
+        return audit(self, rtol=rtol)
+
+    def __repr__(self) -> str:
+        name = self.model_name or "function"
+        return (f"<Trace of {name} ({self.backend}): {self.num_ops} ops, "
+                f"{len(self.modules)} modules, {len(self.params)} params>")
+

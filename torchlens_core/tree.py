@@ -1,0 +1,71 @@
+"""Walking Python containers (tuple, list, dict, namedtuple, dataclass) without a framework.
+
+Backends describe values as nested Python containers whose leaves are arrays or
+plain constants; these helpers map over them and rebuild the same structure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+Path = tuple[Any, ...]
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
+
+
+def children(obj: Any) -> list[tuple[Any, Any]] | None:
+    """The (key, child) pairs of a container, or None for a leaf."""
+    if isinstance(obj, (tuple, list)):
+        return list(enumerate(obj))
+    if isinstance(obj, dict):
+        return list(obj.items())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    return None
+
+
+def rebuild(obj: Any, values: list[Any]) -> Any:
+    """A container of the same type as ``obj`` holding ``values`` in ``children`` order."""
+    if _is_namedtuple(obj):
+        return type(obj)(*values)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(values)
+    if isinstance(obj, dict):
+        items = dict(zip(obj.keys(), values))
+        try:
+            return type(obj)(**items) if type(obj) is not dict else items
+        except TypeError:
+            return type(obj)(items)
+    fields = [f.name for f in dataclasses.fields(obj)]
+    return dataclasses.replace(obj, **dict(zip(fields, values)))
+
+
+def map_leaves(fn: Callable[[Any], Any], obj: Any) -> Any:
+    """Apply ``fn`` to every leaf, keeping the structure."""
+    kids = children(obj)
+    if kids is None:
+        return fn(obj)
+    return rebuild(obj, [map_leaves(fn, v) for _, v in kids])
+
+
+def leaves(obj: Any, is_leaf: Callable[[Any], bool], path: Path = ()) -> Iterator[tuple[Path, Any]]:
+    """Yield ``(path, leaf)`` for every leaf accepted by ``is_leaf``."""
+    if is_leaf(obj):
+        yield path, obj
+        return
+    kids = children(obj)
+    if kids is None:
+        return
+    for key, child in kids:
+        yield from leaves(child, is_leaf, (*path, key))
+
+
+def get(obj: Any, path: Path) -> Any:
+    """The element of ``obj`` at ``path``."""
+    for key in path:
+        obj = getattr(obj, key) if isinstance(key, str) and not isinstance(obj, dict) else obj[key]
+    return obj
