@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from torchlens_core import tree
+from torchlens_core.arrays import is_array_of, max_error
 from torchlens_core.plugins import hook
 from torchlens_core.records import SOURCE_KINDS, ParamRef, Ref, refs_in
 
@@ -140,16 +141,20 @@ def _module_outputs_inside(trace: Trace) -> Iterator[Finding]:
 
 
 def _shapes_match(trace: Trace) -> Iterator[Finding]:
+    """Recorded shapes are the values' shapes (a structured output: one entry per element, None for non-arrays)."""
     info = hook().torchlens_array_info
+
+    def shape(value: Any) -> tuple[int, ...] | None:
+        found = info(backend=trace.backend, value=value)
+        return None if found is None else tuple(found[0])
+
     for op in trace.ops:
-        if op.out is None:
+        if op.out is None or op.shape is None:
             continue
-        leaves = [leaf for _, leaf in tree.leaves(op.out, lambda x: info(backend=trace.backend, value=x) is not None)]
-        shapes = [tuple(info(backend=trace.backend, value=leaf)[0]) for leaf in leaves]
-        recorded = op.shape
-        expected = shapes[0] if len(shapes) == 1 and tree.children(op.out) is None else tuple(shapes)
-        if recorded is not None and tuple(recorded) != expected:
-            yield Finding("shapes match", False, f"recorded {recorded}, value has {expected}", op.label)
+        kids = tree.children(op.out)
+        expected = shape(op.out) if kids is None else tuple(shape(v) for _, v in kids)
+        if tuple(op.shape) != expected:
+            yield Finding("shapes match", False, f"recorded {op.shape}, value has {expected}", op.label)
 
 
 def _values_intact(trace: Trace) -> Iterator[Finding]:
@@ -176,25 +181,31 @@ def _counts_agree(trace: Trace) -> Iterator[Finding]:
 def _replay_parity(trace: Trace, rtol: float) -> list[Finding]:
     from torchlens_core.replay import ReplayError, replay_values
 
-    try:
-        values = replay_values(trace)
-    except ReplayError as exc:
-        return [Finding("replay", False, str(exc))]
-    error = _error_fn(trace)
     worst, worst_op, compared = 0.0, None, 0
-    for op in trace.ops:
+
+    def observe(op: Any, value: Any) -> None:
+        nonlocal worst, worst_op, compared
         if op.kind != "op" or op.out is None:
-            continue
-        e = error(values[op.index], op.out)
+            return
+        e = max_error(trace.backend, value, op.out)
         compared += 1
         if not e <= worst:  # NaN and inf count as worst
             worst, worst_op = e, op.label
+
+    try:
+        values = replay_values(trace, observe)
+    except ReplayError as exc:
+        return [Finding("replay", False, str(exc))]
+
+    def error(actual: Any, expected: Any) -> float:
+        return max_error(trace.backend, actual, expected)
+
     per_op = Finding("per-op replay parity", worst <= rtol,
                      f"{compared} ops replayed, worst error {worst:.3g}" + (f" at {worst_op}" if worst_op else ""),
                      worst_op if worst > rtol else None)
     replayed = [values[r.index] for r in refs_in(trace.output_template)]
     recorded = [trace.ops[r.index].out for r in refs_in(trace.output_template)]
-    model = [v for _, v in tree.leaves(trace.model_output, _array_test(trace))]
+    model = [v for _, v in tree.leaves(trace.model_output, is_array_of(trace.backend))]
     e_replay = max((error(a, b) for a, b in zip(replayed, recorded)), default=0.0)
     same_count = len(model) == len(recorded)
     e_model = max((error(a, b) for a, b in zip(recorded, model)), default=0.0) if same_count else math.inf
@@ -202,23 +213,3 @@ def _replay_parity(trace: Trace, rtol: float) -> list[Finding]:
     return [per_op, Finding("output parity", ok,
                             f"replayed vs recorded {e_replay:.3g}, recorded vs model {e_model:.3g}"
                             + ("" if same_count else f" ({len(recorded)} recorded, {len(model)} returned)"))]
-
-
-def _array_test(trace: Trace) -> Any:
-    info = hook().torchlens_array_info
-    return lambda x: info(backend=trace.backend, value=x) is not None
-
-
-def _error_fn(trace: Trace) -> Any:
-    h = hook()
-    is_array = _array_test(trace)
-
-    def error(actual: Any, expected: Any) -> float:
-        a = [v for _, v in tree.leaves(actual, is_array)]
-        e = [v for _, v in tree.leaves(expected, is_array)]
-        if len(a) != len(e):
-            return math.inf
-        return max((h.torchlens_array_error(backend=trace.backend, actual=x, expected=y) for x, y in zip(a, e)),
-                   default=0.0)
-
-    return error

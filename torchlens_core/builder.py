@@ -87,20 +87,20 @@ class TraceBuilder:
     def add_outputs(self, template: Any, model_output: Any) -> None:
         """One output node per Ref leaf of the model's output, keeping its structure.
 
-        ``template`` is ``model_output`` with every recorded array replaced by its Ref.
+        ``template`` is ``model_output`` with every recorded array replaced by
+        its Ref. Output nodes hold the returned values themselves: a value
+        changed in place after its op ran is returned as it was at the end.
         """
         self._model_output = model_output
-        def node(leaf: Any) -> Any:
-            if not isinstance(leaf, Ref):
-                return leaf
+        nodes: dict[tuple[Any, ...], Ref] = {}
+        for path, leaf in tree.leaves(template, lambda x: isinstance(x, Ref)):
             src = self.ops[leaf.index]
             out = OpRecord(index=len(self.ops), kind="output", func_name="output", args=(leaf,),
-                           out=tree.get(src.out, leaf.path), shape=_leaf(src.shape, leaf.path),
+                           out=tree.get(model_output, path), shape=_leaf(src.shape, leaf.path),
                            dtype=src.dtype, device=src.device, parent_indices=(leaf.index,))
             self.ops.append(out)
-            return Ref(out.index)
-
-        self._output_template = tree.map_leaves(node, template)
+            nodes[path] = Ref(out.index)
+        self._output_template = _replace_at(template, nodes)
 
     # -- once, at the end --------------------------------------------------------------
     def finish(self) -> Trace:
@@ -123,6 +123,16 @@ class TraceBuilder:
                 for ref in refs_in(mp.out_template):
                     ops[ref.index].module_outputs.append(mp.label)
         return trace
+
+
+def _replace_at(template: Any, new: dict[tuple[Any, ...], Any], path: tuple[Any, ...] = ()) -> Any:
+    """``template`` with the leaves at the given paths replaced."""
+    if path in new:
+        return new[path]
+    kids = tree.children(template)
+    if kids is None:
+        return template
+    return tree.rebuild(template, [_replace_at(v, new, (*path, k)) for k, v in kids])
 
 
 def _leaf(shape: Any, path: tuple[Any, ...]) -> Any:

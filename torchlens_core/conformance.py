@@ -22,3 +22,4 @@ class Case:
     rtol: float = 1e-5
     check_modules: bool = True
     slow: bool = False
+    reset: Callable[[], None] | None = None

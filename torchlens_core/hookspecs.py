@@ -57,11 +57,13 @@ def torchlens_capture(backend: str, target: Any, args: tuple[Any, ...], kwargs: 
 
 # -- replay ----------------------------------------------------------------------------
 @hookspec(firstresult=True)
-def torchlens_replay_graph(backend: str, trace: Any) -> list[Any] | None:
+def torchlens_replay_graph(backend: str, trace: Any, observe: Any) -> list[Any] | None:
     """Re-execute the whole recorded graph; return the value of every op, by index.
 
     Implementations normally set up the framework (no autograd, RNG handling)
-    and call :func:`torchlens_core.replay.interpret` with their op runner.
+    and call :func:`torchlens_core.replay.interpret` with their op runner,
+    passing ``observe`` (None, or a callable ``observe(op, value)`` to call with
+    each op's value as soon as it is computed) through.
     """
 
 
@@ -69,7 +71,9 @@ def torchlens_replay_graph(backend: str, trace: Any) -> list[Any] | None:
 def torchlens_replay_op(backend: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run one recorded op on the given (already resolved) arguments; return its output.
 
-    Must not modify the arguments: an in-place op runs on a copy.
+    An in-place op may write into a replayed value (so that writes through
+    views reach their base, as they did in the model), but never into a
+    parameter, buffer, constant or recorded input.
     """
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import warnings
 from typing import Any
 
 import attrs
@@ -51,12 +52,25 @@ class BackendInfo:
         return self.framework_version is not None
 
 
+# Entry points that failed to load, with the reason: one broken plugin must not
+# take the other backends down with it.
+broken_plugins: dict[str, str] = {}
+
+
 @functools.lru_cache(maxsize=1)
 def plugin_manager() -> pluggy.PluginManager:
     """The process-wide plugin manager, with every installed backend loaded."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if pm.get_plugin(ep.name) is not None:
+            continue
+        try:
+            pm.register(ep.load(), name=ep.name)
+        except Exception as exc:  # noqa: BLE001 - reported, not hidden
+            broken_plugins[ep.name] = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"TorchLens backend plugin {ep.name!r} ({ep.value}) failed to load: {exc}",
+                          RuntimeWarning, stacklevel=2)
     pm.check_pending()
     return pm
 
@@ -90,6 +104,8 @@ def resolve_backend(name: str) -> BackendInfo:
                     f"backend {info.name!r} needs {info.framework}, which is not installed: "
                     f"pip install 'torchlens[{info.extra}]'")
             return info
+    if name in broken_plugins:
+        raise BackendNotFoundError(f"backend plugin {name!r} is installed but failed to load: {broken_plugins[name]}")
     listed = ", ".join(f"{i.name} ({'ready' if i.available else 'pip install torchlens[' + i.extra + ']'})"
                        for i in infos) or "none"
     raise BackendNotFoundError(

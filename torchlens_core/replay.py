@@ -19,16 +19,21 @@ if TYPE_CHECKING:
     from torchlens_core.trace import Trace
 
 RunOp = Callable[[OpRecord, tuple[Any, ...], dict[str, Any]], Any]
+Observe = Callable[[OpRecord, Any], None]
 
 
 class ReplayError(TorchLensError, RuntimeError):
     """An op could not be re-executed."""
 
 
-def interpret(trace: Trace, run_op: RunOp) -> list[Any]:
+def interpret(trace: Trace, run_op: RunOp, observe: Observe | None = None,
+              copy_input: Callable[[Any], Any] | None = None) -> list[Any]:
     """Replay every op of ``trace`` with ``run_op``; the values, by op index.
 
-    Inputs take their recorded values; output nodes pass their parent's value on.
+    Inputs take their recorded values (through ``copy_input``, for backends
+    whose replay writes in place); output nodes pass their parent's value on.
+    ``observe(op, value)`` sees each op's value the moment it is computed,
+    before any later in-place op can change it.
     """
     values: list[Any] = [None] * len(trace.ops)
     params = trace.params
@@ -42,7 +47,7 @@ def interpret(trace: Trace, run_op: RunOp) -> list[Any]:
 
     for op in trace.ops:
         if op.kind == "input":
-            values[op.index] = op.out
+            values[op.index] = op.out if copy_input is None else copy_input(op.out)
             continue
         args = tree.map_leaves(resolve, op.args)
         if op.kind == "output" or op.meta.get("identity"):
@@ -53,16 +58,18 @@ def interpret(trace: Trace, run_op: RunOp) -> list[Any]:
             values[op.index] = run_op(op, args, kwargs)
         except Exception as exc:
             raise ReplayError(f"replaying {op.label} ({op.func_name}) failed: {exc}") from exc
+        if observe is not None:
+            observe(op, values[op.index])
     return values
 
 
-def replay_values(trace: Trace) -> list[Any]:
+def replay_values(trace: Trace, observe: Observe | None = None) -> list[Any]:
     """Replay through the trace's backend; the value of every op, by index."""
     h = hook()
-    values = h.torchlens_replay_graph(backend=trace.backend, trace=trace)
+    values = h.torchlens_replay_graph(backend=trace.backend, trace=trace, observe=observe)
     if values is None:
         def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return h.torchlens_replay_op(backend=trace.backend, op=op, args=args, kwargs=kwargs)
 
-        values = interpret(trace, run_op)
+        values = interpret(trace, run_op, observe)
     return values

@@ -1,0 +1,1 @@
+"""The PyTorch backend: capture through a TorchFunctionMode plus global module hooks."""

@@ -1,0 +1,38 @@
+"""Array adapters: what the core may ask of a torch tensor."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def array_info(value: Any) -> tuple[tuple[int, ...], str, str] | None:
+    if not isinstance(value, torch.Tensor):
+        return None
+    return tuple(value.shape), str(value.dtype).removeprefix("torch."), value.device.type
+
+
+def to_numpy(value: torch.Tensor) -> Any:
+    return value.detach().cpu().resolve_conj().resolve_neg().numpy().copy()
+
+
+def array_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |a - e| / (1 + |e|); inf for a shape or dtype mismatch or NaNs in other places."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return math.inf
+    with torch.no_grad():
+        a, e = actual.detach(), expected.detach().to(actual.device)
+        if not (a.is_floating_point() or a.is_complex()):
+            return 0.0 if torch.equal(a, e) else math.inf
+        a, e = a.double(), e.double()
+        nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+        if not torch.equal(nan_a, nan_e):
+            return math.inf
+        if a.numel() == 0:
+            return 0.0
+        keep = ~nan_a
+        both_inf = torch.isinf(e) & (a == e)
+        diff = torch.where(both_inf | ~keep, torch.zeros_like(a), (a - e).abs() / (1 + e.abs()))
+        return float(diff.max())

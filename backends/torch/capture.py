@@ -1,0 +1,332 @@
+"""Capturing a PyTorch forward.
+
+One ``TorchFunctionMode`` sees every torch-level call the forward makes
+(``torch.*``, ``torch.nn.functional.*``, Tensor methods and operators, names
+bound before capture); calls made from inside a recorded call are not seen, so
+``F.relu`` is one op, not two. Global module hooks give module containment and
+passes. A call is an op when it returns a tensor, or when it changes a tensor
+in place.
+
+Saved values are the values that ran: before an op writes into a tensor, every
+recorded value sharing that tensor's storage is copied first.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import weakref
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from torchlens_core import tree
+from torchlens_core.builder import TraceBuilder
+from torchlens_core.errors import UnsupportedError
+from torchlens_core.records import ParamRecord, ParamRef, Ref
+from torchlens_core.trace import Trace
+
+Tensor = torch.Tensor
+
+_RANDOM = frozenset({
+    "dropout", "dropout_", "alpha_dropout", "alpha_dropout_", "feature_alpha_dropout", "feature_dropout",
+    "dropout1d", "dropout2d", "dropout3d", "native_dropout", "rrelu", "rrelu_", "bernoulli", "bernoulli_",
+    "multinomial", "normal", "normal_", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
+    "randperm", "uniform_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_", "poisson",
+    "gumbel_softmax", "fractional_max_pool2d", "fractional_max_pool3d",
+})
+# Calls that return tensors but change nothing a forward computes with.
+_IGNORED = frozenset({"requires_grad_", "retain_grad", "share_memory_", "register_hook", "detach_"})
+_INPLACE_DUNDERS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul",
+                              "iand", "ior", "ixor", "ilshift", "irshift"})
+_RENAMED = {"radd": "add", "rmul": "mul", "rand": "and", "ror": "or", "rxor": "xor", "truediv": "div"}
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+class FuncInfo:
+    """What capture needs to know about one torch callable, worked out once."""
+
+    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random")
+
+    def __init__(self, func: Any) -> None:
+        raw = getattr(func, "__name__", None) or type(func).__name__
+        if raw == "__get__":  # property access such as Tensor.T
+            raw = getattr(getattr(func, "__self__", None), "__name__", raw)
+        if raw.startswith("__") and raw.endswith("__"):
+            base = raw[2:-2]
+            self.in_place = base in _INPLACE_DUNDERS or base == "setitem"
+            self.name = base[1:] + "_" if base in _INPLACE_DUNDERS else _RENAMED.get(base, base)
+        else:
+            self.in_place = raw.endswith("_") and not raw.startswith("_")
+            self.name = raw.lstrip("_") or "op"
+        self.ignored = raw in _IGNORED
+        self.random = self.name in _RANDOM
+        self.inplace_pos = _inplace_position(func)
+
+
+def _inplace_position(func: Any) -> int | None:
+    """Position of an ``inplace`` parameter (F.relu, F.dropout...), if the signature has one."""
+    try:
+        names = list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("inplace") if "inplace" in names else None
+
+
+_FUNC_INFO: dict[Any, FuncInfo] = {}
+
+
+def _info(func: Any) -> FuncInfo:
+    info = _FUNC_INFO.get(func)
+    if info is None:
+        info = _FUNC_INFO[func] = FuncInfo(func)
+    return info
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+_INTERNAL_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+_INTERNAL: dict[str, bool] = {}
+
+
+def _code_site() -> tuple[str, int, str] | None:
+    """File, line and function of the first caller outside torch and TorchLens."""
+    frame = sys._getframe(2)
+    internal = _INTERNAL
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        flag = internal.get(filename)
+        if flag is None:
+            flag = internal[filename] = filename.startswith(_INTERNAL_DIRS) or filename.startswith("<")
+        if not flag:
+            return filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
+
+
+class _Recorder(TorchFunctionMode):
+    """Records every torch call of one forward into a TraceBuilder."""
+
+    def __init__(self, builder: TraceBuilder, param_names: dict[int, str]) -> None:
+        super().__init__()
+        self.builder = builder
+        self.param_names = param_names
+        # id(tensor) -> (weakref, op index, path in that op's output). The weakref
+        # guards against a freed tensor's id being reused.
+        self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
+        # storage address -> recorded (op index, path, tensor) living there, for copy-before-write
+        self.storages: dict[int, list[tuple[int, tuple[Any, ...], Tensor]]] = {}
+        self.versions: list[tuple[int, tuple[Any, ...], Tensor, int]] = []
+
+    # -- the hot path ------------------------------------------------------------------
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        info = _FUNC_INFO.get(func) or _info(func)
+        if info.ignored:
+            return func(*args, **kwargs)
+        target = kwargs.get("out")
+        if target is None and args:
+            if info.in_place:
+                target = args[0]
+            elif info.inplace_pos is not None:
+                pos = info.inplace_pos
+                if kwargs.get("inplace") or (len(args) > pos and args[pos] is True):
+                    target = args[0]
+        if target is not None and isinstance(target, Tensor):
+            self._protect(target)
+        else:
+            target = None
+        meta = {"rng_state": torch.get_rng_state()} if info.random else None
+        out = func(*args, **kwargs)
+        if isinstance(out, Tensor):
+            self._record(func, info, args, kwargs, out, target, meta)
+        elif target is not None:  # __setitem__ and friends return None but wrote into target
+            self._record(func, info, args, kwargs, target, target, meta)
+        elif isinstance(out, (tuple, list)) and any(isinstance(o, Tensor) for o in out):
+            self._record(func, info, args, kwargs, out, None, meta)
+        return out
+
+    def _record(self, func: Any, info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                target: Tensor | None, meta: dict[str, Any] | None) -> None:
+        parents: list[int] = []
+        params: list[str] = []
+        a = self._template(args, parents, params)
+        k = self._template(kwargs, parents, params) if kwargs else {}
+        if isinstance(out, Tensor):
+            shape, dtype, device = tuple(out.shape), _dtype_name(out.dtype), out.device.type
+        else:
+            leaves = [t for t in out if isinstance(t, Tensor)]
+            shape = tuple(tuple(t.shape) if isinstance(t, Tensor) else None for t in out)
+            dtype, device = (_dtype_name(leaves[0].dtype), leaves[0].device.type)
+        op = self.builder.add_op(
+            info.name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype, device=device,
+            params=tuple(dict.fromkeys(params)), random=info.random, in_place=target is not None,
+            code_site=_code_site(), meta=meta)
+        if isinstance(out, Tensor):
+            self._produced(out, op.index, ())
+        else:
+            for i, t in enumerate(out):
+                if isinstance(t, Tensor):
+                    self._produced(t, op.index, (i,))
+
+    def _produced(self, t: Tensor, index: int, path: tuple[Any, ...]) -> None:
+        self.producers[id(t)] = (weakref.ref(t), index, path)
+        try:
+            key = t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # tensors without storage (meta, sparse...)
+            return
+        self.storages.setdefault(key, []).append((index, path, t))
+        self.versions.append((index, path, t, t._version))
+
+    def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
+        if isinstance(x, Tensor):
+            name = self.param_names.get(id(x))
+            if name is not None:
+                params.append(name)
+                return ParamRef(name)
+            found = self.producers.get(id(x))
+            if found is not None and found[0]() is x:
+                parents.append(found[1])
+                return Ref(found[1], found[2])
+            with torch.no_grad():  # a tensor from outside the trace: keep its value as it is now
+                return x.detach().clone()
+        t = type(x)
+        if t is tuple or t is list:
+            return t([self._template(v, parents, params) for v in x]) if x else x
+        if t is dict:
+            return {key: self._template(v, parents, params) for key, v in x.items()}
+        return x
+
+    def _protect(self, target: Tensor) -> None:
+        """Copy every recorded value that shares ``target``'s storage, before it is written."""
+        try:
+            key = target.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return
+        entries = self.storages.pop(key, None)
+        if not entries:
+            return
+        ops = self.builder.ops
+        with torch.no_grad(), torch._C.DisableTorchFunction():
+            for index, path, t in entries:
+                op = ops[index]
+                copy = t.clone()
+                op.out = copy if not path else tree.rebuild(op.out, [
+                    copy if i == path[0] else v for i, v in enumerate(op.out)])
+
+    # -- module hooks -------------------------------------------------------------------
+    def module_pre_hook(self, paths: dict[int, str]) -> Any:
+        builder = self.builder
+
+        def pre(module: Any, args: Any) -> None:
+            path = paths.get(id(module))
+            if path:
+                builder.enter_module(path)
+
+        return pre
+
+    def module_post_hook(self, paths: dict[int, str]) -> Any:
+        builder = self.builder
+
+        def post(module: Any, args: Any, output: Any) -> None:
+            path = paths.get(id(module))
+            if not path:
+                return
+            current = builder.module_stack[-1] if builder.module_stack else None
+            template = tree.map_leaves(lambda v: self._module_output(v, current), output)
+            builder.exit_module(path, template)
+
+        return post
+
+    def _module_output(self, value: Any, current: tuple[str, int] | None) -> Any:
+        if not isinstance(value, Tensor):
+            return value
+        parents: list[int] = []
+        ref = self._template(value, parents, [])
+        if parents and current in self.builder.ops[ref.index].module_passes:
+            return ref
+        # Returned, not computed, here (nn.Identity, a parameter, a constant): an
+        # explicit pass-through op inside the module keeps "module outputs are
+        # computed inside the module" true.
+        with torch._C.DisableTorchFunction():
+            op = self.builder.add_op("identity", None, (ref,), {}, tuple(parents), value, shape=tuple(value.shape),
+                                     dtype=_dtype_name(value.dtype), device=value.device.type,
+                                     params=(ref.name,) if isinstance(ref, ParamRef) else (),
+                                     meta={"identity": True})
+        self._produced(value, op.index, ())
+        return Ref(op.index)
+
+    # -- after the forward --------------------------------------------------------------
+    def check_versions(self) -> None:
+        """Flag any saved value changed in place after recording without a copy being made."""
+        ops = self.builder.ops
+        for index, path, t, version in self.versions:
+            current = tree.get(ops[index].out, path)
+            if current is t and t._version != version:
+                ops[index].meta["mutated_after_recording"] = True
+
+
+def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+    """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace."""
+    from torch.nn.modules import module as nn_module
+
+    is_module = isinstance(model, torch.nn.Module)
+    if isinstance(model, torch.jit.ScriptModule | torch.jit.ScriptFunction):
+        raise UnsupportedError("TorchScript modules do not run as Python, so their ops cannot be seen: "
+                               "trace the eager nn.Module instead")
+    builder = TraceBuilder("torch", type(model).__name__ if is_module else getattr(model, "__name__", "function"))
+    param_names: dict[int, str] = {}
+    paths: dict[int, str] = {}
+    if is_module:
+        _declare(builder, model, param_names, paths)
+    recorder = _Recorder(builder, param_names)
+    for path_, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
+        if id(leaf) not in recorder.producers and id(leaf) not in param_names:
+            op = builder.add_input(leaf, shape=tuple(leaf.shape), dtype=_dtype_name(leaf.dtype),
+                                   device=leaf.device.type)
+            recorder._produced(leaf, op.index, ())
+    handles = []
+    try:
+        handles.append(nn_module.register_module_forward_pre_hook(recorder.module_pre_hook(paths)))
+        handles.append(nn_module.register_module_forward_hook(recorder.module_post_hook(paths)))
+        with recorder:
+            output = model(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    template = tree.map_leaves(lambda v: recorder._template(v, [], []) if isinstance(v, Tensor) else v, output)
+    builder.add_outputs(template, output)
+    recorder.check_versions()
+    return builder.finish()
+
+
+def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[int, str],
+             paths: dict[int, str]) -> None:
+    """Declare the model's modules, parameters and buffers before the forward."""
+    for name, p in model.named_parameters():
+        owner = name.rpartition(".")[0]
+        builder.add_param(ParamRecord(name=name, shape=tuple(p.shape), dtype=_dtype_name(p.dtype),
+                                      numel=p.numel(), trainable=p.requires_grad, module=owner, value=p))
+        param_names[id(p)] = name
+    for name, b in model.named_buffers():
+        if id(b) in param_names:
+            continue
+        builder.add_param(ParamRecord(name=name, shape=tuple(b.shape), dtype=_dtype_name(b.dtype),
+                                      numel=b.numel(), trainable=False, module=name.rpartition(".")[0],
+                                      is_buffer=True, value=b))
+        param_names[id(b)] = name
+    names = list(builder.params)
+    for path, module in model.named_modules():
+        paths[id(module)] = path
+        if path:
+            prefix = path + "."
+            builder.add_module(path, type(module).__name__, [n for n in names if n.startswith(prefix)])

@@ -1,0 +1,45 @@
+"""Replaying recorded torch ops.
+
+Random ops run with the RNG state recorded just before them, so dropout
+replays exactly. In-place ops write into the replayed values, as they did in
+the model, so a write through a view reaches its base; replay starts from
+copies of the inputs and copies a parameter, buffer or constant before writing
+into it, so neither the trace nor the model changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchlens_core import tree
+from torchlens_core.records import OpRecord, Ref
+from torchlens_core.replay import Observe, interpret
+from torchlens_core.trace import Trace
+
+
+def _copy_tensors(value: Any) -> Any:
+    return tree.map_leaves(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, value)
+
+
+def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if "out" in kwargs and not isinstance(op.kwargs.get("out"), Ref):
+        kwargs = {**kwargs, "out": _copy_tensors(kwargs["out"])}
+    elif op.in_place and args and not isinstance(op.args[0], Ref):
+        args = (_copy_tensors(args[0]), *args[1:])
+    state = op.meta.get("rng_state")
+    if state is None:
+        out = op.call(*args, **kwargs)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(state)
+            out = op.call(*args, **kwargs)
+    if op.in_place and not isinstance(out, torch.Tensor):  # __setitem__ returns None
+        out = kwargs.get("out", args[0])
+    return out
+
+
+def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
+    with torch.no_grad():
+        return interpret(trace, run_op, observe, copy_input=_copy_tensors)
