@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from torchlens_core.errors import CaptureError, UnsupportedError
@@ -27,7 +28,15 @@ def trace(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) -> 
                 f"no installed backend recognises {type(model).__name__} or its inputs; pass backend= "
                 f"(installed: {', '.join(b['name'] for b in backends() if b['available']) or 'none'})")
     info = resolve_backend(backend)
-    result = hook().torchlens_capture(backend=info.name, target=model, args=args, kwargs=kwargs)
+    # Capture allocates many small, acyclic records; the cyclic GC walking the
+    # whole heap over and over while they pile up cost more than the capture.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        result = hook().torchlens_capture(backend=info.name, target=model, args=args, kwargs=kwargs)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     if result is None:
         raise CaptureError(f"backend {info.name!r} registered no capture hook")
     return result

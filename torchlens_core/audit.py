@@ -15,7 +15,7 @@ import attrs
 from torchlens_core import tree
 from torchlens_core.arrays import is_array_of, max_error
 from torchlens_core.plugins import hook
-from torchlens_core.records import SOURCE_KINDS, ParamRef, Ref, refs_in
+from torchlens_core.records import SOURCE_KINDS, ParamRef, refs_in
 
 if TYPE_CHECKING:
     from torchlens_core.trace import Trace
@@ -103,7 +103,7 @@ def _sources_declared(trace: Trace) -> Iterator[Finding]:
             yield Finding("sources declared", False,
                           "has no parents and is not a declared source (constant, parameter, random)", op.label)
         elif op.source == "parameter" and not any(
-                isinstance(leaf, ParamRef) for _, leaf in tree.leaves((op.args, op.kwargs), lambda x: isinstance(x, ParamRef))):
+                True for _ in tree.leaves((op.args, op.kwargs), lambda x: isinstance(x, ParamRef))):
             yield Finding("sources declared", False, "declared a parameter source but reads no parameter", op.label)
 
 

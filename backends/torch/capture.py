@@ -289,7 +289,7 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
     if is_module:
         _declare(builder, model, param_names, paths)
     recorder = _Recorder(builder, param_names)
-    for path_, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
+    for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
         if id(leaf) not in recorder.producers and id(leaf) not in param_names:
             op = builder.add_input(leaf, shape=tuple(leaf.shape), dtype=_dtype_name(leaf.dtype),
                                    device=leaf.device.type)

@@ -313,9 +313,8 @@ def _tv(name: str, size: int = 64, batch: int = 1, **kwargs: Any) -> Callable[[]
     """A torchvision classifier with random weights and a small image input."""
 
     def build() -> Built:
-        import torchvision
-
         import torch
+        import torchvision
 
         _seed()
         model = getattr(torchvision.models, name)(weights=None, **kwargs).eval()
@@ -349,9 +348,8 @@ def _randn(*shapes: tuple[int, ...]) -> Callable[[], tuple[tuple[Any, ...], dict
 
 
 def _build_gpt2() -> Built:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     _seed()
     config = GPT2Config(
@@ -370,9 +368,8 @@ def _build_gpt2() -> Built:
 
 
 def _build_bert() -> Built:
-    from transformers import BertConfig, BertModel
-
     import torch
+    from transformers import BertConfig, BertModel
 
     _seed()
     config = BertConfig(

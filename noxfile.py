@@ -1,0 +1,56 @@
+"""One virtual environment per backend: TensorFlow and Paddle crash when imported in one process."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "virtualenv"  # pip-based: takes wheels from the local cache
+nox.options.sessions = ["lint", "core", "torch", "jax"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHON = "3.11"
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff over everything."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+
+
+@nox.session(python=PYTHON)
+def core(session: nox.Session) -> None:
+    """Core tests with no framework installed, plus the third-party numpy plugin through the shared suite."""
+    session.install("-e", ".[test]", "-e", "plugins/torchlens-numpy")
+    session.run("pytest", "tests", "-q", *session.posargs)
+    session.run("pytest", "conformance", "--backend", "numpy", "-q")
+
+
+@nox.session(python=PYTHON)
+def torch(session: nox.Session) -> None:
+    """Torch backend tests and the torch conformance zoo."""
+    session.install("-e", ".[torch,zoo,test]")
+    session.run("pytest", "tests", "-q", *session.posargs)
+    session.run("pytest", "conformance", "--backend", "torch", "-q")
+
+
+@nox.session(python=PYTHON)
+def jax(session: nox.Session) -> None:
+    """JAX backend tests and the JAX conformance zoo."""
+    session.install("-e", ".[jax,test]")
+    session.run("pytest", "tests", "-q", *session.posargs)
+    session.run("pytest", "conformance", "--backend", "jax", "-q")
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The main job: trace ResNet-18, print the summary, a few lookups and the audit."""
+    session.install("-e", ".[torch]")
+    session.run("python", "docs/demo.py")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Capture overhead against a plain forward (ResNet-18, GPT-2 small)."""
+    session.install("-e", ".[torch,zoo]")
+    session.run("python", "bench/capture_overhead.py", *session.posargs)
