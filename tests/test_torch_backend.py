@@ -237,3 +237,31 @@ def test_summary_lists_modules_and_totals() -> None:
     assert "Params: 58 unique; trainable: 58" in text
     assert "Ops: 3 total" in text and "Edges: 4 total" in text
     assert "FLOP" not in text  # no FLOP counts until they are computed for real
+
+
+def test_batchnorm_in_training_mode_replays_and_leaves_buffers_alone() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    x = torch.randn(2, 3, 6, 6)
+    trace = tl.trace(model, x)
+    # the forward wrote the buffers in place: the trace keeps their values from before it
+    assert trace.params["1.num_batches_tracked"].value.item() == 0
+    assert model[1].num_batches_tracked.item() == 1
+    counter = next(op for op in trace.ops if op.func_name == "add_")
+    assert counter.source == "parameter" and counter.params == ("1.num_batches_tracked",)
+    stats = model[1].running_mean.clone(), model[1].num_batches_tracked.clone()
+    report = trace.audit()
+    assert report, str(report)
+    assert torch.equal(model[1].running_mean, stats[0]) and torch.equal(model[1].num_batches_tracked, stats[1])
+
+
+def test_iterating_over_a_tensor_is_one_multi_output_op() -> None:
+    def fn(x):
+        return torch.stack([row * i for i, row in enumerate(x)])
+
+    x = torch.randn(3, 2)
+    trace = tl.trace(fn, x)
+    rows = trace["unbind_1"]
+    assert len(rows.out) == 3 and rows.parents == ["input_1"] and rows.shape == ((2,), (2,), (2,))
+    assert all(trace[f"mul_{i}"].parents == ["unbind_1_1"] for i in (1, 2, 3))
+    assert trace.audit()

@@ -111,6 +111,14 @@ def _code_site() -> tuple[str, int, str] | None:
     return None
 
 
+def _rng_states() -> dict[str, Any]:
+    """Generator states before a random op, so that replay draws the same numbers."""
+    states: dict[str, Any] = {"rng_state": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda_rng_states"] = torch.cuda.get_rng_state_all()
+    return states
+
+
 class _Recorder(TorchFunctionMode):
     """Records every torch call of one forward into a TraceBuilder."""
 
@@ -124,6 +132,7 @@ class _Recorder(TorchFunctionMode):
         # storage address -> recorded (op index, path, tensor) living there, for copy-before-write
         self.storages: dict[int, list[tuple[int, tuple[Any, ...], Tensor]]] = {}
         self.versions: list[tuple[int, tuple[Any, ...], Tensor, int]] = []
+        self.params_before_write: dict[str, Tensor] = {}
 
     # -- the hot path ------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -145,7 +154,7 @@ class _Recorder(TorchFunctionMode):
             self._protect(target)
         else:
             target = None
-        meta = {"rng_state": torch.get_rng_state()} if info.random else None
+        meta = _rng_states() if info.random else None
         out = func(*args, **kwargs)
         if isinstance(out, Tensor):
             self._record(func, info, args, kwargs, out, target, meta)
@@ -189,14 +198,16 @@ class _Recorder(TorchFunctionMode):
 
     def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
         if isinstance(x, Tensor):
-            name = self.param_names.get(id(x))
-            if name is not None:
-                params.append(name)
-                return ParamRef(name)
+            # A parameter written in place during the forward is, from then on,
+            # the output of the op that wrote it: look producers up first.
             found = self.producers.get(id(x))
             if found is not None and found[0]() is x:
                 parents.append(found[1])
                 return Ref(found[1], found[2])
+            name = self.param_names.get(id(x))
+            if name is not None:
+                params.append(name)
+                return ParamRef(name)
             with torch.no_grad():  # a tensor from outside the trace: keep its value as it is now
                 return x.detach().clone()
         t = type(x)
@@ -207,7 +218,16 @@ class _Recorder(TorchFunctionMode):
         return x
 
     def _protect(self, target: Tensor) -> None:
-        """Copy every recorded value that shares ``target``'s storage, before it is written."""
+        """Copy every recorded value that shares ``target``'s storage, before it is written.
+
+        A parameter or buffer written for the first time keeps its value from
+        before the forward in its ParamRecord, which is what replay starts from.
+        """
+        name = self.param_names.get(id(target))
+        if name is not None and name not in self.params_before_write:
+            with torch.no_grad(), torch._C.DisableTorchFunction():
+                self.params_before_write[name] = target.detach().clone()
+            self.builder.params[name].value = self.params_before_write[name]
         try:
             key = target.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):

@@ -32,8 +32,11 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if state is None:
         out = op.call(*args, **kwargs)
     else:
-        with torch.random.fork_rng(devices=[]):
+        cuda_states = op.meta.get("cuda_rng_states")
+        with torch.random.fork_rng(devices=range(len(cuda_states)) if cuda_states else []):
             torch.set_rng_state(state)
+            if cuda_states:
+                torch.cuda.set_rng_state_all(cuda_states)
             out = op.call(*args, **kwargs)
     if op.in_place and not isinstance(out, torch.Tensor):  # __setitem__ returns None
         out = kwargs.get("out", args[0])
@@ -41,5 +44,13 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
+    # Some kernels update buffers inside C++ (batch_norm's running statistics in
+    # training mode): put the model's buffers back as they were after replay.
+    buffers = [p.value for p in trace.params.values() if p.is_buffer and isinstance(p.value, torch.Tensor)]
     with torch.no_grad():
-        return interpret(trace, run_op, observe, copy_input=_copy_tensors)
+        saved = [b.clone() for b in buffers]
+        try:
+            return interpret(trace, run_op, observe, copy_input=_copy_tensors)
+        finally:
+            for buffer, value in zip(buffers, saved):
+                buffer.copy_(value)

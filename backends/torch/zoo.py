@@ -309,7 +309,7 @@ def __getattr__(name: str) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def _tv(name: str, size: int = 64, batch: int = 1, **kwargs: Any) -> Callable[[], Built]:
+def _tv(name: str, size: int = 64, batch: int = 1, train: bool = False, **kwargs: Any) -> Callable[[], Built]:
     """A torchvision classifier with random weights and a small image input."""
 
     def build() -> Built:
@@ -317,7 +317,7 @@ def _tv(name: str, size: int = 64, batch: int = 1, **kwargs: Any) -> Callable[[]
         import torchvision
 
         _seed()
-        model = getattr(torchvision.models, name)(weights=None, **kwargs).eval()
+        model = getattr(torchvision.models, name)(weights=None, **kwargs).train(train)
         return model, (torch.randn(batch, 3, size, size),), {}
 
     build.__name__ = f"build_{name}"
@@ -460,6 +460,8 @@ def cases() -> list[Case]:
     return [
         # torchvision, weights=None, eval mode, small inputs
         Case("resnet18", _tv("resnet18")),
+        # training mode: BatchNorm uses batch statistics and writes its buffers in place
+        Case("resnet18_train", _tv("resnet18", batch=2, train=True)),
         Case("alexnet", _tv("alexnet")),
         Case("vgg11", _tv("vgg11")),
         Case("mobilenet_v3_small", _tv("mobilenet_v3_small")),
