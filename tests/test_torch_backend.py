@@ -265,3 +265,22 @@ def test_iterating_over_a_tensor_is_one_multi_output_op() -> None:
     assert len(rows.out) == 3 and rows.parents == ["input_1"] and rows.shape == ((2,), (2,), (2,))
     assert all(trace[f"mul_{i}"].parents == ["unbind_1_1"] for i in (1, 2, 3))
     assert trace.audit()
+
+
+def test_returned_parameters_inputs_and_outside_tensors_get_output_nodes() -> None:
+    outside = torch.ones(2)
+
+    class Returns(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(2))
+
+        def forward(self, x):
+            return x, self.w, outside, x * 2
+
+    trace = tl.trace(Returns(), torch.randn(2))
+    assert len(trace.output_labels) == 4
+    assert [trace[label].parents for label in trace.output_labels][:1] == [["input_1"]]
+    sources = [op.source for op in trace.ops if op.func_name == "identity"]
+    assert sources == ["parameter", "constant"]
+    assert trace.audit()

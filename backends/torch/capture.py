@@ -262,26 +262,25 @@ class _Recorder(TorchFunctionMode):
             if not path:
                 return
             current = builder.module_stack[-1] if builder.module_stack else None
-            template = tree.map_leaves(lambda v: self._module_output(v, current), output)
+            template = tree.map_leaves(lambda v: self.as_output(v, current), output)
             builder.exit_module(path, template)
 
         return post
 
-    def _module_output(self, value: Any, current: tuple[str, int] | None) -> Any:
+    def as_output(self, value: Any, inside: tuple[str, int] | None) -> Any:
+        """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model)."""
         if not isinstance(value, Tensor):
             return value
         parents: list[int] = []
         ref = self._template(value, parents, [])
-        if parents and current in self.builder.ops[ref.index].module_passes:
+        if parents and (inside is None or inside in self.builder.ops[ref.index].module_passes):
             return ref
         # Returned, not computed, here (nn.Identity, a parameter, a constant): an
-        # explicit pass-through op inside the module keeps "module outputs are
-        # computed inside the module" true.
-        with torch._C.DisableTorchFunction():
-            op = self.builder.add_op("identity", None, (ref,), {}, tuple(parents), value, shape=tuple(value.shape),
-                                     dtype=_dtype_name(value.dtype), device=value.device.type,
-                                     params=(ref.name,) if isinstance(ref, ParamRef) else (),
-                                     meta={"identity": True})
+        # explicit pass-through op keeps "every returned array is an op's output"
+        # and "module outputs are computed inside the module" true.
+        op = self.builder.add_op("identity", None, (ref,), {}, tuple(parents), value, shape=tuple(value.shape),
+                                 dtype=_dtype_name(value.dtype), device=value.device.type,
+                                 params=(ref.name,) if isinstance(ref, ParamRef) else (), meta={"identity": True})
         self._produced(value, op.index, ())
         return Ref(op.index)
 
@@ -323,8 +322,7 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
     finally:
         for handle in handles:
             handle.remove()
-    template = tree.map_leaves(lambda v: recorder._template(v, [], []) if isinstance(v, Tensor) else v, output)
-    builder.add_outputs(template, output)
+    builder.add_outputs(tree.map_leaves(lambda v: recorder.as_output(v, None), output), output)
     recorder.check_versions()
     return builder.finish()
 
@@ -344,9 +342,12 @@ def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[in
                                       numel=b.numel(), trainable=False, module=name.rpartition(".")[0],
                                       is_buffer=True, value=b))
         param_names[id(b)] = name
-    names = list(builder.params)
+    under: dict[str, list[str]] = {}  # module path -> every parameter and buffer below it
+    for name in builder.params:
+        parts = name.split(".")
+        for depth in range(1, len(parts)):
+            under.setdefault(".".join(parts[:depth]), []).append(name)
     for path, module in model.named_modules():
         paths[id(module)] = path
         if path:
-            prefix = path + "."
-            builder.add_module(path, type(module).__name__, [n for n in names if n.startswith(prefix)])
+            builder.add_module(path, type(module).__name__, under.get(path, []))

@@ -1,0 +1,475 @@
+"""Capturing a plain Python function over NumPy arrays.
+
+Each input array reaches the function as a :class:`Tracked` view: an ndarray
+subclass whose ``__array_ufunc__`` (every ufunc, so every operator: ``+``,
+``@``, ``>``, ``+=``...) and ``__array_function__`` (``np.dot``,
+``np.concatenate``, ``np.einsum``...) see the calls made on it, and whose
+methods (``x.sum()``, ``x.reshape()``, ``x.T``) and indexing are routed the
+same way. Each call runs once on plain arrays, is recorded as one op, and
+hands back Tracked outputs, so later calls are seen too. Calls on arrays that
+never met an input (``np.zeros(3) + 1``) are not ops: their results enter the
+graph as constants, copied, where a recorded op reads them.
+
+The legacy global-RNG functions (``np.random.rand``, ``np.random.normal``...)
+are wrapped for the duration of a capture, so each draw is a random source op
+holding ``np.random.get_state()`` from just before it: replay is exact. The
+wrappers are removed in a ``finally``; nothing else is patched.
+
+Saved values are the values that ran: before an op writes into an array, every
+recorded value living in the same memory (the same base owner) is copied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from torchlens_core import tree
+from torchlens_core.builder import TraceBuilder
+from torchlens_core.errors import UnsupportedError
+from torchlens_core.records import Ref
+from torchlens_core.trace import Trace
+
+NAME = "numpy"
+
+# ndarray methods recorded as ops named after the method (``x.sum()`` -> "sum").
+# Left out: methods that return no array (tolist, item, tobytes, dump...) and
+# resize/byteswap, which a view (what the function is given) cannot honour alike.
+_METHODS = tuple(name for name in (
+    "all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "choose", "clip", "compress",
+    "conj", "conjugate", "copy", "cumprod", "cumsum", "diagonal", "dot", "fill", "flatten", "getfield",
+    "max", "mean", "min", "nonzero", "partition", "prod", "put", "ravel", "repeat", "reshape", "round",
+    "searchsorted", "setfield", "sort", "squeeze", "std", "sum", "swapaxes", "take", "trace", "transpose",
+    "var", "view",
+) if hasattr(np.ndarray, name))
+# Methods and functions that write into their first argument.
+_INPLACE_METHODS = frozenset({"fill", "sort", "partition", "put", "setfield"})
+_INPLACE_FUNCS = frozenset({"copyto", "put", "place", "putmask", "fill_diagonal", "put_along_axis", "shuffle"})
+# Legacy np.random functions that are not draws.
+_NOT_DRAWS = frozenset({"RandomState", "get_state", "set_state", "seed", "get_bit_generator",
+                        "set_bit_generator"})
+
+
+class _Link(NamedTuple):
+    """What a Tracked array stands for: op ``ref`` of ``recorder``, whose value is ``plain``."""
+
+    recorder: Recorder
+    ref: Ref
+    # The plain value calls receive: an ndarray sharing the Tracked array's memory, or the
+    # NumPy scalar (np.float64...) that NumPy gave and that is tracked as a 0-d array.
+    plain: Any
+    scalar: bool
+
+
+class Tracked(np.ndarray):
+    """An ndarray whose NumPy calls are recorded while its capture runs.
+
+    After the capture (or for an array the capture did not produce) calls run
+    as plain NumPy and return plain arrays.
+    """
+
+    _tl: _Link | None = None
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+        fn = ufunc if method == "__call__" else getattr(ufunc, method)
+        outs = kwargs.get("out", ())
+        if any(isinstance(o, Tracked) and o._tl is not None and o._tl.scalar for o in outs):
+            # ``s += 1`` on what NumPy gave as a scalar rebinds s to a new scalar: not a write.
+            kwargs = {k: v for k, v in kwargs.items() if k != "out"}
+            outs = ()
+        targets = [inputs[0]] if method == "at" else [o for o in outs if isinstance(o, np.ndarray)]
+        return _dispatch(name, fn, inputs, kwargs, targets)
+
+    def __array_function__(self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not all(issubclass(t, np.ndarray) for t in types):
+            return NotImplemented  # another array library's override: let it decide
+        name = func.__name__
+        targets = _out_targets(kwargs)
+        if name in _INPLACE_FUNCS and args:
+            targets.insert(0, args[0])
+        return _dispatch(name, func, args, kwargs, targets)
+
+    def __getitem__(self, key: Any) -> Any:
+        return _dispatch("getitem", operator.getitem, (self, key), {}, [])
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _dispatch("setitem", operator.setitem, (self, key, value), {}, [self])
+
+    # ``x.T`` and ``x.mT`` as the recorded methods they abbreviate.
+    @property
+    def T(self) -> Any:  # noqa: N802 - ndarray's name
+        return self.transpose()
+
+    @property
+    def mT(self) -> Any:  # noqa: N802 - ndarray's name
+        return self.swapaxes(-1, -2)
+
+    @property
+    def real(self) -> Any:
+        return np.real(self)
+
+    @property
+    def imag(self) -> Any:
+        return np.imag(self)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return np.ndarray.shape.__get__(self)
+
+    @shape.setter
+    def shape(self, value: Any) -> None:
+        raise UnsupportedError("torchlens-numpy cannot record `x.shape = ...` (it changes an array in place "
+                               "without a NumPy call): use `x = x.reshape(...)`")
+
+    # Printing must not record ops, and must look as it does outside a capture.
+    def __repr__(self) -> str:
+        return repr(_plain_leaf(self))
+
+    def __str__(self) -> str:
+        return str(_plain_leaf(self))
+
+    def __hash__(self) -> int:
+        # What NumPy gave as a scalar stays usable as a dict key, as the scalar is.
+        link = self._tl
+        if link is not None and link.scalar:
+            return hash(link.plain)
+        raise TypeError("unhashable type: 'numpy.ndarray'")
+
+    def __copy__(self) -> Any:
+        return self.copy()
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self.copy()
+
+
+def _method_call(name: str) -> Callable[..., Any]:
+    """``value.<name>(...)`` as a function of the value: the call a recorded method replays.
+
+    Looked up on the value, not on ndarray, because a NumPy scalar has the same methods.
+    """
+    def call(value: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(value, name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _method(name: str) -> Callable[..., Any]:
+    call = _method_call(name)
+    in_place = name in _INPLACE_METHODS
+
+    @functools.wraps(getattr(np.ndarray, name))
+    def method(self: Tracked, *args: Any, **kwargs: Any) -> Any:
+        targets = _out_targets(kwargs)
+        if in_place:
+            targets.insert(0, self)
+        return _dispatch(name, call, (self, *args), kwargs, targets)
+
+    return method
+
+
+for _name in _METHODS:  # one recorded wrapper per method, all alike
+    setattr(Tracked, _name, _method(_name))
+
+
+def _out_targets(kwargs: dict[str, Any]) -> list[Any]:
+    out = kwargs.get("out")
+    outs = out if isinstance(out, tuple) else (out,)
+    return [o for o in outs if isinstance(o, np.ndarray)]
+
+
+# -- turning arguments into plain arrays and into templates ---------------------------------
+def _plain_leaf(v: Any) -> Any:
+    if isinstance(v, Tracked):
+        link = v._tl
+        return link.plain if link is not None else np.ndarray.view(v, np.ndarray)
+    return v
+
+
+def _plain(x: Any) -> Any:
+    return tree.map_leaves(_plain_leaf, x)
+
+
+def _recorder_in(x: Any) -> Recorder | None:
+    """The live recorder of the first Tracked array inside ``x``."""
+    for _, leaf in tree.leaves(x, lambda v: isinstance(v, Tracked)):
+        link = leaf._tl
+        if link is not None and link.recorder.active:
+            return link.recorder
+    return None
+
+
+def _dispatch(name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], targets: list[Any]) -> Any:
+    recorder = _recorder_in((args, kwargs))
+    if recorder is None:  # an array that outlived its capture: plain NumPy
+        return fn(*_plain(args), **_plain(kwargs))
+    return recorder.call(name, fn, args, kwargs, targets)
+
+
+def _owner(a: Any) -> Any:
+    """The object that owns ``a``'s memory: every view of it shares this owner.
+
+    ``.base`` is followed through non-arrays too: ``sliding_window_view`` and
+    ``as_strided`` views hang off a helper object whose ``.base`` is the array.
+    """
+    base = getattr(a, "base", None)
+    while base is not None:
+        a, base = base, getattr(base, "base", None)
+    return a
+
+
+def _is_value(v: Any) -> bool:
+    return isinstance(v, (np.ndarray, np.generic))
+
+
+def _info(v: Any) -> tuple[Any, str | None]:
+    """Shape and dtype name of a result: one array, or a tuple/list of them (None for non-arrays)."""
+    if _is_value(v):
+        return tuple(np.shape(v)), v.dtype.name
+    kids = [x for _, x in tree.children(v) or []]
+    arrays = [x for x in kids if _is_value(x)]
+    return tuple(tuple(np.shape(x)) if _is_value(x) else None for x in kids), arrays[0].dtype.name
+
+
+def _has_arrays(v: Any) -> bool:
+    if _is_value(v):
+        return True
+    return isinstance(v, (tuple, list)) and any(_is_value(x) for x in v)
+
+
+_NUMPY_DIR = os.path.dirname(np.__file__)
+
+
+def _code_site() -> tuple[str, int, str] | None:
+    """File, line and function of the first caller outside NumPy and this module."""
+    frame: Any = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (filename == __file__ or filename.startswith(_NUMPY_DIR) or filename.startswith("<frozen")):
+            return filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
+
+
+class Recorder:
+    """Records the NumPy calls of one function call into a TraceBuilder."""
+
+    def __init__(self, builder: TraceBuilder) -> None:
+        self.builder = builder
+        self.active = True
+        # id(memory owner) -> (op index, path) of recorded values living there, for copy-before-write
+        self.by_owner: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
+        # id(constant array) -> (that array, its copy): a closure weight read by every step of
+        # a loop is copied once, unless it changed in between.
+        self.constants: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    # -- the hot path ----------------------------------------------------------------------
+    def call(self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], targets: list[Any],
+             random: bool = False) -> Any:
+        parents: list[int] = []
+        a = self.template(args, parents)
+        k = self.template(kwargs, parents) if kwargs else {}
+        plain_targets = [_plain_leaf(t) for t in targets]
+        for t in plain_targets:
+            self.protect(t)
+        meta = {"rng_state": np.random.get_state()} if random else None
+        plain_args, plain_kwargs = _plain(args), _plain(kwargs)
+        result = fn(*plain_args, **plain_kwargs)
+        value = plain_targets[0] if result is None and targets else result
+        if not _has_arrays(value):  # np.shape, np.allclose, x.item()...: nothing to record
+            return result
+        shape, dtype = _info(value)
+        op = self.builder.add_op(name, fn, a, k, tuple(dict.fromkeys(parents)), value, shape=shape, dtype=dtype,
+                                 device="cpu", random=random, in_place=bool(targets), code_site=_code_site(),
+                                 meta=meta)
+        wrapped = self.wrap(value, op.index)
+        if not targets:
+            return wrapped
+        # An in-place call hands back the very arrays it wrote into; they now stand for this op.
+        originals = {id(p): t for p, t in zip(plain_targets, targets, strict=True) if isinstance(t, Tracked)}
+        for path, v in _paths(value):
+            t = originals.get(id(v))
+            if t is not None:
+                t._tl = _Link(self, Ref(op.index, path), v, False)
+        if result is None:
+            return None
+        if _is_value(result):
+            return originals.get(id(result), wrapped)
+        return tree.rebuild(result, [originals.get(id(v), w) for v, w in zip(result, wrapped, strict=True)])
+
+    def template(self, x: Any, parents: list[int]) -> Any:
+        """``x`` with recorded arrays replaced by Refs and other arrays by copies."""
+        def leaf(v: Any) -> Any:
+            if isinstance(v, Tracked):
+                link = v._tl
+                if link is not None and link.recorder is self:
+                    parents.append(link.ref.index)
+                    return link.ref
+                return self.constant(_plain_leaf(v))
+            if isinstance(v, np.ndarray):
+                return self.constant(v)
+            if isinstance(v, slice) and any(isinstance(b, np.ndarray) for b in (v.start, v.stop, v.step)):
+                return slice(*(operator.index(b) if b is not None else None for b in (v.start, v.stop, v.step)))
+            return v
+
+        return tree.map_leaves(leaf, x)
+
+    def constant(self, a: np.ndarray) -> np.ndarray:
+        seen = self.constants.get(id(a))
+        if seen is not None and seen[0] is a:
+            try:
+                if np.array_equal(a, seen[1], equal_nan=a.dtype.kind in "fc"):
+                    return seen[1]
+            except TypeError:  # dtypes that cannot be compared
+                pass
+        copy = np.array(a, copy=True)
+        self.constants[id(a)] = (a, copy)
+        return copy
+
+    # -- values -----------------------------------------------------------------------------
+    def wrap(self, value: Any, index: int) -> Any:
+        """Register a recorded value for copy-before-write and give it back as Tracked array(s)."""
+        if _is_value(value):
+            return self._wrap_leaf(value, index, ())
+        return tree.rebuild(value, [self._wrap_leaf(v, index, (i,)) if _is_value(v) else v
+                                    for i, v in enumerate(value)])
+
+    def _wrap_leaf(self, v: Any, index: int, path: tuple[Any, ...]) -> Tracked:
+        scalar = isinstance(v, np.generic)
+        if not scalar:  # a NumPy scalar is immutable: nothing can write into it
+            self.by_owner.setdefault(id(_owner(v)), []).append((index, path))
+        t = np.ndarray.view(np.asarray(v), Tracked)
+        t._tl = _Link(self, Ref(index, path), v, scalar)
+        return t
+
+    def protect(self, target: Any) -> None:
+        """Copy every recorded value sharing ``target``'s memory, before it is written."""
+        if not isinstance(target, np.ndarray):
+            return
+        entries = self.by_owner.pop(id(_owner(target)), None)
+        ops = self.builder.ops
+        for index, path in entries or ():
+            op = ops[index]
+            if not path:
+                op.out = np.array(op.out, copy=True)
+            else:
+                op.out = tree.rebuild(op.out, [np.array(v, copy=True) if i == path[0] else v
+                                               for i, v in enumerate(op.out)])
+
+    # -- random draws -----------------------------------------------------------------------
+    def draw(self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        targets = [args[0]] if name in _INPLACE_FUNCS and args else []
+        return self.call(name, fn, args, kwargs, targets, random=True)
+
+
+def _paths(value: Any) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    if _is_value(value):
+        yield (), value
+    else:
+        for i, v in enumerate(value):
+            yield (i,), v
+
+
+# -- np.random, wrapped while any capture runs ----------------------------------------------------
+_random_lock = threading.Lock()
+_random_users = 0
+_random_saved: dict[str, Any] = {}
+_current = threading.local()  # .recorder: the capture running on this thread
+
+
+def _draw_wrapper(name: str, original: Any) -> Any:
+    @functools.wraps(original)
+    def draw(*args: Any, **kwargs: Any) -> Any:
+        recorder = getattr(_current, "recorder", None)
+        if recorder is None or not recorder.active:
+            return original(*args, **kwargs)
+        return recorder.draw(name, original, args, kwargs)
+
+    return draw
+
+
+@contextlib.contextmanager
+def _recording_random(recorder: Recorder) -> Iterator[None]:
+    """Wrap np.random's global-RNG functions while this capture runs (counted: captures may overlap)."""
+    global _random_users
+    with _random_lock:
+        if _random_users == 0:
+            for name in getattr(np.random.mtrand, "__all__", ()):
+                original = getattr(np.random, name, None)
+                if name in _NOT_DRAWS or original is None or original is not getattr(np.random.mtrand, name):
+                    continue  # not a draw, or not the global RandomState's own method
+                _random_saved[name] = original
+                setattr(np.random, name, _draw_wrapper(name, original))
+        _random_users += 1
+    previous = getattr(_current, "recorder", None)
+    _current.recorder = recorder
+    try:
+        yield
+    finally:
+        _current.recorder = previous
+        with _random_lock:
+            _random_users -= 1
+            if _random_users == 0:
+                for name, original in _random_saved.items():
+                    setattr(np.random, name, original)
+                _random_saved.clear()
+
+
+# -- the capture ----------------------------------------------------------------------------------
+def capture(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+    """Run ``fn(*args, **kwargs)`` once with its input arrays tracked and return its Trace."""
+    builder = TraceBuilder(NAME, getattr(fn, "__name__", type(fn).__name__))
+    recorder = Recorder(builder)
+    inputs: dict[int, Tracked] = {}
+
+    def track(v: Any) -> Any:
+        if not isinstance(v, np.ndarray):
+            return v
+        if isinstance(v, (np.matrix, np.ma.MaskedArray)):
+            raise UnsupportedError(f"torchlens-numpy traces plain ndarrays; {type(v).__name__} inputs change "
+                                   "what operators mean: pass np.asarray(x) or the masked array's .data")
+        plain = _plain_leaf(v)
+        if id(plain) not in inputs:  # the same array passed twice is one input
+            op = builder.add_input(plain, shape=tuple(plain.shape), dtype=plain.dtype.name, device="cpu")
+            inputs[id(plain)] = recorder._wrap_leaf(plain, op.index, ())
+        return inputs[id(plain)]
+
+    tracked_args, tracked_kwargs = tree.map_leaves(track, (args, kwargs))
+    try:
+        with _recording_random(recorder):
+            output = fn(*tracked_args, **tracked_kwargs)
+    finally:
+        recorder.active = False  # arrays that escape now behave as plain NumPy
+    template = tree.map_leaves(lambda v: _output_ref(recorder, v), output)
+    builder.add_outputs(template, _plain(output))
+    return builder.finish()
+
+
+def constant(value: Any) -> Any:
+    """The call of a "constant" op: a returned array that no recorded op computed."""
+    return value.copy()
+
+
+def _output_ref(recorder: Recorder, v: Any) -> Any:
+    link = v._tl if isinstance(v, Tracked) else None
+    if link is not None and link.recorder is recorder:
+        return link.ref
+    if not _is_value(v):
+        return v
+    # Returned but not computed from the inputs: a constant source op, so the trace's
+    # outputs are all nodes of the graph and audit can compare them with what was returned.
+    value = _plain_leaf(v)
+    stored = np.array(value, copy=True) if isinstance(value, np.ndarray) else value
+    shape, dtype = _info(stored)
+    op = recorder.builder.add_op("constant", constant, (stored,), {}, (), value, shape=shape, dtype=dtype,
+                                 device="cpu")
+    return Ref(op.index)
