@@ -1,0 +1,86 @@
+"""The user's own examples (shared/seeds), run as written. Drawing arrives with issue 3."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+
+def test_docs_page_example(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+    import torchvision
+
+    import torchlens as tl
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    x = torch.rand(1, 3, 224, 224)
+
+    trace = tl.trace(model, x)
+
+    block = trace["layer3"]
+    print(block.out.shape)
+    relu = next(op for op in trace.ops if op.func_name.startswith("relu"))
+    print(relu.label, relu.func_name, tuple(relu.shape))
+
+    print(trace.summary())
+    print(trace.audit())
+
+    seen = {}
+    handle = model.layer3.register_forward_hook(lambda module, args, out: seen.update(out=out))
+    model(x)
+    handle.remove()
+    assert torch.equal(trace["layer3"].out, seen["out"])
+    assert torch.equal(trace.output, model(x))
+
+    adds = [op.label for op in trace.ops if "add" in op.func_name]
+    print(len(adds), "residual adds, none of them a module output:", adds[:2])
+
+    out = capsys.readouterr().out
+    assert "torch.Size([1, 256, 14, 14])" in out
+    assert "relu_1_3 relu (1, 64, 112, 112)" in out
+    assert "Audit: PASS" in out
+    assert "8 residual adds" in out
+    assert all(not trace[label].module_outputs for label in adds)
+
+
+def test_readme_quickstart_and_recurrent_example() -> None:
+    import torch
+    import torchvision.models as models
+
+    import torchlens as tl
+
+    model = models.alexnet(weights=None)
+    x = torch.randn(1, 3, 224, 224)
+
+    log = tl.trace(model, x)
+    text = log.summary()
+    assert log["relu_1_2"].out.shape == torch.Size([1, 64, 55, 55])
+    assert log["features.6"].out.shape == torch.Size([1, 384, 13, 13])
+    assert log[7].func_name == "conv2d"
+    assert log["conv2d_3"].out.shape == torch.Size([1, 384, 13, 13])
+    assert log[-1].layer_label == "output_1"
+    assert "Params: 61,100,840 unique; trainable: 61,100,840" in text
+    assert "Ops: 22 total" in text and "Edges: 23 total" in text
+    assert log.audit()  # AlexNet is in training mode: its dropouts replay with their RNG state
+
+    class SimpleRecurrent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(in_features=5, out_features=5)
+
+        def forward(self, x):
+            for r in range(4):
+                x = self.fc(x)
+                x = x + 1
+                x = x * 2
+            return x
+
+    recurrent_model = SimpleRecurrent()
+    seq = torch.randn(6, 5)
+    recurrent_log = tl.trace(recurrent_model, seq)
+    second = recurrent_log["linear_1:2"].out
+    first = recurrent_log["linear_1:1"].out
+    assert torch.allclose(second, recurrent_model.fc((first + 1) * 2))
