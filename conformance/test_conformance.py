@@ -40,8 +40,10 @@ def traced(case_id: tuple[str, Case]) -> Traced:
 
 
 def test_output_parity(traced: Traced) -> None:
-    error = max_error(traced.backend, traced.trace.output, traced.own_output)
-    assert error <= traced.case.rtol, f"trace output differs from the model's own by {error:.3g}"
+    recorded = max_error(traced.backend, traced.trace.output, traced.own_output)
+    assert recorded <= traced.case.rtol, f"trace output differs from the model's own by {recorded:.3g}"
+    replayed = max_error(traced.backend, traced.trace.replay(), traced.own_output)
+    assert replayed <= traced.case.rtol, f"replayed output differs from the model's own by {replayed:.3g}"
 
 
 def test_audit_clean(traced: Traced) -> None:
@@ -60,6 +62,6 @@ def test_module_outputs(traced: Traced) -> None:
     assert not missing, f"module calls not recorded: {missing[:10]}"
     extra = sorted(set(recorded) - set(seen))
     assert not extra, f"module calls recorded that the framework did not see: {extra[:10]}"
-    worst = max(((max_error(traced.backend, mp.out, seen[label]), label) for label, mp in recorded.items()),
-                default=(0.0, None))
+    worst = max(((max_error(traced.backend, mp.out, seen[label]), label) for label, mp in recorded.items()
+                 if seen[label] is not None), default=(0.0, None))
     assert worst[0] <= traced.case.rtol, f"module output {worst[1]} differs by {worst[0]:.3g}"

@@ -72,7 +72,7 @@ def test_readme_quickstart_and_recurrent_example() -> None:
             self.fc = torch.nn.Linear(in_features=5, out_features=5)
 
         def forward(self, x):
-            for r in range(4):
+            for r in range(4):  # noqa: B007  (the seed, as written)
                 x = self.fc(x)
                 x = x + 1
                 x = x * 2

@@ -12,7 +12,7 @@ from typing import Any
 
 from torchlens_core import tree
 from torchlens_core.errors import CaptureError
-from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, Ref, refs_in
+from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref, refs_in
 from torchlens_core.trace import Trace
 
 
@@ -78,11 +78,22 @@ class TraceBuilder:
         self.modules[path].passes[stack[-1][1] - 1].out_template = out_template
         self.module_stack = stack[:-1]
 
-    def identity_op(self, ref: Ref, value: Any, func_name: str = "identity", **meta: Any) -> OpRecord:
-        """An explicit pass-through op, for a module that returns a value it did not compute."""
-        src = self.ops[ref.index]
-        return self.add_op(func_name, None, (ref,), {}, (ref.index,), value, shape=_leaf(src.shape, ref.path),
-                           dtype=src.dtype, device=src.device, meta={"identity": True, **meta})
+    def identity_op(self, source: Any, value: Any, *, shape: Any = None, dtype: Any = None,
+                    device: Any = None) -> OpRecord:
+        """An explicit pass-through op returning ``value``.
+
+        For a module (or model) that returns something it did not compute:
+        ``source`` is the Ref of an earlier op's output, a ParamRef, or the
+        constant itself. Replay passes ``source`` straight through.
+        """
+        parents: tuple[int, ...] = ()
+        if isinstance(source, Ref):
+            src = self.ops[source.index]
+            shape, dtype, device = _leaf(src.shape, source.path), src.dtype, src.device
+            parents = (source.index,)
+        params = (source.name,) if isinstance(source, ParamRef) else ()
+        return self.add_op("identity", None, (source,), {}, parents, value, shape=shape, dtype=dtype,
+                           device=device, params=params, meta={"identity": True})
 
     def add_outputs(self, template: Any, model_output: Any) -> None:
         """One output node per Ref leaf of the model's output, keeping its structure.

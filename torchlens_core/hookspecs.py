@@ -113,5 +113,7 @@ def torchlens_observe_module_outputs(backend: str, target: Any, args: tuple[Any,
     """Run the model with the framework's own module hooks; return ``{"path:pass": output}``.
 
     The conformance suite compares these with the trace's module outputs.
-    Outputs must be copies, safe from later in-place changes.
+    Outputs must be copies, safe from later in-place changes. A call that ran
+    but whose output the framework cannot show concretely (inside a
+    vectorizing transform, say) maps to None: it counts as seen, uncompared.
     """

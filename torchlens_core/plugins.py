@@ -34,10 +34,9 @@ class BackendInfo:
 
     name: str
     framework: str
-    extra: str
+    install: str  # the command that installs this backend and its framework
     aliases: tuple[str, ...] = ()
     capabilities: frozenset[str] = frozenset()
-    distribution: str = ""
 
     @property
     def framework_version(self) -> str | None:
@@ -89,7 +88,7 @@ def backends() -> list[dict[str, Any]]:
     return [
         {"name": i.name, "aliases": list(i.aliases), "framework": i.framework,
          "version": i.framework_version, "available": i.available,
-         "capabilities": sorted(i.capabilities), "install": f"pip install 'torchlens[{i.extra}]'"}
+         "capabilities": sorted(i.capabilities), "install": i.install}
         for i in backend_infos()
     ]
 
@@ -101,13 +100,11 @@ def resolve_backend(name: str) -> BackendInfo:
         if name == info.name or name in info.aliases:
             if not info.available:
                 raise BackendNotFoundError(
-                    f"backend {info.name!r} needs {info.framework}, which is not installed: "
-                    f"pip install 'torchlens[{info.extra}]'")
+                    f"backend {info.name!r} needs {info.framework}, which is not installed: {info.install}")
             return info
     if name in broken_plugins:
         raise BackendNotFoundError(f"backend plugin {name!r} is installed but failed to load: {broken_plugins[name]}")
-    listed = ", ".join(f"{i.name} ({'ready' if i.available else 'pip install torchlens[' + i.extra + ']'})"
-                       for i in infos) or "none"
+    listed = ", ".join(f"{i.name} ({'ready' if i.available else i.install})" for i in infos) or "none"
     raise BackendNotFoundError(
         f"no backend named {name!r}. Registered backends: {listed}. A third-party backend "
         f"registers itself under the entry-point group {ENTRY_POINT_GROUP!r}.")

@@ -278,9 +278,8 @@ class _Recorder(TorchFunctionMode):
         # Returned, not computed, here (nn.Identity, a parameter, a constant): an
         # explicit pass-through op keeps "every returned array is an op's output"
         # and "module outputs are computed inside the module" true.
-        op = self.builder.add_op("identity", None, (ref,), {}, tuple(parents), value, shape=tuple(value.shape),
-                                 dtype=_dtype_name(value.dtype), device=value.device.type,
-                                 params=(ref.name,) if isinstance(ref, ParamRef) else (), meta={"identity": True})
+        op = self.builder.identity_op(ref, value, shape=tuple(value.shape), dtype=_dtype_name(value.dtype),
+                                      device=value.device.type)
         self._produced(value, op.index, ())
         return Ref(op.index)
 

@@ -13,9 +13,8 @@ NAME = "torch"
 
 @hookimpl
 def torchlens_backend_info() -> BackendInfo:
-    return BackendInfo(name=NAME, framework="torch", extra="torch", aliases=("pytorch",),
-                       capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow"}),
-                       distribution="torchlens")
+    return BackendInfo(name=NAME, framework="torch", install="pip install 'torchlens[torch]'", aliases=("pytorch",),
+                       capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow"}))
 
 
 @hookimpl

@@ -16,11 +16,9 @@ NAME = "numpy"
 
 @hookimpl
 def torchlens_backend_info() -> BackendInfo:
-    # NumPy is a dependency of torchlens itself: no extra is needed for the framework,
-    # and this plugin is installed as its own distribution (see README).
-    return BackendInfo(name=NAME, framework="numpy", extra="",
-                       capabilities=frozenset({"functions", "in_place", "random", "control_flow"}),
-                       distribution="torchlens-numpy")
+    # NumPy is a dependency of torchlens itself; this plugin is its own distribution.
+    return BackendInfo(name=NAME, framework="numpy", install="pip install torchlens-numpy",
+                       capabilities=frozenset({"functions", "in_place", "random", "control_flow"}))
 
 
 @hookimpl

@@ -1,0 +1,98 @@
+"""tl.trace for JAX: trace the call to a jaxpr, then walk it eagerly, recording every primitive.
+
+1. The target is split into named parameter arrays and a rebuild function
+   (:mod:`torchlens_jax.modules`); the array leaves of the arguments are the inputs.
+2. ``jax.make_jaxpr`` traces ``rebuild(params)(*inputs)`` with submodule calls
+   scoped and their outputs marked (:mod:`torchlens_jax.scopes`).
+3. The walker (:mod:`torchlens_jax.walk`) evaluates the jaxpr equation by
+   equation with ``primitive.bind`` and records each one.
+4. The model is then called once more the ordinary way (jit and all); that
+   result is the trace's ``model_output``, so that audit compares two
+   independent computations.
+
+The user's model is left as it was: an nnx model runs as copies made from the
+same state, so a trace advances no RNG stream and no batch statistics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchlens_core.builder import TraceBuilder
+from torchlens_core.errors import UnsupportedError
+from torchlens_core.records import ParamRecord, ParamRef, Ref
+from torchlens_core.trace import Trace
+from torchlens_jax.arrays import array_info, is_array
+from torchlens_jax.modules import owner, submodules, view_model
+from torchlens_jax.scopes import CallScopes, fill, slot_template
+from torchlens_jax.walk import Val, Walker
+
+
+def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+    import jax
+
+    view = view_model(target, args)
+    # Array leaves of the arguments become jaxpr inputs; anything else (flags, sizes) stays as given.
+    leaves, treedef = jax.tree_util.tree_flatten((args[view.param_args:], kwargs))
+    array_at = [i for i, leaf in enumerate(leaves) if is_array(leaf)]
+    scopes = CallScopes()
+    out_structure: dict[str, Any] = {}
+
+    def traced(param_values: list[Any], input_values: list[Any]) -> list[Any]:
+        filled = list(leaves)
+        for i, v in zip(array_at, input_values):
+            filled[i] = v
+        a, kw = jax.tree_util.tree_unflatten(treedef, filled)
+        fn = view.rebuild(param_values)
+        scopes.paths = {id(m): p for p, m in submodules(fn)}  # the rebuilt model's own objects
+        out = fn(*a, **kw)
+        out_structure["template"], arrays, out_structure["flattened"] = slot_template(out)
+        return arrays
+
+    try:
+        with view.interception(scopes):
+            closed = jax.make_jaxpr(traced)([p.value for p in view.params], [leaves[i] for i in array_at])
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+            jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as exc:
+        raise UnsupportedError(
+            f"{view.type_name} branches on array values in Python (or converts them to Python numbers), "
+            f"which a jaxpr cannot record; use jax.lax.cond / jax.lax.while_loop for data-dependent "
+            f"control flow. JAX said: {str(exc).splitlines()[0]}") from exc
+
+    builder = TraceBuilder("jax", model_name=view.type_name)
+    _declare(builder, view, scopes)
+    walker = Walker(builder, scopes)
+    param_vals = [Val(p.value, ParamRef(p.name)) for p in view.params]
+    input_vals = []
+    for i in array_at:
+        shape, dtype, device = array_info(leaves[i])
+        input_vals.append(Val(leaves[i], Ref(builder.add_input(leaves[i], shape, dtype, device).index)))
+    outs = walker.run_closed(closed, param_vals + input_vals, (), (), False)
+    # An output that no op computed (an input, a parameter, a constant) gets an identity op.
+    outs = [x if isinstance(x.ref, Ref) else walker.identity(x) for x in outs]
+
+    model_output = view.call_plain(args, kwargs)
+    if out_structure["flattened"]:  # a container the core cannot look into: its arrays, in order
+        model_output = tuple(slot_template(model_output)[1])
+    builder.add_outputs(fill(out_structure["template"], [x.ref for x in outs]), model_output)
+    builder.notes.update({
+        "capture": "jax.make_jaxpr, then an eager walk binding each primitive",
+        "expanded": dict(walker.expanded),  # higher-order primitives replaced by their inner ops
+        "opaque": dict(walker.opaque),  # higher-order primitives recorded as one op
+        "output_flattened": out_structure["flattened"],
+    })
+    return builder.finish()
+
+
+def _declare(builder: TraceBuilder, view: Any, scopes: CallScopes) -> None:
+    """Modules (known beforehand, or met during tracing for linen) and parameters."""
+    types = {path: type(m).__name__ for path, m in view.objects}
+    for path, type_name in scopes.types.items():
+        types.setdefault(path, type_name)
+    for path, type_name in types.items():
+        builder.add_module(path, type_name, params=[p.name for p in view.params if p.name.startswith(path + ".")])
+    for p in view.params:
+        shape, dtype, _ = array_info(p.value)
+        builder.add_param(ParamRecord(name=p.name, shape=shape, dtype=dtype, numel=int(p.value.size),
+                                      trainable=p.trainable, module=owner(p.name, list(types)),
+                                      is_buffer=p.is_buffer, value=p.value))

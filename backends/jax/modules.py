@@ -1,0 +1,276 @@
+"""Models: splitting a target into named parameters, finding its submodules, observing their outputs.
+
+A flax.nnx or equinox model (or a bound method of one) is split into a flat
+list of parameter arrays and a function that rebuilds the callable from them,
+so that parameters become named inputs of the jaxpr. flax.linen's
+``model.apply`` takes its variables as first argument: those become the
+parameters. Anything else is a plain function, whose array arguments are
+inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import sys
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from torchlens_core.errors import UnsupportedError
+from torchlens_jax.arrays import to_numpy
+from torchlens_jax.scopes import CallScopes, callable_classes, fill, slot_template, wrapped_calls
+
+
+@attrs.define
+class ParamLeaf:
+    name: str
+    value: Any
+    trainable: bool
+    is_buffer: bool
+
+
+@attrs.define
+class ModelView:
+    """A target split into parameter arrays and a function that rebuilds the callable from them."""
+
+    kind: str  # "nnx", "equinox", "linen" or "function"
+    target: Any
+    type_name: str
+    params: list[ParamLeaf]
+    rebuild: Callable[[list[Any]], Callable[..., Any]]
+    # Leading positional arguments that hold the parameters (linen's variables): not inputs.
+    param_args: int = 0
+    # Submodules known before the call, (path, object), root excluded (nnx and equinox).
+    objects: list[tuple[str, Any]] = attrs.Factory(list)
+
+    def call_plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call the model the ordinary way. An nnx model runs as a copy built from the
+        same state, so that neither the user's model nor the capture advances the other."""
+        if self.kind == "nnx":
+            return self.rebuild([p.value for p in self.params])(*args, **kwargs)
+        return self.target(*args, **kwargs)
+
+    def interception(self, scopes: CallScopes) -> contextlib.AbstractContextManager[Any]:
+        """What routes submodule calls through ``scopes`` while the jaxpr is traced."""
+        if self.kind in ("nnx", "equinox"):
+            return wrapped_calls(callable_classes([m for _, m in self.objects]), scopes)
+        if self.kind == "linen":
+            import flax.linen as nn
+
+            return nn.intercept_methods(scopes.linen_interceptor)
+        return contextlib.nullcontext()
+
+
+# -- what the target is ------------------------------------------------------------------------
+def framework_of(target: Any) -> str | None:
+    """"nnx", "equinox" or "linen" for module objects of those libraries, without importing them."""
+    if "flax.nnx" in sys.modules and isinstance(target, sys.modules["flax.nnx"].Module):
+        return "nnx"
+    if "equinox" in sys.modules and isinstance(target, sys.modules["equinox"].Module):
+        return "equinox"
+    if "flax.linen" in sys.modules and isinstance(target, sys.modules["flax.linen"].Module):
+        return "linen"
+    return None
+
+
+def view_model(target: Any, args: tuple[Any, ...] = ()) -> ModelView:
+    root, method = target, None
+    if inspect.ismethod(target) and framework_of(target.__self__) is not None:
+        root, method = target.__self__, target.__func__.__name__
+    kind = framework_of(root)
+    if kind == "nnx":
+        return _view_nnx(target, root, method)
+    if kind == "equinox":
+        return _view_equinox(target, root, method)
+    if kind == "linen" and method == "apply" and args:
+        return _view_linen_apply(target, root, args[0])
+    if kind == "linen":
+        raise UnsupportedError(
+            f"{type(root).__name__} is a flax.linen module, which holds no parameters of its own; trace its "
+            f"apply function with the variables instead: tl.trace(model.apply, variables, x)")
+    name = getattr(target, "__name__", type(target).__name__)
+    return ModelView("function", target, name, [], lambda _: target)
+
+
+def _view_nnx(target: Any, model: Any, method: str | None) -> ModelView:
+    import jax
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    treedef = jax.tree_util.tree_structure(state)
+    params = []
+    for path, var in jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]:
+        is_param = isinstance(var, nnx.Param)
+        for sub, value in jax.tree_util.tree_flatten_with_path(var)[0]:
+            # A Variable keeps its array under ".value": the name is the attribute path alone.
+            sub = tuple(k for k in sub if _key_name(k) not in ("value", "raw_value"))
+            params.append(ParamLeaf(_dotted(path + sub), value, is_param, not is_param))
+
+    def rebuild(leaves: list[Any]) -> Any:
+        copy = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
+        return getattr(copy, method) if method else copy
+
+    return ModelView("nnx", target, type(model).__name__, params, rebuild, objects=submodules(model))
+
+
+def _view_equinox(target: Any, model: Any, method: str | None) -> ModelView:
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    arrays, static = eqx.partition(model, eqx.is_array)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(arrays)
+    params = [ParamLeaf(_dotted(path), value, bool(jnp.issubdtype(value.dtype, jnp.inexact)), False)
+              for path, value in flat]
+
+    def rebuild(leaves: list[Any]) -> Any:
+        copy = eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)
+        return getattr(copy, method) if method else copy
+
+    return ModelView("equinox", target, type(model).__name__, params, rebuild, objects=submodules(model))
+
+
+def _view_linen_apply(target: Any, model: Any, variables: Any) -> ModelView:
+    """``model.apply(variables, ...)``: the variables are the parameters, named by their path
+    inside their collection ("fc1.kernel"; "batch_stats.bn.mean" only if a name would repeat)."""
+    import jax
+
+    flat, treedef = jax.tree_util.tree_flatten_with_path(variables)
+    params: list[ParamLeaf] = []
+    taken: set[str] = set()
+    for path, value in flat:
+        collection, name = _key_name(path[0]), _dotted(path[1:])
+        if name in taken or not name:
+            name = _dotted(path)
+        taken.add(name)
+        params.append(ParamLeaf(name, value, collection == "params", collection != "params"))
+
+    def rebuild(leaves: list[Any]) -> Any:
+        return functools.partial(target, jax.tree_util.tree_unflatten(treedef, leaves))
+
+    return ModelView("linen", target, type(model).__name__, params, rebuild, param_args=1)
+
+
+def submodules(model: Any) -> list[tuple[str, Any]]:
+    """``(path, module)`` of every module inside an nnx or equinox ``model`` (itself excluded);
+    a module reachable by two paths is listed once, under the first."""
+    model = model.__self__ if inspect.ismethod(model) else model
+    kind = framework_of(model)
+    if kind == "nnx":
+        from flax import nnx
+
+        found = [(_dotted(p), m) for p, m in nnx.iter_modules(model) if p]
+        return sorted(found, key=lambda pm: _sort_key(pm[0]))
+    if kind != "equinox":
+        return []
+    import equinox as eqx
+
+    found, seen = [], {id(model)}
+
+    def walk(obj: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(obj, eqx.Module):
+            if id(obj) in seen:
+                return
+            seen.add(id(obj))
+            found.append((_dotted(path), obj))
+            for f in dataclasses.fields(obj):
+                walk(getattr(obj, f.name, None), (*path, f.name))
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(v, (*path, i))
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, (*path, k))
+
+    for f in dataclasses.fields(model):
+        walk(getattr(model, f.name, None), (f.name,))
+    return found
+
+
+def _key_name(key: Any) -> str:
+    for attr in ("key", "name", "idx"):  # DictKey, GetAttrKey, SequenceKey / FlattenedIndexKey
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    return ".".join(str(k) if isinstance(k, (str, int)) else _key_name(k) for k in path)
+
+
+def _sort_key(path: str) -> tuple[Any, ...]:
+    """Parents before children; numbered children in numeric order ("layers.2" before "layers.10")."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.split("."))
+
+
+def owner(name: str, module_paths: list[str]) -> str:
+    """The innermost module path that holds parameter ``name`` ("" for the root)."""
+    return max((p for p in module_paths if name.startswith(p + ".")), key=len, default="")
+
+
+# -- the framework's own view of module outputs ------------------------------------------------
+def observe_module_outputs(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Run the model plainly and keep a NumPy copy of each submodule call's output: ``{"path:pass": out}``.
+
+    nnx and equinox: ``__call__`` wrappers keyed by object identity, with jit
+    disabled so that loop bodies run once per iteration on concrete values
+    (calls whose outputs are abstract even so, under ``jax.vmap``, are not
+    kept). linen: the framework's own ``capture_intermediates``.
+    """
+    import jax
+
+    view = view_model(target, args)
+    if view.kind == "linen":
+        return _observe_linen(target, args, kwargs)
+    if view.kind == "function":
+        return {}
+    call = view.rebuild([p.value for p in view.params]) if view.kind == "nnx" else target  # nnx: on a copy
+    objects = submodules(call)
+    paths = {id(m): p for p, m in objects}
+    passes: Counter[str] = Counter()
+    outputs: dict[str, Any] = {}
+
+    def hook(module: Any, original: Callable[..., Any], a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+        path = paths.get(id(module))
+        if path is None:
+            return original(module, *a, **kw)
+        passes[path] += 1
+        key = f"{path}:{passes[path]}"
+        out = original(module, *a, **kw)
+        template, arrays, _ = slot_template(out)
+        if not any(isinstance(x, jax.core.Tracer) for x in arrays):
+            outputs[key] = fill(template, [to_numpy(x) for x in arrays])
+        return out
+
+    with jax.disable_jit(), wrapped_calls(callable_classes([m for _, m in objects]), hook):
+        call(*args, **kwargs)
+    return outputs
+
+
+def _observe_linen(apply: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    import jax
+
+    kwargs = dict(kwargs)
+    mutable = kwargs.pop("mutable", False)  # the caller's own mutable collections, plus ours
+    if mutable is False or isinstance(mutable, (str, list, tuple)):
+        mutable = [*([mutable] if isinstance(mutable, str) else mutable or []), "intermediates"]
+    with jax.disable_jit():
+        _, state = apply(*args, capture_intermediates=True, mutable=mutable, **kwargs)
+    outputs: dict[str, Any] = {}
+
+    def walk(node: Mapping[str, Any], path: tuple[str, ...]) -> None:
+        for key, value in node.items():
+            if key == "__call__" and path:  # the root's own output is the model's
+                for n, out in enumerate(value, 1):
+                    template, arrays, _ = slot_template(out)
+                    outputs[f"{'.'.join(path)}:{n}"] = fill(template, [to_numpy(x) for x in arrays])
+            elif isinstance(value, Mapping):
+                walk(value, (*path, key))
+
+    walk(state.get("intermediates", {}), ())
+    return outputs

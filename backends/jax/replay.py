@@ -1,0 +1,24 @@
+"""Replay: run each recorded primitive again with ``bind`` on the replayed arguments.
+
+JAX arrays are immutable, so no op can change an input, a parameter or
+another op's value: replay needs no copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchlens_core.records import OpRecord
+from torchlens_core.replay import Observe, interpret
+from torchlens_core.trace import Trace
+
+
+def replay_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``op.call`` is ``(primitive, params)``, as the jaxpr equation had them."""
+    primitive, params = op.call
+    out = primitive.bind(*args, **params, **kwargs)
+    return tuple(out) if primitive.multiple_results else out
+
+
+def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
+    return interpret(trace, replay_op, observe)

@@ -1,0 +1,263 @@
+"""The evaluator: walk a jaxpr eagerly, binding each primitive equation once and recording it as an op.
+
+Higher-order primitives are not ops of their own. Call-like ones (jit,
+custom_jvp/vjp calls, closed_call, remat) are expanded into their inner
+equations; ``scan`` and ``while`` run their body once per iteration, each
+iteration's ops being passes of the same layers; ``cond`` runs the branch its
+index picks, and only that branch is recorded. Any other primitive that holds
+a jaxpr is recorded as one op and counted in the trace's notes as opaque.
+
+Module scoping comes from the name stack of each equation: a scope made by
+:class:`~torchlens_jax.scopes.CallScopes` opens a pass of that module, and
+the call's output marker closes it, naming what the call returned.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from torchlens_core.builder import TraceBuilder
+from torchlens_core.records import ParamRef, Ref
+from torchlens_jax.arrays import array_info
+from torchlens_jax.scopes import MARKER_NAME, CallScopes, fill
+
+# Call-like primitives and the parameter holding the jaxpr they run.
+CALL_JAXPR = {
+    "jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+    "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+}
+
+
+@attrs.define(slots=True)
+class Val:
+    """A value in the walk's environment, and what an op's arguments say for it:
+    a Ref, a ParamRef, or nothing (a constant, which goes into the arguments as it is)."""
+
+    value: Any
+    ref: Ref | ParamRef | None = None
+
+    @property
+    def arg(self) -> Any:
+        return self.value if self.ref is None else self.ref
+
+
+class Walker:
+    def __init__(self, builder: TraceBuilder, scopes: CallScopes | None = None) -> None:
+        self.builder = builder
+        self.scopes = scopes
+        self.active: list[int] = []  # open module calls, innermost last, as on builder.module_stack
+        self.expanded: Counter[str] = Counter()
+        self.opaque: Counter[str] = Counter()
+
+    # -- walking ---------------------------------------------------------------------------
+    def run(self, jaxpr: Any, consts: list[Val], args: list[Val], chain: tuple[int, ...] = (),
+            loc: tuple[Any, ...] = (), in_loop: bool = False, helper: bool = False) -> list[Val]:
+        """Evaluate ``jaxpr`` on ``args``; the values of its outputs.
+
+        ``chain`` is the module calls the enclosing equation ran inside (the name
+        stack of a sub-jaxpr is relative to its parent's); ``loc`` says where this
+        jaxpr sits, so that inside loops every equation gets one layer for all
+        its iterations; ``helper`` marks jaxprs made by the walk itself (the
+        slicing and stacking of a scan), whose code site is not the user's.
+        """
+        from jax.extend.core import DropVar, Literal
+
+        env: dict[Any, Val] = {}
+
+        def read(var: Any) -> Val:
+            return Val(var.val) if isinstance(var, Literal) else env[var]
+
+        env.update(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+        for i, eqn in enumerate(jaxpr.eqns):
+            ins = [read(v) for v in eqn.invars]
+            eqn_chain = chain + self._calls(eqn)
+            self._align(eqn_chain)
+            outs = self._eqn(eqn, ins, eqn_chain, (*loc, i), in_loop, helper)
+            for var, val in zip(eqn.outvars, outs):
+                if not isinstance(var, DropVar):
+                    env[var] = val
+        self._align(chain)  # calls begun in here end in here (each loop iteration is a pass)
+        return [read(v) for v in jaxpr.outvars]
+
+    def run_closed(self, closed: Any, args: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
+                   in_loop: bool, helper: bool = False) -> list[Val]:
+        return self.run(closed.jaxpr, [Val(c) for c in closed.consts], args, chain, loc, in_loop, helper)
+
+    def _eqn(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...], in_loop: bool,
+             helper: bool) -> list[Val]:
+        from jax.extend.core import ClosedJaxpr, Jaxpr
+
+        name = eqn.primitive.name
+        if name == MARKER_NAME:
+            return self._marker(eqn, ins)
+        sub = eqn.params.get(CALL_JAXPR.get(name, ""))
+        if isinstance(sub, (Jaxpr, ClosedJaxpr)):
+            self.expanded[name] += 1
+            closed = sub if isinstance(sub, ClosedJaxpr) else ClosedJaxpr(sub, ())
+            return self.run_closed(closed, ins, chain, loc, in_loop, helper)
+        if name == "scan":
+            return self._scan(eqn, ins, chain, loc, in_loop)
+        if name == "cond":
+            return self._cond(eqn, ins, chain, loc, in_loop)
+        if name == "while":
+            return self._while(eqn, ins, chain, loc, in_loop)
+        meta = {}
+        inner = _inner_jaxprs(eqn.params)
+        if inner:  # a higher-order primitive we do not expand: one op, run as a whole
+            self.opaque[name] += 1
+            meta = {"opaque": True, "inner_eqns": sum(len(j.eqns) for j in inner)}
+        return self._record(eqn, ins, loc if in_loop else None, helper, meta)
+
+    # -- one op ----------------------------------------------------------------------------
+    def _record(self, eqn: Any, ins: list[Val], loc: tuple[Any, ...] | None, helper: bool,
+                meta: dict[str, Any]) -> list[Val]:
+        prim, params = eqn.primitive, eqn.params
+        out = prim.bind(*[x.value for x in ins], **params)
+        outs = tuple(out) if prim.multiple_results else (out,)
+        infos = [array_info(o) for o in outs]
+        shapes = [i[0] if i else None for i in infos]
+        first = next((i for i in infos if i), None)
+        op = self.builder.add_op(
+            prim.name, (prim, params), tuple(x.arg for x in ins), {},
+            tuple(dict.fromkeys(x.ref.index for x in ins if isinstance(x.ref, Ref))),
+            outs if prim.multiple_results else out,
+            shape=tuple(shapes) if prim.multiple_results else shapes[0],
+            dtype=first[1] if first else None, device=first[2] if first else None,
+            params=tuple(dict.fromkeys(x.ref.name for x in ins if isinstance(x.ref, ParamRef))),
+            code_site=None if helper else _code_site(eqn),
+            layer_key=None if loc is None else ("jax-loop", loc), meta=meta)
+        if prim.multiple_results:
+            return [Val(o, Ref(op.index, (j,))) for j, o in enumerate(outs)]
+        return [Val(out, Ref(op.index))]
+
+    def identity(self, x: Val) -> Val:
+        """An explicit pass-through op, so that a module's (or the model's) output is computed where it is returned."""
+        b = self.builder
+        if isinstance(x.ref, Ref):
+            op = b.identity_op(x.ref, x.value)
+        else:
+            import jax.numpy as jnp
+
+            value = jnp.asarray(x.value)  # a jaxpr literal is a Python scalar: outputs are arrays
+            shape, dtype, device = array_info(value)
+            op = b.identity_op(x.ref if isinstance(x.ref, ParamRef) else value, value,
+                               shape=shape, dtype=dtype, device=device)
+            x = Val(value)
+        return Val(x.value, Ref(op.index))
+
+    # -- module calls ----------------------------------------------------------------------
+    def _calls(self, eqn: Any) -> tuple[int, ...]:
+        """The module calls named in an equation's name stack, outermost first."""
+        if self.scopes is None:
+            return ()
+        return self.scopes.calls_in(str(eqn.source_info.name_stack))
+
+    def _align(self, chain: tuple[int, ...]) -> None:
+        """Make the open module calls those of ``chain``: end the others, begin the new ones."""
+        n = 0
+        while n < len(self.active) and n < len(chain) and self.active[n] == chain[n]:
+            n += 1
+        while len(self.active) > n:
+            self._end(None)
+        for k in chain[n:]:
+            self.builder.enter_module(self.scopes.calls[k])
+            self.active.append(k)
+
+    def _end(self, template: Any) -> None:
+        k = self.active.pop()
+        self.builder.exit_module(self.scopes.calls[k], template)
+
+    def _marker(self, eqn: Any, ins: list[Val]) -> list[Val]:
+        k = self.scopes.call_of_marker(eqn.params) if self.scopes else None
+        if k is None or not self.active or self.active[-1] != k:
+            return ins  # another capture's marker (from a jit cache): a plain pass-through
+        here = self.builder.module_stack[-1]
+        outs = [x if isinstance(x.ref, Ref) and here in self.builder.ops[x.ref.index].module_passes
+                else self.identity(x) for x in ins]
+        self._end(fill(self.scopes.templates[k], [x.ref for x in outs]))
+        return outs
+
+    # -- control flow ----------------------------------------------------------------------
+    def _scan(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
+              in_loop: bool) -> list[Val]:
+        import jax
+        import jax.numpy as jnp
+
+        p = eqn.params
+        n, n_consts, n_carry = p["length"], p["num_consts"], p["num_carry"]
+        consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
+        ys_at: list[list[Val]] = [[] for _ in range(n)]
+        for it in range(n):
+            i = n - 1 - it if p["reverse"] else it
+            rows = [self._helper(lambda a, i=i: jax.lax.index_in_dim(a, i, keepdims=False), [x], chain,
+                                 (*loc, "x", j), True)[0] for j, x in enumerate(xs)]
+            outs = self.run_closed(p["jaxpr"], consts + carry + rows, chain, (*loc, "body"), True)
+            carry, ys_at[i] = outs[:n_carry], outs[n_carry:]
+        ys = []
+        for j, var in enumerate(eqn.outvars[n_carry:]):
+            if n == 0:
+                ys.append(Val(jnp.zeros(var.aval.shape, var.aval.dtype)))
+            else:
+                ys.append(self._helper(lambda *r: jnp.stack(r), [y[j] for y in ys_at], chain, (*loc, "y", j),
+                                       in_loop)[0])
+        self.expanded["scan"] += 1
+        return carry + ys
+
+    def _cond(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
+              in_loop: bool) -> list[Val]:
+        branches = eqn.params["branches"]
+        b = int(np.clip(np.asarray(ins[0].value), 0, len(branches) - 1))  # lax.cond clamps its index too
+        self.expanded["cond"] += 1
+        return self.run_closed(branches[b], ins[1:], chain, (*loc, "branch", b), in_loop)
+
+    def _while(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
+               in_loop: bool) -> list[Val]:
+        p = eqn.params
+        nc, nb = p["cond_nconsts"], p["body_nconsts"]
+        cond_consts, body_consts, carry = ins[:nc], ins[nc:nc + nb], ins[nc + nb:]
+        while True:
+            (pred,) = self.run_closed(p["cond_jaxpr"], cond_consts + carry, chain, (*loc, "cond"), True)
+            if not bool(np.asarray(pred.value)):
+                break
+            carry = self.run_closed(p["body_jaxpr"], body_consts + carry, chain, (*loc, "body"), True)
+        self.expanded["while"] += 1
+        return carry
+
+    def _helper(self, fn: Callable[..., Any], ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
+                in_loop: bool) -> list[Val]:
+        """Record ``fn`` (slicing or stacking a scan's arrays) as the primitives it traces to."""
+        import jax
+
+        closed = jax.make_jaxpr(fn)(*[x.value for x in ins])
+        return self.run_closed(closed, ins, chain, loc, in_loop, helper=True)
+
+
+def _inner_jaxprs(params: dict[str, Any]) -> list[Any]:
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    found = []
+    for v in params.values():
+        for item in v if isinstance(v, (tuple, list)) else (v,):
+            if isinstance(item, ClosedJaxpr):
+                found.append(item.jaxpr)
+            elif isinstance(item, Jaxpr):
+                found.append(item)
+    return found
+
+
+def _code_site(eqn: Any) -> tuple[str, int, str] | None:
+    """Where the user's code made this equation (file, line, function), if JAX kept it."""
+    try:
+        from jax._src import source_info_util  # no public API gives the user frame
+
+        frame = source_info_util.user_frame(eqn.source_info.traceback)
+    except Exception:
+        return None
+    return (frame.file_name, frame.start_line, frame.function_name) if frame else None
