@@ -93,7 +93,7 @@ def test_auto_routing_for_a_function_of_jax_arrays() -> None:
 
 
 def test_claim_leaves_other_targets_alone() -> None:
-    from torchlens_jax import plugin
+    from torchlens_jax.plugin import backend as plugin
 
     assert plugin.torchlens_claim(target=lambda x: x, args=(1.0,), kwargs={}) is None
     assert plugin.torchlens_claim(target=lambda x: x, args=(), kwargs={"x": jnp.ones(2)}) == "jax"

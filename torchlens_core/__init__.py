@@ -7,6 +7,7 @@ package never imports a framework.
 
 from torchlens_core.api import trace
 from torchlens_core.audit import AuditReport, Finding
+from torchlens_core.backend import Backend
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import (
     BackendNotFoundError,
@@ -22,7 +23,7 @@ from torchlens_core.replay import ReplayError
 from torchlens_core.trace import Trace
 
 __all__ = [
-    "AuditReport", "BackendInfo", "BackendNotFoundError", "CaptureError", "Finding",
+    "AuditReport", "Backend", "BackendInfo", "BackendNotFoundError", "CaptureError", "Finding",
     "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "ParamRef",
     "Ref", "ReplayError", "TorchLensError", "Trace", "TraceBuilder", "UnsupportedError",
     "backends", "hookimpl", "trace",

@@ -1,0 +1,106 @@
+"""Backend: a base class that turns plain methods into the per-backend hooks.
+
+A backend may implement the hooks of :mod:`torchlens_core.hookspecs` as plain
+functions, or subclass :class:`Backend`, implement its methods, and point its
+entry point at an instance::
+
+    [project.entry-points."torchlens.backends"]
+    mybackend = "my_package.plugin:backend"
+
+Each hook then answers for this backend's name only, so the methods never see
+another backend's requests. Import the framework inside the methods, never at
+module level.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torchlens_core.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from torchlens_core.conformance import Case
+    from torchlens_core.plugins import BackendInfo
+    from torchlens_core.records import OpRecord
+    from torchlens_core.replay import Observe
+    from torchlens_core.trace import Trace
+
+
+class Backend:
+    name: str = ""
+
+    # -- what a backend implements ------------------------------------------------------
+    def info(self) -> BackendInfo:
+        """Name, framework, install command, aliases, capabilities."""
+        raise NotImplementedError
+
+    def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Does this framework own ``target`` or its inputs? Decide from ``sys.modules`` and types."""
+        return False
+
+    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+        raise NotImplementedError
+
+    def replay_graph(self, trace: Trace, observe: Observe | None) -> list[Any] | None:
+        """Replay everything; None (the default) replays op by op with :meth:`replay_op`."""
+        return None
+
+    def replay_op(self, op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def array_info(self, value: Any) -> tuple[tuple[int, ...], str, str] | None:
+        raise NotImplementedError
+
+    def to_numpy(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def array_error(self, actual: Any, expected: Any) -> float:
+        raise NotImplementedError
+
+    def conformance_cases(self) -> list[Case]:
+        return []
+
+    def observe_module_outputs(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    # -- the hooks, answering for this backend only --------------------------------------
+    @hookimpl
+    def torchlens_backend_info(self) -> BackendInfo:
+        return self.info()
+
+    @hookimpl
+    def torchlens_claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        return self.name if self.claim(target, args, kwargs) else None
+
+    @hookimpl
+    def torchlens_capture(self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self.capture(target, args, kwargs) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_replay_graph(self, backend: str, trace: Any, observe: Any) -> list[Any] | None:
+        return self.replay_graph(trace, observe) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_replay_op(self, backend: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self.replay_op(op, args, kwargs) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_array_info(self, backend: str, value: Any) -> Any:
+        return self.array_info(value) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_to_numpy(self, backend: str, value: Any) -> Any:
+        return self.to_numpy(value) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_array_error(self, backend: str, actual: Any, expected: Any) -> float | None:
+        return self.array_error(actual, expected) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_conformance_cases(self, backend: str) -> list[Any] | None:
+        return self.conformance_cases() if backend == self.name else None
+
+    @hookimpl
+    def torchlens_observe_module_outputs(self, backend: str, target: Any, args: tuple[Any, ...],
+                                         kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        return self.observe_module_outputs(target, args, kwargs) if backend == self.name else None
