@@ -1,22 +1,38 @@
-"""Full-capture time as a ratio to a plain forward (median of interleaved repeats, one thread)."""
+"""Full-capture time as a ratio to a plain forward (median of interleaved repeats, one thread).
+
+    python bench/capture_overhead.py                                  # torch: ResNet-18, GPT-2 small
+    python bench/capture_overhead.py --backend jax --cases nnx_cnn nnx_attention
+
+Without --cases, the torch backend measures the two reference models below;
+any backend can measure cases of its own conformance zoo by name.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
+# One thread everywhere, set before any framework is imported.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
+             "TF_NUM_INTEROP_THREADS"):
+    os.environ.setdefault(_var, "1")
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
-def resnet18() -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+Built = tuple[Any, tuple[Any, ...], dict[str, Any]]
+
+
+def resnet18() -> Built:
     import torch
     import torchvision
 
     return torchvision.models.resnet18(weights=None).eval(), (torch.rand(1, 3, 224, 224),), {}
 
 
-def gpt2() -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+def gpt2() -> Built:
     import torch
     import transformers
 
@@ -25,48 +41,77 @@ def gpt2() -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     return model, (), {"input_ids": torch.randint(0, config.vocab_size, (1, 64))}
 
 
-MODELS: dict[str, Callable[[], tuple[Any, tuple[Any, ...], dict[str, Any]]]] = {
-    "resnet18": resnet18, "gpt2": gpt2}
+REFERENCE: dict[str, Callable[[], Built]] = {"resnet18": resnet18, "gpt2": gpt2}
 
 
-def measure(name: str, repeats: int) -> dict[str, float]:
-    import torch
+def builders(backend: str, names: list[str]) -> dict[str, Callable[[], Built]]:
+    if not names:
+        if backend != "torch":
+            raise SystemExit(f"name the {backend} zoo cases to measure with --cases")
+        return REFERENCE
+    from torchlens_core.plugins import hook
 
+    zoo = {case.name: case.build for case in hook().torchlens_conformance_cases(backend=backend) or []}
+    missing = [n for n in names if n not in zoo]
+    if missing:
+        raise SystemExit(f"no {backend} zoo case {missing}; the zoo has: {', '.join(zoo)}")
+    return {n: zoo[n] for n in names}
+
+
+def measure(backend: str, build: Callable[[], Built], repeats: int) -> dict[str, float]:
     import torchlens as tl
 
-    model, args, kwargs = MODELS[name]()
+    model, args, kwargs = build()
     plain: list[float] = []
     traced: list[float] = []
-    with torch.no_grad():
-        for _ in range(3):  # warm-up: allocator, kernels, TorchLens caches
-            model(*args, **kwargs)
-            tl.trace(model, *args, **kwargs)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            model(*args, **kwargs)
-            t1 = time.perf_counter()
-            trace = tl.trace(model, *args, **kwargs)
-            t2 = time.perf_counter()
-            plain.append(t1 - t0)
-            traced.append(t2 - t1)
-            del trace
+    for _ in range(3):  # warm-up: allocators, kernels, compilation caches
+        model(*args, **kwargs)
+        tl.trace(model, *args, backend=backend, **kwargs)
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _block(model(*args, **kwargs))
+        t1 = time.perf_counter()
+        trace = tl.trace(model, *args, backend=backend, **kwargs)
+        t2 = time.perf_counter()
+        plain.append(t1 - t0)
+        traced.append(t2 - t1)
+        del trace
     p, t = statistics.median(plain), statistics.median(traced)
     return {"plain_ms": p * 1e3, "trace_ms": t * 1e3, "ratio": t / p}
 
 
-def main() -> None:
-    import torch
+def _block(value: Any) -> None:
+    """Wait for asynchronous frameworks (JAX) to finish before the clock stops."""
+    ready = getattr(value, "block_until_ready", None)
+    if ready is not None:
+        ready()
 
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="torch")
+    parser.add_argument("--cases", nargs="*", default=[])
     parser.add_argument("--repeats", type=int, default=15)
     options = parser.parse_args()
-    torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread, median of {options.repeats} interleaved runs")
-    print(f"{'model':<10} {'plain ms':>10} {'trace ms':>10} {'ratio':>7}")
-    for name in options.models:
-        r = measure(name, options.repeats)
-        print(f"{name:<10} {r['plain_ms']:>10.1f} {r['trace_ms']:>10.1f} {r['ratio']:>6.2f}x")
+    from torchlens_core.plugins import resolve_backend
+
+    info = resolve_backend(options.backend)
+    if info.name == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+    models = builders(info.name, options.cases)
+    print(f"{info.name} {info.framework_version}, 1 thread, median of {options.repeats} interleaved runs")
+    print(f"{'model':<24} {'plain ms':>10} {'trace ms':>10} {'ratio':>7}")
+    for name, build in models.items():
+        if info.name == "torch":
+            import torch
+
+            with torch.no_grad():
+                r = measure(info.name, build, options.repeats)
+        else:
+            r = measure(info.name, build, options.repeats)
+        print(f"{name:<24} {r['plain_ms']:>10.1f} {r['trace_ms']:>10.1f} {r['ratio']:>6.2f}x")
 
 
 if __name__ == "__main__":
