@@ -1,4 +1,4 @@
-"""The main job: trace ResNet-18 on one image, print what was recorded, check it."""
+"""The main job: trace ResNet-18 on one image, print what was recorded, draw it, check it."""
 
 import torch
 import torchvision
@@ -20,6 +20,10 @@ print("  trace[7].func_name            ", trace[7].func_name)
 print("  trace['relu_1'].modules       ", trace["relu_1"].modules)
 adds = [op.label for op in trace.ops if "add" in op.func_name]
 print(f"  {len(adds)} residual adds, none a module output: {adds[:3]} ...")
+
+# The picture in the README: top-level blocks as boxes where the full graph would be too big.
+picture = trace.draw("docs/images/resnet18", collapse="auto", file_format="svg")
+print(f"\nDrew {picture} (full graph: trace.draw(); one block: trace.draw(module='layer2'))")
 print()
 report = trace.audit()
 print(report)

@@ -1,6 +1,9 @@
-"""The user's own examples (shared/seeds), run as written. Drawing arrives with issue 3."""
+"""The user's own examples (shared/seeds), run as written."""
 
 from __future__ import annotations
+
+import shutil
+from typing import Any
 
 import pytest
 
@@ -8,7 +11,13 @@ pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
 
-def test_docs_page_example(capsys: pytest.CaptureFixture[str]) -> None:
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed")
+
+
+@needs_dot
+def test_docs_page_example(capsys: pytest.CaptureFixture[str], tmp_path: Any,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     import torch
     import torchvision
 
@@ -20,6 +29,7 @@ def test_docs_page_example(capsys: pytest.CaptureFixture[str]) -> None:
 
     trace = tl.trace(model, x)
 
+    drawing = trace.draw(collapse="auto", file_format="svg")
     block = trace["layer3"]
     print(block.out.shape)
     relu = next(op for op in trace.ops if op.func_name.startswith("relu"))
@@ -37,6 +47,7 @@ def test_docs_page_example(capsys: pytest.CaptureFixture[str]) -> None:
 
     adds = [op.label for op in trace.ops if "add" in op.func_name]
     print(len(adds), "residual adds, none of them a module output:", adds[:2])
+    trace.draw(module="layer2")
 
     out = capsys.readouterr().out
     assert "torch.Size([1, 256, 14, 14])" in out
@@ -44,9 +55,13 @@ def test_docs_page_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Audit: PASS" in out
     assert "8 residual adds" in out
     assert all(not trace[label].module_outputs for label in adds)
+    assert (tmp_path / drawing).read_text().startswith("<?xml")
+    assert len(list(tmp_path.iterdir())) == 2
 
 
-def test_readme_quickstart_and_recurrent_example() -> None:
+@needs_dot
+def test_readme_quickstart_and_recurrent_example(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     import torch
     import torchvision.models as models
 
@@ -65,6 +80,9 @@ def test_readme_quickstart_and_recurrent_example() -> None:
     assert "Params: 61,100,840 unique; trainable: 61,100,840" in text
     assert "Ops: 22 total" in text and "Edges: 23 total" in text
     assert log.audit()  # AlexNet is in training mode: its dropouts replay with their RNG state
+    log.draw()                    # PDF of the computational graph
+    log.draw(vis_mode='rolled')       # rolled (compact for recurrent)
+    log.draw(vis_mode='unrolled')     # every pass as a distinct node
 
     class SimpleRecurrent(torch.nn.Module):
         def __init__(self):
@@ -84,3 +102,5 @@ def test_readme_quickstart_and_recurrent_example() -> None:
     second = recurrent_log["linear_1:2"].out
     first = recurrent_log["linear_1:1"].out
     assert torch.allclose(second, recurrent_model.fc((first + 1) * 2))
+    recurrent_log.draw(vis_mode='rolled')
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".pdf"] * 3

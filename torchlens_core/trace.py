@@ -155,6 +155,32 @@ class Trace:
 
         return audit(self, rtol=rtol)
 
+    def draw(self, path: str | None = None, *, file_format: str = "pdf", vis_mode: str = "unrolled",
+             collapse: Any = None, module: str | None = None) -> str:
+        """Render the graph with Graphviz; returns the path written.
+
+        ``vis_mode``: ``"unrolled"`` (every pass its own node) or ``"rolled"``
+        (one node per layer, loops drawn back). ``collapse``: ``"auto"`` (modules
+        as single boxes as far as needed to stay readable), a depth (modules that
+        deep are boxes), or a predicate on ModuleRecords. ``module``: draw only
+        that module's subgraph. ``file_format``: ``"pdf"``, ``"svg"`` or ``"png"``.
+        """
+        from torchlens_core.draw import draw
+
+        return draw(self, path, file_format=file_format, vis_mode=vis_mode, collapse=collapse, module=module)
+
+    def to_dot(self, *, vis_mode: str = "unrolled", collapse: Any = None, module: str | None = None) -> str:
+        """The DOT source of :meth:`draw`'s picture; needs no Graphviz."""
+        from torchlens_core.draw import to_dot
+
+        return to_dot(self, vis_mode=vis_mode, collapse=collapse, module=module)
+
+    def _repr_svg_(self) -> str | None:
+        """Notebooks show a trace as its (auto-collapsed) drawing."""
+        from torchlens_core.draw import svg
+
+        return svg(self, collapse="auto")
+
     def __repr__(self) -> str:
         name = self.model_name or "function"
         return (f"<Trace of {name} ({self.backend}): {self.num_ops} ops, "

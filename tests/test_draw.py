@@ -1,0 +1,197 @@
+"""Drawing: DOT from the IR alone, checked through Graphviz's own parse (dot -Tjson)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+
+import torchlens as tl
+from torchlens_core import draw as drawing
+
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed")
+
+
+def parse(dot_source: str) -> dict[str, Any]:
+    """Nodes, edges and clusters as Graphviz itself reads them."""
+    out = subprocess.run(["dot", "-Tjson"], input=dot_source.encode(), capture_output=True, check=True)
+    graph = json.loads(out.stdout)
+    n_sub = graph.get("_subgraph_cnt", 0)
+    objects = graph.get("objects", [])
+    return {
+        "clusters": [o["name"] for o in objects[:n_sub]],
+        "nodes": {o["_gvid"]: o for o in objects[n_sub:]},
+        "edges": [(e["tail"], e["head"]) for e in graph.get("edges", [])],
+    }
+
+
+# -- torch ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def resnet() -> tl.Trace:
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    return tl.trace(torchvision.models.resnet18(weights=None).eval(), torch.rand(1, 3, 64, 64))
+
+
+@pytest.fixture(scope="module")
+def recurrent() -> tl.Trace:
+    torch = pytest.importorskip("torch")
+
+    class SimpleRecurrent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(in_features=5, out_features=5)
+
+        def forward(self, x):
+            for _ in range(4):
+                x = self.fc(x)
+                x = x + 1
+                x = x * 2
+            return x
+
+    return tl.trace(SimpleRecurrent(), torch.randn(6, 5))
+
+
+@needs_dot
+def test_unrolled_graph_has_every_op_and_edge(resnet: tl.Trace) -> None:
+    g = parse(resnet.to_dot())
+    assert len(g["nodes"]) == len(resnet.ops)
+    assert len(g["edges"]) == resnet.num_edges
+    # clusters are module passes; a module that is a single op is drawn as that op, named
+    multi_op = {f"cluster {mp.label}" for m in resnet.modules.values() for mp in m.passes if len(mp.ops) > 1}
+    assert set(g["clusters"]) == multi_op
+    labels = [n["label"] for n in g["nodes"].values()]
+    assert any(label.startswith("conv1 (Conv2d)\\nconv2d_1_1") for label in labels)
+
+
+@needs_dot
+def test_module_outputs_are_drawn_apart_from_functional_ops(resnet: tl.Trace) -> None:
+    g = parse(resnet.to_dot())
+    by_label = {n["label"].split("\\n")[-4 if "params" in n["label"] else -3]: n for n in g["nodes"].values()
+                if n["label"].count("\\n") >= 2}
+    add = next(op for op in resnet.ops if op.func_name == "add_")
+    relu_out = resnet["layer1.0.relu:2"]
+    assert by_label[add.label].get("peripheries") != "2"  # the residual add ends no module
+    assert by_label[relu_out.label]["peripheries"] == "2"
+
+
+@needs_dot
+def test_rolled_recurrent_has_one_linear_node_with_four_passes(recurrent: tl.Trace) -> None:
+    g = parse(recurrent.to_dot(vis_mode="rolled"))
+    linear = [n for n in g["nodes"].values() if "linear_1_1" in n["label"]]
+    assert len(linear) == 1 and "linear x4" in linear[0]["label"]
+    assert linear[0]["label"].startswith("fc x4 (Linear)")
+    assert g["clusters"] == []  # the single-op module fc is folded into its op
+    unrolled = parse(recurrent.to_dot(vis_mode="unrolled"))
+    assert len(unrolled["nodes"]) == len(recurrent.ops) and len(g["nodes"]) == len(recurrent.ops) - 3
+    # the loop is drawn back: mul of pass k feeds linear again
+    linear_id = next(i for i, n in g["nodes"].items() if "linear_1_1" in n["label"])
+    into_linear = [t for t, h in g["edges"] if h == linear_id]
+    assert len(into_linear) == 4
+
+
+@needs_dot
+def test_collapse_by_depth_predicate_and_auto(resnet: tl.Trace) -> None:
+    top = parse(resnet.to_dot(collapse=1))
+    boxes = {n["label"].split("\\n")[0] for n in top["nodes"].values() if n.get("shape") == "box3d"}
+    assert boxes == {"layer1", "layer2", "layer3", "layer4"}  # the top-level modules of several ops
+    blocks = parse(resnet.to_dot(collapse=lambda m: m.type_name == "BasicBlock"))
+    boxes = {n["label"].split("\\n")[0] for n in blocks["nodes"].values() if n.get("shape") == "box3d"}
+    assert boxes == {f"layer{i}.{j}" for i in range(1, 5) for j in range(2)}
+    assert len(drawing.view(resnet, collapse="auto").nodes) <= drawing.AUTO_NODE_BUDGET
+
+
+@needs_dot
+def test_module_focus_draws_only_that_subgraph(resnet: tl.Trace) -> None:
+    g = parse(resnet.to_dot(module="layer2"))
+    inside = [op for op in resnet.ops if any(p == "layer2" for p, _ in op.module_passes)]
+    external = [n for n in g["nodes"].values() if n.get("style") == "dashed"]
+    assert len(g["nodes"]) == len(inside) + len(external) and len(external) == 1
+    assert all(c.startswith("cluster layer2") for c in g["clusters"])
+    with pytest.raises(KeyError, match="layer2"):
+        resnet.to_dot(module="layer22")
+
+
+@needs_dot
+@pytest.mark.parametrize("file_format", ["pdf", "svg", "png"])
+def test_draw_writes_each_format(resnet: tl.Trace, tmp_path: Any, file_format: str) -> None:
+    path = resnet.draw(str(tmp_path / "r18"), file_format=file_format, collapse="auto")
+    assert path.endswith("." + file_format)
+    head = open(path, "rb").read(8)
+    assert head.startswith({"pdf": b"%PDF", "svg": b"<?xml", "png": b"\x89PNG"}[file_format])
+
+
+def test_errors_are_typed(resnet: tl.Trace, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(tl.UnsupportedError, match="vis_mode"):
+        resnet.to_dot(vis_mode="sideways")
+    with pytest.raises(tl.UnsupportedError, match="file_format"):
+        resnet.draw(file_format="bmp")
+    with pytest.raises(tl.UnsupportedError, match="collapse"):
+        resnet.to_dot(collapse="everything")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(drawing.GraphvizNotFoundError, match="apt-get install graphviz"):
+        resnet.draw()
+    assert resnet.to_dot().startswith("digraph")  # DOT needs no Graphviz
+    assert resnet._repr_svg_() is None
+
+
+@needs_dot
+def test_seed_draw_calls_run_as_written(resnet: tl.Trace, recurrent: tl.Trace, tmp_path: Any,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    trace = log = resnet
+    recurrent_log = recurrent
+    drawing_path = trace.draw(collapse="auto", file_format="svg")
+    trace.draw(module="layer2")
+    log.draw()
+    log.draw(vis_mode="rolled")
+    log.draw(vis_mode="unrolled")
+    recurrent_log.draw(vis_mode="rolled")
+    assert drawing_path.endswith(".svg") and len(list(tmp_path.iterdir())) == 5
+    assert "<svg" in trace._repr_svg_()
+
+
+# -- jax ------------------------------------------------------------------------------------
+@needs_dot
+def test_jax_trace_draws_with_the_same_calls(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("jax")
+    from torchlens_jax.zoo import cases
+
+    case = next(c for c in cases() if c.name == "nnx_residual")
+    model, args, kwargs = case.build()
+    trace = tl.trace(model, *args, backend="jax", **kwargs)
+    monkeypatch.chdir(tmp_path)
+    trace.draw(collapse="auto", file_format="svg")
+    trace.draw()
+    trace.draw(vis_mode="rolled")
+    trace.draw(vis_mode="unrolled")
+    module = next(iter(trace.modules))
+    trace.draw(module=module)
+    g = parse(trace.to_dot())
+    assert len(g["nodes"]) == len(trace.ops) and len(g["edges"]) == trace.num_edges
+    assert len(list(tmp_path.iterdir())) == 4  # draw() and vis_mode="unrolled" write the same file
+
+
+# -- numpy (the core session: no framework installed) ----------------------------------------
+@needs_dot
+def test_numpy_plugin_trace_draws(tmp_path: Any) -> None:
+    pytest.importorskip("torchlens_numpy")
+    import numpy as np
+
+    def mlp(x, w1, w2):
+        h = np.maximum(x @ w1, 0)
+        for _ in range(2):
+            h = np.tanh(h @ w2) + h
+        return h
+
+    rng = np.random.default_rng(0)
+    trace = tl.trace(mlp, rng.normal(size=(2, 4)), rng.normal(size=(4, 4)), rng.normal(size=(4, 4)), backend="numpy")
+    g = parse(trace.to_dot())
+    assert len(g["nodes"]) == len(trace.ops) and len(g["edges"]) == trace.num_edges
+    assert trace.draw(str(tmp_path / "mlp"), file_format="svg").endswith(".svg")
+    with pytest.raises(tl.UnsupportedError):
+        trace.draw(file_format="jpeg")
