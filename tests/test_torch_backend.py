@@ -284,3 +284,13 @@ def test_returned_parameters_inputs_and_outside_tensors_get_output_nodes() -> No
     sources = [op.source for op in trace.ops if op.func_name == "identity"]
     assert sources == ["parameter", "constant"]
     assert trace.audit()
+
+
+def test_uninitialized_factories_replay_the_bytes_they_held() -> None:
+    def fn(x):
+        buffer = torch.empty(3, 4)
+        return torch.cat([x, buffer.mul_(0).add_(x)])  # garbage that is then overwritten
+
+    trace = tl.trace(fn, torch.randn(3, 4))
+    assert "uninitialized" in trace["empty_1"].meta and trace["empty_1"].source == "constant"
+    assert trace.audit()

@@ -37,6 +37,8 @@ _RANDOM = frozenset({
     "randperm", "uniform_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_", "poisson",
     "gumbel_softmax", "fractional_max_pool2d", "fractional_max_pool3d",
 })
+# Factories whose output is whatever the memory held: replay reuses the recorded bytes.
+_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 # Calls that return tensors but change nothing a forward computes with.
 _IGNORED = frozenset({"requires_grad_", "retain_grad", "share_memory_", "register_hook", "detach_"})
 _INPLACE_DUNDERS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul",
@@ -48,7 +50,7 @@ _DTYPE_NAMES: dict[Any, str] = {}
 class FuncInfo:
     """What capture needs to know about one torch callable, worked out once."""
 
-    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random")
+    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "uninitialized")
 
     def __init__(self, func: Any) -> None:
         raw = getattr(func, "__name__", None) or type(func).__name__
@@ -63,6 +65,7 @@ class FuncInfo:
             self.name = raw.lstrip("_") or "op"
         self.ignored = raw in _IGNORED
         self.random = self.name in _RANDOM
+        self.uninitialized = self.name in _UNINITIALIZED
         self.inplace_pos = _inplace_position(func)
 
 
@@ -156,6 +159,9 @@ class _Recorder(TorchFunctionMode):
             target = None
         meta = _rng_states() if info.random else None
         out = func(*args, **kwargs)
+        if info.uninitialized and isinstance(out, Tensor):
+            with torch.no_grad(), torch._C.DisableTorchFunction():
+                meta = {"uninitialized": out.detach().clone()}
         if isinstance(out, Tensor):
             self._record(func, info, args, kwargs, out, target, meta)
         elif target is not None:  # __setitem__ and friends return None but wrote into target

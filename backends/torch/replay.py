@@ -1,7 +1,7 @@
 """Replaying recorded torch ops.
 
 Random ops run with the RNG state recorded just before them, so dropout
-replays exactly. In-place ops write into the replayed values, as they did in
+replays exactly; ``torch.empty`` and friends give back the bytes they held. In-place ops write into the replayed values, as they did in
 the model, so a write through a view reaches its base; replay starts from
 copies of the inputs and copies a parameter, buffer or constant before writing
 into it, so neither the trace nor the model changes.
@@ -24,6 +24,8 @@ def _copy_tensors(value: Any) -> Any:
 
 
 def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if "uninitialized" in op.meta:
+        return op.meta["uninitialized"].clone()
     if "out" in kwargs and not isinstance(op.kwargs.get("out"), Ref):
         kwargs = {**kwargs, "out": _copy_tensors(kwargs["out"])}
     elif op.in_place and args and not isinstance(op.args[0], Ref):
