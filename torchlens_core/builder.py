@@ -12,7 +12,16 @@ from typing import Any
 
 from torchlens_core import tree
 from torchlens_core.errors import CaptureError
-from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref, refs_in
+from torchlens_core.records import (
+    ModulePass,
+    ModuleRecord,
+    OpRecord,
+    ParamRecord,
+    ParamRef,
+    Ref,
+    refs_in,
+    shape_at,
+)
 from torchlens_core.trace import Trace
 
 
@@ -89,7 +98,7 @@ class TraceBuilder:
         parents: tuple[int, ...] = ()
         if isinstance(source, Ref):
             src = self.ops[source.index]
-            shape, dtype, device = _leaf(src.shape, source.path), src.dtype, src.device
+            shape, dtype, device = shape_at(src.shape, source.path), src.dtype, src.device
             parents = (source.index,)
         params = (source.name,) if isinstance(source, ParamRef) else ()
         return self.add_op("identity", None, (source,), {}, parents, value, shape=shape, dtype=dtype,
@@ -107,7 +116,7 @@ class TraceBuilder:
         for path, leaf in tree.leaves(template, lambda x: isinstance(x, Ref)):
             src = self.ops[leaf.index]
             out = OpRecord(index=len(self.ops), kind="output", func_name="output", args=(leaf,),
-                           out=tree.get(model_output, path), shape=_leaf(src.shape, leaf.path),
+                           out=tree.get(model_output, path), shape=shape_at(src.shape, leaf.path),
                            dtype=src.dtype, device=src.device, parent_indices=(leaf.index,))
             self.ops.append(out)
             nodes[path] = Ref(out.index)
@@ -144,16 +153,6 @@ def _replace_at(template: Any, new: dict[tuple[Any, ...], Any], path: tuple[Any,
     if kids is None:
         return template
     return tree.rebuild(template, [_replace_at(v, new, (*path, k)) for k, v in kids])
-
-
-def _leaf(shape: Any, path: tuple[Any, ...]) -> Any:
-    """The shape of the leaf at ``path`` of a structured output's shapes."""
-    if not path or shape is None:
-        return shape
-    try:
-        return tree.get(shape, path)
-    except (IndexError, KeyError, TypeError):
-        return None
 
 
 def _name_layers(ops: list[OpRecord]) -> None:

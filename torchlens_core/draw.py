@@ -160,9 +160,9 @@ def _module_label(trace: Trace, path: str, n: int, rolled: bool) -> str:
     passes = f" x{record.num_passes}" if rolled and record.num_passes > 1 else (
         f":{n}" if record.num_passes > 1 else "")
     lines = [f"{path}{passes}", record.type_name]
-    outs = record.passes[n - 1].output_ops
-    if outs:
-        lines.append(" ".join(_shape(op.shape) for op in outs))
+    shapes = record.passes[n - 1].output_shapes
+    if shapes:
+        lines.append(" ".join(_shape(shape) for shape in shapes))
     count = sum(trace.params[name].numel for name in record.params
                 if name in trace.params and not trace.params[name].is_buffer)
     if count:

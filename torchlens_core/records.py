@@ -118,6 +118,12 @@ class ModulePass:
         assert self.trace is not None
         return [self.trace.ops[r.index] for r in refs_in(self.out_template)]
 
+    @property
+    def output_shapes(self) -> list[Any]:
+        """The shape of each array the module returned (one element of a multi-output op, say)."""
+        assert self.trace is not None
+        return [shape_at(self.trace.ops[r.index].shape, r.path) for r in refs_in(self.out_template)]
+
     def __repr__(self) -> str:
         return f"<ModulePass {self.label} ({len(self.ops)} ops)>"
 
@@ -155,6 +161,16 @@ class ParamRecord:
     def __repr__(self) -> str:
         kind = "buffer" if self.is_buffer else "param"
         return f"<ParamRecord {kind} {self.name} {self.shape}>"
+
+
+def shape_at(shape: Any, path: tuple[Any, ...]) -> Any:
+    """The shape of the leaf at ``path`` of an op's (possibly structured) recorded shape."""
+    if not path or shape is None:
+        return shape
+    try:
+        return tree.get(shape, path)
+    except (IndexError, KeyError, TypeError):
+        return None
 
 
 def refs_in(template: Any) -> list[Ref]:

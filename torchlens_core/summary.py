@@ -15,8 +15,7 @@ def summary(trace: Trace) -> str:
     for module in trace.modules.values():
         if "." in module.path or not module.passes:
             continue
-        last = module.passes[-1]
-        shapes = [op.shape for op in last.output_ops]
+        shapes = module.passes[-1].output_shapes
         shape = _shape(shapes[0]) if len(shapes) == 1 else " ".join(_shape(s) for s in shapes)
         params = [p for p in map(trace.params.__getitem__, module.params) if not p.is_buffer]
         count = sum(p.numel for p in params)

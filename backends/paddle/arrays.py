@@ -1,0 +1,63 @@
+"""Array adapters: what the core may ask of a Paddle tensor."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import paddle
+
+Tensor = paddle.Tensor
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(dtype: Any) -> str:
+    """``paddle.float32`` -> ``"float32"``."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("paddle.")
+    return name
+
+
+def device_name(place: Any) -> str:
+    """``Place(cpu)`` -> ``"cpu"``, ``Place(gpu:0)`` -> ``"gpu"``: the kind of device, as torch's ``device.type``."""
+    if place.is_cpu_place():
+        return "cpu"
+    if place.is_gpu_place():
+        return "gpu"
+    text = str(place)  # Place(xpu:0), Place(gpu_pinned)...
+    return text.removeprefix("Place(").removesuffix(")").split(":")[0]
+
+
+def array_info(value: Any) -> tuple[tuple[int, ...], str, str] | None:
+    if not isinstance(value, Tensor):
+        return None
+    return tuple(value.shape), dtype_name(value.dtype), device_name(value.place)
+
+
+def to_numpy(value: Tensor) -> Any:
+    if value.dtype == paddle.bfloat16:  # NumPy has no bfloat16: Paddle hands back raw uint16
+        value = value.astype("float32")
+    return np.array(value.detach().cpu().numpy(), copy=True)
+
+
+def array_error(actual: Tensor, expected: Tensor) -> float:
+    """max |a - e| / (1 + |e|); inf for a shape or dtype mismatch or NaNs in other places."""
+    if list(actual.shape) != list(expected.shape) or actual.dtype != expected.dtype:
+        return math.inf
+    a, e = to_numpy(actual), to_numpy(expected)
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)):
+        return 0.0 if np.array_equal(a, e) else math.inf
+    if np.issubdtype(a.dtype, np.floating):
+        a, e = a.astype(np.float64), e.astype(np.float64)
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    if not np.array_equal(nan_a, nan_e):
+        return math.inf
+    if a.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        both_inf = np.isinf(e) & (a == e)
+        diff = np.where(both_inf | nan_a, 0.0, np.abs(a - e) / (1 + np.abs(e)))
+    return float(diff.max())

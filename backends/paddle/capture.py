@@ -1,0 +1,403 @@
+"""Capturing a Paddle forward in dynamic-graph mode.
+
+The wrappers of :mod:`torchlens_paddle.intercept` report every ``_C_ops`` call,
+Tensor operator and copying Tensor method to one :class:`Recorder`; a call
+made while another recorded call runs belongs to the outer one. Forward pre-
+and post-hooks on every sublayer (``Layer.register_forward_pre_hook`` /
+``register_forward_post_hook``; Paddle has no global hooks) give layer paths
+and passes. A call is an op when it returns a tensor, or when it writes into
+one (an in-place op, ``x[i] = v``, ``out=``).
+
+Saved values are the values that ran: before an op writes into a tensor, every
+recorded value living in the same allocation (views included: a tensor's
+allocation is ``data_ptr() - _offset()``) is copied first, and a parameter or
+buffer written for the first time keeps its value from before the forward.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+import paddle
+import pluggy
+
+from torchlens_core import tree
+from torchlens_core.builder import TraceBuilder
+from torchlens_core.errors import UnsupportedError
+from torchlens_core.records import ParamRecord, ParamRef, Ref
+from torchlens_core.trace import Trace
+from torchlens_paddle.arrays import device_name, dtype_name
+from torchlens_paddle.intercept import STATE, OpInfo, Patches, to_static_enabled
+
+Tensor = paddle.Tensor
+_clone = Tensor.__dict__["clone"]
+_detach = Tensor.__dict__["detach"]
+_data_ptr = Tensor.__dict__["data_ptr"]
+_offset = Tensor.__dict__["_offset"]
+_version = Tensor.__dict__["_inplace_version"]
+
+
+def snapshot(t: Tensor) -> Tensor:
+    """A detached copy of ``t`` (through the original C methods: never recorded)."""
+    copy = _clone(_detach(t))
+    copy.stop_gradient = t.stop_gradient
+    return copy
+
+
+def _allocation(t: Tensor) -> int:
+    """The address of the allocation ``t`` views (0 when it has none)."""
+    try:
+        ptr = _data_ptr(t)
+        return ptr - _offset(t) if ptr else 0
+    except (RuntimeError, ValueError, TypeError):
+        return 0
+
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_INTERNAL_DIRS = tuple(os.path.join(d, "") for d in (
+    os.path.dirname(paddle.__file__), os.path.dirname(pluggy.__file__), os.path.join(_REPO, "backends"),
+    os.path.join(_REPO, "torchlens_core"), os.path.join(_REPO, "torchlens")))
+_INTERNAL: dict[str, bool] = {}
+
+
+def _code_site() -> tuple[str, int, str] | None:
+    """File, line and function of the first caller outside Paddle and TorchLens."""
+    frame = sys._getframe(3)
+    internal = _INTERNAL
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        flag = internal.get(filename)
+        if flag is None:
+            flag = internal[filename] = filename.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen")
+        if not flag:
+            return filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
+
+
+def drop_scratch(out: Any, scratch: tuple[int, ...]) -> Any:
+    """``out`` with the outputs at ``scratch`` (backward-only, maybe uninitialized) replaced by None."""
+    return type(out)(None if i in scratch else v for i, v in enumerate(out))
+
+
+def _replace(obj: Any, path: tuple[Any, ...], new: Any) -> Any:
+    """``obj`` with the leaf at ``path`` replaced by ``new``."""
+    if not path:
+        return new
+    kids = tree.children(obj)
+    assert kids is not None
+    return tree.rebuild(obj, [_replace(v, path[1:], new) if k == path[0] else v for k, v in kids])
+
+
+class Recorder:
+    """Records every intercepted call of one forward into a TraceBuilder."""
+
+    def __init__(self, builder: TraceBuilder, param_names: dict[int, str], params: dict[str, Tensor]) -> None:
+        self.builder = builder
+        self.param_names = param_names
+        # allocation -> parameter name, so that a write through a view of a parameter is seen
+        self.param_allocations = {_allocation(p): name for name, p in params.items()}
+        self.param_allocations.pop(0, None)
+        self.params = params
+        self.depth = 0  # > 0 while a recorded call (or the recorder itself) runs
+        self.thread = threading.get_ident()
+        # id(tensor) -> (tensor, op index, path in that op's output); the tensor is
+        # held, so that its id cannot be reused by another tensor during the capture.
+        self.producers: dict[int, tuple[Tensor, int, tuple[Any, ...]]] = {}
+        # allocation -> recorded (op index, path, tensor) living there, for copy-before-write
+        self.storages: dict[int, list[tuple[int, tuple[Any, ...], Tensor]]] = {}
+        self.versions: list[tuple[int, tuple[Any, ...], Tensor, int]] = []
+        self.constants: dict[int, tuple[Tensor, int, Tensor]] = {}
+        self.params_before_write: dict[str, Tensor] = {}
+
+    # -- the hot path ------------------------------------------------------------------
+    def run(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one intercepted call and record it."""
+        self.depth += 1
+        try:
+            if info.compiled:
+                raise UnsupportedError(
+                    f"the model ran a compiled program ({info.name}, from paddle.jit.to_static): its ops "
+                    "cannot be seen one by one. Trace the dynamic-graph Layer or function without to_static.")
+            written = info.written(args, kwargs)
+            targets = []
+            for where in written:
+                t = args[where] if isinstance(where, int) else kwargs[where]
+                if isinstance(t, Tensor):
+                    self._protect(t)
+                    targets.append(t)
+            # The call as it is about to run: tensors from outside the trace are copied
+            # before the op can write into them.
+            parents: list[int] = []
+            params: list[str] = []
+            a = self._template(args, parents, params)
+            k = self._template(kwargs, parents, params) if kwargs else {}
+            meta = {"rng_state": paddle.get_rng_state()} if info.random else {}
+            out = info.call(*args, **kwargs)
+            self._record(info, a, k, parents, params, out, targets, written, meta)
+            return out
+        finally:
+            self.depth -= 1
+
+    def _record(self, info: OpInfo, a: tuple[Any, ...], k: dict[str, Any], parents: list[int], params: list[str],
+                out: Any, targets: list[Tensor], written: Any, meta: dict[str, Any]) -> None:
+        if isinstance(out, Tensor):
+            shape, dtype, device = tuple(out.shape), dtype_name(out.dtype), device_name(out.place)
+            leaves = None
+        else:
+            if out is None and targets:  # __setitem__ and friends return None but wrote into a tensor
+                out = targets[0]
+                shape, dtype, device = tuple(out.shape), dtype_name(out.dtype), device_name(out.place)
+                leaves = None
+            else:
+                if not isinstance(out, (tuple, list)):
+                    return
+                if info.scratch:
+                    out = drop_scratch(out, info.scratch)
+                leaves = list(tree.leaves(out, lambda v: isinstance(v, Tensor)))
+                if not leaves:
+                    return
+                shape = tuple(tuple(v.shape) if isinstance(v, Tensor) else None for v in out)
+                first = leaves[0][1]
+                dtype, device = dtype_name(first.dtype), device_name(first.place)
+        if written:
+            meta["writes"] = tuple(written)
+        if info.scratch:
+            meta["scratch"] = info.scratch
+        if info.undefined:
+            meta["undefined"] = True  # uninitialized memory: replay gives back the recorded value
+        op = self.builder.add_op(
+            info.name, info.call, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
+            device=device, params=tuple(dict.fromkeys(params)), random=info.random, in_place=bool(targets),
+            code_site=_code_site(), meta=meta)
+        if leaves is None:
+            self._produced(out, op.index, ())
+        else:
+            for path, t in leaves:
+                self._produced(t, op.index, path)
+        for t in targets:  # the written tensor is, from now on, this op's output
+            if t is out or leaves is not None:
+                continue
+            self._produced(t, op.index, ())
+
+    def _produced(self, t: Tensor, index: int, path: tuple[Any, ...]) -> None:
+        self.producers[id(t)] = (t, index, path)
+        key = _allocation(t)
+        if key:
+            self.storages.setdefault(key, []).append((index, path, t))
+            self.versions.append((index, path, t, _version(t)))
+
+    def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
+        if isinstance(x, Tensor):
+            # A parameter written in place during the forward is, from then on,
+            # the output of the op that wrote it: look producers up first.
+            found = self.producers.get(id(x))
+            if found is not None and found[0] is x:
+                parents.append(found[1])
+                return Ref(found[1], found[2])
+            name = self.param_names.get(id(x))
+            if name is not None:
+                params.append(name)
+                return ParamRef(name)
+            return self._constant(x)
+        t = type(x)
+        if t is tuple or t is list:
+            return t([self._template(v, parents, params) for v in x]) if x else x
+        if t is dict:
+            return {key: self._template(v, parents, params) for key, v in x.items()}
+        if t is np.ndarray:
+            return x.copy()
+        return x
+
+    def _constant(self, x: Tensor) -> Tensor:
+        """A tensor from outside the trace: its value as it is now (one copy while unchanged)."""
+        version = _version(x)
+        cached = self.constants.get(id(x))
+        if cached is not None and cached[0] is x and cached[1] == version:
+            return cached[2]
+        copy = snapshot(x)
+        self.constants[id(x)] = (x, version, copy)
+        return copy
+
+    def _protect(self, target: Tensor) -> None:
+        """Copy every recorded value living in ``target``'s allocation, before it is written.
+
+        A parameter or buffer written for the first time keeps its value from
+        before the forward in its ParamRecord, which is what replay starts from.
+        """
+        key = _allocation(target)
+        name = self.param_names.get(id(target)) or self.param_allocations.get(key)
+        if name is not None and name not in self.params_before_write:
+            self.params_before_write[name] = snapshot(self.params[name])
+            self.builder.params[name].value = self.params_before_write[name]
+        if not key:
+            return
+        entries = self.storages.pop(key, None)
+        if not entries:
+            return
+        ops = self.builder.ops
+        for index, path, t in entries:
+            op = ops[index]
+            op.out = _replace(op.out, path, snapshot(t))
+
+    # -- layer hooks ---------------------------------------------------------------------
+    def pre_hook(self, path: str) -> Any:
+        builder = self.builder
+
+        def pre(layer: Any, inputs: Any) -> None:
+            builder.enter_module(path)
+
+        return pre
+
+    def post_hook(self, path: str) -> Any:
+        builder = self.builder
+
+        def post(layer: Any, inputs: Any, output: Any) -> None:
+            current = builder.module_stack[-1] if builder.module_stack else None
+            template = tree.map_leaves(lambda v: self.as_output(v, current), output)
+            builder.exit_module(path, template)
+            return None  # a post-hook that returns a value replaces the layer's output
+
+        return post
+
+    def as_output(self, value: Any, inside: tuple[str, int] | None) -> Any:
+        """A Ref to ``value`` as returned by layer pass ``inside`` (None: by the model)."""
+        if not isinstance(value, Tensor):
+            return value
+        parents: list[int] = []
+        ref = self._template(value, parents, [])
+        if parents and (inside is None or inside in self.builder.ops[ref.index].module_passes):
+            return ref
+        # Returned, not computed, here (nn.Identity, a parameter, a constant): an
+        # explicit pass-through op keeps "every returned array is an op's output"
+        # and "layer outputs are computed inside the layer" true.
+        op = self.builder.identity_op(ref, value, shape=tuple(value.shape), dtype=dtype_name(value.dtype),
+                                      device=device_name(value.place))
+        self._produced(value, op.index, ())
+        return Ref(op.index)
+
+    # -- after the forward -----------------------------------------------------------------
+    def check_versions(self) -> None:
+        """Flag any saved value changed in place after recording without a copy being made."""
+        ops = self.builder.ops
+        for index, path, t, version in self.versions:
+            if tree.get(ops[index].out, path) is t and _version(t) != version:
+                ops[index].meta["mutated_after_recording"] = True
+
+
+def _refuse_unsupported(model: Any, layers: list[tuple[str, Any]]) -> None:
+    """Raise UnsupportedError for what cannot be captured op by op."""
+    from paddle.jit import TranslatedLayer
+    from paddle.jit.dy2static.program_translator import StaticFunction
+
+    if not paddle.in_dynamic_mode():
+        raise UnsupportedError(
+            "Paddle is in static-graph mode (paddle.enable_static()): there is no forward to watch op by op. "
+            "Call paddle.disable_static() and trace the dynamic-graph Layer or function.")
+    if isinstance(model, TranslatedLayer):
+        raise UnsupportedError("a TranslatedLayer (paddle.jit.load) runs a saved static program, whose ops cannot "
+                               "be seen one by one: trace the original dynamic-graph Layer instead")
+    if ((isinstance(model, StaticFunction) and to_static_enabled(model))
+            or isinstance(getattr(model, "__func__", None), StaticFunction)):
+        raise UnsupportedError("paddle.jit.to_static functions run as compiled programs, whose ops cannot be seen "
+                               "one by one: trace the undecorated function (or its .dygraph_function)")
+    for path, layer in layers:
+        forward = layer.__dict__.get("forward") or getattr(type(layer), "forward", None)
+        if isinstance(forward, StaticFunction) and to_static_enabled(forward):
+            where = f"sublayer {path!r}" if path else "the model"
+            raise UnsupportedError(
+                f"{where} was converted with paddle.jit.to_static, which runs a compiled program whose ops "
+                "cannot be seen one by one: trace the dynamic-graph Layer (without to_static)")
+    if not callable(model):
+        raise UnsupportedError(f"the paddle backend traces paddle.nn.Layer models and Python functions using Paddle, "
+                               f"not {type(model).__name__} objects")
+
+
+def _declare(builder: TraceBuilder, layers: list[tuple[str, Any]], param_names: dict[int, str],
+             params: dict[str, Tensor]) -> None:
+    """Declare the model's layers, parameters and buffers before the forward.
+
+    ``layers`` is ``[("", model), *model.named_sublayers()]``; names and order
+    are those of ``named_parameters()`` / ``named_buffers()``, shared ones once.
+    """
+    for path, layer in layers:
+        for key, p in layer._parameters.items():
+            if p is None or id(p) in param_names:
+                continue
+            name = f"{path}.{key}" if path else key
+            builder.add_param(ParamRecord(name=name, shape=tuple(p.shape), dtype=dtype_name(p.dtype),
+                                          numel=math.prod(p.shape), trainable=not p.stop_gradient,
+                                          module=path, value=p))
+            param_names[id(p)] = name
+            params[name] = p
+    for path, layer in layers:
+        for key, b in layer._buffers.items():
+            if not isinstance(b, Tensor) or id(b) in param_names:
+                continue
+            name = f"{path}.{key}" if path else key
+            builder.add_param(ParamRecord(name=name, shape=tuple(b.shape), dtype=dtype_name(b.dtype),
+                                          numel=math.prod(b.shape), trainable=False, module=path,
+                                          is_buffer=True, value=b))
+            param_names[id(b)] = name
+            params[name] = b
+    under: dict[str, list[str]] = {}  # layer path -> every parameter and buffer below it
+    for name in builder.params:
+        parts = name.split(".")
+        for depth in range(1, len(parts)):
+            under.setdefault(".".join(parts[:depth]), []).append(name)
+    for path, layer in layers[1:]:
+        builder.add_module(path, type(layer).__name__, under.get(path, []))
+
+
+def _defining_modules(model: Any, layers: list[tuple[str, Any]]) -> list[Any]:
+    """The modules defining the model's classes (or the function): searched for C ops bound there."""
+    names = {type(layer).__module__ for _, layer in layers}
+    if isinstance(model, paddle.nn.Layer):
+        names.add(type(model).__module__)
+    else:
+        names.add(getattr(model, "__module__", None) or "")
+    return [sys.modules[n] for n in sorted(names) if n in sys.modules and not n.startswith("paddle")]
+
+
+def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+    """Run ``model(*args, **kwargs)`` once with every Paddle op recorded; return its Trace."""
+    is_layer = isinstance(model, paddle.nn.Layer)
+    layers = [("", model), *model.named_sublayers()] if is_layer else []
+    _refuse_unsupported(model, layers)
+    if STATE.recorder is not None:
+        raise UnsupportedError("a paddle capture is already running: nested tl.trace calls are not supported")
+    builder = TraceBuilder("paddle", type(model).__name__ if is_layer else getattr(model, "__name__", "function"))
+    builder.notes["framework"] = f"paddlepaddle {paddle.__version__}"
+    param_names: dict[int, str] = {}
+    params: dict[str, Tensor] = {}
+    _declare(builder, layers, param_names, params)
+    recorder = Recorder(builder, param_names, params)
+    for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
+        if id(leaf) not in recorder.producers and id(leaf) not in param_names:
+            op = builder.add_input(leaf, shape=tuple(leaf.shape), dtype=dtype_name(leaf.dtype),
+                                   device=device_name(leaf.place))
+            recorder._produced(leaf, op.index, ())
+    patches = Patches()
+    handles = []
+    try:
+        for path, layer in layers[1:]:
+            handles.append(layer.register_forward_pre_hook(recorder.pre_hook(path), prepend=True))
+            handles.append(layer.register_forward_post_hook(recorder.post_hook(path)))
+        patches.install(_defining_modules(model, layers))
+        STATE.recorder = recorder
+        output = model(*args, **kwargs)
+    finally:
+        STATE.recorder = None
+        try:
+            patches.restore()
+        finally:
+            for handle in handles:
+                handle.remove()
+    builder.add_outputs(tree.map_leaves(lambda v: recorder.as_output(v, None), output), output)
+    recorder.check_versions()
+    return builder.finish()

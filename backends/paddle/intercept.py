@@ -1,0 +1,344 @@
+"""Where Paddle's operations can be seen, and putting wrappers there for one capture.
+
+Paddle has no ``__torch_function__``. Its Python API reaches the kernels
+through ``paddle._C_ops``, a module of about 1,300 C functions looked up by
+attribute (``_C_ops.relu(x)``), so replacing that module's entries intercepts
+``paddle.*``, ``paddle.nn.functional.*`` and the Tensor methods written in
+Python; ``paddle._legacy_C_ops`` (about 800, still used in places) is
+replaced the same way. A few Paddle modules also bind some of those C functions under their
+own names (``paddle.tensor.matmul``, ``F.gelu``): every such alias found in a
+loaded ``paddle.*`` module, or in the module that defines the traced model, is
+replaced by the same wrapper. Tensor operators (``__add__``, ``__mul__``...)
+and a few Tensor methods (``clone``, ``detach``...) are C methods that bypass
+``_C_ops``; they are replaced on ``paddle.Tensor`` itself. ``StaticFunction.__call__``
+is replaced by a guard that refuses ``paddle.jit.to_static`` code run inside a
+captured forward.
+
+A wrapper records a call only when no other recorded call is running (the
+recorder keeps a depth counter), so a Python method built from several C ops,
+``x[1:3]`` say, is one op, and nothing is counted twice.
+
+:class:`Patches` installs the wrappers and puts every original back; callers
+restore in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import paddle
+
+# -- what each intercepted callable is --------------------------------------------------
+
+# Ops that draw random numbers: their RNG state is recorded so replay draws the same.
+RANDOM = frozenset({
+    "bernoulli", "binomial", "class_center_sample", "dirichlet", "dropout", "dropout_", "exponential_",
+    "fused_bias_dropout_residual_layer_norm", "fused_dropout_add", "gaussian", "gaussian_inplace",
+    "gaussian_inplace_", "graph_khop_sampler", "graph_sample_neighbors", "gumbel_softmax", "multinomial",
+    "poisson", "randint", "random", "random_", "randperm", "rnn", "rrelu", "shuffle_batch", "standard_gamma",
+    "tdm_sampler", "top_p_sampling", "truncated_gaussian_random", "uniform", "uniform_inplace",
+    "uniform_inplace_", "uniform_random_batch_size_like", "weighted_sample_neighbors",
+})
+
+# Compiled programs (``paddle.jit.to_static``) run as one opaque op: refused.
+COMPILED = frozenset({"run_program", "pir_run_program"})
+
+# In-place ops that do not (only) write their first argument.
+_WRITES: dict[str, tuple[int | str, ...]] = {
+    "assign_out_": (1,),
+    "batch_norm_": (1, 2),
+    "sync_batch_norm_": (1, 2),
+}
+
+# Outputs kept only for the backward pass, left uninitialized in inference (batch norm's
+# saved statistics and reserve space in eval mode hold whatever memory they got): not
+# recorded, and dropped from the replayed value too.
+SCRATCH: dict[str, tuple[int, ...]] = {
+    "batch_norm": (3, 4, 5), "batch_norm_": (3, 4, 5), "sync_batch_norm_": (3, 4, 5),
+}
+
+# Ops whose output holds whatever memory it got (``paddle.empty``): replay gives back the
+# recorded value, the value that ran.
+UNDEFINED = frozenset({"empty", "empty_like"})
+
+# Tensor operators and the op names they are recorded under.
+TENSOR_DUNDERS = {
+    "__add__": "add", "__radd__": "add", "__sub__": "sub", "__rsub__": "rsub", "__mul__": "mul",
+    "__rmul__": "mul", "__div__": "div", "__truediv__": "div", "__rdiv__": "rdiv", "__rtruediv__": "rdiv",
+    "__floordiv__": "floordiv", "__rfloordiv__": "rfloordiv", "__mod__": "mod", "__rmod__": "rmod",
+    "__pow__": "pow", "__rpow__": "rpow", "__matmul__": "matmul", "__rmatmul__": "rmatmul",
+    "__eq__": "eq", "__ne__": "ne", "__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge",
+    "__neg__": "neg", "__pos__": "pos", "__abs__": "abs", "__invert__": "invert",
+    "__and__": "and", "__rand__": "and", "__or__": "or", "__ror__": "or", "__xor__": "xor", "__rxor__": "xor",
+    "__lshift__": "lshift", "__rlshift__": "rlshift", "__rshift__": "rshift", "__rrshift__": "rrshift",
+    "__getitem__": "getitem", "__setitem__": "setitem",
+}
+# Tensor methods that do not go through _C_ops (C methods, or Python ones that copy
+# between devices): name, and the arguments they write.
+TENSOR_METHODS: dict[str, tuple[str, tuple[int | str, ...]]] = {
+    "clone": ("clone", ()), "detach": ("detach", ()), "contiguous": ("contiguous", ()),
+    "copy_": ("copy_", (0,)), "set_value": ("set_value", (0,)), "_copy_to": ("copy_to", ()),
+    "cpu": ("cpu", ()), "cuda": ("cuda", ()), "to": ("to", ()),
+    "_getitem_dygraph": ("getitem", ()), "_setitem_dygraph": ("setitem", (0,)),
+}
+
+
+class OpInfo:
+    """What capture needs to know about one intercepted callable, worked out once."""
+
+    __slots__ = ("name", "call", "random", "writes", "compiled", "statistics", "scratch", "undefined")
+
+    def __init__(self, name: str, call: Callable[..., Any], writes: tuple[int | str, ...] = ()) -> None:
+        self.name = name
+        self.call = call
+        self.random = name in RANDOM
+        self.writes = writes
+        self.compiled = name in COMPILED
+        self.scratch = SCRATCH.get(name, ())
+        self.undefined = name in UNDEFINED
+        # batch norm in training updates its running statistics (arguments 1 and 2) in place
+        self.statistics = name in ("batch_norm", "batch_norm_", "sync_batch_norm_")
+
+    def written(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | str, ...]:
+        """The arguments this call writes into (positions or keyword names)."""
+        if not (self.writes or kwargs or self.statistics):
+            return ()
+        found: list[int | str] = [w for w in self.writes if (w < len(args) if isinstance(w, int) else w in kwargs)]
+        if kwargs.get("out") is not None:
+            found.append("out")
+        if self.statistics and len(args) > 5 and not args[5]:  # args[5]: is_test
+            found += [i for i in (1, 2) if i not in found]
+        return tuple(found)
+
+
+# C ops whose names are a variant of what was called.
+_RENAMED = {"split_with_num": "split"}
+
+
+def _c_op_info(fn: Any) -> OpInfo:
+    name = getattr(fn, "__name__", "op")
+    if name in _WRITES:
+        writes = _WRITES[name]
+    elif name.endswith("_") and not name.startswith("_"):
+        writes = (0,)
+    else:
+        writes = ()
+    return OpInfo(_RENAMED.get(name, name), fn, writes)
+
+
+# -- the recorder the wrappers report to -------------------------------------------------
+
+
+class _State:
+    """The capture in progress (at most one per process): the wrappers read it on every call."""
+
+    __slots__ = ("recorder",)
+
+    def __init__(self) -> None:
+        self.recorder: Any = None
+
+
+STATE = _State()
+_get_ident = threading.get_ident
+
+
+def _make_wrapper(info: OpInfo) -> Callable[..., Any]:
+    orig = info.call
+    state = STATE
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rec = state.recorder
+        if rec is None or rec.depth or rec.thread != _get_ident():
+            return orig(*args, **kwargs)
+        return rec.run(info, args, kwargs)
+
+    wrapper.__name__ = getattr(orig, "__name__", info.name)
+    wrapper.__qualname__ = wrapper.__name__
+    wrapper.__doc__ = getattr(orig, "__doc__", None)
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    wrapper._torchlens_wrapper = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+# -- the patch table ---------------------------------------------------------------------
+
+Site = tuple[Any, str, Any, Callable[..., Any]]  # (owner, attribute, original, replacement)
+
+_WRAPPERS: dict[int, tuple[Any, Callable[..., Any]]] = {}  # id(original C op) -> (original, wrapper)
+_SITES: list[Site] = []  # every place to patch, found so far
+_SCANNED: dict[str, Any] = {}  # loaded paddle modules already searched for aliases: name -> module
+_SCANNED_COUNT = [0]  # len(sys.modules) at the last search
+
+# Paddle modules not searched for aliases: the C extension modules the ops come from, and
+# modules used only to build static graphs (their code never runs in dynamic-graph mode).
+_STATIC_ONLY = ("paddle._pir_ops", "paddle.pir", "paddle.static", "paddle.jit", "paddle.decomposition",
+                "paddle.incubate.autograd", "paddle.base.libpaddle")
+
+
+def _op_modules() -> list[Any]:
+    """The modules of C ops: ``paddle._C_ops``, and ``paddle._legacy_C_ops`` (still used, e.g. by
+    ``BatchNorm(act=...)`` for its activation)."""
+    return [paddle._C_ops, paddle._legacy_C_ops]
+
+
+def _prepare() -> None:
+    """Build the wrappers and the fixed sites once (cached for the process)."""
+    if _WRAPPERS:
+        return
+    for module in _op_modules():
+        for name in dir(module):
+            if name.startswith("_"):
+                continue
+            fn = getattr(module, name)
+            if not callable(fn) or getattr(fn, "_torchlens_wrapper", False):
+                continue
+            entry = _WRAPPERS.get(id(fn))
+            if entry is None:
+                entry = _WRAPPERS[id(fn)] = (fn, _make_wrapper(_c_op_info(fn)))
+            _SITES.append((module, name, fn, entry[1]))
+    tensor = paddle.Tensor
+    for attr, name in TENSOR_DUNDERS.items():
+        orig = tensor.__dict__.get(attr)
+        if orig is not None:
+            writes: tuple[int | str, ...] = (0,) if name == "setitem" else ()
+            _SITES.append((tensor, attr, orig, _make_wrapper(OpInfo(name, orig, writes))))
+    for attr, (name, writes) in TENSOR_METHODS.items():
+        orig = tensor.__dict__.get(attr)
+        if orig is not None:
+            _SITES.append((tensor, attr, orig, _make_wrapper(OpInfo(name, orig, writes))))
+    cls, orig, guard = _static_function_guard()
+    _SITES.append((cls, "__call__", orig, guard))
+
+
+def _alias_sites(module: Any) -> list[Site]:
+    """The attributes of ``module`` holding one of the original C ops."""
+    found = []
+    wrappers = _WRAPPERS
+    for key, value in list(getattr(module, "__dict__", {}).items()):
+        entry = wrappers.get(id(value))
+        if entry is not None and entry[0] is value:
+            found.append((module, key, value, entry[1]))
+    return found
+
+
+Table = tuple[Any, dict[str, tuple[Any, Callable[..., Any]]]]  # (owner, {attribute: (original, replacement)})
+_TABLES: list[Table] = []
+_TABLES_FOR = [-1]  # len(_SITES) the tables were built from
+
+
+def _group(sites: list[Site]) -> list[Table]:
+    by_owner: dict[int, Table] = {}
+    for owner, attr, orig, replacement in sites:
+        by_owner.setdefault(id(owner), (owner, {}))[1][attr] = (orig, replacement)
+    return list(by_owner.values())
+
+
+def _paddle_tables() -> list[Table]:
+    """:func:`_paddle_sites`, grouped by owner."""
+    sites = _paddle_sites()
+    if _TABLES_FOR[0] != len(sites):
+        _TABLES[:] = _group(sites)
+        _TABLES_FOR[0] = len(sites)
+    return _TABLES
+
+
+def _paddle_sites() -> list[Site]:
+    """Every site in Paddle: the C op modules, Tensor, and aliases in the loaded paddle modules."""
+    _prepare()
+    if len(sys.modules) != _SCANNED_COUNT[0]:  # new modules since the last search
+        op_modules = _op_modules()
+        for name, module in list(sys.modules.items()):
+            if (module is None or not name.startswith("paddle") or _SCANNED.get(name) is module
+                    or name.startswith(_STATIC_ONLY) or any(module is m for m in op_modules)):
+                continue
+            _SCANNED[name] = module
+            if str(getattr(module, "__file__", None) or "").endswith(".py"):
+                _SITES.extend(_alias_sites(module))
+        _SCANNED_COUNT[0] = len(sys.modules)
+    return _SITES
+
+
+def to_static_enabled(fn: Any) -> bool:
+    """Does this ``paddle.jit.to_static`` function run as a compiled program (not as its Python)?"""
+    translator = getattr(fn, "_program_trans", None)
+    return bool(getattr(translator, "enable_to_static", True)) and not getattr(fn, "_property", False)
+
+
+def _static_function_guard() -> tuple[Any, Any, Callable[..., Any]]:
+    """``StaticFunction.__call__`` and a replacement refusing compiled calls during a capture.
+
+    A ``to_static`` function called inside the forward would run as a compiled
+    program (or, under SOT, re-run the Python symbolically): neither shows its
+    ops one by one. With ``paddle.jit.enable_to_static(False)`` it runs its
+    Python eagerly and is recorded like any other code.
+    """
+    from paddle.jit.dy2static.program_translator import StaticFunction
+
+    from torchlens_core.errors import UnsupportedError
+
+    orig = StaticFunction.__dict__["__call__"]
+    state = STATE
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = state.recorder
+        if rec is not None and rec.thread == _get_ident() and not rec.depth and to_static_enabled(self):
+            name = getattr(getattr(self, "dygraph_function", None), "__qualname__", "a function")
+            raise UnsupportedError(
+                f"the forward called {name}, converted with paddle.jit.to_static: it runs as a compiled program "
+                "whose ops cannot be seen one by one. Trace without to_static, or call "
+                "paddle.jit.enable_to_static(False) so that it runs as plain Python.")
+        return orig(self, *args, **kwargs)
+
+    __call__._torchlens_wrapper = True  # type: ignore[attr-defined]
+    return StaticFunction, orig, __call__
+
+
+class Patches:
+    """Every replaced attribute, to put back with :meth:`restore`.
+
+    Module namespaces are plain dicts: their entries are swapped with one
+    ``dict.update`` each way, which keeps the ~2,300 replacements cheap.
+    """
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[Any, dict[str, Any]]] = []  # (owner, {attribute: original})
+
+    def install(self, extra_modules: Sequence[Any] = ()) -> None:
+        """Replace the C ops in ``paddle._C_ops`` and their aliases, and the Tensor methods.
+
+        ``extra_modules`` (the modules defining the traced model) are searched
+        for aliases too, so that ``from paddle.tensor import matmul`` there is seen.
+        """
+        tables = _paddle_tables()
+        extra = [site for module in dict.fromkeys(extra_modules) for site in _alias_sites(module)]
+        for owner, table in (*tables, *_group(extra)):
+            namespace = owner.__dict__
+            # only what still holds the original: anything changed since is left alone
+            current = {attr: entry for attr, entry in table.items() if namespace.get(attr) is entry[0]}
+            if not current:
+                continue
+            self.saved.append((owner, {attr: entry[0] for attr, entry in current.items()}))
+            if isinstance(owner, type):
+                for attr, entry in current.items():
+                    setattr(owner, attr, entry[1])
+            else:
+                namespace.update({attr: entry[1] for attr, entry in current.items()})
+
+    def restore(self) -> None:
+        """Put every original back (in reverse order), even if some fail."""
+        errors = []
+        saved, self.saved = self.saved, []
+        for owner, originals in reversed(saved):
+            try:
+                if isinstance(owner, type):
+                    for attr, orig in originals.items():
+                        setattr(owner, attr, orig)
+                else:
+                    owner.__dict__.update(originals)
+            except Exception as exc:  # noqa: BLE001 - keep restoring the others
+                errors.append(exc)
+        if errors:
+            raise errors[0]

@@ -1,0 +1,93 @@
+"""The paddle backend plugin. Importing this module does not import Paddle."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from typing import Any
+
+from torchlens_core import tree
+from torchlens_core.backend import Backend
+from torchlens_core.plugins import BackendInfo
+
+# Paddle ships as "paddlepaddle" (CPU, the pinned one) or "paddlepaddle-gpu"; the first installed is the framework.
+_DISTRIBUTIONS = ("paddlepaddle", "paddlepaddle-gpu")
+_found: list[str] = []
+
+
+def _distribution() -> str:
+    if _found:
+        return _found[0]
+    for name in _DISTRIBUTIONS:
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        _found.append(name)
+        return name
+    return _DISTRIBUTIONS[0]
+
+
+class PaddleBackend(Backend):
+    name = "paddle"
+
+    def info(self) -> BackendInfo:
+        # "modules": sublayer paths and passes from per-layer forward hooks.
+        # "in_place": in-place ops are recorded and saved values copied before a write.
+        # "random": random ops record the RNG state and replay exactly.
+        # "control_flow": the forward runs eagerly; branches and loops are recorded as they ran.
+        return BackendInfo(name=self.name, framework=_distribution(), install="pip install 'torchlens[paddle]'",
+                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow"}))
+
+    def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        paddle = sys.modules.get("paddle")
+        if paddle is None or not hasattr(paddle, "Tensor") or not hasattr(paddle, "nn"):
+            return False  # not (yet) fully imported
+        if isinstance(target, paddle.nn.Layer):
+            return True
+        if type(target).__module__.startswith("paddle."):  # to_static functions: refused with a typed error
+            return True
+        return next(tree.leaves((args, kwargs), lambda v: isinstance(v, paddle.Tensor)), None) is not None
+
+    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from torchlens_paddle.capture import capture
+
+        return capture(target, args, kwargs)
+
+    def replay_graph(self, trace: Any, observe: Any) -> list[Any]:
+        from torchlens_paddle.replay import replay_graph
+
+        return replay_graph(trace, observe)
+
+    def replay_op(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from torchlens_paddle.replay import run_op
+
+        return run_op(op, args, kwargs)
+
+    def array_info(self, value: Any) -> Any:
+        from torchlens_paddle.arrays import array_info
+
+        return array_info(value)
+
+    def to_numpy(self, value: Any) -> Any:
+        from torchlens_paddle.arrays import to_numpy
+
+        return to_numpy(value)
+
+    def array_error(self, actual: Any, expected: Any) -> float:
+        from torchlens_paddle.arrays import array_error
+
+        return array_error(actual, expected)
+
+    def conformance_cases(self) -> list[Any]:
+        from torchlens_paddle.zoo import cases
+
+        return cases()
+
+    def observe_module_outputs(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        from torchlens_paddle.observe import observe_module_outputs
+
+        return observe_module_outputs(target, args, kwargs)
+
+
+backend = PaddleBackend()

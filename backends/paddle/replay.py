@@ -1,0 +1,66 @@
+"""Replaying recorded Paddle ops.
+
+Each op calls the original C op (or Tensor method) it recorded, with its
+arguments resolved, under ``paddle.no_grad()``. Random ops run with the RNG
+state recorded just before them, so dropout replays exactly. In-place ops
+write into the replayed values, as they did in the model, so a write through
+a view reaches its base; replay starts from copies of the inputs and copies a
+parameter, buffer or constant before writing into it, so neither the trace nor
+the model changes. ``paddle.empty`` gives back its recorded (uninitialized)
+value, and batch norm's backward-only outputs are dropped as in capture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import paddle
+
+from torchlens_core import tree
+from torchlens_core.records import OpRecord, Ref
+from torchlens_core.replay import Observe, interpret
+from torchlens_core.trace import Trace
+from torchlens_paddle.capture import drop_scratch, snapshot
+
+Tensor = paddle.Tensor
+
+
+def _copy_tensors(value: Any) -> Any:
+    return tree.map_leaves(lambda v: snapshot(v) if isinstance(v, Tensor) else v, value)
+
+
+def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if op.meta.get("undefined"):  # paddle.empty: its value is whatever memory it got, as recorded
+        return _copy_tensors(op.out)
+    writes = op.meta.get("writes", ())
+    if writes:
+        args, kwargs = list(args), dict(kwargs)
+        for where in writes:  # never write into a parameter, a buffer or a constant
+            if isinstance(where, int):
+                if not isinstance(op.args[where], Ref):
+                    args[where] = _copy_tensors(args[where])
+            elif not isinstance(op.kwargs.get(where), Ref):
+                kwargs[where] = _copy_tensors(kwargs[where])
+        args = tuple(args)
+    state = op.meta.get("rng_state")
+    if state is None:
+        out = op.call(*args, **kwargs)
+    else:
+        saved = paddle.get_rng_state()
+        paddle.set_rng_state(state)
+        try:
+            out = op.call(*args, **kwargs)
+        finally:
+            paddle.set_rng_state(saved)
+    scratch = op.meta.get("scratch")
+    if scratch and isinstance(out, (tuple, list)):
+        out = drop_scratch(out, scratch)
+    if out is None and writes:  # __setitem__ returns None: its value is the tensor it wrote
+        where = writes[0]
+        out = args[where] if isinstance(where, int) else kwargs[where]
+    return out
+
+
+def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
+    with paddle.no_grad():
+        return interpret(trace, run_op, observe, copy_input=_copy_tensors)
