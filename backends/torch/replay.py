@@ -1,8 +1,9 @@
 """Replaying recorded torch ops.
 
 Random ops run with the RNG state recorded just before them, so dropout
-replays exactly; ``torch.empty`` and friends give back the bytes they held. In-place ops write into the replayed values, as they did in
-the model, so a write through a view reaches its base; replay starts from
+replays exactly; ``torch.empty`` and friends give back the bytes they held.
+In-place ops write into the replayed values, as they did in the model, so a
+write through a view reaches its base; replay starts from
 copies of the inputs and copies a parameter, buffer or constant before writing
 into it, so neither the trace nor the model changes.
 """
