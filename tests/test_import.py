@@ -34,8 +34,9 @@ def test_core_never_imports_a_framework() -> None:
 def test_public_api() -> None:
     assert sorted(tl.__all__) == sorted([
         "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
-        "ModuleRecord", "OpRecord", "ParamRecord", "ReplayError", "TorchLensError", "Trace",
-        "UnsupportedError", "__version__", "backends", "trace",
+        "ModuleRecord", "OpRecord", "ParamRecord", "ReplayError", "Selector", "TorchLensError", "Trace",
+        "UnsupportedError", "__version__", "backends", "followed_by", "func", "in_module", "label", "module",
+        "preceded_by", "trace", "where",
     ])
 
 

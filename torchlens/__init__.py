@@ -15,17 +15,26 @@ from torchlens_core import (
     OpRecord,
     ParamRecord,
     ReplayError,
+    Selector,
     TorchLensError,
     Trace,
     UnsupportedError,
     backends,
+    followed_by,
+    func,
+    in_module,
+    label,
+    module,
+    preceded_by,
     trace,
+    where,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
-    "ModuleRecord", "OpRecord", "ParamRecord", "ReplayError", "TorchLensError", "Trace",
-    "UnsupportedError", "__version__", "backends", "trace",
+    "ModuleRecord", "OpRecord", "ParamRecord", "ReplayError", "Selector", "TorchLensError", "Trace",
+    "UnsupportedError", "__version__", "backends", "followed_by", "func", "in_module", "label", "module",
+    "preceded_by", "trace", "where",
 ]

@@ -20,11 +20,21 @@ from torchlens_core.hookspecs import hookimpl
 from torchlens_core.plugins import BackendInfo, backends
 from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.replay import ReplayError
+from torchlens_core.selectors import (
+    Selector,
+    followed_by,
+    func,
+    in_module,
+    label,
+    module,
+    preceded_by,
+    where,
+)
 from torchlens_core.trace import Trace
 
 __all__ = [
     "AuditReport", "Backend", "BackendInfo", "BackendNotFoundError", "CaptureError", "Finding",
     "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "ParamRef",
-    "Ref", "ReplayError", "TorchLensError", "Trace", "TraceBuilder", "UnsupportedError",
-    "backends", "hookimpl", "trace",
+    "Ref", "ReplayError", "Selector", "TorchLensError", "Trace", "TraceBuilder", "UnsupportedError",
+    "backends", "followed_by", "func", "hookimpl", "in_module", "label", "module", "preceded_by", "trace", "where",
 ]

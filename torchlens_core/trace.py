@@ -134,6 +134,15 @@ class Trace:
         self._keys = keys
         return keys
 
+    def find(self, selector: Any) -> list[OpRecord]:
+        """The ops a selector (``tl.func("relu") & tl.in_module("layer2")``...) matches, in order.
+
+        Raises a KeyError naming the closest labels and module paths if none match.
+        """
+        from torchlens_core.selectors import find
+
+        return find(self, selector)
+
     # -- reports --------------------------------------------------------------------
     def summary(self) -> str:
         """The module table: name and type, output shape, parameters, trainable; then totals."""

@@ -1,0 +1,217 @@
+"""Selectors: which ops to save, halt at, or intervene on — the same on every backend.
+
+A selector is a small predicate tree over op records::
+
+    tl.func("relu") & tl.in_module("layer2")
+    tl.func("conv2d") & tl.followed_by(tl.func("relu"))
+    tl.module("features.6") | ~tl.where(lambda op: op.num_passes > 1)
+
+``trace.find(selector)`` returns the matching ops in execution order. Input and
+output nodes are never selected: selectors choose operations.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from torchlens_core.errors import LabelNotFoundError, closest
+
+if TYPE_CHECKING:
+    from torchlens_core.records import OpRecord
+    from torchlens_core.trace import Trace
+
+
+class Selector:
+    """Base of every selector; combine with ``&``, ``|`` and ``~``."""
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        raise NotImplementedError
+
+    def __and__(self, other: Selector) -> Selector:
+        return AllOf((self, _check(other)))
+
+    def __or__(self, other: Selector) -> Selector:
+        return AnyOf((self, _check(other)))
+
+    def __invert__(self) -> Selector:
+        return Not(self)
+
+    def find(self, trace: Trace) -> list[OpRecord]:
+        return [op for op in trace.ops if op.kind == "op" and self.test(op, trace)]
+
+
+def _check(other: object) -> Selector:
+    if not isinstance(other, Selector):
+        raise TypeError(f"selectors combine with selectors, not {type(other).__name__}")
+    return other
+
+
+def _split_pass(path: str) -> tuple[str, int | None]:
+    base, sep, n = path.rpartition(":")
+    return (base, int(n)) if sep and n.isdigit() else (path, None)
+
+
+@attrs.frozen
+class Func(Selector):
+    """Ops whose function name matches ``pattern`` (a name or a regex; ``relu`` also matches ``relu_``)."""
+
+    pattern: str
+    _regex: re.Pattern[str] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_regex", re.compile(f"(?:{self.pattern})_?"))
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        return self._regex.fullmatch(op.func_name) is not None
+
+
+@attrs.frozen
+class Module(Selector):
+    """The op(s) a module returned: ``"layer3"`` (every pass) or ``"layer3:2"``."""
+
+    path: str
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        base, n = _split_pass(self.path)
+        for returned in op.module_outputs:
+            path, k = _split_pass(returned)
+            if path == base and (n is None or k == n):
+                return True
+        return False
+
+
+@attrs.frozen
+class InModule(Selector):
+    """Every op that ran inside a module: ``"layer2"`` (every pass) or ``"layer2:1"``."""
+
+    path: str
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        base, n = _split_pass(self.path)
+        return any(p == base and (n is None or k == n) for p, k in op.module_passes)
+
+
+@attrs.frozen
+class Label(Selector):
+    """Ops found by these lookup keys (``"relu_1_2"``, ``"conv2d_3"``, ``"linear_1:2"``...)."""
+
+    keys: tuple[str, ...]
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        return any(key in trace.keys_of(op) for key in self.keys)
+
+
+@attrs.frozen
+class FollowedBy(Selector):
+    """Ops with at least one child matching ``inner``."""
+
+    inner: Selector
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        return any(self.inner.test(child, trace) for child in map(trace.__getitem__, op.children)
+                   if child.kind == "op")
+
+
+@attrs.frozen
+class PrecededBy(Selector):
+    """Ops with at least one parent matching ``inner``."""
+
+    inner: Selector
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        return any(self.inner.test(trace.ops[i], trace) for i in op.parent_indices if trace.ops[i].kind == "op")
+
+
+@attrs.frozen
+class Where(Selector):
+    """Ops for which ``predicate(op)`` is true."""
+
+    predicate: Callable[[OpRecord], bool]
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        return bool(self.predicate(op))
+
+
+@attrs.frozen
+class AllOf(Selector):
+    parts: tuple[Selector, ...]
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        return all(part.test(op, trace) for part in self.parts)
+
+
+@attrs.frozen
+class AnyOf(Selector):
+    parts: tuple[Selector, ...]
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        return any(part.test(op, trace) for part in self.parts)
+
+
+@attrs.frozen
+class Not(Selector):
+    inner: Selector
+
+    def test(self, op: OpRecord, trace: Trace) -> bool:
+        return not self.inner.test(op, trace)
+
+
+# -- the public constructors -------------------------------------------------------------
+def func(name_or_regex: str) -> Selector:
+    return Func(name_or_regex)
+
+
+def module(path: str) -> Selector:
+    return Module(path)
+
+
+def in_module(path: str) -> Selector:
+    return InModule(path)
+
+
+def label(*keys: str) -> Selector:
+    return Label(keys)
+
+
+def followed_by(selector: Selector) -> Selector:
+    return FollowedBy(_check(selector))
+
+
+def preceded_by(selector: Selector) -> Selector:
+    return PrecededBy(_check(selector))
+
+
+def where(predicate: Callable[[OpRecord], bool]) -> Selector:
+    if not callable(predicate):
+        raise TypeError("tl.where takes a function of an op record")
+    return Where(predicate)
+
+
+def find(trace: Trace, selector: Selector) -> list[OpRecord]:
+    """The ops ``selector`` matches; an error naming the closest labels and paths if none."""
+    found = _check(selector).find(trace)
+    if found:
+        return found
+    words = [w for w in _words(selector) if w]
+    near: list[str] = []
+    for word in words:
+        near += closest(word, [op.label for op in trace.ops if op.kind == "op"] + list(trace.modules), n=4)
+    hint = f"; closest labels and module paths: {', '.join(dict.fromkeys(near))}" if near else ""
+    raise LabelNotFoundError(f"selector {selector!r} matches no op of this trace{hint}")
+
+
+def _words(selector: Any) -> list[str]:
+    """The names a selector mentions, for "did you mean" hints."""
+    if isinstance(selector, (Func, Module, InModule)):
+        return [getattr(selector, "pattern", None) or getattr(selector, "path", "")]
+    if isinstance(selector, Label):
+        return list(selector.keys)
+    if isinstance(selector, (AllOf, AnyOf)):
+        return [w for part in selector.parts for w in _words(part)]
+    if isinstance(selector, (Not, FollowedBy, PrecededBy)):
+        return _words(selector.inner)
+    return []
