@@ -5,7 +5,7 @@ from __future__ import annotations
 import nox
 
 nox.options.default_venv_backend = "virtualenv"  # pip-based: takes wheels from the local cache
-nox.options.sessions = ["lint", "core", "torch", "jax", "paddle"]
+nox.options.sessions = ["lint", "core", "torch", "jax", "tf", "paddle"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = "3.11"
@@ -40,6 +40,14 @@ def jax(session: nox.Session) -> None:
     session.install("-e", ".[jax,test]")
     session.run("pytest", "tests", "-q", *session.posargs)
     session.run("pytest", "conformance", "--backend", "jax", "-q")
+
+
+@nox.session(python=PYTHON)
+def tf(session: nox.Session) -> None:
+    """TensorFlow backend tests and the Keras/TensorFlow conformance zoo."""
+    session.install("-e", ".[tf,test]")
+    session.run("pytest", "tests", "-q", *session.posargs)
+    session.run("pytest", "conformance", "--backend", "tf", "-q")
 
 
 @nox.session(python=PYTHON)

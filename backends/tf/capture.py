@@ -1,0 +1,678 @@
+"""Capturing an eager TensorFlow / Keras 3 forward.
+
+An eager op callback (``op_callbacks.add_op_callback``) sees every TensorFlow
+op the forward executes, with its inputs, attributes and real outputs: the ops
+Keras runs inside layers included. Each becomes an op record whose ``call`` is
+``TFCall(op type, attributes, number of outputs)``, which replay executes
+again. An input tensor that an earlier op (or the caller) produced is a
+``Ref``; anything else is a constant, kept as the (immutable) tensor it was.
+
+Variables. An op that takes a variable's resource handle reads the
+variable's *state*: a ``ParamRef`` to the variable's value before the forward,
+or, once an op of the forward has written the variable, a ``Ref`` to that
+write. So ``ReadVariableOp`` is an op (``read_variable``) whose argument is the
+parameter, a parameter source in the graph; writes (``assign``,
+``assign_add``, ...) are ops whose value is the variable's new value.
+
+Layers. ``keras.layers.Layer.__call__`` is wrapped for the capture
+(:mod:`torchlens_tf.layers`): each call of a known layer opens a module pass,
+and what it returned closes it (an identity op stands for anything returned
+but not computed inside the pass).
+
+``tf.function``. Functions run eagerly during the capture
+(``tf.config.run_functions_eagerly(True)``, restored afterwards), so their ops
+are recorded one by one rather than as one opaque function call; the trace's
+notes list them. A graph function that cannot run eagerly (a concrete
+function, a SavedModel signature) is refused.
+
+Everything installed (the callback, the layer wrapper, the tf.function
+switch and its listener) is removed in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import sys
+from typing import Any
+
+import attrs
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+from tensorflow.python.framework import op_callbacks, op_def_registry
+from tensorflow.python.ops import gen_resource_variable_ops
+
+from torchlens_core import tree
+from torchlens_core.builder import TraceBuilder
+from torchlens_core.errors import UnsupportedError
+from torchlens_core.records import ParamRecord, ParamRef, Ref
+from torchlens_core.trace import Trace
+from torchlens_tf.arrays import device_name
+from torchlens_tf.layers import (
+    LayerCalls,
+    ModelView,
+    VarInfo,
+    check_keras_backend,
+    is_keras_layer,
+    resource_variable,
+    unwrap,
+    view_model,
+)
+
+
+@attrs.frozen(slots=True)
+class TFCall:
+    """What replay needs to run an op again: ``quick_execute(op_type, num_outputs, inputs, attrs)``.
+
+    ``kind``: "op" (execute it), "read" (ReadVariableOp: the variable state is
+    the value), "variable" (an op on variables: run on temporary variables
+    holding the recorded states; ``variables`` are the argument positions
+    that were variable handles, ``writes`` those it wrote), "recorded" (a
+    stateful random op without replayable state: its recorded value is
+    replayed).
+    """
+
+    op_type: str
+    attrs: tuple[Any, ...]
+    num_outputs: int
+    kind: str = "op"
+    variables: tuple[int, ...] = ()
+    writes: tuple[int, ...] = ()
+
+
+# Op types whose snake-case name would read badly.
+_NAMES = {
+    "MatMul": "matmul", "BatchMatMul": "batch_matmul", "BatchMatMulV2": "batch_matmul",
+    "BatchMatMulV3": "batch_matmul", "AddV2": "add", "RealDiv": "div", "ReadVariableOp": "read_variable",
+    "DepthwiseConv2dNative": "depthwise_conv2d", "Conv2DBackpropInput": "conv2d_transpose",
+    "Conv3DBackpropInputV2": "conv3d_transpose", "FusedBatchNorm": "batch_norm",
+    "FusedBatchNormV2": "batch_norm", "FusedBatchNormV3": "batch_norm", "ConcatV2": "concat",
+    "Pack": "stack", "Unpack": "unstack", "GatherV2": "gather", "ResourceGather": "gather",
+    "AssignVariableOp": "assign", "AssignAddVariableOp": "assign_add", "AssignSubVariableOp": "assign_sub",
+    "Relu6": "relu6", "Conv2D": "conv2d", "Conv3D": "conv3d", "Conv1D": "conv1d", "LeakyRelu": "leaky_relu",
+}
+_WRITE_PREFIXES = ("Assign", "ResourceScatter", "ResourceApply", "ResourceSparseApply", "ResourceStridedSliceAssign")
+_WRITES = frozenset({"StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt", "StatefulStandardNormal",
+                     "StatefulStandardNormalV2", "StatefulTruncatedNormal", "StatefulRandomBinomial", "RngSkip",
+                     "RngReadAndSkip"})
+# Random ops whose generator state lives inside the op kernel, out of reach:
+# their recorded values are replayed.
+_RANDOM_KERNEL_STATE = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal", "ParameterizedTruncatedNormal",
+    "Multinomial", "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "RandomCrop",
+    "RandomBinomial", "SampleDistortedBoundingBox", "SampleDistortedBoundingBoxV2", "AllCandidateSampler",
+    "UniformCandidateSampler", "LogUniformCandidateSampler", "LearnedUnigramCandidateSampler",
+    "ThreadUnsafeUnigramCandidateSampler", "FixedUnigramCandidateSampler",
+})
+_RANDOM = _RANDOM_KERNEL_STATE | _WRITES - {"RngSkip"}
+_STATELESS_RANDOM = ("StatelessRandom", "StatelessTruncated", "StatelessMultinomial", "StatelessParameterized")
+# Ops that only create or query resources; they carry no data worth a record.
+_SKIP = frozenset({"VarHandleOp", "VarIsInitializedOp", "DestroyResourceOp", "AnonymousSeedGenerator",
+                   "DeleteSeedGenerator", "NoOp"})
+
+
+def _snake(op_type: str) -> str:
+    name = _NAMES.get(op_type)
+    if name is None:
+        base = re.sub(r"V\d+$", "", op_type).removesuffix("Op") or op_type  # AddV2 -> add
+        # BiasAdd -> bias_add, MaxPool3D -> max_pool3d, LRNGrad -> lrn_grad, L2Loss -> l2_loss
+        name = re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z0-9])(?=[A-Z][a-z])", "_", base).lower()
+        name = re.sub(r"\W", "_", name) or "op"
+    return name
+
+
+@attrs.define(slots=True)
+class _OpInfo:
+    func_name: str
+    writes: bool
+    random: bool
+    kernel_state: bool
+    skip: bool
+
+
+_OP_INFO: dict[str, _OpInfo] = {}
+
+
+def _op_info(op_type: str) -> _OpInfo:
+    info = _OP_INFO.get(op_type)
+    if info is None:
+        if op_def_registry.get(op_type) is None:
+            raise UnsupportedError(
+                f"a graph function ({op_type}) ran as one opaque op inside the forward. The tf backend "
+                f"records eager ops: tf.function code runs eagerly during a capture, but a concrete function, "
+                f"a SavedModel signature or a restored function has no Python code to run. Trace the Keras "
+                f"model or the Python function it was made from instead.")
+        info = _OP_INFO[op_type] = _OpInfo(
+            func_name=_snake(op_type),
+            writes=op_type.startswith(_WRITE_PREFIXES) or op_type in _WRITES,
+            random=op_type in _RANDOM or op_type.startswith(_STATELESS_RANDOM),
+            kernel_state=op_type in _RANDOM_KERNEL_STATE,
+            skip=op_type in _SKIP)
+    return info
+
+
+def _attrs(raw: Any) -> tuple[Any, ...]:
+    """The attribute tuple to run the op again with: defaults (None) and repeated names dropped."""
+    out: list[Any] = []
+    seen: set[str] = set()
+    for i in range(0, len(raw), 2):
+        name, value = raw[i], raw[i + 1]
+        if value is None or name in seen:
+            continue
+        seen.add(name)
+        out += (name, value)
+    return tuple(out)
+
+
+_INTERNAL: dict[str, bool] = {}
+
+
+def _internal_dirs() -> tuple[str, ...]:
+    """Where TensorFlow, Keras and TorchLens live: their frames are not the code site of an op."""
+    import pluggy
+
+    import torchlens_core
+
+    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the backends
+            os.path.dirname(os.path.dirname(os.path.abspath(torchlens_core.__file__)))
+            + os.sep + "torchlens", os.path.dirname(os.path.abspath(torchlens_core.__file__)),
+            os.path.dirname(pluggy.__file__)]
+    for name in ("tensorflow", "keras", "tf_keras", "tensorflow_probability"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(module.__file__))
+    return tuple(dirs)
+
+
+def _code_site(internal_dirs: tuple[str, ...]) -> tuple[str, int, str] | None:
+    """File, line and function of the first caller outside TensorFlow, Keras and TorchLens."""
+    frame = sys._getframe(3)
+    internal = _INTERNAL
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        flag = internal.get(filename)
+        if flag is None:
+            flag = internal[filename] = filename.startswith(internal_dirs) or filename.startswith("<frozen")
+        if not flag:
+            return filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
+
+
+def _is_eager_tensor(x: Any) -> bool:
+    return isinstance(x, tf.Tensor) and hasattr(x, "numpy")
+
+
+def _info(t: Any) -> tuple[tuple[int, ...], str, str]:
+    """(shape, dtype name, device name) of an eager tensor."""
+    return t._shape_tuple(), t.dtype.name, device_name(t.device)
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _buffer_address(t: Any) -> int | None:
+    """Where a tensor's data lives (through DLPack); None for dtypes DLPack does not carry."""
+    try:
+        capsule = tf.experimental.dlpack.to_dlpack(t)
+    except Exception:  # strings, resources, variants, empty tensors...
+        return None
+    return ctypes.c_void_p.from_address(_capsule_pointer(capsule, b"dltensor")).value
+
+
+def _handle_name(handle: Any) -> str:
+    found = re.search(r'name="([^"]*)"', repr(handle))
+    name = re.sub(r"/\d+$", "", found.group(1)) if found else ""
+    return re.sub(r"[.:/\s]+", "_", name) or "variable"
+
+
+class _VarState:
+    __slots__ = ("info", "state", "dtype")
+
+    def __init__(self, info: VarInfo | None, state: Any, dtype: Any) -> None:
+        self.info, self.state, self.dtype = info, state, dtype
+
+
+class Recorder:
+    """The op callback: records every eager op of one forward into a TraceBuilder."""
+
+    def __init__(self, builder: TraceBuilder, view: ModelView) -> None:
+        self.builder = builder
+        # id(tensor) -> Ref to the op output it is. Every such tensor is held by
+        # its op record until the capture ends, so its id cannot be reused.
+        self.producers: dict[int, Ref] = {}
+        # id(resource handle) -> what is known of that variable, and its current state template.
+        self.vars: dict[int, _VarState] = {}
+        self.busy = False
+        self.error: BaseException | None = None
+        self.graph_ops = 0
+        self.tf_functions: list[str] = []
+        self.internal_dirs = _internal_dirs()
+        self.untracked: list[str] = []
+        self.other_resources: dict[int, Any] = {}  # resource handles that are not variables, held
+        self.held: list[Any] = []  # handles of variables created during the forward
+        # Variable values by buffer: a tf.Variable handed straight to an op is
+        # read inside TensorFlow's C++ fast path, which runs no callback for the
+        # read; the op's input then shares the variable's buffer. buffer address
+        # -> (state template, variable name), for the (shape, dtype)s in var_keys.
+        self.buffers: dict[int, tuple[Any, str]] = {}
+        self.var_keys: set[tuple[tuple[int, ...], Any]] = set()
+        for v in view.variables:
+            self.vars[id(v.variable.handle)] = _VarState(v, ParamRef(v.name), v.variable.dtype)
+            self._remember_buffer(builder.params[v.name].value, ParamRef(v.name), v.name)
+
+    def _remember_buffer(self, value: Any, state: Any, name: str) -> None:
+        address = _buffer_address(value)
+        if address is not None:
+            self.buffers[address] = (state, name)
+            self.var_keys.add((value._shape_tuple(), value.dtype))
+
+    # -- the hot path ------------------------------------------------------------------
+    def __call__(self, op_type: Any, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None,
+                 graph: Any = None) -> None:
+        if self.busy:  # ops the recorder itself runs
+            return None
+        if graph is not None:  # graph construction: a function traced during the forward
+            self.graph_ops += 1
+            return None
+        self.busy = True
+        try:
+            self._record(op_type if type(op_type) is str else op_type.decode(), inputs, attrs, outputs or ())
+        except BaseException as exc:
+            if self.error is None:
+                self.error = exc
+            raise
+        finally:
+            self.busy = False
+        return None
+
+    def _record(self, op_type: str, inputs: Any, raw_attrs: Any, outputs: Any) -> None:
+        info = _OP_INFO.get(op_type) or _op_info(op_type)
+        if info.skip:
+            if op_type == "VarHandleOp" and outputs:  # a variable created during the forward
+                self.vars[id(outputs[0])] = _VarState(None, None, None)
+                self.held.append(outputs[0])  # so that its id stays its own
+                self.builder.notes.setdefault("variables_created", 0)
+                self.builder.notes["variables_created"] += 1
+            return
+        producers = self.producers
+        parents: list[int] = []
+        params: list[str] = []
+        args: list[Any] = []
+        var_args: list[tuple[int, _VarState]] = []
+        implicit: list[str] = []
+        for i, t in enumerate(inputs):
+            ref = producers.get(id(t))
+            if ref is not None:
+                parents.append(ref.index)
+                args.append(ref)
+                continue
+            if t.dtype == tf.resource:
+                var = self.vars.get(id(t)) or self._untracked(t, op_type, info, outputs)
+                if var is not None:
+                    state = var.state
+                    if isinstance(state, ParamRef):
+                        params.append(state.name)
+                    elif isinstance(state, Ref):
+                        parents.append(state.index)
+                    elif not info.writes or op_type != "AssignVariableOp":
+                        raise UnsupportedError(
+                            f"{op_type} read a variable created during the forward before any value was "
+                            f"assigned to it")
+                    var_args.append((i, var))
+                    args.append(state)
+                    continue
+            if self.var_keys and (t._shape_tuple(), t.dtype) in self.var_keys:
+                found = self.buffers.get(_buffer_address(t))  # type: ignore[arg-type]
+                if found is not None:  # a variable read inside the C++ fast path, unseen
+                    state, name = found
+                    if isinstance(state, ParamRef):
+                        params.append(state.name)
+                    else:
+                        parents.append(state.index)
+                    implicit.append(name)
+                    args.append(state)
+                    continue
+            args.append(t)  # a constant: tensors are immutable, so this is its value as it ran
+        attrs_t = _attrs(raw_attrs)
+        n_out = len(outputs)
+        if op_type == "ReadVariableOp" and var_args:
+            kind, writes = "read", ()
+        elif var_args:
+            kind = "variable"
+            writes = tuple(i for i, _ in var_args) if info.writes else ()
+        elif info.kernel_state:
+            kind, writes = "recorded", ()
+        else:
+            kind, writes = "op", ()
+        new_states = [self._read_state(var, inputs[i]) for i, var in var_args if i in writes]
+        values = [*outputs, *new_states]
+        if not values:
+            return  # nothing computed, nothing written (an op without outputs on a non-variable)
+        out = values[0] if len(values) == 1 else tuple(values)
+        if len(values) == 1:
+            shape, dtype, device = _info(out)
+        else:
+            shape = tuple(_info(v)[0] for v in values)
+            dtype, device = _info(values[0])[1:]
+        meta: dict[str, Any] = {"op_type": op_type}
+        if info.random:
+            meta["random"] = True
+        if kind == "recorded":
+            meta["replayed_from_record"] = True
+        if var_args:
+            meta["variables"] = [v.info.name if v.info else "" for _, v in var_args]
+        if implicit:
+            meta["implicit_variable_reads"] = implicit
+        call = TFCall(op_type, attrs_t, n_out, kind, tuple(i for i, _ in var_args), writes)
+        op = self.builder.add_op(
+            info.func_name, call, tuple(args), {}, tuple(dict.fromkeys(parents)), out,
+            shape=shape, dtype=dtype, device=device, params=tuple(dict.fromkeys(params)), random=info.random,
+            in_place=bool(writes), code_site=_code_site(self.internal_dirs), meta=meta)
+        index = op.index
+        if len(values) == 1:
+            if n_out:
+                producers[id(out)] = Ref(index)
+        else:
+            for k in range(n_out):
+                producers[id(values[k])] = Ref(index, (k,))
+        k = n_out
+        for i, var in var_args:
+            if i in writes:
+                var.state = Ref(index) if len(values) == 1 else Ref(index, (k,))
+                if var.info is not None:
+                    self._remember_buffer(values[k], var.state, var.info.name)
+                k += 1
+
+    def _read_state(self, var: _VarState, handle: Any) -> Any:
+        """The variable's value right after a write (read without recording)."""
+        dtype = var.dtype
+        if dtype is None:
+            shape_and_type = handle._handle_data.shape_and_type
+            dtype = var.dtype = tf.dtypes.as_dtype(shape_and_type[0].dtype)
+        return gen_resource_variable_ops.read_variable_op(handle, dtype)
+
+    def _untracked(self, handle: Any, op_type: str, info: _OpInfo, outputs: Any) -> _VarState | None:
+        """A variable the model does not hold (a global seed generator, say): a buffer from now on."""
+        if id(handle) in self.other_resources:
+            return None
+        var = self._untracked_variable(handle, op_type, info)
+        if var is None:  # a table, an iterator...: kept (and held, so its id stays its own) as a constant
+            self.other_resources[id(handle)] = handle
+        return var
+
+    def _untracked_variable(self, handle: Any, op_type: str, info: _OpInfo) -> _VarState | None:
+        try:
+            data = handle._handle_data
+            if not data.is_set or not data.shape_and_type:
+                return None
+            dtype = tf.dtypes.as_dtype(data.shape_and_type[0].dtype)
+        except Exception:  # not a variable handle (a table, an iterator...)
+            return None
+        if dtype == tf.variant or "Var" not in repr(handle):
+            return None
+        if op_type != "ReadVariableOp" and info.writes and op_type != "AssignVariableOp":
+            raise UnsupportedError(
+                f"{op_type} changed a variable the traced model does not hold ({_handle_name(handle)}) "
+                f"before reading it, so its value before the forward is unknown. Hold the variable on the "
+                f"Keras model or tf.Module being traced, or pass it as an argument.")
+        value = gen_resource_variable_ops.read_variable_op(handle, dtype)
+        name = base = "untracked." + _handle_name(handle)
+        k = 2
+        while name in self.builder.params:
+            name, k = f"{base}_{k}", k + 1
+        shape, dtype_name, _ = _info(value)
+        self.builder.add_param(ParamRecord(name=name, shape=shape, dtype=dtype_name,
+                                           numel=int(np.prod(shape, dtype=np.int64)), trainable=False,
+                                           module="", is_buffer=True, value=value))
+        self.untracked.append(name)
+        var = self.vars[id(handle)] = _VarState(VarInfo(name, None, "", False, True), ParamRef(name), dtype)
+        self._remember_buffer(value, ParamRef(name), name)
+        return var
+
+    # -- layer calls ----------------------------------------------------------------------
+    def enter(self, path: str) -> None:
+        self.builder.enter_module(path)
+
+    def failed(self, path: str) -> None:
+        """A layer call raised (and its caller may go on): close its pass, with no output."""
+        if any(p == path for p, _ in self.builder.module_stack):
+            self.builder.exit_module(path, None)
+
+    def leave(self, path: str, output: Any) -> None:
+        builder = self.builder
+        current = next((p for p in reversed(builder.module_stack) if p[0] == path), None)
+        self.busy = True  # reading values below must not record ops
+        try:
+            template = tree.map_leaves(lambda v: self.as_output(v, current), output)
+        finally:
+            self.busy = False
+        builder.exit_module(path, template)
+
+    def as_output(self, value: Any, inside: tuple[str, int] | None) -> Any:
+        """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model)."""
+        variable = resource_variable(value)
+        if variable is not None:  # a variable returned as it is: its value now, from its state
+            current = variable.read_value()
+            var = self.vars.get(id(variable.handle))
+            if var is not None and var.state is not None:
+                shape, dtype, device = _info(current)
+                return Ref(self.builder.identity_op(var.state, current, shape=shape, dtype=dtype,
+                                                    device=device).index)
+            value = current
+        if not _is_eager_tensor(value):
+            return value
+        ref = self.producers.get(id(value))
+        if ref is not None and (inside is None or inside in self.builder.ops[ref.index].module_passes):
+            return ref
+        # Returned, not computed, here (an input passed through, a constant, a
+        # value computed in another layer): an explicit pass-through op.
+        source: Any = ref if ref is not None else value
+        shape, dtype, device = _info(value)
+        op = self.builder.identity_op(source, value, shape=shape, dtype=dtype, device=device)
+        self.producers[id(value)] = Ref(op.index)  # later readers read what the layer returned
+        return Ref(op.index)
+
+
+class _TFFunctionListener:
+    """Names the tf.functions called during the capture (they run eagerly then)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.cls: Any = None
+        self.original: Any = None
+
+    def install(self) -> None:
+        from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+        cls = polymorphic_function.Function
+        original = cls.__dict__["__call__"]
+        names = self.names
+
+        def __call__(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            names.append(getattr(fn, "_name", None) or getattr(fn, "__name__", "function"))
+            return original(fn, *args, **kwargs)
+
+        __call__.__wrapped__ = original  # type: ignore[attr-defined]
+        self.cls, self.original = cls, original
+        cls.__call__ = __call__
+
+    def restore(self) -> None:
+        if self.cls is not None:
+            self.cls.__call__ = self.original
+            self.cls = self.original = None
+
+
+_PREDICT = ("predict", "predict_on_batch", "predict_step")
+
+
+_SUPPORTED = ("The tf backend traces Keras 3 models and layers (on TensorFlow), tf.Modules, tf.functions and "
+              "plain Python functions that run TensorFlow ops, eagerly")
+
+
+def _refuse(target: Any) -> None:
+    """Targets that have no Python code to run eagerly, or run on another framework."""
+    from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
+
+    if not context.executing_eagerly():
+        raise UnsupportedError(f"tl.trace with the tf backend must be called eagerly, outside tf.function and "
+                               f"TF1 graph mode. {_SUPPORTED}.")
+    fn = target
+    if isinstance(target, tf.types.experimental.PolymorphicFunction):
+        fn = getattr(target, "python_function", None)
+        if fn is None or type(target).__name__ == "RestoredFunction":
+            raise UnsupportedError(
+                f"this tf.function was restored from a SavedModel: it holds a graph and no Python code to run "
+                f"eagerly. {_SUPPORTED}: trace the original model or function instead.")
+    if isinstance(target, ConcreteFunction) or type(target).__name__ in ("_WrapperFunction", "WrappedFunction"):
+        raise UnsupportedError(
+            f"a {type(target).__name__} (a concrete graph function, such as a SavedModel signature) has no Python "
+            f"code to run eagerly, so its ops cannot be recorded one by one. {_SUPPORTED}: trace the model or "
+            f"function it was made from.")
+    owner = getattr(fn, "__self__", target)
+    if type(owner).__name__ == "_UserObject":
+        raise UnsupportedError(
+            f"objects restored with tf.saved_model.load run graph functions and have no Python code to run "
+            f"eagerly. {_SUPPORTED}: trace the original Keras model or Python function instead.")
+    tf_keras = sys.modules.get("tf_keras")
+    if tf_keras is not None and isinstance(owner, tf_keras.layers.Layer):
+        raise UnsupportedError(f"Keras 2 (tf_keras) models are not supported. {_SUPPORTED}.")
+
+
+def _call_plan(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...],
+                                                                                   dict[str, Any], str | None]:
+    """What to call, with what; ``model.predict``-style calls become one eager model call."""
+    owner = getattr(target, "__self__", None)
+    name = getattr(target, "__name__", "")
+    if owner is not None and is_keras_layer(owner) and name in _PREDICT:
+        x = args[0] if args else kwargs.get("x", kwargs.get("data"))
+        if name == "predict_step":
+            return owner, (x,), {"training": False}, "model.predict_step(data) traced as model(data, training=False)"
+        return owner, (x,), {"training": False}, (
+            f"model.{name} runs a compiled tf.function over batches; traced instead as one eager call "
+            f"model(x, training=False) on the whole input")
+    return target, args, kwargs, None
+
+
+def _declare(builder: TraceBuilder, view: ModelView) -> None:
+    under: dict[str, list[str]] = {}
+    for v in view.variables:
+        parts = v.name.split(".")
+        for depth in range(1, len(parts)):
+            under.setdefault(".".join(parts[:depth]), []).append(v.name)
+    for path, layer in view.layers:
+        builder.add_module(path, type(layer).__name__, under.get(path, []))
+    for v in view.variables:
+        # A read is a snapshot: a later write copies the buffer first (TensorFlow's copy-on-write).
+        value = gen_resource_variable_ops.read_variable_op(v.variable.handle, v.variable.dtype)
+        shape, dtype, _ = _info(value)
+        builder.add_param(ParamRecord(name=v.name, shape=shape, dtype=dtype,
+                                      numel=int(np.prod(shape, dtype=np.int64)), trainable=v.trainable,
+                                      module=v.module, is_buffer=v.is_buffer, value=value))
+
+
+def _is_leaf(v: Any) -> bool:
+    if isinstance(v, (tf.Tensor, tf.Variable)) or resource_variable(v) is not None:
+        return True
+    return type(v).__name__ == "KerasTensor"
+
+
+def _add_argument_variables(view: ModelView, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Variables passed as arguments are parameters too, named by where they were passed."""
+    known = {id(v.variable) for v in view.variables}
+    for path, leaf in tree.leaves((args, kwargs), _is_leaf):
+        variable = resource_variable(leaf)
+        if variable is None or id(variable) in known:
+            continue
+        known.add(id(variable))
+        name = ("args" if path[0] == 0 else "kwargs") + "".join(f".{k}" for k in path[1:])
+        view.variables.append(VarInfo(name, variable, "", bool(variable.trainable), False))
+
+
+def _inputs_as_tensors(args: Any, convert: bool) -> Any:
+    if not convert:
+        return args
+    return tree.map_leaves(lambda v: tf.convert_to_tensor(v) if isinstance(v, np.ndarray) else v, args)
+
+
+def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+    """Run ``target(*args, **kwargs)`` once, eagerly, under the recorder; return its Trace."""
+    _refuse(target)
+    fn, args, kwargs, redirect = _call_plan(target, args, kwargs)
+    run_target, owner, _ = unwrap(fn)
+    if owner is not None and is_keras_layer(owner):
+        check_keras_backend()
+    view = view_model(fn)
+    notes: dict[str, Any] = {"capture": "eager op callback (op_callbacks.add_op_callback)"}
+    if redirect:
+        notes["redirected"] = redirect
+    is_keras = owner is not None and is_keras_layer(owner)
+    # Keras accepts NumPy inputs and converts them itself; converting first makes them trace inputs.
+    args, kwargs = _inputs_as_tensors((args, kwargs), convert=is_keras)
+    if is_keras and not owner.built:
+        # Keras creates a layer's weights on its first call: make them before the capture.
+        owner(*args, **kwargs)
+        notes["built_before_capture"] = "the model was unbuilt: one plain call created its weights first"
+        view = view_model(fn)
+
+    _add_argument_variables(view, args, kwargs)
+    builder = TraceBuilder("tf", model_name=view.type_name)
+    _declare(builder, view)
+    recorder = Recorder(builder, view)
+    for path, leaf in tree.leaves((args, kwargs), _is_leaf):
+        if resource_variable(leaf) is not None:
+            continue  # a variable: a parameter, declared above
+        if not _is_eager_tensor(leaf):
+            where = ("args" if path[0] == 0 else "kwargs") + "".join(f"[{k!r}]" for k in path[1:])
+            raise UnsupportedError(f"input {where} is a symbolic tensor ({type(leaf).__name__}); tl.trace runs "
+                                   f"the model eagerly and needs concrete tensors (tf.constant, NumPy arrays)")
+        if id(leaf) in recorder.producers:
+            continue  # the same tensor passed twice is one input
+        op = builder.add_input(leaf, *_info(leaf))
+        recorder.producers[id(leaf)] = Ref(op.index)
+
+    layer_calls = LayerCalls(view.paths, recorder.enter, recorder.leave, recorder.failed)
+    listener = _TFFunctionListener(recorder.tf_functions)
+    eager_before = tf.config.functions_run_eagerly()
+    installed = False
+    try:
+        layer_calls.install()
+        listener.install()
+        tf.config.run_functions_eagerly(True)
+        op_callbacks.add_op_callback(recorder)
+        installed = True
+        try:
+            output = run_target(*args, **kwargs)
+        except BaseException as exc:
+            # A refusal raised inside the callback may reach here wrapped (a
+            # concrete function re-raises TypeErrors as its own): raise it as it was.
+            if recorder.error is not None and recorder.error is not exc:
+                raise recorder.error from exc
+            raise
+    finally:
+        if installed:
+            op_callbacks.remove_op_callback(recorder)
+        tf.config.run_functions_eagerly(eager_before)
+        listener.restore()
+        layer_calls.restore()
+    if recorder.error is not None:  # raised inside the callback and swallowed by the model
+        raise recorder.error
+
+    recorder.busy = True
+    template = tree.map_leaves(lambda v: recorder.as_output(v, None), output)
+    builder.add_outputs(template, output)
+    functions = list(dict.fromkeys(recorder.tf_functions))
+    if functions:
+        notes["tf_function"] = ("run eagerly for the capture (tf.config.run_functions_eagerly(True), restored "
+                                "afterwards): their ops are recorded one by one")
+        notes["tf_functions_run_eagerly"] = functions
+    if recorder.graph_ops:
+        notes["graph_ops_not_recorded"] = recorder.graph_ops
+    if recorder.untracked:
+        notes["untracked_variables"] = list(recorder.untracked)
+    builder.notes.update(notes)
+    return builder.finish()

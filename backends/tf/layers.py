@@ -1,0 +1,330 @@
+"""Layers and variables of what is traced: their paths, and the interception of layer calls.
+
+Paths. A Keras layer's path is the chain of Keras layer names from the traced
+model down to it, joined by dots, as torch joins attribute names: ``fc1``,
+``encoder.dense_1``, ``conv_pw_3_bn``. Children are what Keras itself tracks
+(``layer._flatten_layers(recursive=False)``: sublayers held in attributes,
+lists and dicts of a subclassed layer; the layers of a Sequential or
+functional model). ``InputLayer`` placeholders are left out: they never run.
+A layer reachable along several routes keeps its first path; two siblings
+with the same name are told apart by the attribute that holds the second
+(or ``name_2``). The traced model itself is the root, not a module, as in
+torch. A plain function's Keras layers, tf.Modules and variables found in its
+closure or in the globals it names are roots named by their Python names.
+
+Variables are named ``<layer path>.<variable name>`` (``fc1.kernel``,
+``bn.moving_mean``); a tf.Module's by its attribute path (``dense.w``). Keras
+weights (trainable or not) are parameters; Keras seed-generator states and
+variables found nowhere else are buffers.
+
+Layer calls. ``keras.layers.Layer.__call__`` is replaced, for the duration of
+a capture or an observation only, by a wrapper that reports each call of a
+known layer with its output. Subclasses that override ``__call__`` reach it
+through ``super()``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+
+from torchlens_core.errors import UnsupportedError
+
+
+@attrs.define(slots=True)
+class VarInfo:
+    name: str
+    variable: Any  # the tf.Variable (resource variable) itself
+    module: str
+    trainable: bool
+    is_buffer: bool
+
+
+@attrs.define(slots=True)
+class ModelView:
+    """What capture and observation know about a target before it runs."""
+
+    type_name: str
+    root: Any  # the Keras layer or tf.Module the target belongs to, or None
+    layers: list[tuple[str, Any]]  # (path, layer), parents before children
+    variables: list[VarInfo]
+
+    @property
+    def paths(self) -> dict[int, str]:
+        return {id(layer): path for path, layer in self.layers}
+
+
+def keras_module() -> Any:
+    """Keras 3, if it is imported (never imported here)."""
+    return sys.modules.get("keras")
+
+
+def is_keras_layer(obj: Any) -> bool:
+    keras = keras_module()
+    if keras is None:
+        return False
+    try:
+        return isinstance(obj, keras.layers.Layer)
+    except AttributeError:  # a partly imported keras
+        return False
+
+
+def check_keras_backend() -> None:
+    keras = keras_module()
+    if keras is not None and keras.backend.backend() != "tensorflow":
+        raise UnsupportedError(
+            f"this Keras model runs on Keras's {keras.backend.backend()!r} backend; the tf backend traces "
+            f"Keras 3 on TensorFlow only. Set KERAS_BACKEND=tensorflow before importing keras, or trace "
+            f"the model with TorchLens's backend for {keras.backend.backend()!r}.")
+
+
+def _is_tf_module(obj: Any) -> bool:
+    tf = sys.modules["tensorflow"]
+    return isinstance(obj, tf.Module)
+
+
+def resource_variable(v: Any) -> Any:
+    """The tf.Variable behind a Keras variable (or the variable itself)."""
+    tf = sys.modules["tensorflow"]
+    if isinstance(v, tf.Variable) and hasattr(v, "handle"):
+        return v
+    inner = getattr(v, "_value", None)
+    if isinstance(inner, tf.Variable):
+        return inner
+    return None
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[.:/\s]+", "_", str(name)) or "layer"
+
+
+def _children(layer: Any) -> list[Any]:
+    keras = keras_module()
+    out = []
+    for child in layer._flatten_layers(include_self=False, recursive=False):
+        if isinstance(child, keras.layers.InputLayer):
+            continue
+        out.append(child)
+    return out
+
+
+def _attribute_names(layer: Any) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for key, value in vars(layer).items():
+        if key.startswith("_") or id(value) in names:
+            continue
+        if is_keras_layer(value):
+            names[id(value)] = key
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                if is_keras_layer(item):
+                    names.setdefault(id(item), f"{key}_{i}")
+    return names
+
+
+def _walk_layers(layer: Any, path: str, out: list[tuple[str, Any]], seen: set[int]) -> None:
+    used: set[str] = set()
+    attr_names: dict[int, str] | None = None
+    for child in _children(layer):
+        if id(child) in seen:
+            continue
+        seen.add(id(child))
+        segment = _sanitize(child.name)
+        if segment in used:
+            if attr_names is None:
+                attr_names = _attribute_names(layer)
+            segment = _sanitize(attr_names.get(id(child), segment))
+            k = 2
+            base = segment
+            while segment in used:
+                segment, k = f"{base}_{k}", k + 1
+        used.add(segment)
+        child_path = f"{path}.{segment}" if path else segment
+        out.append((child_path, child))
+        _walk_layers(child, child_path, out, seen)
+
+
+def _layer_variables(layer: Any, path: str) -> Iterator[tuple[str, Any, bool, bool]]:
+    """(name, variable, trainable, is_buffer) of the variables ``layer`` holds directly."""
+    prefix = f"{path}." if path else ""
+    for v in list(layer._trainable_variables) + list(layer._non_trainable_variables):
+        yield prefix + _sanitize(v.name), v, bool(v.trainable), False
+    for k, sg in enumerate(getattr(layer, "_seed_generators", ())):
+        state = getattr(sg, "state", None)
+        if state is not None:  # Keras numbers seed generators globally: name them by position instead
+            yield prefix + ("seed_generator" if k == 0 else f"seed_generator_{k + 1}") + ".state", state, False, True
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.layers: list[tuple[str, Any]] = []
+        self.variables: list[VarInfo] = []
+        self.seen_layers: set[int] = set()
+        self.seen_vars: set[int] = set()
+        self.names: set[str] = set()
+
+    def variable(self, name: str, v: Any, module: str, trainable: bool, is_buffer: bool) -> None:
+        rv = resource_variable(v)
+        if rv is None or id(rv) in self.seen_vars:
+            return
+        self.seen_vars.add(id(rv))
+        base, k = name, 2
+        while name in self.names:
+            name, k = f"{base}_{k}", k + 1
+        self.names.add(name)
+        self.variables.append(VarInfo(name, rv, module, trainable, is_buffer))
+
+    def keras_root(self, layer: Any, path: str) -> None:
+        """``layer`` and everything below it; ``path`` "" for the traced model itself."""
+        if path:
+            if id(layer) in self.seen_layers:
+                return
+            self.layers.append((path, layer))
+        self.seen_layers.add(id(layer))
+        start = len(self.layers)
+        _walk_layers(layer, path, self.layers, self.seen_layers)
+        for p, owner in [(path, layer), *self.layers[start:]]:
+            for name, v, trainable, is_buffer in _layer_variables(owner, p):
+                self.variable(name, v, p, trainable, is_buffer)
+        # Variables Keras knows of but no tracked layer holds directly.
+        for v in layer.variables:
+            self.variable((f"{path}." if path else "") + _sanitize(v.path), v, path, bool(v.trainable), True)
+
+    def tf_module(self, module: Any, path: str) -> None:
+        tf = sys.modules["tensorflow"]
+        prefix = f"{path}." if path else ""
+        for where, v in module._flatten(predicate=lambda x: isinstance(x, tf.Variable), with_path=True):
+            self.variable(prefix + ".".join(_sanitize(str(p)) for p in where), v, path, bool(v.trainable), False)
+
+    def anything(self, obj: Any, name: str, depth: int = 0) -> None:
+        tf = sys.modules["tensorflow"]
+        if is_keras_layer(obj):
+            self.keras_root(obj, name)
+        elif isinstance(obj, tf.Module):
+            self.tf_module(obj, name)
+        elif isinstance(obj, tf.Variable) or resource_variable(obj) is not None:
+            self.variable(name, obj, "", bool(getattr(obj, "trainable", True)), False)
+        elif isinstance(obj, tf.random.Generator):
+            self.variable(f"{name}.state", obj.state, "", False, True)
+        elif isinstance(obj, (list, tuple)) and len(obj) < 1000 and depth < 3:
+            for i, item in enumerate(obj):
+                self.anything(item, f"{name}.{i}", depth + 1)
+        elif isinstance(obj, dict) and len(obj) < 1000 and depth < 3:
+            for key, item in obj.items():
+                self.anything(item, f"{name}.{_sanitize(str(key))}", depth + 1)
+
+
+def _function_globals(fn: Any) -> Iterator[tuple[str, Any]]:
+    """What a plain function can reach: closure cells, defaults, and the globals it names."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            yield name, cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    for i, value in enumerate(fn.__defaults__ or ()):
+        yield f"default_{i}", value
+    for name, value in (fn.__kwdefaults__ or {}).items():
+        yield name, value
+    scope = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        if name in scope:
+            yield name, scope[name]
+
+
+def unwrap(target: Any) -> tuple[Any, Any, str]:
+    """``(callable to run, object owning the layers and variables, description)`` for a target.
+
+    A bound method of a layer or tf.Module (a tf.function's Python function
+    included) belongs to that object; the target itself is what runs.
+    """
+    tf = sys.modules["tensorflow"]
+    fn = target
+    python_function = getattr(target, "python_function", None)
+    if isinstance(target, tf.types.experimental.PolymorphicFunction) and python_function is not None:
+        fn = python_function
+    owner = getattr(fn, "__self__", None)
+    if is_keras_layer(target) or _is_tf_module(target):
+        return target, target, type(target).__name__
+    if owner is not None and (is_keras_layer(owner) or _is_tf_module(owner)):
+        return target, owner, f"{type(owner).__name__}.{getattr(fn, '__name__', 'call')}"
+    return target, None, getattr(fn, "__name__", type(target).__name__)
+
+
+def view_model(target: Any) -> ModelView:
+    tf = sys.modules["tensorflow"]
+    _, owner, type_name = unwrap(target)
+    collect = _Collector()
+    if owner is not None:
+        if is_keras_layer(owner):
+            check_keras_backend()
+            collect.keras_root(owner, "")
+        else:
+            collect.tf_module(owner, "")
+    else:
+        fn = target
+        if isinstance(target, tf.types.experimental.PolymorphicFunction):
+            fn = getattr(target, "python_function", target)
+        if isinstance(fn, (types.FunctionType, types.MethodType)):
+            for name, value in _function_globals(getattr(fn, "__func__", fn)):
+                if is_keras_layer(value):
+                    check_keras_backend()
+                collect.anything(value, _sanitize(name))
+    return ModelView(type_name=type_name, root=owner, layers=collect.layers, variables=collect.variables)
+
+
+class LayerCalls:
+    """Replace ``keras.layers.Layer.__call__`` with a reporting wrapper until ``restore()``.
+
+    ``enter(path)`` runs before a known layer's call; ``leave(path, output)``
+    after it, with what the layer returned; ``failed(path)`` if it raised.
+    """
+
+    def __init__(self, paths: dict[int, str], enter: Callable[[str], None] | None,
+                 leave: Callable[[str, Any], None], failed: Callable[[str], None] | None = None) -> None:
+        self.paths = paths
+        self.enter, self.leave, self.failed = enter, leave, failed
+        self.cls: Any = None
+        self.original: Any = None
+
+    def install(self) -> None:
+        keras = keras_module()
+        if keras is None or not self.paths:
+            return
+        cls = keras.layers.Layer
+        original = cls.__dict__["__call__"]
+        paths, enter, leave, failed = self.paths, self.enter, self.leave, self.failed
+        thread = threading.get_ident()  # layer calls made by other threads are not ours
+
+        def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:
+            path = paths.get(id(layer))
+            if path is None or threading.get_ident() != thread:
+                return original(layer, *args, **kwargs)
+            if enter is not None:
+                enter(path)
+            try:
+                out = original(layer, *args, **kwargs)
+            except BaseException:
+                if failed is not None:
+                    failed(path)
+                raise
+            leave(path, out)
+            return out
+
+        __call__.__wrapped__ = original  # type: ignore[attr-defined]
+        __call__.__torchlens__ = True  # type: ignore[attr-defined]
+        self.cls, self.original = cls, original
+        cls.__call__ = __call__
+
+    def restore(self) -> None:
+        if self.cls is not None:
+            self.cls.__call__ = self.original
+            self.cls = self.original = None

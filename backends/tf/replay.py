@@ -1,0 +1,56 @@
+"""Replaying recorded TensorFlow ops.
+
+Each op runs again through ``execute.quick_execute`` with the op type and the
+attributes it ran with (attributes left at their default arrive as None and
+are not passed). TensorFlow tensors are immutable, so no op can change an
+input, a parameter or a constant: replay needs no copies.
+
+Variables: a ``ReadVariableOp``'s value is the variable state it was given (a
+parameter's value before the forward, or what an earlier write left). Any
+other op on variables (a gather from an embedding, an ``assign_add``, a
+``tf.random.Generator`` draw) runs on temporary variables that hold the
+recorded states; a write's new state is read back from its temporary. So
+replay never touches the model's own variables.
+
+Random ops whose generator state lives inside the op kernel (``tf.random.normal``
+and the other legacy stateful random ops) cannot be run again to the same
+numbers; their recorded values are replayed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.eager import context, execute
+
+from torchlens_core.records import OpRecord
+from torchlens_core.replay import Observe, interpret
+from torchlens_core.trace import Trace
+
+
+def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    call = op.call
+    kind = call.kind
+    if kind == "op":
+        out = execute.quick_execute(call.op_type, call.num_outputs, list(args), call.attrs, context.context())
+        return out[0] if len(out) == 1 else tuple(out)
+    if kind == "read":
+        return args[0]
+    if kind == "recorded":
+        return op.out
+    if call.op_type == "AssignVariableOp":  # the new state is the value assigned
+        return args[1]
+    inputs = list(args)
+    temps = {}
+    for i in call.variables:
+        temps[i] = tf.Variable(args[i], trainable=False)
+        inputs[i] = temps[i].handle
+    out = list(execute.quick_execute(call.op_type, call.num_outputs, inputs, call.attrs, context.context()))
+    out += [temps[i].read_value() for i in call.writes]
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
+    with tf.init_scope():  # eagerly, even when called while a tf.function is being traced
+        return interpret(trace, run_op, observe)
