@@ -36,7 +36,7 @@ def test_public_api() -> None:
         "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
         "ModuleRecord", "OpRecord", "ParamRecord", "ReplayError", "Selector", "TorchLensError", "Trace",
         "UnsupportedError", "__version__", "backends", "followed_by", "func", "in_module", "label", "module",
-        "preceded_by", "trace", "where",
+        "pluck", "preceded_by", "trace", "where",
     ])
 
 

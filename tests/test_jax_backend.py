@@ -98,7 +98,7 @@ def test_claim_leaves_other_targets_alone() -> None:
     assert plugin.torchlens_claim(target=lambda x: x, args=(1.0,), kwargs={}) is None
     assert plugin.torchlens_claim(target=lambda x: x, args=(), kwargs={"x": jnp.ones(2)}) == "jax"
     assert plugin.torchlens_claim(target=eqx.nn.Linear(2, 2, key=jax.random.key(0)), args=(), kwargs={}) == "jax"
-    assert plugin.torchlens_capture(backend="torch", target=None, args=(), kwargs={}) is None
+    assert plugin.torchlens_capture(backend="torch", target=None, args=(), kwargs={}, options=None) is None
 
 
 def test_named_lookup_and_parameters(traced: Any) -> None:

@@ -25,6 +25,7 @@ from torchlens_core import (
     in_module,
     label,
     module,
+    pluck,
     preceded_by,
     trace,
     where,
@@ -36,5 +37,5 @@ __all__ = [
     "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
     "ModuleRecord", "OpRecord", "ParamRecord", "ReplayError", "Selector", "TorchLensError", "Trace",
     "UnsupportedError", "__version__", "backends", "followed_by", "func", "in_module", "label", "module",
-    "preceded_by", "trace", "where",
+    "pluck", "preceded_by", "trace", "where",
 ]

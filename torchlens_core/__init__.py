@@ -5,7 +5,7 @@ trace does without a framework (lookup, summary, replay driver, audit). This
 package never imports a framework.
 """
 
-from torchlens_core.api import trace
+from torchlens_core.api import pluck, trace
 from torchlens_core.audit import AuditReport, Finding
 from torchlens_core.backend import Backend
 from torchlens_core.builder import TraceBuilder
@@ -36,5 +36,6 @@ __all__ = [
     "AuditReport", "Backend", "BackendInfo", "BackendNotFoundError", "CaptureError", "Finding",
     "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "ParamRef",
     "Ref", "ReplayError", "Selector", "TorchLensError", "Trace", "TraceBuilder", "UnsupportedError",
-    "backends", "followed_by", "func", "hookimpl", "in_module", "label", "module", "preceded_by", "trace", "where",
+    "backends", "followed_by", "func", "hookimpl", "in_module", "label", "module", "pluck", "preceded_by",
+    "trace", "where",
 ]

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import gc
+import re
 from typing import Any
 
 from torchlens_core.errors import CaptureError, UnsupportedError
 from torchlens_core.plugins import backends, claim_backend, hook, resolve_backend
+from torchlens_core.policy import CaptureOptions, HaltCapture
+from torchlens_core.selectors import Selector
 from torchlens_core.trace import Trace
 
-__all__ = ["backends", "trace"]
+__all__ = ["backends", "pluck", "trace"]
 
 
-def trace(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) -> Trace:
+def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
+          halt: Selector | None = None, **kwargs: Any) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every operation it executes.
 
     Positional and keyword inputs go to the model exactly as given. ``backend``
     names the framework (``"torch"``, ``"jax"``, ...); left out, the backend whose
-    framework owns the model or its inputs is used.
+    framework owns the model or its inputs is used. ``save``: keep only the values
+    of the ops this selector picks (every op's structure is still recorded).
+    ``halt``: stop the forward once every op it picks has run (``trace.halted``).
     """
+    options = CaptureOptions(save=save, halt=halt)
     if not callable(model):
         raise UnsupportedError(f"tl.trace needs a model or function to call, got {type(model).__name__}")
     if backend is None:
@@ -28,15 +35,43 @@ def trace(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) -> 
                 f"no installed backend recognises {type(model).__name__} or its inputs; pass backend= "
                 f"(installed: {', '.join(b['name'] for b in backends() if b['available']) or 'none'})")
     info = resolve_backend(backend)
+    for name, value in (("save", save), ("halt", halt)):
+        if value is not None and name not in info.capabilities:
+            raise UnsupportedError(f"the {info.name} backend does not support {name}= yet; "
+                                   f"trace without it and read the values you need from the trace")
     # Capture allocates many small, acyclic records; the cyclic GC walking the
     # whole heap over and over while they pile up cost more than the capture.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        result = hook().torchlens_capture(backend=info.name, target=model, args=args, kwargs=kwargs)
+        result = hook().torchlens_capture(backend=info.name, target=model, args=args, kwargs=kwargs,
+                                          options=options)
+    except HaltCapture as halt_signal:  # the backend has already taken its interception down
+        result = halt_signal.builder.finish(halted=True)
     finally:
         if gc_was_enabled:
             gc.enable()
     if result is None:
         raise CaptureError(f"backend {info.name!r} registered no capture hook")
     return result
+
+
+_LABEL_FORM = re.compile(r"[A-Za-z_]\w*_\d+(_\d+)?(:\d+)?")
+
+
+def pluck(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) -> Any:
+    """The value of one op or module output: ``tl.pluck(model, x, "relu_1_2")``.
+
+    The last positional argument is the key: an op label (``"relu_1_2"``,
+    ``"conv2d_3"``, ``"linear_1:2"``) or a module path (``"layer3"``,
+    ``"layer3:2"``). Only that value is kept, and the forward stops once it
+    has been computed.
+    """
+    if not args or not isinstance(args[-1], str):
+        raise TypeError("tl.pluck(model, *inputs, key): the last positional argument names what to pluck")
+    *inputs, key = args
+    from torchlens_core.selectors import label, module
+
+    selector = label(key) if _LABEL_FORM.fullmatch(key) else module(key)
+    captured = trace(model, *inputs, backend=backend, save=selector, halt=selector, **kwargs)
+    return captured[key].out

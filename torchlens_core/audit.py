@@ -203,6 +203,8 @@ def _replay_parity(trace: Trace, rtol: float) -> list[Finding]:
     per_op = Finding("per-op replay parity", worst <= rtol,
                      f"{compared} ops replayed, worst error {worst:.3g}" + (f" at {worst_op}" if worst_op else ""),
                      worst_op if worst > rtol else None)
+    if trace.halted:
+        return [per_op, Finding("output parity", True, "halted before the model returned: no output to compare")]
     replayed = [values[r.index] for r in refs_in(trace.output_template)]
     recorded = [trace.ops[r.index].out for r in refs_in(trace.output_template)]
     model = [v for _, v in tree.leaves(trace.model_output, is_array_of(trace.backend))]

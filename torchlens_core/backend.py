@@ -21,6 +21,7 @@ from torchlens_core.hookspecs import hookimpl
 if TYPE_CHECKING:
     from torchlens_core.conformance import Case
     from torchlens_core.plugins import BackendInfo
+    from torchlens_core.policy import CaptureOptions
     from torchlens_core.records import OpRecord
     from torchlens_core.replay import Observe
     from torchlens_core.trace import Trace
@@ -38,7 +39,8 @@ class Backend:
         """Does this framework own ``target`` or its inputs? Decide from ``sys.modules`` and types."""
         return False
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                options: CaptureOptions) -> Trace:
         raise NotImplementedError
 
     def replay_graph(self, trace: Trace, observe: Observe | None) -> list[Any] | None:
@@ -73,8 +75,9 @@ class Backend:
         return self.name if self.claim(target, args, kwargs) else None
 
     @hookimpl
-    def torchlens_capture(self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self.capture(target, args, kwargs) if backend == self.name else None
+    def torchlens_capture(self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                          options: Any) -> Any:
+        return self.capture(target, args, kwargs, options) if backend == self.name else None
 
     @hookimpl
     def torchlens_replay_graph(self, backend: str, trace: Any, observe: Any) -> list[Any] | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from torchlens_core import tree
 from torchlens_core.errors import CaptureError
+from torchlens_core.policy import CaptureOptions, Policy
 from torchlens_core.records import (
     ModulePass,
     ModuleRecord,
@@ -26,15 +27,19 @@ from torchlens_core.trace import Trace
 
 
 class TraceBuilder:
-    def __init__(self, backend: str, model_name: str = "") -> None:
+    def __init__(self, backend: str, model_name: str = "", options: CaptureOptions | None = None) -> None:
         self.backend = backend
         self.model_name = model_name
+        self.options = options or CaptureOptions()
+        self.policy = Policy(self.options, self)
+        self.namer = LayerNamer()
         self.ops: list[OpRecord] = []
         self.modules: dict[str, ModuleRecord] = {}
         self.params: dict[str, ParamRecord] = {}
         # The stack of (module path, pass) the next op runs inside. A tuple, so
         # that every op recorded in the same context shares one object.
         self.module_stack: tuple[tuple[str, int], ...] = ()
+        self.closed_passes: set[tuple[str, int]] = set()
         self.notes: dict[str, Any] = {}
         self._output_template: Any = None
         self._model_output: Any = None
@@ -51,6 +56,7 @@ class TraceBuilder:
         op = OpRecord(index=len(self.ops), kind="input", func_name="input", out=value,
                       shape=shape, dtype=dtype, device=device)
         self.ops.append(op)
+        self.namer.name(op)
         return op
 
     def add_op(self, func_name: str, call: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -67,6 +73,9 @@ class TraceBuilder:
                       in_place=in_place, code_site=code_site, layer_key=layer_key,
                       parent_indices=parent_indices, meta=meta if meta is not None else {})
         self.ops.append(op)
+        self.namer.name(op)
+        if self.policy.active:
+            self.policy.recorded(op)  # may drop op.out, or raise HaltCapture
         return op
 
     def enter_module(self, path: str) -> int:
@@ -84,8 +93,14 @@ class TraceBuilder:
             stack = stack[:-1]
         if not stack:
             raise CaptureError(f"module {path!r} finished without having started")
-        self.modules[path].passes[stack[-1][1] - 1].out_template = out_template
+        n = stack[-1][1]
+        self.modules[path].passes[n - 1].out_template = out_template
+        for ref in refs_in(out_template):
+            self.ops[ref.index].module_outputs.append(f"{path}:{n}")
         self.module_stack = stack[:-1]
+        self.closed_passes.add((path, n))
+        if self.policy.active:
+            self.policy.closed(path, n)  # may settle pending saves, or raise HaltCapture
 
     def identity_op(self, source: Any, value: Any, *, shape: Any = None, dtype: Any = None,
                     device: Any = None) -> OpRecord:
@@ -119,13 +134,14 @@ class TraceBuilder:
                            out=tree.get(model_output, path), shape=shape_at(src.shape, leaf.path),
                            dtype=src.dtype, device=src.device, parent_indices=(leaf.index,))
             self.ops.append(out)
+            self.namer.name(out)
             nodes[path] = Ref(out.index)
         self._output_template = _replace_at(template, nodes)
 
     # -- once, at the end --------------------------------------------------------------
-    def finish(self) -> Trace:
+    def finish(self, halted: bool = False) -> Trace:
         ops = self.ops
-        _name_layers(ops)
+        self.namer.finish()
         for op in ops:
             op.parents = [ops[i].label for i in op.parent_indices]
         for op in ops:
@@ -133,15 +149,17 @@ class TraceBuilder:
                 ops[i].children.append(op.label)
             for path, n in op.module_passes:
                 self.modules[path].passes[n - 1].ops.append(op.label)
+        if halted:
+            self.notes["halted"] = "the forward was stopped once every op selected by halt= had run"
         trace = Trace(backend=self.backend, model_name=self.model_name, ops=ops,
                       modules=self.modules, params=self.params,
                       output_template=self._output_template, model_output=self._model_output,
-                      notes=self.notes)
+                      notes=self.notes, halted=halted)
         for module in self.modules.values():
             for mp in module.passes:
                 mp.trace = trace
-                for ref in refs_in(mp.out_template):
-                    ops[ref.index].module_outputs.append(mp.label)
+        if self.policy.active:
+            self.policy.finish(trace)
         return trace
 
 
@@ -155,46 +173,53 @@ def _replace_at(template: Any, new: dict[tuple[Any, ...], Any], path: tuple[Any,
     return tree.rebuild(template, [_replace_at(v, new, (*path, k)) for k, v in kids])
 
 
-def _name_layers(ops: list[OpRecord]) -> None:
-    """Give every op its layer, pass and label.
+class LayerNamer:
+    """Gives every op its layer, pass and label, as ops arrive.
 
     Repeated calls of one module are passes of the same layers: the k-th call
     of function f inside a pass of module m is the same layer in every pass of
     m. A backend may name the layer itself (``layer_key``), e.g. for the
     iterations of a scan. Labels read ``{func}_{per-function ordinal}_{index of
-    the first pass}``, with ``:{pass}`` appended for layers of several passes.
+    the first pass}``, with ``:{pass}`` appended (at the end, when the number
+    of passes is known) for layers of several passes.
     """
-    layers: dict[Any, list[OpRecord]] = {}
-    per_pass_counts: dict[tuple[Any, ...], int] = {}
-    func_layers: dict[str, int] = {}
-    io_counts = {"input": 0, "output": 0}
-    for op in ops:
+
+    def __init__(self) -> None:
+        self.layers: dict[Any, list[OpRecord]] = {}
+        self.per_pass_counts: dict[tuple[Any, ...], int] = {}
+        self.func_layers: dict[str, int] = {}
+        self.io_counts = {"input": 0, "output": 0}
+
+    def name(self, op: OpRecord) -> None:
         if op.kind != "op":
-            io_counts[op.kind] += 1
-            op.layer_label = op.label = f"{op.kind}_{io_counts[op.kind]}"
-            continue
+            self.io_counts[op.kind] += 1
+            op.layer_label = op.label = f"{op.kind}_{self.io_counts[op.kind]}"
+            return
         key = op.layer_key
         if key is None and op.module_passes:
             inner = op.module_passes[-1]
             slot = (inner, op.func_name)
-            k = per_pass_counts.get(slot, 0)
-            per_pass_counts[slot] = k + 1
+            k = self.per_pass_counts.get(slot, 0)
+            self.per_pass_counts[slot] = k + 1
             key = (inner[0], op.func_name, k)
         elif key is None:
             key = ("", op.index)
-        passes = layers.get(key)
+        passes = self.layers.get(key)
         if passes is None:
-            func_layers[op.func_name] = ordinal = func_layers.get(op.func_name, 0) + 1
+            self.func_layers[op.func_name] = ordinal = self.func_layers.get(op.func_name, 0) + 1
             op.func_ordinal = ordinal
-            op.layer_label = f"{op.func_name}_{ordinal}_{op.index}"
-            layers[key] = [op]
+            op.layer_label = op.label = f"{op.func_name}_{ordinal}_{op.index}"
+            self.layers[key] = [op]
         else:
             first = passes[0]
             op.func_ordinal, op.layer_label = first.func_ordinal, first.layer_label
             passes.append(op)
             op.pass_num = len(passes)
-    for passes in layers.values():
-        n = len(passes)
-        for op in passes:
-            op.num_passes = n
-            op.label = f"{op.layer_label}:{op.pass_num}" if n > 1 else op.layer_label
+            op.label = f"{op.layer_label}:{op.pass_num}"
+
+    def finish(self) -> None:
+        for passes in self.layers.values():
+            n = len(passes)
+            for op in passes:
+                op.num_passes = n
+                op.label = f"{op.layer_label}:{op.pass_num}" if n > 1 else op.layer_label

@@ -44,11 +44,17 @@ def torchlens_claim(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 # -- capture ---------------------------------------------------------------------------
 @hookspec(firstresult=True)
-def torchlens_capture(backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def torchlens_capture(backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      options: Any) -> Any:
     """Run ``target(*args, **kwargs)`` once and record every op.
 
-    Build the trace with :class:`torchlens_core.builder.TraceBuilder` and return
-    the finished :class:`Trace`. Raise
+    Build the trace with ``TraceBuilder(backend, name, options)`` and return the
+    finished :class:`Trace`. ``options`` (a
+    :class:`torchlens_core.policy.CaptureOptions`) carries ``save=`` and
+    ``halt=``: the builder applies them, dropping unselected values and raising
+    :class:`~torchlens_core.policy.HaltCapture` to stop the forward (let it
+    propagate; tl.trace finishes the trace). Hold no other reference to a value
+    the builder dropped (``op.saved`` is False). Raise
     :class:`~torchlens_core.errors.UnsupportedError` for targets or options the
     backend cannot honour. Whatever happens, including an exception inside the
     model or a KeyboardInterrupt, leave nothing patched or hooked.

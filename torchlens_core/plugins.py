@@ -25,7 +25,9 @@ ENTRY_POINT_GROUP = "torchlens.backends"
 #   "in_place"     in-place ops are recorded and saved values protected from them
 #   "random"       random ops replay exactly (RNG state is recorded)
 #   "control_flow" data-dependent branches and loops are recorded as they ran
-CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow")
+#   "save"         honours save=: holds no reference to a value the builder dropped
+#   "halt"         honours halt=: lets HaltCapture through, cleaning up on the way
+CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow", "save", "halt")
 
 
 @attrs.frozen

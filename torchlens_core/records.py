@@ -64,7 +64,8 @@ class OpRecord:
     layer_key: Any = None
     meta: dict[str, Any] = attrs.Factory(dict)
     parent_indices: tuple[int, ...] = ()
-    # Filled by TraceBuilder.finish():
+    saved: bool = True  # False when save= left this op's value out (``out`` is None then)
+    # Filled as the trace is built and finished:
     label: str = ""
     layer_label: str = ""
     func_ordinal: int = 0

@@ -21,6 +21,7 @@ import attrs
 from torchlens_core.errors import LabelNotFoundError, closest
 
 if TYPE_CHECKING:
+    from torchlens_core.builder import TraceBuilder
     from torchlens_core.records import OpRecord
     from torchlens_core.trace import Trace
 
@@ -29,7 +30,12 @@ class Selector:
     """Base of every selector; combine with ``&``, ``|`` and ``~``."""
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
+        """Does ``op`` of a finished trace match?"""
         raise NotImplementedError
+
+    def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
+        """While capturing: does ``op`` match — True, False, or None for "not known yet"?"""
+        return None
 
     def __and__(self, other: Selector) -> Selector:
         return AllOf((self, _check(other)))
@@ -50,7 +56,7 @@ def _check(other: object) -> Selector:
     return other
 
 
-def _split_pass(path: str) -> tuple[str, int | None]:
+def split_pass(path: str) -> tuple[str, int | None]:
     base, sep, n = path.rpartition(":")
     return (base, int(n)) if sep and n.isdigit() else (path, None)
 
@@ -68,6 +74,9 @@ class Func(Selector):
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return self._regex.fullmatch(op.func_name) is not None
 
+    def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
+        return self.test(op, builder)
+
 
 @attrs.frozen
 class Module(Selector):
@@ -76,12 +85,21 @@ class Module(Selector):
     path: str
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
-        base, n = _split_pass(self.path)
+        base, n = split_pass(self.path)
         for returned in op.module_outputs:
-            path, k = _split_pass(returned)
+            path, k = split_pass(returned)
             if path == base and (n is None or k == n):
                 return True
         return False
+
+    def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
+        base, n = split_pass(self.path)
+        inside = [(p, k) for p, k in op.module_passes if p == base and (n is None or k == n)]
+        if not inside and not self.test(op, None):  # type: ignore[arg-type]
+            return False
+        if all(entry in builder.closed_passes for entry in inside):
+            return self.test(op, builder)
+        return None  # its module is still running: it may yet be returned
 
 
 @attrs.frozen
@@ -91,18 +109,26 @@ class InModule(Selector):
     path: str
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
-        base, n = _split_pass(self.path)
+        base, n = split_pass(self.path)
         return any(p == base and (n is None or k == n) for p, k in op.module_passes)
+
+    def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
+        return self.test(op, builder)
 
 
 @attrs.frozen
 class Label(Selector):
-    """Ops found by these lookup keys (``"relu_1_2"``, ``"conv2d_3"``, ``"linear_1:2"``...)."""
+    """Ops with these labels: ``"relu_1_2"``, ``"conv2d_3"``, ``"linear_1:2"`` (a label without a pass
+    matches every pass of its layer)."""
 
     keys: tuple[str, ...]
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
-        return any(key in trace.keys_of(op) for key in self.keys)
+        keys = op_keys(op)
+        return any(key in keys for key in self.keys)
+
+    def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
+        return self.test(op, builder)
 
 
 @attrs.frozen
@@ -125,6 +151,11 @@ class PrecededBy(Selector):
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return any(self.inner.test(trace.ops[i], trace) for i in op.parent_indices if trace.ops[i].kind == "op")
 
+    def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
+        verdicts = [self.inner.decide(builder.ops[i], builder) for i in op.parent_indices
+                    if builder.ops[i].kind == "op"]
+        return True if True in verdicts else (None if None in verdicts else False)
+
 
 @attrs.frozen
 class Where(Selector):
@@ -143,6 +174,10 @@ class AllOf(Selector):
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return all(part.test(op, trace) for part in self.parts)
 
+    def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
+        verdicts = [part.decide(op, builder) for part in self.parts]
+        return False if False in verdicts else (None if None in verdicts else True)
+
 
 @attrs.frozen
 class AnyOf(Selector):
@@ -151,6 +186,10 @@ class AnyOf(Selector):
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return any(part.test(op, trace) for part in self.parts)
 
+    def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
+        verdicts = [part.decide(op, builder) for part in self.parts]
+        return True if True in verdicts else (None if None in verdicts else False)
+
 
 @attrs.frozen
 class Not(Selector):
@@ -158,6 +197,16 @@ class Not(Selector):
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return not self.inner.test(op, trace)
+
+    def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
+        verdict = self.inner.decide(op, builder)
+        return None if verdict is None else not verdict
+
+
+def op_keys(op: OpRecord) -> set[str]:
+    """The labels an op answers to while capturing: full and short, with and without its pass."""
+    short = op.layer_label.rsplit("_", 1)[0]
+    return {op.layer_label, short, f"{op.layer_label}:{op.pass_num}", f"{short}:{op.pass_num}"}
 
 
 # -- the public constructors -------------------------------------------------------------

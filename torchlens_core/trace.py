@@ -25,7 +25,7 @@ class Trace:
     def __init__(self, backend: str, model_name: str, ops: list[OpRecord],
                  modules: dict[str, ModuleRecord], params: dict[str, ParamRecord],
                  output_template: Any, model_output: Any = None,
-                 notes: dict[str, Any] | None = None) -> None:
+                 notes: dict[str, Any] | None = None, halted: bool = False) -> None:
         self.backend = backend
         self.model_name = model_name
         self.ops = ops
@@ -36,6 +36,8 @@ class Trace:
         # that audit() can compare the two.
         self.model_output = model_output
         self.notes = notes or {}
+        # True when halt= stopped the forward early: there is no output then.
+        self.halted = halted
         self._keys: dict[str, OpRecord | ModulePass] | None = None
         self._ambiguous: dict[str, list[str]] = {}
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
+from torchlens_core.policy import CaptureOptions
 from torchlens_core.records import ParamRecord, ParamRef, Ref
 from torchlens_core.trace import Trace
 from torchlens_jax.arrays import array_info, is_array
@@ -28,7 +29,7 @@ from torchlens_jax.scopes import CallScopes, fill, slot_template
 from torchlens_jax.walk import Val, Walker
 
 
-def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     import jax
 
     view = view_model(target, args)
@@ -59,7 +60,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace
             f"which a jaxpr cannot record; use jax.lax.cond / jax.lax.while_loop for data-dependent "
             f"control flow. JAX said: {str(exc).splitlines()[0]}") from exc
 
-    builder = TraceBuilder("jax", model_name=view.type_name)
+    builder = TraceBuilder("jax", model_name=view.type_name, options=options)
     _declare(builder, view, scopes)
     walker = Walker(builder, scopes)
     param_vals = [Val(p.value, ParamRef(p.name)) for p in view.params]

@@ -18,7 +18,7 @@ class JaxBackend(Backend):
         # "random": JAX's RNG is explicit (keys are inputs or parameters), so random ops replay exactly.
         # Not "in_place": JAX arrays are immutable, so there is nothing to protect.
         return BackendInfo(name=self.name, framework="jax", install="pip install 'torchlens[jax]'",
-                           capabilities=frozenset({"modules", "functions", "control_flow", "random"}))
+                           capabilities=frozenset({"modules", "functions", "control_flow", "random", "save", "halt"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         jax = sys.modules.get("jax")
@@ -32,10 +32,10 @@ class JaxBackend(Backend):
             return True
         return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves((args, kwargs)))
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Any:
         from torchlens_jax.capture import capture
 
-        return capture(target, args, kwargs)
+        return capture(target, args, kwargs, options)
 
     def replay_graph(self, trace: Any, observe: Any) -> list[Any]:
         from torchlens_jax.replay import replay_graph

@@ -29,6 +29,7 @@ import pluggy
 from torchlens_core import tree
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
+from torchlens_core.policy import CaptureOptions
 from torchlens_core.records import ParamRecord, ParamRef, Ref
 from torchlens_core.trace import Trace
 from torchlens_paddle.arrays import device_name, dtype_name
@@ -364,14 +365,15 @@ def _defining_modules(model: Any, layers: list[tuple[str, Any]]) -> list[Any]:
     return [sys.modules[n] for n in sorted(names) if n in sys.modules and not n.startswith("paddle")]
 
 
-def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once with every Paddle op recorded; return its Trace."""
     is_layer = isinstance(model, paddle.nn.Layer)
     layers = [("", model), *model.named_sublayers()] if is_layer else []
     _refuse_unsupported(model, layers)
     if STATE.recorder is not None:
         raise UnsupportedError("a paddle capture is already running: nested tl.trace calls are not supported")
-    builder = TraceBuilder("paddle", type(model).__name__ if is_layer else getattr(model, "__name__", "function"))
+    builder = TraceBuilder("paddle", type(model).__name__ if is_layer else getattr(model, "__name__", "function"),
+                           options)
     builder.notes["framework"] = f"paddlepaddle {paddle.__version__}"
     param_names: dict[int, str] = {}
     params: dict[str, Tensor] = {}

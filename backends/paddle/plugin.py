@@ -49,10 +49,10 @@ class PaddleBackend(Backend):
             return True
         return next(tree.leaves((args, kwargs), lambda v: isinstance(v, paddle.Tensor)), None) is not None
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Any:
         from torchlens_paddle.capture import capture
 
-        return capture(target, args, kwargs)
+        return capture(target, args, kwargs, options)
 
     def replay_graph(self, trace: Any, observe: Any) -> list[Any]:
         from torchlens_paddle.replay import replay_graph

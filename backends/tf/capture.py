@@ -47,6 +47,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 from torchlens_core import tree
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
+from torchlens_core.policy import CaptureOptions
 from torchlens_core.records import ParamRecord, ParamRef, Ref
 from torchlens_core.trace import Trace
 from torchlens_tf.arrays import device_name
@@ -599,7 +600,7 @@ def _inputs_as_tensors(args: Any, convert: bool) -> Any:
     return tree.map_leaves(lambda v: tf.convert_to_tensor(v) if isinstance(v, np.ndarray) else v, args)
 
 
-def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     """Run ``target(*args, **kwargs)`` once, eagerly, under the recorder; return its Trace."""
     _refuse(target)
     fn, args, kwargs, redirect = _call_plan(target, args, kwargs)
@@ -620,7 +621,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace
         view = view_model(fn)
 
     _add_argument_variables(view, args, kwargs)
-    builder = TraceBuilder("tf", model_name=view.type_name)
+    builder = TraceBuilder("tf", model_name=view.type_name, options=options)
     _declare(builder, view)
     recorder = Recorder(builder, view)
     for path, leaf in tree.leaves((args, kwargs), _is_leaf):

@@ -51,10 +51,10 @@ class TFBackend(Backend):
         found = tree.leaves((args, kwargs), lambda v: isinstance(v, (tf.Tensor, tf.Variable)))
         return next(found, None) is not None
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Any:
         from torchlens_tf.capture import capture
 
-        return capture(target, args, kwargs)
+        return capture(target, args, kwargs, options)
 
     def replay_graph(self, trace: Any, observe: Any) -> list[Any]:
         from torchlens_tf.replay import replay_graph

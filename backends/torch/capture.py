@@ -25,6 +25,7 @@ from torch.overrides import TorchFunctionMode
 from torchlens_core import tree
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
+from torchlens_core.policy import CaptureOptions
 from torchlens_core.records import ParamRecord, ParamRef, Ref
 from torchlens_core.trace import Trace
 
@@ -132,9 +133,11 @@ class _Recorder(TorchFunctionMode):
         # id(tensor) -> (weakref, op index, path in that op's output). The weakref
         # guards against a freed tensor's id being reused.
         self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
-        # storage address -> recorded (op index, path, tensor) living there, for copy-before-write
-        self.storages: dict[int, list[tuple[int, tuple[Any, ...], Tensor]]] = {}
-        self.versions: list[tuple[int, tuple[Any, ...], Tensor, int]] = []
+        # storage address -> recorded (op index, path) living there, for copy-before-write. Entries
+        # name ops, not tensors: a value save= drops is then really freed.
+        self.storages: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
+        self.versions: list[tuple[int, tuple[Any, ...], int]] = []
+        self.snapshots: set[tuple[int, tuple[Any, ...]]] = set()
         self.params_before_write: dict[str, Tensor] = {}
 
     # -- the hot path ------------------------------------------------------------------
@@ -195,12 +198,14 @@ class _Recorder(TorchFunctionMode):
 
     def _produced(self, t: Tensor, index: int, path: tuple[Any, ...]) -> None:
         self.producers[id(t)] = (weakref.ref(t), index, path)
+        if not self.builder.ops[index].saved:
+            return
         try:
             key = t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):  # tensors without storage (meta, sparse...)
             return
-        self.storages.setdefault(key, []).append((index, path, t))
-        self.versions.append((index, path, t, t._version))
+        self.storages.setdefault(key, []).append((index, path))
+        self.versions.append((index, path, t._version))
 
     def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
         if isinstance(x, Tensor):
@@ -243,11 +248,14 @@ class _Recorder(TorchFunctionMode):
             return
         ops = self.builder.ops
         with torch.no_grad(), torch._C.DisableTorchFunction():
-            for index, path, t in entries:
+            for index, path in entries:
                 op = ops[index]
-                copy = t.clone()
+                if op.out is None or (index, path) in self.snapshots:  # dropped by save=, or copied already
+                    continue
+                copy = tree.get(op.out, path).clone()
                 op.out = copy if not path else tree.rebuild(op.out, [
                     copy if i == path[0] else v for i, v in enumerate(op.out)])
+                self.snapshots.add((index, path))
 
     # -- module hooks -------------------------------------------------------------------
     def module_pre_hook(self, paths: dict[int, str]) -> Any:
@@ -293,13 +301,14 @@ class _Recorder(TorchFunctionMode):
     def check_versions(self) -> None:
         """Flag any saved value changed in place after recording without a copy being made."""
         ops = self.builder.ops
-        for index, path, t, version in self.versions:
-            current = tree.get(ops[index].out, path)
-            if current is t and t._version != version:
+        for index, path, version in self.versions:
+            if ops[index].out is None or (index, path) in self.snapshots:
+                continue
+            if tree.get(ops[index].out, path)._version != version:
                 ops[index].meta["mutated_after_recording"] = True
 
 
-def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace."""
     from torch.nn.modules import module as nn_module
 
@@ -307,7 +316,8 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
     if isinstance(model, torch.jit.ScriptModule | torch.jit.ScriptFunction):
         raise UnsupportedError("TorchScript modules do not run as Python, so their ops cannot be seen: "
                                "trace the eager nn.Module instead")
-    builder = TraceBuilder("torch", type(model).__name__ if is_module else getattr(model, "__name__", "function"))
+    builder = TraceBuilder("torch", type(model).__name__ if is_module else getattr(model, "__name__", "function"),
+                           options)
     param_names: dict[int, str] = {}
     paths: dict[int, str] = {}
     if is_module:

@@ -16,7 +16,8 @@ class TorchBackend(Backend):
     def info(self) -> BackendInfo:
         return BackendInfo(name=self.name, framework="torch", install="pip install 'torchlens[torch]'",
                            aliases=("pytorch",),
-                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow"}))
+                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
+                                                   "save", "halt"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         torch = sys.modules.get("torch")
@@ -26,10 +27,10 @@ class TorchBackend(Backend):
             return True
         return next(tree.leaves((args, kwargs), lambda v: isinstance(v, torch.Tensor)), None) is not None
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Any:
         from torchlens_torch.capture import capture
 
-        return capture(target, args, kwargs)
+        return capture(target, args, kwargs, options)
 
     def replay_graph(self, trace: Any, observe: Any) -> list[Any]:
         from torchlens_torch.replay import replay_graph

@@ -35,6 +35,7 @@ import numpy as np
 from torchlens_core import tree
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
+from torchlens_core.policy import CaptureOptions
 from torchlens_core.records import Ref
 from torchlens_core.trace import Trace
 
@@ -425,9 +426,9 @@ def _recording_random(recorder: Recorder) -> Iterator[None]:
 
 
 # -- the capture ----------------------------------------------------------------------------------
-def capture(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+def capture(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     """Run ``fn(*args, **kwargs)`` once with its input arrays tracked and return its Trace."""
-    builder = TraceBuilder(NAME, getattr(fn, "__name__", type(fn).__name__))
+    builder = TraceBuilder(NAME, getattr(fn, "__name__", type(fn).__name__), options)
     recorder = Recorder(builder)
     inputs: dict[int, Tracked] = {}
 

@@ -30,12 +30,13 @@ def torchlens_claim(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 
 @hookimpl
-def torchlens_capture(backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def torchlens_capture(backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      options: Any) -> Any:
     if backend != NAME:
         return None
     from torchlens_numpy.capture import capture
 
-    return capture(target, args, kwargs)
+    return capture(target, args, kwargs, options)
 
 
 @hookimpl

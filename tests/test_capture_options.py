@@ -1,0 +1,112 @@
+"""save= keeps only selected values, halt= stops the forward early, tl.pluck returns one value."""
+
+from __future__ import annotations
+
+import pytest
+
+import torchlens as tl
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+
+
+@pytest.fixture(scope="module")
+def resnet() -> tuple:
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(weights=None).eval(), torch.rand(1, 3, 64, 64)
+
+
+def saved(trace: tl.Trace) -> list[str]:
+    return [op.label for op in trace.ops if op.kind == "op" and op.out is not None]
+
+
+def test_save_module_keeps_only_its_output(resnet: tuple) -> None:
+    model, x = resnet
+    full = tl.trace(model, x)
+    part = tl.trace(model, x, save=tl.module("layer3"))
+    assert [op.label for op in part.ops] == [op.label for op in full.ops]  # every op's structure
+    assert saved(part) == [full["layer3"].label]
+    assert torch.equal(part["layer3"].out, full["layer3"].out)
+    dropped = part["layer2"]
+    assert dropped.out is None and dropped.saved is False and dropped.shape == full["layer2"].shape
+    report = part.audit()
+    assert report, str(report)
+    assert torch.equal(part.output, model(x))
+
+
+def test_save_func_and_followed_by() -> None:
+    model = torchvision.models.alexnet(weights=None).eval()
+    x = torch.randn(1, 3, 64, 64)
+    relus = tl.trace(model, x, save=tl.func("relu"))
+    assert {relus[label].func_name for label in saved(relus)} == {"relu"} and len(saved(relus)) == 7
+    convs = tl.trace(model, x, save=tl.func("conv2d") & tl.followed_by(tl.func("relu")))
+    assert [convs[label].func_name for label in saved(convs)] == ["conv2d"] * 5
+    assert convs.audit()
+
+
+def test_saved_values_are_freed_during_capture(resnet: tuple) -> None:
+    import weakref
+
+    model, x = resnet
+    refs: list = []
+
+    def keep_refs(m, args, out):
+        refs.append(weakref.ref(out))
+
+    handle = model.layer1.register_forward_hook(keep_refs)
+    try:
+        with torch.no_grad():  # with autograd on, the output's graph would keep it alive
+            trace = tl.trace(model, x, save=tl.module("layer3"))
+    finally:
+        handle.remove()
+    assert refs and refs[0]() is None  # nothing of TorchLens holds layer1's output
+    assert trace["layer1"].out is None
+
+
+def test_halt_stops_the_forward(resnet: tuple) -> None:
+    model, x = resnet
+    ran: list[str] = []
+    handle = model.fc.register_forward_hook(lambda m, a, o: ran.append("fc"))
+    try:
+        trace = tl.trace(model, x, save=tl.in_module("layer2"), halt=tl.in_module("layer2"))
+    finally:
+        handle.remove()
+    assert trace.halted and trace.output is None and ran == []
+    assert trace.ops[-1].module_passes[0] == ("layer2", 1)  # nothing after layer2 ran
+    assert "layer3" not in {p for op in trace.ops for p, _ in op.module_passes}
+    full = tl.trace(model, x)
+    assert torch.equal(trace["layer2"].out, full["layer2"].out)
+    report = trace.audit()
+    assert report, str(report)
+    assert "halted" in trace.notes
+
+
+def test_halt_on_labels_and_first_match(resnet: tuple) -> None:
+    model, x = resnet
+    by_label = tl.trace(model, x, halt=tl.label("relu_1", "conv2d_3"))
+    assert by_label.halted and by_label.ops[-1].label == by_label["conv2d_3"].label
+    first = tl.trace(model, x, halt=tl.func("max_pool2d"))
+    assert first.ops[-1].func_name == "max_pool2d"
+
+
+def test_pluck(resnet: tuple) -> None:
+    model, x = resnet
+    full = tl.trace(model, x)
+    assert torch.equal(tl.pluck(model, x, "relu_1_3"), full["relu_1_3"].out)
+    assert torch.equal(tl.pluck(model, x, "layer2"), full["layer2"].out)
+    with pytest.raises(TypeError, match="last positional argument"):
+        tl.pluck(model, x)
+
+
+def test_bad_options_are_typed_and_leave_nothing_behind(resnet: tuple) -> None:
+    from torch.nn.modules import module as nn_module
+    from torch.overrides import _get_current_function_mode_stack
+
+    model, x = resnet
+    with pytest.raises(TypeError, match="save= takes a selector"):
+        tl.trace(model, x, save="relu")
+    with pytest.raises(tl.UnsupportedError, match="halt= cannot use ~"):
+        tl.trace(model, x, halt=~tl.func("relu"))
+    tl.trace(model, x, halt=tl.in_module("layer1"))
+    assert not _get_current_function_mode_stack()
+    assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
