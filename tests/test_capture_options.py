@@ -110,3 +110,26 @@ def test_bad_options_are_typed_and_leave_nothing_behind(resnet: tuple) -> None:
     tl.trace(model, x, halt=tl.in_module("layer1"))
     assert not _get_current_function_mode_stack()
     assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
+
+
+def test_seed_lookback_call_keeps_the_ops_before_each_pick() -> None:
+    model = torchvision.models.alexnet(weights=None)
+    x = torch.randn(1, 3, 224, 224)
+    conv_before_relu = tl.func('conv2d') & tl.followed_by(tl.func('relu'))
+    log = tl.trace(model, x, save=conv_before_relu,
+                   lookback=4, lookback_payload_policy='detached_raw')
+    convs = [op for op in log.ops if op.func_name == "conv2d"]
+    assert all(op.out is not None for op in convs)
+    # conv 2 ran right after maxpool 1, relu 1, conv 1, input: those four are kept, detached
+    second = convs[1].index
+    window = [log.ops[i] for i in range(second - 4, second) if log.ops[i].kind == "op"]
+    assert all(op.meta.get("lookback") for op in window)
+    assert all(op.out is not None and op.out.grad_fn is None for op in window if op.func_name != "conv2d")
+    far = [op for op in log.ops if op.kind == "op" and op.func_name == "linear"]
+    assert all(op.out is None for op in far)  # nothing picked near the classifier
+    metadata_only = tl.trace(model, x, save=conv_before_relu, lookback=4)
+    assert [op.label for op in metadata_only.ops if op.out is not None and op.kind == "op"] == [
+        op.label for op in convs]
+    assert all(metadata_only[op.label].meta.get("lookback") for op in window)
+    with pytest.raises(tl.UnsupportedError, match="give save= too"):
+        tl.trace(model, x, lookback=2)

@@ -52,3 +52,13 @@ def test_unknown_backend_names_installed_ones() -> None:
 
     with pytest.raises(tl.BackendNotFoundError, match="no backend named 'mxnet'.*torch"):
         tl.trace(lambda x: x, 1.0, backend="mxnet")
+
+
+def test_every_hook_is_documented_where_declared() -> None:
+    from torchlens_core import hookspecs
+
+    hooks = [name for name in dir(hookspecs) if name.startswith("torchlens_")]
+    assert len(hooks) >= 10
+    for name in hooks:
+        doc = getattr(hookspecs, name).__doc__ or ""
+        assert len(doc.split()) >= 8, f"hook {name} needs a docstring saying when it is called and what it returns"

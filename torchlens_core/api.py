@@ -16,7 +16,8 @@ __all__ = ["backends", "pluck", "trace"]
 
 
 def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
-          halt: Selector | None = None, **kwargs: Any) -> Trace:
+          halt: Selector | None = None, lookback: int = 0, lookback_payload_policy: str = "metadata_only",
+          **kwargs: Any) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every operation it executes.
 
     Positional and keyword inputs go to the model exactly as given. ``backend``
@@ -24,8 +25,11 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
     framework owns the model or its inputs is used. ``save``: keep only the values
     of the ops this selector picks (every op's structure is still recorded).
     ``halt``: stop the forward once every op it picks has run (``trace.halted``).
+    ``lookback``: with ``save``, also keep the N ops before each picked op (their
+    values with ``lookback_payload_policy="detached_raw"``).
     """
-    options = CaptureOptions(save=save, halt=halt)
+    options = CaptureOptions(save=save, halt=halt, lookback=lookback,
+                             lookback_payload_policy=lookback_payload_policy)
     if not callable(model):
         raise UnsupportedError(f"tl.trace needs a model or function to call, got {type(model).__name__}")
     if backend is None:

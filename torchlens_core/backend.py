@@ -59,6 +59,10 @@ class Backend:
     def array_error(self, actual: Any, expected: Any) -> float:
         raise NotImplementedError
 
+    def detach(self, value: Any) -> Any:
+        """``value`` cut from any autograd graph (frameworks without one: as it is)."""
+        return value
+
     def conformance_cases(self) -> list[Case]:
         return []
 
@@ -94,6 +98,10 @@ class Backend:
     @hookimpl
     def torchlens_to_numpy(self, backend: str, value: Any) -> Any:
         return self.to_numpy(value) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_detach(self, backend: str, value: Any) -> Any:
+        return self.detach(value) if backend == self.name else None
 
     @hookimpl
     def torchlens_array_error(self, backend: str, actual: Any, expected: Any) -> float | None:

@@ -95,6 +95,11 @@ def torchlens_to_numpy(backend: str, value: Any) -> Any:
 
 
 @hookspec(firstresult=True)
+def torchlens_detach(backend: str, value: Any) -> Any:
+    """``value`` (an array or a structure of them) cut from any autograd graph; as it is if there is none."""
+
+
+@hookspec(firstresult=True)
 def torchlens_array_error(backend: str, actual: Any, expected: Any) -> float | None:
     """How far ``actual`` is from ``expected``: ``max |a - e| / (1 + |e|)`` elementwise.
 

@@ -7,6 +7,12 @@ output of a module still running, ``followed_by``, ``where``) is held until it
 can, at the latest when the trace is finished. The structure of every op is
 recorded either way.
 
+``lookback=N`` also keeps, for each op ``save=`` picks, the N ops that ran just
+before it: their values too with ``lookback_payload_policy="detached_raw"``
+(detached from any autograd graph), only their records (which every op has
+anyway) with ``"metadata_only"``, the default. Either way they are marked
+``op.meta["lookback"]``.
+
 ``halt=`` stops the forward as soon as every op its selector will ever pick
 has run: for ``tl.module``/``tl.in_module``, when that module's call (its first,
 or the one named with ``:n``) returns; for ``tl.label``, when every named op
@@ -15,11 +21,13 @@ has run; for any other selector, after its first match.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from torchlens_core.errors import UnsupportedError
+from torchlens_core.plugins import hook
 from torchlens_core.selectors import AllOf, AnyOf, InModule, Label, Module, Not, Selector, op_keys, split_pass
 
 if TYPE_CHECKING:
@@ -47,14 +55,26 @@ def _selector(value: Any, name: str) -> Selector | None:
                     f"not {type(value).__name__}")
 
 
+LOOKBACK_POLICIES = ("metadata_only", "detached_raw")
+
+
 @attrs.frozen
 class CaptureOptions:
     """TorchLens's own options of one capture."""
 
     save: Selector | None = attrs.field(default=None, converter=lambda v: _selector(v, "save"))
     halt: Selector | None = attrs.field(default=None, converter=lambda v: _selector(v, "halt"))
+    lookback: int = 0
+    lookback_payload_policy: str = "metadata_only"
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.lookback, int) or self.lookback < 0:
+            raise TypeError(f"lookback= takes a number of ops >= 0, not {self.lookback!r}")
+        if self.lookback and self.save is None:
+            raise UnsupportedError("lookback= keeps the ops before each op save= picks: give save= too")
+        if self.lookback_payload_policy not in LOOKBACK_POLICIES:
+            raise UnsupportedError(f"lookback_payload_policy must be one of {LOOKBACK_POLICIES}, "
+                                   f"not {self.lookback_payload_policy!r}")
         if self.halt is not None and _has_not(self.halt):
             raise UnsupportedError("halt= cannot use ~: 'stop once everything except X has run' never comes "
                                    "before the end of the forward")
@@ -73,6 +93,13 @@ class Policy:
         self.active = self.save is not None or self.halt is not None
         self.builder = builder
         self.pending: list[OpRecord] = []
+        # The last `lookback` ops, and those of them whose drop waits to see if a picked op follows.
+        self.recent: deque[OpRecord] = deque(maxlen=options.lookback or None)
+        self.lookback = options.lookback
+        self.keep_lookback_values = options.lookback_payload_policy == "detached_raw"
+        self.held: set[int] = set()
+        self.windows: dict[int, list[int]] = {}  # a pending op -> the ops before it, held till it is decided
+        self.pins: dict[int, int] = {}  # an op -> how many pending ops' windows hold it
         self.seen_keys: set[str] = set()
         self.matched: set[int] = set()  # ids of halt sub-selectors that have matched an op
 
@@ -80,7 +107,9 @@ class Policy:
     def recorded(self, op: OpRecord) -> None:
         if self.save is not None:
             verdict = self.save.decide(op, self.builder)
-            if verdict is False:
+            if self.lookback:
+                self._look_back(op, verdict)
+            if verdict is False and op.index not in self.held:
                 drop(op)
             elif verdict is None:
                 self.pending.append(op)
@@ -95,19 +124,58 @@ class Policy:
             still = []
             for op in self.pending:
                 verdict = self.save.decide(op, self.builder) if self.save is not None else True
-                if verdict is False:
-                    drop(op)
-                elif verdict is None:
+                if verdict is None:
                     still.append(op)
+                else:
+                    self._settle(op, verdict)
             self.pending = still
         if self.halt is not None and self._ready(self.halt):
             raise HaltCapture(self.builder)
 
     def finish(self, trace: Trace) -> None:
         for op in self.pending:
-            if self.save is not None and not self.save.test(op, trace):
-                drop(op)
+            self._settle(op, self.save is None or self.save.test(op, trace))
         self.pending = []
+        for index in self.held:  # windows no picked op claimed
+            drop(trace.ops[index])
+        self.held.clear()
+
+    def _settle(self, op: OpRecord, picked: bool) -> None:
+        """A pending op is decided: keep or drop it, and the window of ops before it."""
+        if not picked:
+            drop(op)
+        for index in self.windows.pop(op.index, []):
+            self.pins[index] -= 1
+            earlier = self.builder.ops[index]
+            if picked:
+                self._claim(earlier)
+            elif index in self.held and not self.pins[index] and earlier not in self.recent:
+                self.held.discard(index)
+                drop(earlier)
+
+    def _claim(self, earlier: OpRecord) -> None:
+        earlier.meta["lookback"] = True
+        if earlier.index in self.held:
+            self.held.discard(earlier.index)
+            earlier.out = hook().torchlens_detach(backend=self.builder.backend, value=earlier.out)
+
+    def _look_back(self, op: OpRecord, verdict: bool | None) -> None:
+        window = list(self.recent)
+        if verdict is True:
+            for earlier in window:
+                self._claim(earlier)
+        elif verdict is None:
+            self.windows[op.index] = [earlier.index for earlier in window]
+            for earlier in window:
+                self.pins[earlier.index] = self.pins.get(earlier.index, 0) + 1
+        if len(self.recent) == self.lookback:
+            leaving = self.recent[0]
+            if leaving.index in self.held and not self.pins.get(leaving.index):
+                self.held.discard(leaving.index)  # no picked op came within its window
+                drop(leaving)
+        self.recent.append(op)
+        if verdict is False and self.keep_lookback_values:
+            self.held.add(op.index)
 
     # -- halting ---------------------------------------------------------------------------
     def _note_matches(self, selector: Selector, op: OpRecord) -> None:

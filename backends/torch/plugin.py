@@ -52,6 +52,11 @@ class TorchBackend(Backend):
 
         return to_numpy(value)
 
+    def detach(self, value: Any) -> Any:
+        import torch
+
+        return tree.map_leaves(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, value)
+
     def array_error(self, actual: Any, expected: Any) -> float:
         from torchlens_torch.arrays import array_error
 
