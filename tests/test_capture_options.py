@@ -133,3 +133,17 @@ def test_seed_lookback_call_keeps_the_ops_before_each_pick() -> None:
     assert all(metadata_only[op.label].meta.get("lookback") for op in window)
     with pytest.raises(tl.UnsupportedError, match="give save= too"):
         tl.trace(model, x, lookback=2)
+
+
+def test_record_defers_naming_until_to_trace(resnet: tuple) -> None:
+    model, x = resnet
+    recording = tl.record(model, x, save=tl.func('relu'))
+    assert isinstance(recording, tl.Recording) and "to_trace" in repr(recording)
+    trace = recording.to_trace()
+    assert trace is recording.to_trace()
+    full = tl.trace(model, x)
+    assert [op.label for op in trace.ops] == [op.label for op in full.ops]
+    kept = [op for op in trace.ops if op.kind == "op" and op.out is not None]
+    assert {op.func_name for op in kept} == {"relu"}
+    assert torch.equal(trace["relu_1"].out, full["relu_1"].out)
+    assert trace.audit()

@@ -14,6 +14,7 @@ from torchlens_core import (
     ModuleRecord,
     OpRecord,
     ParamRecord,
+    Recording,
     ReplayError,
     Selector,
     TorchLensError,
@@ -27,6 +28,7 @@ from torchlens_core import (
     module,
     pluck,
     preceded_by,
+    record,
     trace,
     where,
 )
@@ -35,7 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
-    "ModuleRecord", "OpRecord", "ParamRecord", "ReplayError", "Selector", "TorchLensError", "Trace",
+    "ModuleRecord", "OpRecord", "ParamRecord", "Recording", "ReplayError", "Selector", "TorchLensError", "Trace",
     "UnsupportedError", "__version__", "backends", "followed_by", "func", "in_module", "label", "module",
-    "pluck", "preceded_by", "trace", "where",
+    "pluck", "preceded_by", "record", "trace", "where",
 ]

@@ -5,10 +5,10 @@ trace does without a framework (lookup, summary, replay driver, audit). This
 package never imports a framework.
 """
 
-from torchlens_core.api import pluck, trace
+from torchlens_core.api import pluck, record, trace
 from torchlens_core.audit import AuditReport, Finding
 from torchlens_core.backend import Backend
-from torchlens_core.builder import TraceBuilder
+from torchlens_core.builder import Recording, TraceBuilder
 from torchlens_core.errors import (
     BackendNotFoundError,
     CaptureError,
@@ -35,7 +35,7 @@ from torchlens_core.trace import Trace
 __all__ = [
     "AuditReport", "Backend", "BackendInfo", "BackendNotFoundError", "CaptureError", "Finding",
     "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "ParamRef",
-    "Ref", "ReplayError", "Selector", "TorchLensError", "Trace", "TraceBuilder", "UnsupportedError",
+    "Recording", "Ref", "ReplayError", "Selector", "TorchLensError", "Trace", "TraceBuilder", "UnsupportedError",
     "backends", "followed_by", "func", "hookimpl", "in_module", "label", "module", "pluck", "preceded_by",
-    "trace", "where",
+    "record", "trace", "where",
 ]

@@ -6,13 +6,14 @@ import gc
 import re
 from typing import Any
 
+from torchlens_core.builder import Recording
 from torchlens_core.errors import CaptureError, UnsupportedError
 from torchlens_core.plugins import backends, claim_backend, hook, resolve_backend
 from torchlens_core.policy import CaptureOptions, HaltCapture
 from torchlens_core.selectors import Selector
 from torchlens_core.trace import Trace
 
-__all__ = ["backends", "pluck", "trace"]
+__all__ = ["backends", "pluck", "record", "trace"]
 
 
 def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
@@ -30,6 +31,24 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
     """
     options = CaptureOptions(save=save, halt=halt, lookback=lookback,
                              lookback_payload_policy=lookback_payload_policy)
+    return _capture(model, args, kwargs, backend, options)  # type: ignore[return-value]
+
+
+def record(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
+           halt: Selector | None = None, **kwargs: Any) -> Recording:
+    """The lightest capture, for tight loops: ``tl.record(model, x, save=tl.func("relu"))``.
+
+    Records like :func:`trace` but defers naming and linking the ops until
+    ``recording.to_trace()`` is called, so captures that are never read cost
+    only the forward and the per-op recording.
+    """
+    options = CaptureOptions(save=save, halt=halt, record=True)
+    return _capture(model, args, kwargs, backend, options)  # type: ignore[return-value]
+
+
+def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | None,
+             options: CaptureOptions) -> Trace | Recording:
+    """Resolve the backend, check it can honour the options, run its capture."""
     if not callable(model):
         raise UnsupportedError(f"tl.trace needs a model or function to call, got {type(model).__name__}")
     if backend is None:
@@ -39,7 +58,7 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
                 f"no installed backend recognises {type(model).__name__} or its inputs; pass backend= "
                 f"(installed: {', '.join(b['name'] for b in backends() if b['available']) or 'none'})")
     info = resolve_backend(backend)
-    for name, value in (("save", save), ("halt", halt)):
+    for name, value in (("save", options.save), ("halt", options.halt)):
         if value is not None and name not in info.capabilities:
             raise UnsupportedError(f"the {info.name} backend does not support {name}= yet; "
                                    f"trace without it and read the values you need from the trace")

@@ -139,7 +139,13 @@ class TraceBuilder:
         self._output_template = _replace_at(template, nodes)
 
     # -- once, at the end --------------------------------------------------------------
-    def finish(self, halted: bool = False) -> Trace:
+    def finish(self, halted: bool = False) -> Trace | Recording:
+        """The finished Trace; for ``tl.record``, a Recording that finishes it on demand."""
+        if self.options.record:
+            return Recording(self, halted)
+        return self.finish_trace(halted)
+
+    def finish_trace(self, halted: bool = False) -> Trace:
         ops = self.ops
         self.namer.finish()
         for op in ops:
@@ -161,6 +167,33 @@ class TraceBuilder:
         if self.policy.active:
             self.policy.finish(trace)
         return trace
+
+
+class Recording:
+    """What ``tl.record`` returns: the raw capture, named and linked only when asked.
+
+    ``to_trace()`` builds the full Trace (labels with passes, parents and
+    children, module op lists, pending save decisions) once, on first call.
+    """
+
+    def __init__(self, builder: TraceBuilder, halted: bool) -> None:
+        self._builder: TraceBuilder | None = builder
+        self._halted = halted
+        self._trace: Trace | None = None
+
+    @property
+    def num_ops(self) -> int:
+        return sum(op.kind == "op" for op in (self._trace or self._builder).ops)  # type: ignore[union-attr]
+
+    def to_trace(self) -> Trace:
+        if self._trace is None:
+            assert self._builder is not None
+            self._trace = self._builder.finish_trace(self._halted)
+            self._builder = None
+        return self._trace
+
+    def __repr__(self) -> str:
+        return f"<Recording of {self.num_ops} ops{' (halted)' if self._halted else ''}: .to_trace() to read it>"
 
 
 def _replace_at(template: Any, new: dict[tuple[Any, ...], Any], path: tuple[Any, ...] = ()) -> Any:

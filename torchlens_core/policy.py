@@ -66,6 +66,7 @@ class CaptureOptions:
     halt: Selector | None = attrs.field(default=None, converter=lambda v: _selector(v, "halt"))
     lookback: int = 0
     lookback_payload_policy: str = "metadata_only"
+    record: bool = False  # tl.record: hand back a Recording, finished only when read
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.lookback, int) or self.lookback < 0:
