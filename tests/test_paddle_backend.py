@@ -540,3 +540,136 @@ def test_replay_changes_neither_the_model_nor_the_trace() -> None:
         assert equal(trace.replay(), trace.output)
     assert all(equal(v, model.state_dict()[k]) for k, v in weights.items())
     assert all(equal(op.out, r) for op, r in zip(trace.ops, recorded))
+
+
+# -- save= and halt= ---------------------------------------------------------------------
+
+
+class Stages(nn.Layer):
+    """Three stages; values are written in place after they were recorded (through a view, and in a
+    multi-output op's output), and a layer returns what it did not compute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+        self.mid = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.skip = nn.Identity()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.stem(x)
+        v = h.reshape([-1])  # a view of stem's output
+        v[:3] = 0.0  # written through the view
+        h.scale_(2.0)
+        a, b = paddle.split(self.mid(h), 2, axis=1)
+        a.add_(paddle.ones([1]))  # written: one element of split's output
+        return self.head(paddle.concat([a, b], axis=1) + self.skip(h))
+
+
+def saved(trace: tl.Trace) -> list[str]:
+    return [op.label for op in trace.ops if op.kind == "op" and op.out is not None]
+
+
+def same_value(a, b) -> bool:
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return equal(a, b)
+
+
+def test_save_keeps_only_the_selected_values_and_every_op() -> None:
+    paddle.seed(0)
+    model = Stages()
+    x = paddle.randn([3, 4])
+    full = tl.trace(model, x)
+    inside_mid = [op.label for op in full.ops if ("mid", 1) in op.module_passes]
+    for selector, expected in [(tl.module("stem"), [full["stem"].label]), (tl.func("split"), [full["split_1"].label]),
+                               (tl.in_module("mid"), inside_mid), (tl.func("reshape|setitem"), None)]:
+        part = tl.trace(model, x, save=selector)
+        assert [(op.label, op.shape, op.parents) for op in part.ops] == [
+            (op.label, op.shape, op.parents) for op in full.ops]  # every op's structure
+        if expected is not None:
+            assert saved(part) == expected
+        for op in part.ops:
+            assert (op.out is None) is (not op.saved), op.label  # nothing dropped comes back
+            if op.out is not None:
+                assert same_value(op.out, full[op.label].out), op.label  # the value that ran
+        report = part.audit()
+        assert report, str(report)
+        assert equal(part.output, full.output)
+    assert equal(full["stem"].out, model.stem(x))  # saved before the writes through the view
+
+
+def test_values_save_drops_are_freed_during_the_capture() -> None:
+    import weakref
+
+    paddle.seed(0)
+    model = Stages()
+    x = paddle.randn([3, 4])
+    refs = []
+    model.mid.register_forward_post_hook(lambda layer, inputs, out: refs.append(weakref.ref(out)))
+    with paddle.no_grad():  # with autograd on, the backward graph would keep the values alive
+        trace = tl.trace(model, x, save=tl.module("stem"))
+        assert refs and refs[0]() is None  # nothing of TorchLens holds mid's output
+        assert trace["mid"].out is None and trace["stem"].out is not None
+        kept = tl.trace(model, x)
+        assert refs[1]() is not None and refs[1]() is kept["mid"].out
+
+
+def test_halt_stops_before_later_layers_run() -> None:
+    paddle.seed(0)
+    model = Stages()
+    x = paddle.randn([3, 4])
+    full = tl.trace(model, x)
+    ran = []
+    model.head.register_forward_pre_hook(lambda layer, inputs: ran.append("head"))
+    trace = tl.trace(model, x, save=tl.in_module("mid"), halt=tl.in_module("mid"))
+    assert trace.halted and trace.output is None and ran == [] and "halted" in trace.notes
+    assert trace.ops[-1].module_passes[0] == ("mid", 1)  # nothing after mid ran
+    assert "head" not in {p for op in trace.ops for p, _ in op.module_passes}
+    assert equal(trace["mid"].out, full["mid"].out)
+    report = trace.audit()
+    assert report, str(report)
+    by_op = tl.trace(model, x, halt=tl.func("split"))
+    assert by_op.halted and by_op.ops[-1].label == full["split_1"].label and ran == []
+    assert equal(tl.pluck(model, x, "stem"), full["stem"].out) and ran == []
+
+
+@pytest.mark.parametrize("halt", [tl.module("mid"), tl.func("linear"), tl.func("setitem"), tl.func("identity")],
+                         ids=["layer hook", "C op", "Tensor operator", "identity op in a layer hook"])
+def test_a_halt_leaves_nothing_installed(halt) -> None:
+    before = interception_state()
+    model = Stages()
+    x = paddle.randn([3, 4])
+    trace = tl.trace(model, x, halt=halt, save=halt)
+    assert trace.halted and trace.output is None and len(saved(trace)) == 1
+    assert interception_state() == before
+    assert_nothing_installed([model])
+    assert tl.trace(model, x).audit()  # and the next trace works as usual
+
+
+def test_lookback_keeps_the_ops_before_each_pick_detached() -> None:
+    paddle.seed(0)
+    model = Stages()
+    x = paddle.randn([3, 4])
+    full = tl.trace(model, x)
+    trace = tl.trace(model, x, save=tl.func("split"), lookback=2, lookback_payload_policy="detached_raw")
+    split = full["split_1"].index
+    window = [full.ops[split - 2].label, full.ops[split - 1].label]  # mid's linear and relu
+    assert saved(trace) == [*window, full["split_1"].label]
+    for label in window:
+        op = trace[label]
+        assert op.meta.get("lookback") and op.out.stop_gradient and equal(op.out, full[label].out)
+    assert trace.audit()
+
+
+def test_saved_traces_replay_uninitialized_values_they_dropped() -> None:
+    def fn(x):
+        u = paddle.empty([2, 3])  # whatever memory it got: replay needs the recorded value
+        v = u * 0 + x
+        u.uniform_()
+        return u * 1 + v
+
+    trace = tl.trace(fn, paddle.randn([2, 3]), save=tl.func("add"))
+    assert trace["empty_1"].out is None
+    report = trace.audit()
+    assert report, str(report)

@@ -8,7 +8,11 @@ from typing import Any
 import numpy as np
 import paddle
 
+from torchlens_core import tree
+
 Tensor = paddle.Tensor
+# The C method, as it was before any capture replaced it: detaching never records an op.
+_detach = getattr(Tensor.__dict__["detach"], "__wrapped__", Tensor.__dict__["detach"])
 
 _DTYPE_NAMES: dict[Any, str] = {}
 
@@ -61,3 +65,8 @@ def array_error(actual: Tensor, expected: Tensor) -> float:
         both_inf = np.isinf(e) & (a == e)
         diff = np.where(both_inf | nan_a, 0.0, np.abs(a - e) / (1 + np.abs(e)))
     return float(diff.max())
+
+
+def detach(value: Any) -> Any:
+    """``value`` (a tensor or a structure of them) cut from the autograd graph; the memory is shared."""
+    return tree.map_leaves(lambda v: _detach(v) if isinstance(v, Tensor) else v, value)

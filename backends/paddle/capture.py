@@ -12,6 +12,14 @@ Saved values are the values that ran: before an op writes into a tensor, every
 recorded value living in the same allocation (views included: a tensor's
 allocation is ``data_ptr() - _offset()``) is copied first, and a parameter or
 buffer written for the first time keeps its value from before the forward.
+
+``save=`` and ``halt=`` are applied by the TraceBuilder as ops arrive. The
+recorder's side tables name ops by index and hold no tensors (``producers``
+and the constant cache hold weak references, checked on every look-up), so a
+value the builder drops is really freed; ``op.out`` of an earlier op may be
+None at any time and is checked before it is read. A HaltCapture raised from a
+wrapper or a layer hook goes up through the model to the ``finally`` that takes
+every patch and hook down.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import math
 import os
 import sys
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -107,13 +116,18 @@ class Recorder:
         self.params = params
         self.depth = 0  # > 0 while a recorded call (or the recorder itself) runs
         self.thread = threading.get_ident()
-        # id(tensor) -> (tensor, op index, path in that op's output); the tensor is
-        # held, so that its id cannot be reused by another tensor during the capture.
-        self.producers: dict[int, tuple[Tensor, int, tuple[Any, ...]]] = {}
-        # allocation -> recorded (op index, path, tensor) living there, for copy-before-write
-        self.storages: dict[int, list[tuple[int, tuple[Any, ...], Tensor]]] = {}
-        self.versions: list[tuple[int, tuple[Any, ...], Tensor, int]] = []
-        self.constants: dict[int, tuple[Tensor, int, Tensor]] = {}
+        # id(tensor) -> (weakref, op index, path in that op's output). The weakref
+        # guards against a freed tensor's id being reused by another tensor.
+        self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
+        # allocation -> recorded (op index, path) living there, for copy-before-write. Entries
+        # name ops, not tensors: a value save= drops is then really freed (its entries are
+        # skipped, as op.out is None).
+        self.storages: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
+        # (op index, path, _inplace_version() when recorded), for the tripwire
+        self.versions: list[tuple[int, tuple[Any, ...], int]] = []
+        self.snapshots: set[tuple[int, tuple[Any, ...]]] = set()  # values already copied before a write
+        # id(tensor from outside the trace) -> (weakref, version, its copy)
+        self.constants: dict[int, tuple[weakref.ref[Tensor], int, Tensor]] = {}
         self.params_before_write: dict[str, Tensor] = {}
 
     # -- the hot path ------------------------------------------------------------------
@@ -170,8 +184,10 @@ class Recorder:
             meta["writes"] = tuple(written)
         if info.scratch:
             meta["scratch"] = info.scratch
-        if info.undefined:
-            meta["undefined"] = True  # uninitialized memory: replay gives back the recorded value
+        if info.undefined and isinstance(out, Tensor):
+            # uninitialized memory: replay gives back the value that ran, kept here (not only in
+            # op.out, which save= may drop)
+            meta["undefined"] = snapshot(out)
         op = self.builder.add_op(
             info.name, info.call, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
             device=device, params=tuple(dict.fromkeys(params)), random=info.random, in_place=bool(targets),
@@ -184,23 +200,39 @@ class Recorder:
         for t in targets:  # the written tensor is, from now on, this op's output
             if t is out or leaves is not None:
                 continue
-            self._produced(t, op.index, ())
+            self._produced(t, op.index, (), alias=True)
 
-    def _produced(self, t: Tensor, index: int, path: tuple[Any, ...]) -> None:
-        self.producers[id(t)] = (t, index, path)
+    def _produced(self, t: Tensor, index: int, path: tuple[Any, ...], alias: bool = False) -> None:
+        """Note that ``t`` is the value of op ``index`` at ``path``.
+
+        ``alias``: ``t`` is not itself in ``op.out`` (a tensor written by an op
+        that returned another object): it is looked up as that op's output, but
+        its version is not the recorded value's.
+        """
+        self.producers[id(t)] = (weakref.ref(t), index, path)
+        if not self.builder.ops[index].saved:  # dropped by save= already: nothing to protect
+            return
         key = _allocation(t)
         if key:
-            self.storages.setdefault(key, []).append((index, path, t))
-            self.versions.append((index, path, t, _version(t)))
+            self.storages.setdefault(key, []).append((index, path))
+            if not alias:
+                self.versions.append((index, path, _version(t)))
+
+    def producer(self, t: Tensor) -> tuple[int, tuple[Any, ...]] | None:
+        """(op index, path) of the recorded value ``t`` is, or None (the weakref guards against id reuse)."""
+        found = self.producers.get(id(t))
+        if found is None or found[0]() is not t:
+            return None
+        return found[1], found[2]
 
     def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
         if isinstance(x, Tensor):
             # A parameter written in place during the forward is, from then on,
             # the output of the op that wrote it: look producers up first.
-            found = self.producers.get(id(x))
-            if found is not None and found[0] is x:
-                parents.append(found[1])
-                return Ref(found[1], found[2])
+            found = self.producer(x)
+            if found is not None:
+                parents.append(found[0])
+                return Ref(*found)
             name = self.param_names.get(id(x))
             if name is not None:
                 params.append(name)
@@ -219,10 +251,10 @@ class Recorder:
         """A tensor from outside the trace: its value as it is now (one copy while unchanged)."""
         version = _version(x)
         cached = self.constants.get(id(x))
-        if cached is not None and cached[0] is x and cached[1] == version:
+        if cached is not None and cached[0]() is x and cached[1] == version:
             return cached[2]
         copy = snapshot(x)
-        self.constants[id(x)] = (x, version, copy)
+        self.constants[id(x)] = (weakref.ref(x), version, copy)
         return copy
 
     def _protect(self, target: Tensor) -> None:
@@ -242,9 +274,15 @@ class Recorder:
         if not entries:
             return
         ops = self.builder.ops
-        for index, path, t in entries:
+        snapshots = self.snapshots
+        for index, path in entries:
             op = ops[index]
-            op.out = _replace(op.out, path, snapshot(t))
+            if op.out is None or (index, path) in snapshots:  # dropped by save=, or copied already
+                continue
+            value = tree.get(op.out, path)
+            if isinstance(value, Tensor):
+                op.out = _replace(op.out, path, snapshot(value))
+            snapshots.add((index, path))
 
     # -- layer hooks ---------------------------------------------------------------------
     def pre_hook(self, path: str) -> Any:
@@ -286,9 +324,14 @@ class Recorder:
     def check_versions(self) -> None:
         """Flag any saved value changed in place after recording without a copy being made."""
         ops = self.builder.ops
-        for index, path, t, version in self.versions:
-            if tree.get(ops[index].out, path) is t and _version(t) != version:
-                ops[index].meta["mutated_after_recording"] = True
+        snapshots = self.snapshots
+        for index, path, version in self.versions:
+            op = ops[index]
+            if op.out is None or (index, path) in snapshots:  # dropped by save=, or copied before the write
+                continue
+            value = tree.get(op.out, path)
+            if isinstance(value, Tensor) and _version(value) != version:
+                op.meta["mutated_after_recording"] = True
 
 
 def _refuse_unsupported(model: Any, layers: list[tuple[str, Any]]) -> None:
@@ -380,7 +423,7 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
     _declare(builder, layers, param_names, params)
     recorder = Recorder(builder, param_names, params)
     for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
-        if id(leaf) not in recorder.producers and id(leaf) not in param_names:
+        if recorder.producer(leaf) is None and id(leaf) not in param_names:
             op = builder.add_input(leaf, shape=tuple(leaf.shape), dtype=dtype_name(leaf.dtype),
                                    device=device_name(leaf.place))
             recorder._produced(leaf, op.index, ())

@@ -36,8 +36,11 @@ class PaddleBackend(Backend):
         # "in_place": in-place ops are recorded and saved values copied before a write.
         # "random": random ops record the RNG state and replay exactly.
         # "control_flow": the forward runs eagerly; branches and loops are recorded as they ran.
+        # "save": side tables name ops by index, never hold tensors: a value save= drops is freed.
+        # "halt": HaltCapture goes through the wrappers and hooks; the same finally takes them down.
         return BackendInfo(name=self.name, framework=_distribution(), install="pip install 'torchlens[paddle]'",
-                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow"}))
+                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
+                                                   "save", "halt"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         paddle = sys.modules.get("paddle")
@@ -73,6 +76,11 @@ class PaddleBackend(Backend):
         from torchlens_paddle.arrays import to_numpy
 
         return to_numpy(value)
+
+    def detach(self, value: Any) -> Any:
+        from torchlens_paddle.arrays import detach
+
+        return detach(value)
 
     def array_error(self, actual: Any, expected: Any) -> float:
         from torchlens_paddle.arrays import array_error

@@ -30,8 +30,8 @@ def _copy_tensors(value: Any) -> Any:
 
 
 def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if op.meta.get("undefined"):  # paddle.empty: its value is whatever memory it got, as recorded
-        return _copy_tensors(op.out)
+    if "undefined" in op.meta:  # paddle.empty: its value is whatever memory it got, as recorded
+        return _copy_tensors(op.meta["undefined"])
     writes = op.meta.get("writes", ())
     if writes:
         args, kwargs = list(args), dict(kwargs)
