@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 
 import pytest
 
@@ -301,6 +303,10 @@ def test_embeddings_random_generators_and_legacy_random_ops_replay() -> None:
     assert skip.params == ("gen.state",) and skip.in_place and len(skip.out) == 2
     assert next(op for op in draws if op.meta["op_type"] == "RandomUniform").meta["replayed_from_record"]
     assert trace.audit()
+    part = tl.trace(fn, tf.constant([0, 3, 3]), save=tl.label(trace.ops[-2].label))
+    legacy = next(op for op in part.ops if op.meta.get("op_type") == "RandomUniform")
+    assert legacy.out is None and "recorded_value" in legacy.meta  # dropped, but replay still has its value
+    assert part.audit()
 
 
 def test_train_mode_dropout_replays_exactly() -> None:
@@ -432,3 +438,163 @@ def test_auto_routing_claims_keras_tf_modules_functions_and_tensors(mlp: keras.M
     info = {b["name"]: b for b in tl.backends()}["tf"]
     assert info["aliases"] == ["tensorflow"] and info["available"]
     assert {"modules", "functions", "control_flow", "random"} <= set(info["capabilities"])
+
+
+# -- save= and halt= ---------------------------------------------------------------------
+class Probe(keras.layers.Layer):
+    """relu(x) * 2; each call leaves a weakref to what it returned."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.calls: list[weakref.ref] = []
+
+    def call(self, x):
+        y = tf.nn.relu(x) * 2.0
+        self.calls.append(weakref.ref(y))
+        return y
+
+
+def _probed() -> tuple[keras.Model, tf.Tensor]:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, name="fc1"), Probe(name="probe"),
+                              keras.layers.Dense(4, name="fc2")], name="probed")
+    x = _normal(2, 8)
+    model(x)
+    return model, x
+
+
+def _saved(trace: tl.Trace) -> list[str]:
+    return [op.label for op in trace.ops if op.kind == "op" and op.out is not None]
+
+
+def test_save_keeps_only_the_selected_values_and_every_record() -> None:
+    model, x = _probed()
+    probe = model.get_layer("probe")
+    full = tl.trace(model, x)
+    probe.calls.clear()
+    part = tl.trace(model, x, save=tl.module("fc1"))
+    assert [op.label for op in part.ops] == [op.label for op in full.ops]
+    assert [op.parents for op in part.ops] == [op.parents for op in full.ops]
+    assert _saved(part) == [full["fc1"].label]
+    np.testing.assert_array_equal(part["fc1"].out, full["fc1"].out)
+    dropped = part["probe"]
+    assert dropped.out is None and not dropped.saved and dropped.shape == full["probe"].shape
+    assert probe.calls[0]() is None  # nothing of TorchLens held the dropped value: it was freed
+    np.testing.assert_array_equal(part.output, model(x))
+    assert part.audit()
+    relus = tl.trace(model, x, save=tl.func("relu"))
+    assert [relus[label].func_name for label in _saved(relus)] == ["relu"]
+    info = {b["name"]: b for b in tl.backends()}["tf"]
+    assert {"save", "halt"} <= set(info["capabilities"])
+
+
+class Overwrite(tf.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.v = tf.Variable(tf.zeros((32, 32)))
+
+    def __call__(self, x):
+        y = x
+        for k in range(10):
+            self.v.assign(x * float(k))  # the variable takes a new buffer; the one before is freed
+            c = tf.constant([[float(k)] * 32] * 32)  # not an op's output: may land on that freed buffer
+            y = y * c + y * self.v  # the read happens in the C++ fast path: recognised by its buffer
+        return y
+
+
+def _loop(x):
+    for _ in range(30):
+        x = tf.nn.relu(x * 1.5 - 0.1)  # every intermediate is freed as soon as the next exists
+    return x
+
+
+@pytest.mark.parametrize("make", [lambda: (_loop, _normal(64, 64)), lambda: (Overwrite(), _normal(32, 32))],
+                         ids=["temporaries", "variable_buffers"])
+def test_freed_values_are_never_taken_for_new_ones(make) -> None:
+    # With save=, dropped values are freed during the forward: a new tensor can get a freed tensor's
+    # id, or a freed variable buffer's address. Neither may be mistaken for the value that had it.
+    fn, x = make()
+    full = tl.trace(fn, x)
+    part = tl.trace(fn, x, save=tl.label(full.ops[-2].label))
+    assert [op.parents for op in part.ops] == [op.parents for op in full.ops]
+    assert [op.params for op in part.ops] == [op.params for op in full.ops]
+    assert _saved(part) == [full.ops[-2].label]
+    if isinstance(fn, Overwrite):
+        assert sum("implicit_variable_reads" in op.meta for op in part.ops) == 10
+    assert part.audit()
+
+
+def test_halt_stops_before_later_layers_run() -> None:
+    model, x = _probed()
+    probe = model.get_layer("probe")
+    full = tl.trace(model, x)
+    probe.calls.clear()
+    trace = tl.trace(model, x, save=tl.module("fc1"), halt=tl.module("fc1"))
+    assert trace.halted and trace.output is None and "halted" in trace.notes
+    assert probe.calls == [] and trace.modules["probe"].num_passes == 0  # nothing after fc1 ran
+    assert trace.ops[-1].label == full["fc1"].label and _saved(trace) == [full["fc1"].label]
+    np.testing.assert_array_equal(trace["fc1"].out, full["fc1"].out)
+    assert trace.audit()
+    # halted from the op callback, inside a layer: the rest of that layer's call never ran either
+    first = tl.trace(model, x, halt=tl.func("relu"))
+    assert first.halted and first.ops[-1].func_name == "relu" and probe.calls == []
+    assert first.modules["probe"].num_passes == 1 and first.audit()
+    np.testing.assert_array_equal(tl.pluck(model, x, "fc1"), full["fc1"].out)
+    probe.calls.clear()
+    last = tl.trace(model, x, save=tl.module("fc2"), halt=tl.module("fc2"))
+    assert last.halted and _saved(last) == [full["fc2"].label] and last["probe"].out is None
+    gc.collect()  # the halt's traceback (pluggy keeps it in a cycle) held the forward's frames until now
+    assert probe.calls[0]() is None  # and nothing of the tf backend holds the dropped value
+
+
+@tf.function
+def _scaled_relu(h):
+    return tf.nn.relu(h) * 3.0
+
+
+class Block(keras.layers.Layer):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.inner = keras.layers.Dense(4, name="inner")
+
+    def call(self, x):
+        return _scaled_relu(self.inner(x))
+
+
+class Nest(keras.Model):
+    def __init__(self, swallow: bool = False) -> None:
+        super().__init__()
+        self.block = Block(name="block")
+        self.head = keras.layers.Dense(2, name="head")
+        self.swallow = swallow
+
+    def call(self, x):
+        if not self.swallow:
+            return self.head(self.block(x))
+        try:
+            h = self.block(x)
+        except BaseException:  # noqa: BLE001 - a model that swallows everything, halts included
+            h = x[:, :4]
+        return self.head(tf.nn.relu(h))
+
+
+@pytest.mark.parametrize("swallow", [False, True], ids=["propagated", "swallowed"])
+@pytest.mark.parametrize("halt", ["relu", "block.inner", "block"])
+def test_halt_leaves_nothing_installed(halt: str, swallow: bool) -> None:
+    # HaltCapture is raised from the op callback (relu, inside a tf.function running eagerly inside a
+    # layer) or from the Layer.__call__ wrapper (when a layer's call returns).
+    keras.utils.set_random_seed(0)
+    model = Nest(swallow)
+    x = _normal(2, 6)
+    model(x)
+    before = _interception_state()
+    selector = tl.func(halt) if halt == "relu" else tl.module(halt)
+    trace = tl.trace(model, x, halt=selector)
+    assert _interception_state() == before
+    assert trace.halted and trace.output is None
+    assert trace.modules["head"].num_passes == 0  # nothing recorded after the halt, swallowed or not
+    assert sum(op.func_name == "relu" for op in trace.ops) == 1 - (halt == "block.inner")
+    ran = [] if halt == "block.inner" else ["_scaled_relu"]  # a halted trace has its notes too
+    assert trace.notes.get("tf_functions_run_eagerly", []) == ran
+    assert trace.audit()
+    assert tl.trace(model, x).audit()  # and the next capture works

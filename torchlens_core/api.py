@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import gc
-import re
 from typing import Any
 
 from torchlens_core.builder import Recording
 from torchlens_core.errors import CaptureError, UnsupportedError
 from torchlens_core.plugins import backends, claim_backend, hook, resolve_backend
 from torchlens_core.policy import CaptureOptions, HaltCapture
-from torchlens_core.selectors import Selector
+from torchlens_core.selectors import Selector, key_selector
 from torchlens_core.trace import Trace
 
 __all__ = ["backends", "pluck", "record", "trace"]
@@ -70,6 +69,9 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
         result = hook().torchlens_capture(backend=info.name, target=model, args=args, kwargs=kwargs,
                                           options=options)
     except HaltCapture as halt_signal:  # the backend has already taken its interception down
+        # pluggy's frame holds the exception while its traceback holds that frame: a cycle that
+        # would keep the model's frames, and the values they held, alive until the cyclic GC.
+        halt_signal.__traceback__ = None
         result = halt_signal.builder.finish(halted=True)
     finally:
         if gc_was_enabled:
@@ -77,9 +79,6 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
     if result is None:
         raise CaptureError(f"backend {info.name!r} registered no capture hook")
     return result
-
-
-_LABEL_FORM = re.compile(r"[A-Za-z_]\w*_\d+(_\d+)?(:\d+)?")
 
 
 def pluck(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) -> Any:
@@ -93,8 +92,6 @@ def pluck(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) -> 
     if not args or not isinstance(args[-1], str):
         raise TypeError("tl.pluck(model, *inputs, key): the last positional argument names what to pluck")
     *inputs, key = args
-    from torchlens_core.selectors import label, module
-
-    selector = label(key) if _LABEL_FORM.fullmatch(key) else module(key)
+    selector = key_selector(key)
     captured = trace(model, *inputs, backend=backend, save=selector, halt=selector, **kwargs)
     return captured[key].out

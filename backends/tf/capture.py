@@ -7,6 +7,13 @@ Keras runs inside layers included. Each becomes an op record whose ``call`` is
 again. An input tensor that an earlier op (or the caller) produced is a
 ``Ref``; anything else is a constant, kept as the (immutable) tensor it was.
 
+save= and halt=. The builder drops the values save= does not select, and
+capture holds no recorded tensor itself, so a dropped value is freed during
+the forward: producers are matched by id() and checked with a weakref, and
+nothing here reads ``op.out`` after ``add_op``. halt= raises HaltCapture from
+``add_op`` (in the op callback) or ``exit_module`` (in the layer wrapper); it
+propagates to tl.trace, and nothing is recorded after it.
+
 Variables. An op that takes a variable's resource handle reads the
 variable's *state*: a ``ParamRef`` to the variable's value before the forward,
 or, once an op of the forward has written the variable, a ``Ref`` to that
@@ -26,7 +33,8 @@ notes list them. A graph function that cannot run eagerly (a concrete
 function, a SavedModel signature) is refused.
 
 Everything installed (the callback, the layer wrapper, the tf.function
-switch and its listener) is removed in a ``finally``.
+switch and its listener) is removed in a ``finally``, whatever ends the
+forward (a halt included).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import ctypes
 import os
 import re
 import sys
+import weakref
 from typing import Any
 
 import attrs
@@ -47,7 +56,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 from torchlens_core import tree
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
-from torchlens_core.policy import CaptureOptions
+from torchlens_core.policy import CaptureOptions, HaltCapture
 from torchlens_core.records import ParamRecord, ParamRef, Ref
 from torchlens_core.trace import Trace
 from torchlens_tf.arrays import device_name
@@ -232,10 +241,15 @@ def _handle_name(handle: Any) -> str:
 
 
 class _VarState:
-    __slots__ = ("info", "state", "dtype")
+    """One variable during the capture: its handle (held, so that its id stays its own), the
+    template of its current state, and where its current value lives (for reads TensorFlow does
+    not report)."""
 
-    def __init__(self, info: VarInfo | None, state: Any, dtype: Any) -> None:
-        self.info, self.state, self.dtype = info, state, dtype
+    __slots__ = ("info", "state", "dtype", "handle", "address")
+
+    def __init__(self, info: VarInfo | None, state: Any, dtype: Any, handle: Any) -> None:
+        self.info, self.state, self.dtype, self.handle = info, state, dtype, handle
+        self.address: int | None = None
 
 
 class Recorder:
@@ -243,9 +257,10 @@ class Recorder:
 
     def __init__(self, builder: TraceBuilder, view: ModelView) -> None:
         self.builder = builder
-        # id(tensor) -> Ref to the op output it is. Every such tensor is held by
-        # its op record until the capture ends, so its id cannot be reused.
-        self.producers: dict[int, Ref] = {}
+        # id(tensor) -> (weakref to it, Ref to the op output it is). Nothing here
+        # holds the tensor (save= may drop it, and it is then freed); the weakref
+        # tells a live entry from a freed tensor whose id a new tensor has taken.
+        self.producers: dict[int, tuple[weakref.ref[Any], Ref]] = {}
         # id(resource handle) -> what is known of that variable, and its current state template.
         self.vars: dict[int, _VarState] = {}
         self.busy = False
@@ -255,27 +270,52 @@ class Recorder:
         self.internal_dirs = _internal_dirs()
         self.untracked: list[str] = []
         self.other_resources: dict[int, Any] = {}  # resource handles that are not variables, held
-        self.held: list[Any] = []  # handles of variables created during the forward
-        # Variable values by buffer: a tf.Variable handed straight to an op is
-        # read inside TensorFlow's C++ fast path, which runs no callback for the
-        # read; the op's input then shares the variable's buffer. buffer address
-        # -> (state template, variable name), for the (shape, dtype)s in var_keys.
-        self.buffers: dict[int, tuple[Any, str]] = {}
+        # Variables by the buffer of their current value: a tf.Variable handed
+        # straight to an op is read inside TensorFlow's C++ fast path, which runs
+        # no callback for the read; the op's input then shares the variable's
+        # buffer. buffer address -> variable, for the (shape, dtype)s in var_keys.
+        # Each variable has one entry, moved at each write (the variable holds
+        # that buffer until then), and a match is checked against the variable's
+        # buffer as it is now: an address is never trusted after it may be freed.
+        self.buffers: dict[int, _VarState] = {}
         self.var_keys: set[tuple[tuple[int, ...], Any]] = set()
         for v in view.variables:
-            self.vars[id(v.variable.handle)] = _VarState(v, ParamRef(v.name), v.variable.dtype)
-            self._remember_buffer(builder.params[v.name].value, ParamRef(v.name), v.name)
+            var = self.vars[id(v.variable.handle)] = _VarState(v, ParamRef(v.name), v.variable.dtype,
+                                                               v.variable.handle)
+            self._remember_buffer(var, builder.params[v.name].value)
 
-    def _remember_buffer(self, value: Any, state: Any, name: str) -> None:
-        address = _buffer_address(value)
+    def _remember_buffer(self, var: _VarState, value: Any) -> None:
+        """``value`` (which shares the variable's buffer) is the variable's value from now on."""
+        if var.address is not None and self.buffers.get(var.address) is var:
+            del self.buffers[var.address]
+        var.address = address = _buffer_address(value)
         if address is not None:
-            self.buffers[address] = (state, name)
+            self.buffers[address] = var
             self.var_keys.add((value._shape_tuple(), value.dtype))
+
+    def _implicit_read(self, t: Any) -> _VarState | None:
+        """The variable whose current value ``t`` is, read where no callback saw it; or None."""
+        address = _buffer_address(t)
+        var = self.buffers.get(address)  # type: ignore[arg-type]
+        if var is None or var.info is None:
+            return None
+        now = gen_resource_variable_ops.read_variable_op(var.handle, var.dtype)  # not recorded: busy
+        return var if _buffer_address(now) == address else None
+
+    def _produced(self, t: Any, ref: Ref) -> None:
+        self.producers[id(t)] = (weakref.ref(t), ref)
+
+    def producer(self, t: Any) -> Ref | None:
+        """The Ref of the op output ``t`` is, if a recorded op (or the caller) produced it."""
+        found = self.producers.get(id(t))
+        if found is not None and found[0]() is t:
+            return found[1]
+        return None
 
     # -- the hot path ------------------------------------------------------------------
     def __call__(self, op_type: Any, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None,
                  graph: Any = None) -> None:
-        if self.busy:  # ops the recorder itself runs
+        if self.busy or self.error is not None:  # ops the recorder itself runs; after a halt or refusal
             return None
         if graph is not None:  # graph construction: a function traced during the forward
             self.graph_ops += 1
@@ -295,20 +335,21 @@ class Recorder:
         info = _OP_INFO.get(op_type) or _op_info(op_type)
         if info.skip:
             if op_type == "VarHandleOp" and outputs:  # a variable created during the forward
-                self.vars[id(outputs[0])] = _VarState(None, None, None)
-                self.held.append(outputs[0])  # so that its id stays its own
+                self.vars[id(outputs[0])] = _VarState(None, None, None, outputs[0])  # held: its id stays its own
                 self.builder.notes.setdefault("variables_created", 0)
                 self.builder.notes["variables_created"] += 1
             return
         producers = self.producers
+        var_keys = self.var_keys
         parents: list[int] = []
         params: list[str] = []
         args: list[Any] = []
         var_args: list[tuple[int, _VarState]] = []
         implicit: list[str] = []
         for i, t in enumerate(inputs):
-            ref = producers.get(id(t))
-            if ref is not None:
+            found = producers.get(id(t))
+            if found is not None and found[0]() is t:
+                ref = found[1]
                 parents.append(ref.index)
                 args.append(ref)
                 continue
@@ -327,15 +368,15 @@ class Recorder:
                     var_args.append((i, var))
                     args.append(state)
                     continue
-            if self.var_keys and (t._shape_tuple(), t.dtype) in self.var_keys:
-                found = self.buffers.get(_buffer_address(t))  # type: ignore[arg-type]
-                if found is not None:  # a variable read inside the C++ fast path, unseen
-                    state, name = found
+            if var_keys and (t._shape_tuple(), t.dtype) in var_keys:
+                var = self._implicit_read(t)
+                if var is not None:  # a variable read inside the C++ fast path, unseen
+                    state = var.state
                     if isinstance(state, ParamRef):
                         params.append(state.name)
                     else:
                         parents.append(state.index)
-                    implicit.append(name)
+                    implicit.append(var.info.name)  # type: ignore[union-attr]
                     args.append(state)
                     continue
             args.append(t)  # a constant: tensors are immutable, so this is its value as it ran
@@ -365,6 +406,8 @@ class Recorder:
             meta["random"] = True
         if kind == "recorded":
             meta["replayed_from_record"] = True
+            # Replay returns this value: it is part of the call, kept even when save= drops op.out.
+            meta["recorded_value"] = out
         if var_args:
             meta["variables"] = [v.info.name if v.info else "" for _, v in var_args]
         if implicit:
@@ -374,19 +417,20 @@ class Recorder:
             info.func_name, call, tuple(args), {}, tuple(dict.fromkeys(parents)), out,
             shape=shape, dtype=dtype, device=device, params=tuple(dict.fromkeys(params)), random=info.random,
             in_place=bool(writes), code_site=_code_site(self.internal_dirs), meta=meta)
+        # From here on, nothing reads op.out: save= may already have dropped it.
         index = op.index
         if len(values) == 1:
             if n_out:
-                producers[id(out)] = Ref(index)
+                self._produced(out, Ref(index))
         else:
             for k in range(n_out):
-                producers[id(values[k])] = Ref(index, (k,))
+                self._produced(values[k], Ref(index, (k,)))
         k = n_out
         for i, var in var_args:
             if i in writes:
                 var.state = Ref(index) if len(values) == 1 else Ref(index, (k,))
                 if var.info is not None:
-                    self._remember_buffer(values[k], var.state, var.info.name)
+                    self._remember_buffer(var, values[k])
                 k += 1
 
     def _read_state(self, var: _VarState, handle: Any) -> Any:
@@ -431,28 +475,46 @@ class Recorder:
                                            numel=int(np.prod(shape, dtype=np.int64)), trainable=False,
                                            module="", is_buffer=True, value=value))
         self.untracked.append(name)
-        var = self.vars[id(handle)] = _VarState(VarInfo(name, None, "", False, True), ParamRef(name), dtype)
-        self._remember_buffer(value, ParamRef(name), name)
+        var = self.vars[id(handle)] = _VarState(VarInfo(name, None, "", False, True), ParamRef(name), dtype,
+                                                handle)
+        self._remember_buffer(var, value)
         return var
 
     # -- layer calls ----------------------------------------------------------------------
+    # After a halt (or a refusal) nothing more is recorded: the passes still open
+    # stay open, as when torch's forward hooks never run. Closing a pass may
+    # itself halt the capture (HaltCapture from exit_module), which then
+    # propagates through the layers' calls.
     def enter(self, path: str) -> None:
-        self.builder.enter_module(path)
+        if self.error is None:
+            self.builder.enter_module(path)
 
     def failed(self, path: str) -> None:
         """A layer call raised (and its caller may go on): close its pass, with no output."""
-        if any(p == path for p, _ in self.builder.module_stack):
-            self.builder.exit_module(path, None)
+        if self.error is None and any(p == path for p, _ in self.builder.module_stack):
+            self._exit(path, None)
 
     def leave(self, path: str, output: Any) -> None:
+        if self.error is not None:
+            return
         builder = self.builder
         current = next((p for p in reversed(builder.module_stack) if p[0] == path), None)
         self.busy = True  # reading values below must not record ops
         try:
             template = tree.map_leaves(lambda v: self.as_output(v, current), output)
+        except HaltCapture as exc:  # an identity op standing for a returned value completed halt=
+            self.error = exc
+            raise
         finally:
             self.busy = False
-        builder.exit_module(path, template)
+        self._exit(path, template)
+
+    def _exit(self, path: str, template: Any) -> None:
+        try:
+            self.builder.exit_module(path, template)
+        except HaltCapture as exc:
+            self.error = exc
+            raise
 
     def as_output(self, value: Any, inside: tuple[str, int] | None) -> Any:
         """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model)."""
@@ -467,7 +529,7 @@ class Recorder:
             value = current
         if not _is_eager_tensor(value):
             return value
-        ref = self.producers.get(id(value))
+        ref = self.producer(value)
         if ref is not None and (inside is None or inside in self.builder.ops[ref.index].module_passes):
             return ref
         # Returned, not computed, here (an input passed through, a constant, a
@@ -475,7 +537,7 @@ class Recorder:
         source: Any = ref if ref is not None else value
         shape, dtype, device = _info(value)
         op = self.builder.identity_op(source, value, shape=shape, dtype=dtype, device=device)
-        self.producers[id(value)] = Ref(op.index)  # later readers read what the layer returned
+        self._produced(value, Ref(op.index))  # later readers read what the layer returned
         return Ref(op.index)
 
 
@@ -600,6 +662,19 @@ def _inputs_as_tensors(args: Any, convert: bool) -> Any:
     return tree.map_leaves(lambda v: tf.convert_to_tensor(v) if isinstance(v, np.ndarray) else v, args)
 
 
+def _add_notes(builder: TraceBuilder, recorder: Recorder) -> None:
+    notes = builder.notes
+    functions = list(dict.fromkeys(recorder.tf_functions))
+    if functions:
+        notes["tf_function"] = ("run eagerly for the capture (tf.config.run_functions_eagerly(True), restored "
+                                "afterwards): their ops are recorded one by one")
+        notes["tf_functions_run_eagerly"] = functions
+    if recorder.graph_ops:
+        notes["graph_ops_not_recorded"] = recorder.graph_ops
+    if recorder.untracked:
+        notes["untracked_variables"] = list(recorder.untracked)
+
+
 def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     """Run ``target(*args, **kwargs)`` once, eagerly, under the recorder; return its Trace."""
     _refuse(target)
@@ -622,6 +697,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
 
     _add_argument_variables(view, args, kwargs)
     builder = TraceBuilder("tf", model_name=view.type_name, options=options)
+    builder.notes.update(notes)
     _declare(builder, view)
     recorder = Recorder(builder, view)
     for path, leaf in tree.leaves((args, kwargs), _is_leaf):
@@ -631,15 +707,20 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
             where = ("args" if path[0] == 0 else "kwargs") + "".join(f"[{k!r}]" for k in path[1:])
             raise UnsupportedError(f"input {where} is a symbolic tensor ({type(leaf).__name__}); tl.trace runs "
                                    f"the model eagerly and needs concrete tensors (tf.constant, NumPy arrays)")
-        if id(leaf) in recorder.producers:
+        if recorder.producer(leaf) is not None:
             continue  # the same tensor passed twice is one input
         op = builder.add_input(leaf, *_info(leaf))
-        recorder.producers[id(leaf)] = Ref(op.index)
+        recorder._produced(leaf, Ref(op.index))
 
+    # Everything installed below is removed in the finally, whatever ends the
+    # forward: its return, an exception, a KeyboardInterrupt, a refusal or
+    # halt= (HaltCapture, raised from the op callback or a layer call, which
+    # propagates to tl.trace: it finishes the trace from the builder).
     layer_calls = LayerCalls(view.paths, recorder.enter, recorder.leave, recorder.failed)
     listener = _TFFunctionListener(recorder.tf_functions)
     eager_before = tf.config.functions_run_eagerly()
     installed = False
+    error: BaseException | None = None
     try:
         layer_calls.install()
         listener.install()
@@ -651,29 +732,26 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         except BaseException as exc:
             # A refusal raised inside the callback may reach here wrapped (a
             # concrete function re-raises TypeErrors as its own): raise it as it was.
-            if recorder.error is not None and recorder.error is not exc:
-                raise recorder.error from exc
+            error = recorder.error
+            if error is not None and error is not exc:
+                raise error from exc
             raise
+        error = recorder.error
+        if error is not None:  # raised inside the callback (or a halt) and swallowed by the model
+            raise error
     finally:
+        # The exception on its way out holds this frame (and the recorder's) in its
+        # traceback: holding it here too would make a cycle that keeps every value
+        # those frames saw, dropped ones included, alive until the cyclic GC runs.
+        error = recorder.error = None
         if installed:
             op_callbacks.remove_op_callback(recorder)
         tf.config.run_functions_eagerly(eager_before)
         listener.restore()
         layer_calls.restore()
-    if recorder.error is not None:  # raised inside the callback and swallowed by the model
-        raise recorder.error
+        _add_notes(builder, recorder)  # a halted trace has them too
 
     recorder.busy = True
     template = tree.map_leaves(lambda v: recorder.as_output(v, None), output)
     builder.add_outputs(template, output)
-    functions = list(dict.fromkeys(recorder.tf_functions))
-    if functions:
-        notes["tf_function"] = ("run eagerly for the capture (tf.config.run_functions_eagerly(True), restored "
-                                "afterwards): their ops are recorded one by one")
-        notes["tf_functions_run_eagerly"] = functions
-    if recorder.graph_ops:
-        notes["graph_ops_not_recorded"] = recorder.graph_ops
-    if recorder.untracked:
-        notes["untracked_variables"] = list(recorder.untracked)
-    builder.notes.update(notes)
     return builder.finish()

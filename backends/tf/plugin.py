@@ -32,10 +32,12 @@ class TFBackend(Backend):
         # "modules": Keras layers by path and pass. "control_flow": eager Python control flow, as it ran.
         # "in_place": variable writes are recorded as ops; tensors are immutable, so saved values stay as
         # they ran. "random": stateless and tf.random.Generator ops replay exactly; legacy stateful random
-        # ops (tf.random.normal) replay their recorded values.
+        # ops (tf.random.normal) replay their recorded values. "save"/"halt": capture holds no tensor the
+        # builder dropped, and a halt (from the op callback or a layer call) leaves nothing installed.
         return BackendInfo(name=self.name, framework=_distribution(), install="pip install 'torchlens[tf]'",
                            aliases=("tensorflow",),
-                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow"}))
+                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
+                                                   "save", "halt"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         tf = sys.modules.get("tensorflow")

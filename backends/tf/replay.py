@@ -38,7 +38,7 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if kind == "read":
         return args[0]
     if kind == "recorded":
-        return op.out
+        return op.meta.get("recorded_value", op.out)
     if call.op_type == "AssignVariableOp":  # the new state is the value assigned
         return args[1]
     inputs = list(args)
