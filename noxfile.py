@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
 import nox
 
 nox.options.default_venv_backend = "virtualenv"  # pip-based: takes wheels from the local cache
-nox.options.sessions = ["lint", "core", "torch", "jax", "tf", "paddle"]
+nox.options.sessions = ["lint", "core", "torch", "jax", "tf", "paddle", "tinygrad"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = "3.11"
@@ -56,6 +58,16 @@ def paddle(session: nox.Session) -> None:
     session.install("-e", ".[paddle,test]")
     session.run("pytest", "tests", "-q", *session.posargs)
     session.run("pytest", "conformance", "--backend", "paddle", "-q")
+
+
+@nox.session(python=PYTHON)
+def tinygrad(session: nox.Session) -> None:
+    """tinygrad backend tests and the tinygrad conformance zoo (its CPU device compiles with clang)."""
+    if shutil.which("clang") is None:
+        session.error("tinygrad's CPU device compiles kernels with clang: apt-get install -y clang")
+    session.install("-e", ".[tinygrad,test]")
+    session.run("pytest", "tests", "-q", *session.posargs)
+    session.run("pytest", "conformance", "--backend", "tinygrad", "-q")
 
 
 @nox.session(python=PYTHON)

@@ -81,8 +81,8 @@ def measure(backend: str, build: Callable[[], Built], repeats: int) -> dict[str,
 
 
 def _block(value: Any) -> None:
-    """Wait for asynchronous frameworks (JAX) to finish before the clock stops."""
-    ready = getattr(value, "block_until_ready", None)
+    """Wait for asynchronous (JAX) and lazy (tinygrad) frameworks to finish before the clock stops."""
+    ready = getattr(value, "block_until_ready", None) or getattr(value, "realize", None)
     if ready is not None:
         ready()
 

@@ -1,0 +1,1 @@
+"""The tinygrad backend: every Tensor method wrapped for one capture, layers by attribute path."""

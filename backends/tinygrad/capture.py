@@ -1,0 +1,528 @@
+"""Capturing a tinygrad forward.
+
+tinygrad has no dispatch hook: every op is a ``Tensor`` method (``matmul``,
+``conv2d``, ``relu``, ``__add__``, ``reshape``, the ``Tensor.rand`` family...),
+and most methods are written in terms of other methods. For the length of one
+capture every function, staticmethod and classmethod of ``Tensor`` is wrapped:
+inside tinygrad's own metadata wrapper where there is one (so that references
+taken before capture, ``Tensor.relu`` in a layer list, are seen too), on the
+class otherwise. A depth counter makes an op of each outermost call only: a
+Tensor method called from inside a recorded method belongs to that op, so
+``x.linear(w.T, b)`` is one ``linear`` (not the ~100 helper calls it makes)
+and ``Tensor.relu`` stays ``relu`` rather than the compare-and-where it lowers to.
+
+Each op's output is realized as soon as the op returns, so that its value is
+there to keep: capture runs one kernel schedule per op instead of letting
+tinygrad fuse the whole forward, which costs time and can move results by a
+rounding error (docs/backend-tinygrad.md has the numbers).
+
+Saved values are the values that ran. tinygrad writes in place through
+``Tensor.assign``, ``__setitem__`` and ``+=`` and friends, into a buffer that
+views share; before such a write, every recorded value reading the written
+buffer (or being the written Tensor object) is replaced by a copy of its own,
+and other live views of a buffer capture realized get copies too, so that the
+forward computes what a plain lazy run computes (see ``Recorder._protect``).
+
+Layers (``tinygrad.nn`` or the user's: any attribute with a ``__call__``) get
+module passes through temporary class-level ``__call__`` wrappers, see
+:mod:`torchlens_tinygrad.modules`. Everything is put back in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import threading
+import types
+import weakref
+from typing import Any
+
+import numpy as np
+from tinygrad import Tensor
+from tinygrad.helpers import TRAINING
+
+from torchlens_core import tree
+from torchlens_core.builder import TraceBuilder
+from torchlens_core.errors import UnsupportedError
+from torchlens_core.records import ParamRecord, ParamRef, Ref
+from torchlens_core.trace import Trace
+from torchlens_tinygrad.arrays import (
+    buffer_key,
+    device_name,
+    dtype_name,
+    isolate_views,
+    realize,
+    settle_readers,
+    shape_of,
+    snapshot,
+)
+from torchlens_tinygrad.modules import model_object, named_layers, named_tensors, wrapped_layers
+
+# Never wrapped: object lifecycle, what Python calls implicitly, and methods
+# that call the user's code (``sequential`` runs layers, which must stay visible).
+_NEVER = frozenset({
+    "__init__", "__new__", "__del__", "__repr__", "__str__", "__hash__", "__bool__", "__len__",
+    "__format__", "__sizeof__", "__reduce__", "__reduce_ex__", "__getattribute__", "__getattr__",
+    "__setattr__", "__delattr__", "__dir__", "__init_subclass__", "__subclasshook__", "__class_getitem__",
+    "sequential",
+})
+# Wrapped (so that what they call inside is not recorded) but never ops: they
+# return plain data, change no value, or belong to autograd and scheduling.
+_OPAQUE = frozenset({
+    "realize", "is_param_", "callify", "schedule_linear", "linear_with_vars", "backward", "gradient",
+    "manual_seed", "_next_counter", "numpy", "tolist", "item", "data", "_data", "_buffer", "as_param",
+})
+_INPLACE_DUNDERS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "ipow", "iand", "ior", "ixor",
+                              "ilshift", "irshift", "imatmul"})
+_INPLACE = frozenset({"assign", "__setitem__", "replace", "to_", "shard_"})
+_RENAMED = {"truediv": "div", "rtruediv": "rdiv", "radd": "add", "rmul": "mul",
+            "rand": "and", "ror": "or", "rxor": "xor", "invert": "bitwise_not"}
+_RANDOM = frozenset({
+    "rand", "randn", "randint", "normal", "uniform", "scaled_uniform", "glorot_uniform", "kaiming_uniform",
+    "kaiming_normal", "randperm", "multinomial", "dropout", "rand_like", "randn_like",
+    "scaled_dot_product_attention",  # random when dropout_p > 0
+})
+
+# Factories whose output is whatever the memory held: replay reuses the recorded bytes.
+_UNINITIALIZED = frozenset({"empty", "empty_like"})
+
+
+class OpSpec:
+    """What capture needs to know about one Tensor method, worked out once."""
+
+    __slots__ = ("name", "func_name", "in_place", "random", "opaque", "uninitialized")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.in_place = name in _INPLACE
+        if name.startswith("__") and name.endswith("__"):
+            base = name[2:-2]
+            if base in _INPLACE_DUNDERS:  # __iadd__ -> add_, __itruediv__ -> div_
+                self.in_place = True
+                self.func_name = _RENAMED.get(base[1:], base[1:]) + "_"
+            else:
+                self.func_name = _RENAMED.get(base, base)
+        else:
+            self.func_name = name.lstrip("_") or "op"
+        self.random = name in _RANDOM
+        self.opaque = name in _OPAQUE
+        self.uninitialized = name in _UNINITIALIZED
+
+
+_SPECS: dict[str, OpSpec] = {}
+
+
+def _wrappable() -> list[tuple[str, Any]]:
+    """``(name, raw attribute)`` of every Tensor method to wrap, read now (first in the MRO wins)."""
+    found: dict[str, Any] = {}
+    for klass in Tensor.__mro__:
+        if klass is object:
+            continue
+        for name, raw in vars(klass).items():
+            if name in found or name in _NEVER:
+                continue
+            if isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
+                found[name] = raw
+    return [(name, raw) for name, raw in found.items()
+            if not isinstance(raw, (staticmethod, classmethod)) or isinstance(raw.__func__, types.FunctionType)]
+
+
+def _metadata_code() -> Any:
+    from tinygrad import tensor
+
+    maker = getattr(tensor, "_metadata_wrapper", None)
+    return maker(lambda: None).__code__ if maker is not None else None
+
+
+_METADATA_CODE = _metadata_code()
+
+
+def metadata_cell(raw: Any) -> Any:
+    """The closure cell holding the method that tinygrad's metadata wrapper ``raw`` calls, or None.
+
+    With TRACEMETA on (the default), tinygrad replaces every Tensor method by
+    a ``_metadata_wrapper`` closure over the real function; every call, through
+    the class or through a reference taken earlier, goes through that cell.
+    """
+    if not isinstance(raw, types.FunctionType) or raw.__code__ is not _METADATA_CODE or not raw.__closure__:
+        return None
+    cell = raw.__closure__[raw.__code__.co_freevars.index("fn")]
+    return cell if isinstance(cell.cell_contents, types.FunctionType) else None
+
+
+# tinygrad, this package and the core: frames there are never the user's code site.
+_INTERNAL_DIRS = tuple(os.path.dirname(f) + os.sep for f in (inspect.getfile(Tensor), __file__, tree.__file__))
+_INTERNAL: dict[str, bool] = {}
+
+
+def _code_site() -> tuple[str, int, str] | None:
+    """File, line and function of the first caller outside tinygrad and TorchLens."""
+    frame = sys._getframe(3)
+    internal = _INTERNAL
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        flag = internal.get(filename)
+        if flag is None:
+            flag = internal[filename] = filename.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen")
+        if not flag:
+            return filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
+
+
+def rng_state() -> dict[str, Any]:
+    """tinygrad's RNG state (seed, per-device seeds and counters), as copies."""
+    counters = {device: np.array(t.numpy(), copy=True) for device, t in Tensor._device_rng_counters.items()}
+    return {"seed": Tensor._seed, "device_seeds": dict(Tensor._device_seeds), "counters": counters}
+
+
+_ACTIVE: list[Recorder] = []  # the capture running now, if any (captures do not nest)
+
+
+class Recorder:
+    """Records the outermost Tensor calls of one forward into a TraceBuilder."""
+
+    def __init__(self, builder: TraceBuilder, param_names: dict[int, str]) -> None:
+        self.builder = builder
+        self.param_names = param_names
+        self.depth = 0  # > 0 while a recorded call (or capture's own work) runs
+        self.thread = threading.get_ident()
+        # id(tensor) -> (weakref, op index, path in that op's output)
+        self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
+        # id(BUFFER node) -> recorded (op index, path) reading it, for copy-before-write. Entries
+        # name ops, not tensors: a value save= drops is then really freed.
+        self.storages: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
+        self.snapshots: set[tuple[int, tuple[Any, ...]]] = set()  # values replaced by copies already
+        self.own_buffers: set[int] = set()  # ids of BUFFER nodes capture realized (lazy in a plain run)
+        self.params_before_write: dict[str, Tensor] = {}
+        self.saved: dict[str, Any] = {}  # Tensor attributes replaced by wrappers (None: was inherited)
+        self.cells: list[tuple[Any, Any]] = []  # tinygrad metadata wrappers' cells, with what they held
+
+    # -- installing the wrappers -----------------------------------------------------------
+    def install(self) -> None:
+        for name, raw in _wrappable():
+            spec = _SPECS.get(name) or _SPECS.setdefault(name, OpSpec(name))
+            cell = metadata_cell(raw)
+            if cell is not None:
+                # tinygrad's own wrapper: swap the function it calls, so that
+                # references taken before capture (Tensor.relu in a layer list) are seen too
+                self.cells.append((cell, cell.cell_contents))
+                cell.cell_contents = self._wrap(spec, cell.cell_contents)
+            else:
+                self.saved[name] = vars(Tensor).get(name)
+                type.__setattr__(Tensor, name, self._wrap(spec, raw))
+
+    def uninstall(self) -> None:
+        for cell, original in self.cells:
+            cell.cell_contents = original
+        self.cells.clear()
+        for name, original in self.saved.items():
+            if original is None:
+                type.__delattr__(Tensor, name)
+            else:
+                type.__setattr__(Tensor, name, original)
+        self.saved.clear()
+
+    def _wrap(self, spec: OpSpec, raw: Any) -> Any:
+        rec = self
+        if isinstance(raw, classmethod):
+            func = raw.__func__
+
+            def class_wrapper(cls: Any, *args: Any, **kwargs: Any) -> Any:
+                if rec.depth or rec.thread != threading.get_ident():
+                    return func(cls, *args, **kwargs)
+                return rec.call(spec, types.MethodType(func, cls), args, kwargs)
+
+            class_wrapper.__name__ = class_wrapper.__qualname__ = spec.name
+            class_wrapper.__wrapped__ = func  # type: ignore[attr-defined]
+            return classmethod(class_wrapper)
+        func = raw.__func__ if isinstance(raw, staticmethod) else raw
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if rec.depth or rec.thread != threading.get_ident():
+                return func(*args, **kwargs)
+            return rec.call(spec, func, args, kwargs)
+
+        wrapper.__name__ = wrapper.__qualname__ = spec.name
+        wrapper.__doc__ = func.__doc__
+        wrapper.__wrapped__ = func  # type: ignore[attr-defined]
+        return staticmethod(wrapper) if isinstance(raw, staticmethod) else wrapper
+
+    # -- the hot path ----------------------------------------------------------------------
+    def call(self, spec: OpSpec, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.depth += 1
+        try:
+            if spec.opaque:
+                return func(*args, **kwargs)
+            target = args[0] if spec.in_place and args and isinstance(args[0], Tensor) else None
+            meta: dict[str, Any] = {}
+            if target is not None and self._protect(target):
+                meta["isolate"] = True
+            # The call's template is taken before it runs: a constant it writes into is kept as it was.
+            parents: list[int] = []
+            params: list[str] = []
+            a = self._template(args, parents, params)
+            k = self._template(kwargs, parents, params) if kwargs else {}
+            random = spec.random and (spec.name != "scaled_dot_product_attention" or _sdpa_dropout(args, kwargs))
+            if random:
+                meta.update(rng=rng_state(), training=TRAINING.value)
+            result = out = func(*args, **kwargs)
+            if isinstance(out, Tensor):
+                tensors = [out]
+            elif out is None and target is not None:  # __setitem__ returns None but wrote into its target
+                out, tensors = target, [target]
+            elif isinstance(out, (tuple, list)) and any(isinstance(t, Tensor) for t in out):
+                tensors = [t for t in out if isinstance(t, Tensor)]
+            else:
+                return result
+            self._record(spec, func, a, k, parents, params, out, tensors, target, meta, random)
+            return result
+        finally:
+            self.depth -= 1
+
+    def _record(self, spec: OpSpec, func: Any, a: tuple[Any, ...], k: dict[str, Any], parents: list[int],
+                params: list[str], out: Any, tensors: list[Tensor], target: Tensor | None, meta: dict[str, Any],
+                random: bool) -> None:
+        fresh = [t for t in tensors if buffer_key(t) is None]
+        realize(tensors)
+        for t in fresh:  # realized by capture: a lazy value in a plain run
+            key = buffer_key(t)
+            if key is not None:
+                self.own_buffers.add(id(key))
+        if spec.uninitialized and isinstance(out, Tensor):
+            meta["uninitialized"] = snapshot(out)
+        if isinstance(out, Tensor):
+            shape: Any = shape_of(out)
+            dtype, device = dtype_name(out.dtype), device_name(out)
+        else:
+            shape = tuple(shape_of(t) if isinstance(t, Tensor) else None for t in out)
+            dtype, device = dtype_name(tensors[0].dtype), device_name(tensors[0])
+        op = self.builder.add_op(
+            spec.func_name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
+            device=device, params=tuple(dict.fromkeys(params)), random=random, in_place=target is not None,
+            code_site=_code_site(), meta=meta or None)
+        if isinstance(out, Tensor):
+            self.produced(out, op.index, ())
+        else:
+            for i, t in enumerate(out):
+                if isinstance(t, Tensor):
+                    self.produced(t, op.index, (i,))
+
+    def produced(self, t: Tensor, index: int, path: tuple[Any, ...]) -> None:
+        self.producers[id(t)] = (weakref.ref(t), index, path)
+        if not getattr(self.builder.ops[index], "saved", True):  # dropped by save=: keep no reference
+            return
+        key = buffer_key(t)
+        if key is not None:
+            self.storages.setdefault(id(key), []).append((index, path))
+
+    def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
+        if isinstance(x, Tensor):
+            # A parameter written in place during the forward is, from then on,
+            # the output of the op that wrote it: look producers up first.
+            found = self.producers.get(id(x))
+            if found is not None and found[0]() is x:
+                parents.append(found[1])
+                return Ref(found[1], found[2])
+            name = self.param_names.get(id(x))
+            if name is not None:
+                params.append(name)
+                return ParamRef(name)
+            return snapshot(x)  # a tensor from outside the trace: a constant, as it is now
+        t = type(x)
+        if t is tuple or t is list:
+            return t([self._template(v, parents, params) for v in x]) if x else x
+        if t is dict:
+            return {key: self._template(v, parents, params) for key, v in x.items()}
+        return x
+
+    def _protect(self, target: Tensor) -> bool:
+        """Before ``target`` is written: keep every value the write must not change; True if views were isolated.
+
+        Readers first: a lazy tensor reading the written buffer (a plain
+        call's unrealized output) is computed now, as its plain run would have.
+        A parameter or buffer written for the first time keeps its value from
+        before the forward in its ParamRecord, which is what replay starts from.
+
+        Then views. In a plain run an intermediate is lazy: a write into it
+        changes that Tensor object only, and a view taken before keeps the old
+        value. Capture realized it, so its views share its buffer and would
+        follow the write: each other live tensor reading a buffer capture
+        realized gets a copy of its own first (a buffer that was realized
+        before capture, an input's or a parameter's, is shared as tinygrad
+        shares it). Last, recorded values the write would still reach are
+        replaced by copies.
+        """
+        settle_readers(target)
+        name = self.param_names.get(id(target))
+        if name is not None and name not in self.params_before_write:
+            self.params_before_write[name] = self.builder.params[name].value = snapshot(target)
+        key = buffer_key(target)
+        isolated = key is not None and id(key) in self.own_buffers
+        if isolated:
+            for copy in isolate_views(target):
+                self.own_buffers.add(id(buffer_key(copy)))
+        entries = self.storages.pop(id(key), []) if key is not None else []
+        found = self.producers.get(id(target))
+        if found is not None and found[0]() is target:
+            entries.append((found[1], found[2]))
+        ops = self.builder.ops
+        copies: dict[int, Tensor] = {}
+        for index, path in entries:
+            op = ops[index]
+            if op.out is None or (index, path) in self.snapshots:  # dropped by save=, or copied already
+                continue
+            t = tree.get(op.out, path)
+            if t is not target and buffer_key(t) is not key:  # a view given a copy of its own just now
+                continue
+            copy = copies.get(id(t))
+            if copy is None:
+                copy = copies[id(t)] = snapshot(t)
+            op.out = copy if not path else tree.rebuild(op.out, [
+                copy if i == path[0] else v for i, v in enumerate(op.out)])
+            self.snapshots.add((index, path))
+        return isolated
+
+    # -- module passes -----------------------------------------------------------------------
+    def around_layer(self, path: str, layer: Any, call: Any) -> Any:
+        if self.depth or self.thread != threading.get_ident():  # called from inside an op: part of it
+            return call()
+        builder = self.builder
+        n = builder.enter_module(path)
+        out = call()
+        template = tree.map_leaves(lambda v: self.as_output(v, (path, n)), out)
+        builder.exit_module(path, template)
+        return out
+
+    def as_output(self, value: Any, inside: tuple[str, int] | None) -> Any:
+        """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model)."""
+        if not isinstance(value, Tensor):
+            return value
+        self.depth += 1
+        try:
+            parents: list[int] = []
+            ref = self._template(value, parents, [])
+            if parents and (inside is None or inside in self.builder.ops[ref.index].module_passes):
+                return ref
+            # Returned, not computed, here (an input, a parameter, a constant): an
+            # explicit pass-through op keeps "every returned array is an op's
+            # output" and "module outputs are computed inside the module" true.
+            realize([value])
+            op = self.builder.identity_op(ref, value, shape=shape_of(value), dtype=dtype_name(value.dtype),
+                                          device=device_name(value))
+            self.produced(value, op.index, ())
+            return Ref(op.index)
+        finally:
+            self.depth -= 1
+
+
+def _sdpa_dropout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    p = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+    return bool(p) and bool(TRAINING)
+
+
+_JIT_MESSAGE = (
+    "tinygrad backend: a TinyJit-wrapped function replays the kernels it captured and skips its Python code "
+    "(data-dependent branches included), so its ops cannot be seen one by one; trace the undecorated function "
+    "instead (for a TinyJit `f`, that is `f.fxn`)")
+
+
+def _refuse_jit(self: Any, *args: Any, **kwargs: Any) -> Any:
+    raise UnsupportedError(_JIT_MESSAGE + " (one was called inside the traced model)")
+
+
+def _check_supported(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    from tinygrad.engine import realize as engine_realize
+    from tinygrad.engine.jit import _TinyJit as TinyJit
+
+    # the jit itself, a bound method of one, functools.partial(jit.__call__, obj) (a jitted method)
+    candidates = (target, getattr(target, "__self__", None), getattr(getattr(target, "func", None), "__self__", None))
+    if any(isinstance(c, TinyJit) for c in candidates) or any(
+            isinstance(vars(klass).get("__call__"), TinyJit) for klass in type(target).__mro__):
+        raise UnsupportedError(_JIT_MESSAGE)
+    if engine_realize.capturing:
+        raise UnsupportedError("tinygrad backend: cannot trace inside a TinyJit capture; call tl.trace outside "
+                               "the jitted function")
+    if _ACTIVE:
+        raise UnsupportedError("tinygrad backend: a capture is already running in this process; captures do not "
+                               "nest (call tl.trace outside the traced function)")
+    for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
+        if not isinstance(leaf.device, str):
+            raise UnsupportedError(f"tinygrad backend: multi-device (sharded) tensors are not supported, got an "
+                                   f"input on {leaf.device}; trace with single-device inputs")
+        if not all(isinstance(d, int) for d in leaf.shape):
+            raise UnsupportedError(f"tinygrad backend: symbolic shapes are not supported, got {leaf.shape}; "
+                                   f"trace with concrete inputs")
+
+
+def _public_method(target: Any) -> Any:
+    """A Tensor method passed as the target itself (``tl.trace(Tensor.relu, x)``): call it through its wrapper."""
+    func = getattr(target, "__func__", target)
+    owner = getattr(target, "__self__", None)
+    for name, raw in _wrappable():
+        if getattr(raw, "__func__", raw) is not func:
+            continue
+        if isinstance(owner, Tensor):
+            return lambda *args, **kwargs: getattr(owner, name)(*args, **kwargs)
+        return lambda *args, **kwargs: getattr(Tensor, name)(*args, **kwargs)
+    return target
+
+
+def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any = None) -> Trace:
+    """Run ``target(*args, **kwargs)`` once with every Tensor method recorded; return its Trace.
+
+    ``options`` (save=, halt=) are applied by the TraceBuilder; a HaltCapture it
+    raises stops the forward and passes through, everything put back first.
+    """
+    _check_supported(target, args, kwargs)
+    root = model_object(target)
+    name = type(root).__name__ if root is not None else getattr(target, "__name__", "function")
+    builder = TraceBuilder("tinygrad", name) if options is None else TraceBuilder("tinygrad", name, options)
+    builder.notes["training"] = TRAINING.value
+    param_names: dict[int, str] = {}
+    layers = list(named_layers(root))
+    for pname, t in named_tensors(root):  # the names get_state_dict gives
+        if id(t) in param_names:
+            continue
+        builder.add_param(ParamRecord(name=pname, shape=shape_of(t), dtype=dtype_name(t.dtype), numel=t.numel(),
+                                      trainable=bool(t.is_param), module=pname.rpartition(".")[0],
+                                      is_buffer=not t.is_param, value=t))
+        param_names[id(t)] = pname
+    under: dict[str, list[str]] = {}
+    for pname in builder.params:
+        parts = pname.split(".")
+        for depth in range(1, len(parts)):
+            under.setdefault(".".join(parts[:depth]), []).append(pname)
+    paths = {}
+    for path, layer in layers:
+        paths[id(layer)] = path
+        builder.add_module(path, type(layer).__name__, under.get(path, []))
+
+    recorder = Recorder(builder, param_names)
+    inputs = [leaf for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor))]
+    fresh = [t for t in [builder.params[p].value for p in builder.params] + inputs if buffer_key(t) is None]
+    realize([builder.params[p].value for p in builder.params] + inputs)  # values exist before the forward
+    recorder.own_buffers.update(id(key) for key in map(buffer_key, fresh) if key is not None)
+    settle_readers(*[builder.params[p].value for p in builder.params], *inputs)
+    for leaf in inputs:
+        if id(leaf) not in recorder.producers and id(leaf) not in param_names:
+            op = builder.add_input(leaf, shape=shape_of(leaf), dtype=dtype_name(leaf.dtype),
+                                   device=device_name(leaf))
+            recorder.produced(leaf, op.index, ())
+    from tinygrad.engine.jit import _TinyJit
+
+    jit_call = vars(_TinyJit)["__call__"]
+    call = _public_method(target)
+    _ACTIVE.append(recorder)
+    try:
+        recorder.install()
+        type.__setattr__(_TinyJit, "__call__", _refuse_jit)
+        with wrapped_layers(paths, [layer for _, layer in layers], recorder.around_layer):
+            output = call(*args, **kwargs)
+    finally:
+        type.__setattr__(_TinyJit, "__call__", jit_call)
+        recorder.uninstall()
+        _ACTIVE.remove(recorder)
+    builder.add_outputs(tree.map_leaves(lambda v: recorder.as_output(v, None), output), output)
+    return builder.finish()
