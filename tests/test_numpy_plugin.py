@@ -35,7 +35,7 @@ def test_registered_through_the_entry_point_like_any_third_party_backend() -> No
     assert eps["numpy"].dist.name == "torchlens-numpy"
     listed = {b["name"]: b for b in tl.backends()}
     assert listed["numpy"]["available"] and listed["numpy"]["framework"] == "numpy"
-    assert set(listed["numpy"]["capabilities"]) == {"functions", "in_place", "random", "control_flow"}
+    assert set(listed["numpy"]["capabilities"]) == {"functions", "in_place", "random", "control_flow", "save", "halt"}
 
 
 def test_never_claims_a_call_on_its_own() -> None:
@@ -279,3 +279,23 @@ def test_array_info_and_error() -> None:
     assert array_error(np.array([np.nan, 1.0]), np.array([1.0, np.nan])) == math.inf
     assert array_error(np.array([1, 2]), np.array([1, 3])) == math.inf
     assert hook().torchlens_to_numpy(backend="numpy", value=a) is not a
+
+
+def test_save_and_halt() -> None:
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=(2, 3)), rng.normal(size=(3, 3))
+
+    def mlp(x, w):
+        h = np.maximum(x @ w, 0)
+        h += 1  # an in-place write into a value save= may have dropped
+        return np.tanh(h @ w) + h
+
+    full = tl.trace(mlp, x, w, backend="numpy")
+    part = tl.trace(mlp, x, w, backend="numpy", save=tl.func("tanh"))
+    assert [op.label for op in part.ops] == [op.label for op in full.ops]
+    kept = [op.func_name for op in part.ops if op.kind == "op" and op.out is not None]
+    assert kept == ["tanh"]
+    np.testing.assert_array_equal(part["tanh_1"].out, full["tanh_1"].out)
+    assert part.audit()
+    halted = tl.trace(mlp, x, w, backend="numpy", halt=tl.func("maximum"))
+    assert halted.halted and halted.ops[-1].func_name == "maximum" and halted.audit()

@@ -360,6 +360,8 @@ class Recorder:
         ops = self.builder.ops
         for index, path in entries or ():
             op = ops[index]
+            if op.out is None:  # dropped by save=: nothing to keep
+                continue
             if not path:
                 op.out = np.array(op.out, copy=True)
             else:

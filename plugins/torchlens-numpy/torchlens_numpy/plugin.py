@@ -18,7 +18,7 @@ NAME = "numpy"
 def torchlens_backend_info() -> BackendInfo:
     # NumPy is a dependency of torchlens itself; this plugin is its own distribution.
     return BackendInfo(name=NAME, framework="numpy", install="pip install torchlens-numpy",
-                       capabilities=frozenset({"functions", "in_place", "random", "control_flow"}))
+                       capabilities=frozenset({"functions", "in_place", "random", "control_flow", "save", "halt"}))
 
 
 @hookimpl
