@@ -226,6 +226,15 @@ def label(*keys: str) -> Selector:
     return Label(keys)
 
 
+_LABEL_FORM = re.compile(r"[A-Za-z_]\w*_\d+(_\d+)?(:\d+)?")
+
+
+def key_selector(key: str) -> Selector:
+    """The selector of one lookup key: an op label (``"relu_1_2"``, ``"conv2d_3"``, ``"linear_1:2"``)
+    picks that op, anything else is a module path (``"layer3"``, ``"layer3:2"``), its output."""
+    return label(key) if _LABEL_FORM.fullmatch(key) else module(key)
+
+
 def followed_by(selector: Selector) -> Selector:
     return FollowedBy(_check(selector))
 
