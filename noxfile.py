@@ -30,8 +30,8 @@ def core(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def torch(session: nox.Session) -> None:
-    """Torch backend tests and the torch conformance zoo."""
-    session.install("-e", ".[torch,zoo,test]")
+    """Torch backend tests and the torch conformance zoo (add `-- --runslow` for the 2,000-sample extraction)."""
+    session.install("-e", ".[torch,zoo,test,extract]")
     session.run("pytest", "tests", "-q", *session.posargs)
     session.run("pytest", "conformance", "--backend", "torch", "-q")
 
@@ -79,6 +79,8 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Capture overhead against a plain forward (ResNet-18, GPT-2 small)."""
-    session.install("-e", ".[torch,zoo]")
+    """Capture overhead (ResNet-18, GPT-2 small), selective capture, dataset extraction."""
+    session.install("-e", ".[torch,zoo,extract]")
     session.run("python", "bench/capture_overhead.py", *session.posargs)
+    session.run("python", "bench/selective_capture.py")
+    session.run("python", "bench/extract_dataset.py")

@@ -33,10 +33,10 @@ def test_core_never_imports_a_framework() -> None:
 
 def test_public_api() -> None:
     assert sorted(tl.__all__) == sorted([
-        "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
+        "Activations", "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
         "ModuleRecord", "OpRecord", "ParamRecord", "Recording", "ReplayError", "Selector", "TorchLensError", "Trace",
-        "UnsupportedError", "__version__", "backends", "followed_by", "func", "in_module", "label", "module",
-        "pluck", "preceded_by", "record", "trace", "where",
+        "UnsupportedError", "__version__", "backends", "extract_dataset", "followed_by", "func", "in_module", "label",
+        "module", "pluck", "preceded_by", "record", "trace", "where",
     ])
 
 

@@ -6,6 +6,7 @@
 """
 
 from torchlens_core import (
+    Activations,
     AuditReport,
     BackendNotFoundError,
     CaptureError,
@@ -21,6 +22,7 @@ from torchlens_core import (
     Trace,
     UnsupportedError,
     backends,
+    extract_dataset,
     followed_by,
     func,
     in_module,
@@ -36,8 +38,8 @@ from torchlens_core import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
+    "Activations", "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
     "ModuleRecord", "OpRecord", "ParamRecord", "Recording", "ReplayError", "Selector", "TorchLensError", "Trace",
-    "UnsupportedError", "__version__", "backends", "followed_by", "func", "in_module", "label", "module",
-    "pluck", "preceded_by", "record", "trace", "where",
+    "UnsupportedError", "__version__", "backends", "extract_dataset", "followed_by", "func", "in_module", "label",
+    "module", "pluck", "preceded_by", "record", "trace", "where",
 ]

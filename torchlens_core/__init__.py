@@ -16,6 +16,7 @@ from torchlens_core.errors import (
     TorchLensError,
     UnsupportedError,
 )
+from torchlens_core.extract import Activations, extract_dataset
 from torchlens_core.hookspecs import hookimpl
 from torchlens_core.plugins import BackendInfo, backends
 from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
@@ -33,9 +34,9 @@ from torchlens_core.selectors import (
 from torchlens_core.trace import Trace
 
 __all__ = [
-    "AuditReport", "Backend", "BackendInfo", "BackendNotFoundError", "CaptureError", "Finding",
+    "Activations", "AuditReport", "Backend", "BackendInfo", "BackendNotFoundError", "CaptureError", "Finding",
     "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "ParamRef",
     "Recording", "Ref", "ReplayError", "Selector", "TorchLensError", "Trace", "TraceBuilder", "UnsupportedError",
-    "backends", "followed_by", "func", "hookimpl", "in_module", "label", "module", "pluck", "preceded_by",
-    "record", "trace", "where",
+    "backends", "extract_dataset", "followed_by", "func", "hookimpl", "in_module", "label", "module", "pluck",
+    "preceded_by", "record", "trace", "where",
 ]

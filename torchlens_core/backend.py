@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from torchlens_core.errors import UnsupportedError
 from torchlens_core.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -59,6 +60,11 @@ class Backend:
     def array_error(self, actual: Any, expected: Any) -> float:
         raise NotImplementedError
 
+    def stack(self, samples: list[Any]) -> Any:
+        """One array of shape ``(len(samples), *shape)`` from same-shaped arrays (for ``tl.extract_dataset``)."""
+        raise UnsupportedError(f"the {self.name} backend cannot batch samples yet (Backend.stack), "
+                               f"so tl.extract_dataset cannot run on it")
+
     def detach(self, value: Any) -> Any:
         """``value`` cut from any autograd graph (frameworks without one: as it is)."""
         return value
@@ -98,6 +104,10 @@ class Backend:
     @hookimpl
     def torchlens_to_numpy(self, backend: str, value: Any) -> Any:
         return self.to_numpy(value) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_stack(self, backend: str, samples: list[Any]) -> Any:
+        return self.stack(samples) if backend == self.name else None
 
     @hookimpl
     def torchlens_detach(self, backend: str, value: Any) -> Any:

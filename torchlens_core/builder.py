@@ -8,6 +8,7 @@ Everything here is cheap per op; naming happens once at the end.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from torchlens_core import tree
@@ -163,7 +164,7 @@ class TraceBuilder:
                       notes=self.notes, halted=halted)
         for module in self.modules.values():
             for mp in module.passes:
-                mp.trace = trace
+                mp.trace_ref = weakref.ref(trace)
         if self.policy.active:
             self.policy.finish(trace)
         return trace

@@ -163,10 +163,8 @@ def _module_label(trace: Trace, path: str, n: int, rolled: bool) -> str:
     shapes = record.passes[n - 1].output_shapes
     if shapes:
         lines.append(" ".join(_shape(shape) for shape in shapes))
-    count = sum(trace.params[name].numel for name in record.params
-                if name in trace.params and not trace.params[name].is_buffer)
-    if count:
-        lines.append(f"params: {_count(count)}")
+    if record.num_params:
+        lines.append(f"params: {_count(record.num_params)}")
     return "\\n".join(lines)
 
 

@@ -95,6 +95,19 @@ def torchlens_to_numpy(backend: str, value: Any) -> Any:
 
 
 @hookspec(firstresult=True)
+def torchlens_stack(backend: str, samples: list[Any]) -> Any:
+    """One batch made of unbatched samples: the arrays stacked along a new leading axis.
+
+    Called by ``tl.extract_dataset`` for each batch it captures, with
+    ``samples`` a non-empty list of arrays of this backend that all have one
+    shape and dtype (the core has checked). Return a single array of shape
+    ``(len(samples), *shape)`` on the samples' device (torch: ``torch.stack``).
+    A backend that cannot batch raises
+    :class:`~torchlens_core.errors.UnsupportedError`.
+    """
+
+
+@hookspec(firstresult=True)
 def torchlens_detach(backend: str, value: Any) -> Any:
     """``value`` (an array or a structure of them) cut from any autograd graph; as it is if there is none."""
 

@@ -6,6 +6,7 @@ framework's own; the core reads them only through a backend's hooks.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -102,7 +103,16 @@ class ModulePass:
     pass_num: int
     out_template: Any = None
     ops: list[str] = attrs.Factory(list)
-    trace: Trace | None = None
+    # A weak reference: a trace holding its module passes holding the trace would be a
+    # cycle, keeping a dropped trace's values alive until the cyclic GC ran.
+    trace_ref: weakref.ref[Trace] | None = None
+
+    @property
+    def trace(self) -> Trace:
+        trace = self.trace_ref() if self.trace_ref is not None else None
+        if trace is None:
+            raise ReferenceError(f"the trace of module pass {self.label} is gone; keep the trace to read it")
+        return trace
 
     @property
     def label(self) -> str:
@@ -111,18 +121,15 @@ class ModulePass:
     @property
     def out(self) -> Any:
         """The module's output, with the structure (tuple, dict, dataclass) it returned."""
-        assert self.trace is not None
         return self.trace.resolve(self.out_template)
 
     @property
     def output_ops(self) -> list[OpRecord]:
-        assert self.trace is not None
         return [self.trace.ops[r.index] for r in refs_in(self.out_template)]
 
     @property
     def output_shapes(self) -> list[Any]:
         """The shape of each array the module returned (one element of a multi-output op, say)."""
-        assert self.trace is not None
         return [shape_at(self.trace.ops[r.index].shape, r.path) for r in refs_in(self.out_template)]
 
     def __repr__(self) -> str:
@@ -135,8 +142,9 @@ class ModuleRecord:
 
     path: str
     type_name: str
-    params: list[str] = attrs.Factory(list)
+    params: list[str] = attrs.Factory(list)  # every parameter and buffer below it
     passes: list[ModulePass] = attrs.Factory(list)
+    num_params: int = 0  # parameters (not buffers) below it, counted when the trace is finished
 
     @property
     def num_passes(self) -> int:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from torchlens_core import tree
 from torchlens_core.errors import LabelNotFoundError, closest
 from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
+from torchlens_core.tables import ModuleTable, ParamTable
 
 if TYPE_CHECKING:
     from torchlens_core.audit import AuditReport
@@ -29,8 +30,11 @@ class Trace:
         self.backend = backend
         self.model_name = model_name
         self.ops = ops
-        self.modules = modules
-        self.params = params
+        self.modules = ModuleTable(modules)
+        self.params = ParamTable(params)
+        for module in self.modules.values():  # a module's parameter count, from the records it names
+            module.num_params = sum(self.params[n].numel for n in module.params
+                                    if n in self.params and not self.params[n].is_buffer)
         self.output_template = output_template
         # What the forward itself returned, kept apart from the output nodes so
         # that audit() can compare the two.
@@ -146,6 +150,12 @@ class Trace:
         return find(self, selector)
 
     # -- reports --------------------------------------------------------------------
+    def to_pandas(self) -> Any:
+        """One row per op (input and output nodes included); columns in docs/tables.md."""
+        from torchlens_core.tables import ops_frame
+
+        return ops_frame(self)
+
     def summary(self) -> str:
         """The module table: name and type, output shape, parameters, trainable; then totals."""
         from torchlens_core.summary import summary

@@ -52,6 +52,11 @@ class TorchBackend(Backend):
 
         return to_numpy(value)
 
+    def stack(self, samples: list[Any]) -> Any:
+        import torch
+
+        return torch.stack(samples)
+
     def detach(self, value: Any) -> Any:
         import torch
 

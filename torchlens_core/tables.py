@@ -1,0 +1,87 @@
+"""Traces as pandas tables: one row per op, per parameter, per module.
+
+pandas stays optional: it is imported only when a table is asked for. The
+columns and their dtypes are listed here, in one place, and in docs/tables.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torchlens_core.errors import TorchLensError
+
+if TYPE_CHECKING:
+    from torchlens_core.records import ModuleRecord, ParamRecord
+    from torchlens_core.trace import Trace
+
+# column -> pandas dtype ("object" columns hold tuples or lists)
+OP_COLUMNS = {
+    "label": "string", "layer_label": "string", "kind": "string", "func_name": "string",
+    "position": "int64", "pass_num": "int64", "num_passes": "int64", "module": "string",
+    "modules": "object", "module_outputs": "object", "shape": "object", "dtype": "string",
+    "device": "string", "parents": "object", "children": "object", "params": "object",
+    "num_params": "int64", "source": "string", "in_place": "bool", "saved": "bool",
+    "file": "string", "line": "Int64", "code_function": "string",
+}
+PARAM_COLUMNS = {
+    "name": "string", "module": "string", "shape": "object", "dtype": "string", "numel": "int64",
+    "trainable": "bool", "is_buffer": "bool",
+}
+MODULE_COLUMNS = {
+    "path": "string", "type": "string", "num_passes": "int64", "num_ops": "int64", "num_params": "int64",
+    "output_shapes": "object",
+}
+
+
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise TorchLensError("tables need pandas, which is not installed: pip install pandas") from None
+    return pandas
+
+
+def _frame(rows: list[dict[str, Any]], columns: dict[str, str]) -> Any:
+    pandas = _pandas()
+    frame = pandas.DataFrame(rows, columns=list(columns))
+    return frame.astype(columns)
+
+
+def ops_frame(trace: Trace) -> Any:
+    rows = []
+    for op in trace.ops:
+        site = op.code_site or (None, None, None)
+        rows.append({
+            "label": op.label, "layer_label": op.layer_label, "kind": op.kind, "func_name": op.func_name,
+            "position": op.index, "pass_num": op.pass_num, "num_passes": op.num_passes, "module": op.module,
+            "modules": tuple(op.modules), "module_outputs": tuple(op.module_outputs), "shape": op.shape,
+            "dtype": op.dtype, "device": op.device, "parents": tuple(op.parents), "children": tuple(op.children),
+            "params": tuple(op.params),
+            "num_params": sum(trace.params[p].numel for p in op.params if p in trace.params),
+            "source": op.source, "in_place": op.in_place, "saved": op.saved,
+            "file": site[0], "line": site[1], "code_function": site[2],
+        })
+    return _frame(rows, OP_COLUMNS)
+
+
+class ParamTable(dict[str, "ParamRecord"]):
+    """``trace.params``: parameter records by name, and ``.to_pandas()``."""
+
+    def to_pandas(self) -> Any:
+        return _frame([{"name": p.name, "module": p.module, "shape": p.shape, "dtype": p.dtype, "numel": p.numel,
+                        "trainable": p.trainable, "is_buffer": p.is_buffer} for p in self.values()], PARAM_COLUMNS)
+
+
+class ModuleTable(dict[str, "ModuleRecord"]):
+    """``trace.modules``: module records by path, and ``.to_pandas()``."""
+
+    def to_pandas(self) -> Any:
+        rows = []
+        for m in self.values():
+            rows.append({
+                "path": m.path, "type": m.type_name, "num_passes": m.num_passes,
+                "num_ops": sum(len(mp.ops) for mp in m.passes),
+                "num_params": m.num_params,
+                "output_shapes": tuple(m.passes[-1].output_shapes) if m.passes else (),
+            })
+        return _frame(rows, MODULE_COLUMNS)
