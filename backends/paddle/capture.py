@@ -25,7 +25,6 @@ every patch and hook down.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import threading
 import weakref
@@ -33,13 +32,13 @@ from typing import Any
 
 import numpy as np
 import paddle
-import pluggy
 
 from torchlens_core import tree
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
 from torchlens_core.policy import CaptureOptions
 from torchlens_core.records import ParamRecord, ParamRef, Ref
+from torchlens_core.sites import CallSites
 from torchlens_core.trace import Trace
 from torchlens_paddle.arrays import device_name, dtype_name
 from torchlens_paddle.intercept import STATE, OpInfo, Patches, to_static_enabled
@@ -68,26 +67,8 @@ def _allocation(t: Tensor) -> int:
         return 0
 
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_INTERNAL_DIRS = tuple(os.path.join(d, "") for d in (
-    os.path.dirname(paddle.__file__), os.path.dirname(pluggy.__file__), os.path.join(_REPO, "backends"),
-    os.path.join(_REPO, "torchlens_core"), os.path.join(_REPO, "torchlens")))
-_INTERNAL: dict[str, bool] = {}
-
-
-def _code_site() -> tuple[str, int, str] | None:
-    """File, line and function of the first caller outside Paddle and TorchLens."""
-    frame = sys._getframe(3)
-    internal = _INTERNAL
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        flag = internal.get(filename)
-        if flag is None:
-            flag = internal[filename] = filename.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen")
-        if not flag:
-            return filename, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
-    return None
+# Paddle and the TorchLens packages are never the user's code site.
+_SITES = CallSites(paddle.__file__, __file__, tree.__file__)
 
 
 def drop_scratch(out: Any, scratch: tuple[int, ...]) -> Any:
@@ -191,7 +172,7 @@ class Recorder:
         op = self.builder.add_op(
             info.name, info.call, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
             device=device, params=tuple(dict.fromkeys(params)), random=info.random, in_place=bool(targets),
-            code_site=_code_site(), meta=meta)
+            code_site=_SITES.first_outside(), meta=meta)
         if leaves is None:
             self._produced(out, op.index, ())
         else:

@@ -40,7 +40,6 @@ forward (a halt included).
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import sys
 import weakref
@@ -58,6 +57,7 @@ from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
 from torchlens_core.policy import CaptureOptions, HaltCapture
 from torchlens_core.records import ParamRecord, ParamRef, Ref
+from torchlens_core.sites import CallSites
 from torchlens_core.trace import Trace
 from torchlens_tf.arrays import device_name
 from torchlens_tf.layers import (
@@ -176,39 +176,16 @@ def _attrs(raw: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-_INTERNAL: dict[str, bool] = {}
+def _call_sites() -> CallSites:
+    """TensorFlow, Keras and TorchLens frames are never the code site of an op."""
+    import torchlens
 
-
-def _internal_dirs() -> tuple[str, ...]:
-    """Where TensorFlow, Keras and TorchLens live: their frames are not the code site of an op."""
-    import pluggy
-
-    import torchlens_core
-
-    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the backends
-            os.path.dirname(os.path.dirname(os.path.abspath(torchlens_core.__file__)))
-            + os.sep + "torchlens", os.path.dirname(os.path.abspath(torchlens_core.__file__)),
-            os.path.dirname(pluggy.__file__)]
+    files = [__file__, torchlens.__file__]
     for name in ("tensorflow", "keras", "tf_keras", "tensorflow_probability"):
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
-            dirs.append(os.path.dirname(module.__file__))
-    return tuple(dirs)
-
-
-def _code_site(internal_dirs: tuple[str, ...]) -> tuple[str, int, str] | None:
-    """File, line and function of the first caller outside TensorFlow, Keras and TorchLens."""
-    frame = sys._getframe(3)
-    internal = _INTERNAL
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        flag = internal.get(filename)
-        if flag is None:
-            flag = internal[filename] = filename.startswith(internal_dirs) or filename.startswith("<frozen")
-        if not flag:
-            return filename, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
-    return None
+            files.append(module.__file__)
+    return CallSites(*files)
 
 
 def _is_eager_tensor(x: Any) -> bool:
@@ -267,7 +244,7 @@ class Recorder:
         self.error: BaseException | None = None
         self.graph_ops = 0
         self.tf_functions: list[str] = []
-        self.internal_dirs = _internal_dirs()
+        self.sites = _call_sites()
         self.untracked: list[str] = []
         self.other_resources: dict[int, Any] = {}  # resource handles that are not variables, held
         # Variables by the buffer of their current value: a tf.Variable handed
@@ -416,7 +393,7 @@ class Recorder:
         op = self.builder.add_op(
             info.func_name, call, tuple(args), {}, tuple(dict.fromkeys(parents)), out,
             shape=shape, dtype=dtype, device=device, params=tuple(dict.fromkeys(params)), random=info.random,
-            in_place=bool(writes), code_site=_code_site(self.internal_dirs), meta=meta)
+            in_place=bool(writes), code_site=self.sites.first_outside(), meta=meta)
         # From here on, nothing reads op.out: save= may already have dropped it.
         index = op.index
         if len(values) == 1:

@@ -31,8 +31,6 @@ module passes through temporary class-level ``__call__`` wrappers, see
 from __future__ import annotations
 
 import inspect
-import os
-import sys
 import threading
 import types
 import weakref
@@ -46,6 +44,7 @@ from torchlens_core import tree
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
 from torchlens_core.records import ParamRecord, ParamRef, Ref
+from torchlens_core.sites import CallSites
 from torchlens_core.trace import Trace
 from torchlens_tinygrad.arrays import (
     buffer_key,
@@ -151,24 +150,8 @@ def metadata_cell(raw: Any) -> Any:
     return cell if isinstance(cell.cell_contents, types.FunctionType) else None
 
 
-# tinygrad, this package and the core: frames there are never the user's code site.
-_INTERNAL_DIRS = tuple(os.path.dirname(f) + os.sep for f in (inspect.getfile(Tensor), __file__, tree.__file__))
-_INTERNAL: dict[str, bool] = {}
-
-
-def _code_site() -> tuple[str, int, str] | None:
-    """File, line and function of the first caller outside tinygrad and TorchLens."""
-    frame = sys._getframe(3)
-    internal = _INTERNAL
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        flag = internal.get(filename)
-        if flag is None:
-            flag = internal[filename] = filename.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen")
-        if not flag:
-            return filename, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
-    return None
+# tinygrad and this package are never the user's code site.
+_SITES = CallSites(inspect.getfile(Tensor), __file__)
 
 
 def rng_state() -> dict[str, Any]:
@@ -301,7 +284,7 @@ class Recorder:
         op = self.builder.add_op(
             spec.func_name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
             device=device, params=tuple(dict.fromkeys(params)), random=random, in_place=target is not None,
-            code_site=_code_site(), meta=meta or None)
+            code_site=_SITES.first_outside(), meta=meta or None)
         if isinstance(out, Tensor):
             self.produced(out, op.index, ())
         else:

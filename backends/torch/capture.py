@@ -14,8 +14,6 @@ recorded value sharing that tensor's storage is copied first.
 from __future__ import annotations
 
 import inspect
-import os
-import sys
 import weakref
 from typing import Any
 
@@ -27,6 +25,7 @@ from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
 from torchlens_core.policy import CaptureOptions
 from torchlens_core.records import ParamRecord, ParamRef, Ref
+from torchlens_core.sites import CallSites
 from torchlens_core.trace import Trace
 
 Tensor = torch.Tensor
@@ -96,23 +95,8 @@ def _dtype_name(dtype: Any) -> str:
     return name
 
 
-_INTERNAL_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
-_INTERNAL: dict[str, bool] = {}
-
-
-def _code_site() -> tuple[str, int, str] | None:
-    """File, line and function of the first caller outside torch and TorchLens."""
-    frame = sys._getframe(2)
-    internal = _INTERNAL
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        flag = internal.get(filename)
-        if flag is None:
-            flag = internal[filename] = filename.startswith(_INTERNAL_DIRS) or filename.startswith("<")
-        if not flag:
-            return filename, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
-    return None
+# torch and this backend are never the user's code site.
+_SITES = CallSites(torch.__file__, __file__)
 
 
 def _rng_states() -> dict[str, Any]:
@@ -188,7 +172,7 @@ class _Recorder(TorchFunctionMode):
         op = self.builder.add_op(
             info.name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype, device=device,
             params=tuple(dict.fromkeys(params)), random=info.random, in_place=target is not None,
-            code_site=_code_site(), meta=meta)
+            code_site=_SITES.first_outside(), meta=meta)
         if isinstance(out, Tensor):
             self._produced(out, op.index, ())
         else:
