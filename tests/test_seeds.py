@@ -104,3 +104,48 @@ def test_readme_quickstart_and_recurrent_example(tmp_path: Any, monkeypatch: pyt
     assert torch.allclose(second, recurrent_model.fc((first + 1) * 2))
     recurrent_log.draw(vis_mode='rolled')
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".pdf"] * 3
+
+
+def test_readme_feature_extraction_block(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("zarr")
+    monkeypatch.chdir(tmp_path)
+    import torch
+    import torchvision.models as models
+
+    import torchlens as tl
+
+    model = models.alexnet(weights=None)
+    x = torch.randn(1, 3, 224, 224)
+
+    # Save only relu activations
+    log = tl.trace(model, x, save=tl.func('relu'))
+    assert {op.func_name for op in log.ops if op.kind == "op" and op.out is not None} == {"relu"}
+
+    # Save all ops inside the 'classifier' submodule
+    log = tl.trace(model, x, save=tl.in_module('classifier'))
+    assert all(op.module_passes[0][0] == "classifier" for op in log.ops if op.kind == "op" and op.out is not None)
+
+    # Save conv2d ops that are immediately followed by a relu, keeping a 4-op lookback window
+    conv_before_relu = tl.func('conv2d') & tl.followed_by(tl.func('relu'))
+    log = tl.trace(model, x, save=conv_before_relu,
+                   lookback=4, lookback_payload_policy='detached_raw')
+    assert sum(op.out is not None for op in log.ops if op.func_name == "conv2d") == 5
+
+    # Stop capture early (can be faster than a plain forward pass)
+    log = tl.trace(model, x, save=tl.in_module('features.6'), halt=tl.in_module('features.6'))
+    assert log.halted and log.ops[-1].module == "features.6"
+
+    # Lightweight sparse recording for tight loops -- materialize structure later
+    recording = tl.record(model, x, save=tl.func('relu'))
+    trace = recording.to_trace()
+    assert trace["relu_1_2"].out is not None
+
+    # One-line activation pull
+    act = tl.pluck(model, x, 'relu_1_2')   # returns tensor directly
+    assert act.shape == torch.Size([1, 64, 55, 55])
+
+    # Batch extraction across a dataset (any iterable of unbatched samples works)
+    dataset = [torch.randn(3, 224, 224) for _ in range(8)]
+    tl.extract_dataset(model, dataset, layers=['relu_1_2', 'conv2d_3_7'],
+                       batch_size=32, output_dir='torchlens-activations/')
+    assert (tmp_path / "torchlens-activations").is_dir()
