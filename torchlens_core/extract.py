@@ -1,29 +1,9 @@
 """tl.extract_dataset: chosen activations of a whole dataset, written to a Zarr v3 store.
 
-The store at ``output_dir`` is a plain Zarr v3 group that other tools open
-directly (zarr-python, xarray, tensorstore, zarr.js)::
-
-    output_dir/
-        zarr.json        the group; its attribute "torchlens" is the index: layers, shapes,
-                         dtypes, sample ids, batch size, whether the extraction is complete
-        relu_1_2/        one array per layer, (n_samples, *activation shape), one chunk per
-        conv2d_3_7/        batch, zstd-compressed
-        _chunks_done/    per batch, how many samples its chunks hold (0: not written yet)
-
-Invariants:
-
-- A batch counts as written only once its marker in ``_chunks_done`` is set,
-  and the marker is set only after every layer's chunk of that batch is stored
-  (each chunk write is atomic). An interrupted run leaves at most unmarked
-  chunks; a rerun redoes the unmarked batches and nothing else.
-- Batches never share a chunk, so workers write their own chunks without
-  locks. Only the calling process writes metadata (array shapes, the index).
-- At most a batch of activations per batch in flight is held in memory: one
-  batch in this process; with a cluster, a bounded window of batches.
-- No framework import: batches are made by the backend's ``torchlens_stack``
-  hook, values converted by ``torchlens_to_numpy``, and each batch is captured
-  with ``tl.trace(save=..., halt=...)``, so only the requested values are kept
-  and the forward stops after the last of them.
+The store's layout and its invariants are described in
+:mod:`torchlens_core.activations`; this module batches the dataset, captures
+each batch with ``tl.trace(save=..., halt=...)`` and hands the values to the
+store, here or on a Dask cluster's workers.
 """
 
 from __future__ import annotations
@@ -31,10 +11,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import itertools
-import math
 import operator
 import os
-import re
 import sys
 import threading
 import time
@@ -43,25 +21,34 @@ from typing import Any
 
 import attrs
 
+from torchlens_core.activations import (
+    FORMAT,
+    FORMAT_VERSION,
+    INDEX,
+    MARKERS,
+    Activations,
+    ExtractError,
+    Plan,
+    Writer,
+    array_names,
+    check_same,
+    create_arrays,
+    finish_store,
+    location_of,
+    open_store,
+)
 from torchlens_core.api import trace
-from torchlens_core.errors import LabelNotFoundError, TorchLensError, UnsupportedError, closest
+from torchlens_core.errors import LabelNotFoundError, UnsupportedError
 from torchlens_core.plugins import claim_backend, hook, resolve_backend
 from torchlens_core.selectors import key_selector
 
 __all__ = ["Activations", "ExtractError", "extract_dataset"]
 
-FORMAT = "torchlens.activations"
-FORMAT_VERSION = 1
-INDEX = "torchlens"  # the group attribute that holds the index
-MARKERS = "_chunks_done"
 
 # A capture installs process-wide interception (torch: global module hooks), so
 # two captures must not overlap in one process, whatever a worker's threads do.
 _CAPTURE_LOCK = threading.Lock()
 
-
-class ExtractError(TorchLensError, ValueError):
-    """The dataset, or the store at ``output_dir``, cannot be extracted as asked."""
 
 
 # -- the public face -------------------------------------------------------------------------
@@ -100,25 +87,25 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: str | Sequence[s
     ids = _sample_ids(sample_ids, source.n)
     if backend is not None:
         backend = resolve_backend(backend).name
-    location = _location(output_dir)
+    location = location_of(output_dir)
 
-    group, index = _open_store(location, overwrite)
+    group, index = open_store(location, overwrite)
     if index is not None and index["layers"] is None:  # set up, nothing written (a wrong layer key, say)
-        group, index = _open_store(location, overwrite=True)
+        group, index = open_store(location, overwrite=True)
     if index is None:
         index = {"format": FORMAT, "version": FORMAT_VERSION, "backend": backend, "model": _model_name(model),
                  "keys": list(keys), "batch_size": batch_size, "layers": None, "inputs": None,
                  "n_samples": source.n, "sample_ids": ids, "complete": False, "markers": MARKERS}
         group.attrs[INDEX] = index
     else:
-        _check_same(index, output_dir, keys=list(keys), batch_size=batch_size, backend=backend, sample_ids=ids,
+        check_same(index, output_dir, keys=list(keys), batch_size=batch_size, backend=backend, sample_ids=ids,
                     n_samples=source.n)
         if index["complete"]:
             _Progress(index["n_samples"], index["n_samples"], progress).close()
             return Activations(location)
     backend = backend or index["backend"]
 
-    plan = _Plan(store=location, backend=backend or "", keys=keys, arrays=_array_names(keys),
+    plan = Plan(store=location, backend=backend or "", keys=keys, arrays=array_names(keys),
                  batch_size=batch_size)
     if index["layers"] is not None:
         plan = attrs.evolve(plan, inputs=_tuples(index["inputs"]),
@@ -142,126 +129,24 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: str | Sequence[s
             if not plan.backend:
                 plan = attrs.evolve(plan, backend=_claim(model, samples[0]))
             plan, values = _capture(model, samples, start, plan)
-            store = _create_arrays(group, index, plan, values, source.n or len(samples))
+            store = create_arrays(group, index, plan, values, source.n or len(samples))
             del samples
             store.write(k, start, values)
             bar.update(len(values[0]))
             del values
         else:
-            store = _Writer(plan, group)
+            store = Writer(plan, group)
         if kind == "dask":
             _run_on_dask(engine, model, batches, plan, store, bar)
         else:
             _run_here(model, batches, plan, store, bar)
     finally:
         bar.close()
-    _finish(group, index, plan, source.seen, ids)
+    finish_store(group, index, plan, source.seen, ids)
     return Activations(location)
 
 
-class Activations:
-    """The activations ``tl.extract_dataset`` wrote, read lazily.
-
-    ``handle["relu_1_2"]`` is that layer's Zarr array, shape
-    ``(n_samples, *activation shape)``: index or slice it for NumPy
-    (``handle["relu_1_2"][:8]``), nothing is read before. ``handle.layers``,
-    ``handle.sample_ids``, ``handle.shapes``, ``handle.dtypes``, ``len(handle)``
-    (samples). ``Activations(output_dir)`` reopens a store later.
-    """
-
-    __iter__ = None  # a handle is not a sequence of samples: index a layer, then the samples
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        import zarr
-
-        self.path = _location(path)
-        try:
-            self._group = zarr.open_group(self.path, mode="r")
-        except (FileNotFoundError, zarr.errors.ContainsArrayError):
-            raise ExtractError(f"no activation store at {os.fspath(path)!r}") from None
-        index = self._group.attrs.asdict().get(INDEX)
-        if not isinstance(index, dict) or index.get("format") != FORMAT or not index.get("layers"):
-            raise ExtractError(f"{os.fspath(path)!r} holds no activations written by tl.extract_dataset")
-        self._index = index
-        self._layers = {entry["key"]: entry for entry in index["layers"]}
-
-    @property
-    def layers(self) -> list[str]:
-        """The layer keys, in the order they were asked for."""
-        return list(self._layers)
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        """Each layer's activation shape for one sample."""
-        return {key: tuple(entry["shape"]) for key, entry in self._layers.items()}
-
-    @property
-    def dtypes(self) -> dict[str, str]:
-        return {key: entry["dtype"] for key, entry in self._layers.items()}
-
-    @property
-    def sample_ids(self) -> list[Any] | range:
-        """The id of each sample, in store order: the ids given, or the positions 0..n-1."""
-        ids = self._index["sample_ids"]
-        return range(len(self)) if ids is None else list(ids)
-
-    @property
-    def complete(self) -> bool:
-        """False while an extraction is unfinished (unwritten samples read as NaN or 0)."""
-        return bool(self._index["complete"])
-
-    @property
-    def batch_size(self) -> int:
-        return int(self._index["batch_size"])
-
-    @property
-    def backend(self) -> str:
-        return str(self._index["backend"])
-
-    @property
-    def index(self) -> dict[str, Any]:
-        """The raw index stored in the group's attributes (JSON)."""
-        return dict(self._index)
-
-    def __len__(self) -> int:
-        n = self._index["n_samples"]
-        return int(n) if self.complete and n is not None else int(self[self.layers[0]].shape[0])
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._layers
-
-    def __getitem__(self, key: str) -> Any:
-        if not isinstance(key, str):
-            raise TypeError(f"index a handle by layer key (one of {self.layers}), then the array by sample: "
-                            f"handle[{self.layers[0]!r}][{key!r}]")
-        entry = self._layers.get(key)
-        if entry is None:
-            near = closest(key, self._layers)
-            hint = f"; did you mean {', '.join(map(repr, near))}?" if near else f"; it has {self.layers}"
-            raise LabelNotFoundError(f"no layer {key!r} in this activation store{hint}")
-        return self._group[entry["array"]]
-
-    def __repr__(self) -> str:
-        layers = ", ".join(f"{key} {tuple(e['shape'])} {e['dtype']}" for key, e in self._layers.items())
-        state = "" if self.complete else ", incomplete"
-        return f"<Activations of {self._index['model']} at {self.path!r}: {len(self)} samples{state}; {layers}>"
-
-
 # -- what a batch needs ----------------------------------------------------------------------
-@attrs.frozen
-class _Plan:
-    """Everything a batch needs besides the model and its samples; small and picklable (it goes to workers)."""
-
-    store: str
-    backend: str
-    keys: tuple[str, ...]
-    arrays: tuple[str, ...]
-    batch_size: int
-    inputs: tuple[tuple[Any, tuple[int, ...], str], ...] | None = None  # (slot, shape, dtype) of a sample
-    shapes: tuple[tuple[int, ...], ...] | None = None  # per layer, one sample's activation shape
-    dtypes: tuple[str, ...] | None = None
-
-
 def _fields(sample: Any) -> list[tuple[Any, Any]]:
     """A sample's model inputs as (slot, value): slot None for a lone array, a position, or a keyword."""
     if isinstance(sample, Mapping):
@@ -287,7 +172,7 @@ def _signature(sample: Any, position: int, backend: str) -> tuple[tuple[Any, tup
     return tuple(signature)
 
 
-def _check_samples(samples: list[Any], start: int, plan: _Plan) -> _Plan:
+def _check_samples(samples: list[Any], start: int, plan: Plan) -> Plan:
     """Every sample must look like the first one of the dataset; returns the plan with that look recorded."""
     expected = plan.inputs
     for offset, sample in enumerate(samples):
@@ -325,7 +210,7 @@ def _collate(samples: list[Any], backend: str) -> tuple[tuple[Any, ...], dict[st
     return (batch(None),), {}
 
 
-def _capture(model: Any, samples: list[Any], start: int, plan: _Plan) -> tuple[_Plan, list[Any]]:
+def _capture(model: Any, samples: list[Any], start: int, plan: Plan) -> tuple[Plan, list[Any]]:
     """Capture one batch: the plan (inputs, shapes and dtypes filled in) and each layer's values as NumPy."""
     plan = _check_samples(samples, start, plan)
     args, kwargs = _collate(samples, plan.backend)
@@ -434,141 +319,6 @@ class _Source:
                 return
 
 
-# -- the store -------------------------------------------------------------------------------
-def _location(path: str | os.PathLike) -> str:
-    path = os.fspath(path)
-    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
-
-
-def _open_store(location: str, overwrite: bool) -> tuple[Any, dict[str, Any] | None]:
-    """The group at ``location`` and its index (None for a fresh store); never clobbers foreign data."""
-    import zarr
-
-    if overwrite:
-        return zarr.open_group(location, mode="w"), None
-    local = "://" not in location
-    if local and os.path.isdir(location) and os.listdir(location) and not os.path.isfile(
-            os.path.join(location, "zarr.json")):
-        raise ExtractError(f"{location} exists and is not an activation store: pick another output_dir, "
-                           f"or pass overwrite=True to replace what is there")
-    try:
-        group = zarr.open_group(location, mode="a")
-    except zarr.errors.ContainsArrayError:
-        raise ExtractError(f"{location} holds a Zarr array, not an activation store; pass overwrite=True "
-                           f"to replace it") from None
-    index = group.attrs.asdict().get(INDEX)
-    if index is None and next(iter(group.keys()), None) is not None:
-        raise ExtractError(f"{location} holds a Zarr group that tl.extract_dataset did not write; pass "
-                           f"overwrite=True to replace it")
-    if index is not None and (not isinstance(index, dict) or index.get("format") != FORMAT):
-        raise ExtractError(f"{location} holds an index of another format; pass overwrite=True to replace it")
-    return group, index
-
-
-def _check_same(index: dict[str, Any], output_dir: Any, **wanted: Any) -> None:
-    """A rerun resumes only an extraction of the same layers, batch size, ids and dataset length."""
-    differ = []
-    for name, value in wanted.items():
-        stored = index.get(name)
-        if name in ("backend", "n_samples") and (value is None or stored is None):
-            continue  # not known on one side: nothing to compare
-        if value != stored:
-            differ.append(f"{'layers' if name == 'keys' else name}={_short(stored)} there, {_short(value)} here")
-    if differ:
-        raise ExtractError(f"{os.fspath(output_dir)} holds another extraction ({'; '.join(differ)}): pass "
-                           f"overwrite=True to start again, or choose another output_dir")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _array_names(keys: tuple[str, ...]) -> tuple[str, ...]:
-    """Zarr node names for layer keys: unique, no '/' or ':' (kept in the index next to their key)."""
-    names: list[str] = []
-    for key in keys:
-        name = re.sub(r"[^A-Za-z0-9_.-]", "-", key).lstrip("_.") or "layer"
-        base, n = name, 2
-        while name in names or name == MARKERS:
-            name, n = f"{base}-{n}", n + 1
-        names.append(name)
-    return tuple(names)
-
-
-def _create_arrays(group: Any, index: dict[str, Any], plan: _Plan, values: list[Any], n: int) -> _Writer:
-    """One array per layer, sized for ``n`` samples, one chunk per batch; then the index that lists them."""
-    import numpy as np
-    from zarr.codecs import ZstdCodec
-
-    assert plan.shapes is not None and plan.dtypes is not None
-    # zarr-python's own default codec (so every reader of Zarr v3 has it), at its fastest level: on
-    # activations it compresses better than Blosc-zstd, at about 180 MiB/s a core.
-    compressor = ZstdCodec(level=1)
-    for name, shape, dtype in zip(plan.arrays, plan.shapes, plan.dtypes):
-        fill = float("nan") if np.dtype(dtype).kind in "fc" else 0
-        group.create_array(name, shape=(n, *shape), chunks=(plan.batch_size, *shape), dtype=dtype,
-                           compressors=compressor, fill_value=fill, overwrite=True,
-                           dimension_names=("sample", *(f"{name}_dim{i}" for i in range(1, len(shape) + 1))))
-    group.create_array(MARKERS, shape=(math.ceil(n / plan.batch_size),), chunks=(1,), dtype="uint32", fill_value=0,
-                       overwrite=True, dimension_names=("batch",),
-                       attributes={"description": "samples written in each batch's chunks; 0: not yet"})
-    index.update(backend=plan.backend, inputs=[list(entry) for entry in plan.inputs or ()],
-                 layers=[{"key": key, "array": name, "shape": list(shape), "dtype": dtype}
-                         for key, name, shape, dtype in zip(plan.keys, plan.arrays, plan.shapes, plan.dtypes)])
-    group.attrs[INDEX] = index
-    return _Writer(plan, group)
-
-
-class _Writer:
-    """Writes batches into the layer arrays, then the batch's marker. Any process may write; only the caller
-    grows the arrays (``ensure``)."""
-
-    def __init__(self, plan: _Plan, group: Any = None) -> None:
-        import zarr
-
-        group = group if group is not None else zarr.open_group(plan.store, mode="r+")
-        self.batch_size = plan.batch_size
-        self.arrays = [group[name] for name in plan.arrays]
-        self.markers = group[MARKERS]
-
-    def ensure(self, stop: int) -> None:
-        """Grow the arrays (and markers) to hold ``stop`` samples: a dataset of unknown length grows as it comes."""
-        for array in self.arrays:
-            if array.shape[0] < stop:
-                array.resize((stop, *array.shape[1:]))
-        chunks = math.ceil(stop / self.batch_size)
-        if self.markers.shape[0] < chunks:
-            self.markers.resize((chunks,))
-
-    def write(self, k: int, start: int, values: list[Any]) -> None:
-        count = len(values[0])
-        for array, value in zip(self.arrays, values):
-            array[start:start + count] = value
-        self.markers[k] = count  # last: the batch counts as written only now
-
-
-def _finish(group: Any, index: dict[str, Any], plan: _Plan, n: int, ids: list[Any] | None) -> None:
-    """Trim the arrays to the samples seen, check every batch is marked, and mark the store complete."""
-    if n == 0:
-        raise ExtractError("the dataset is empty: there are no samples to extract")
-    if ids is not None and len(ids) != n:
-        raise ExtractError(f"sample_ids has {len(ids)} ids but the dataset gave {n} samples")
-    writer = _Writer(plan, group)
-    for array in writer.arrays:
-        if array.shape[0] != n:
-            array.resize((n, *array.shape[1:]))
-    n_batches = math.ceil(n / plan.batch_size)
-    if writer.markers.shape[0] != n_batches:
-        writer.markers.resize((n_batches,))
-    counts = writer.markers[:].tolist()
-    missing = [k for k, count in enumerate(counts) if count != min(plan.batch_size, n - k * plan.batch_size)]
-    if missing:
-        raise ExtractError(f"batches {missing[:10]} were not written; rerun the same call to complete them")
-    index.update(n_samples=n, sample_ids=ids, complete=True)
-    group.attrs[INDEX] = index
-
-
 # -- engines ---------------------------------------------------------------------------------
 def _engine_kind(engine: Any) -> str:
     if engine is None:
@@ -580,7 +330,7 @@ def _engine_kind(engine: Any) -> str:
                            f"not {type(engine).__name__}")
 
 
-def _run_here(model: Any, batches: Iterator[Any], plan: _Plan, store: _Writer, bar: _Progress) -> None:
+def _run_here(model: Any, batches: Iterator[Any], plan: Plan, store: Writer, bar: _Progress) -> None:
     """One batch after another in this process: one batch of activations held at a time."""
     for k, start, samples in batches:
         plan, values = _capture(model, samples, start, plan)
@@ -592,15 +342,15 @@ def _run_here(model: Any, batches: Iterator[Any], plan: _Plan, store: _Writer, b
         bar.update(count)
 
 
-def _on_worker(model: Any, samples: list[Any], k: int, start: int, plan: _Plan) -> int:
+def _on_worker(model: Any, samples: list[Any], k: int, start: int, plan: Plan) -> int:
     """A cluster task: capture one batch and write its chunks and marker; returns the sample count."""
     _, values = _capture(model, samples, start, plan)
     del samples
-    _Writer(plan).write(k, start, values)
+    Writer(plan).write(k, start, values)
     return len(values[0])
 
 
-def _run_on_dask(client: Any, model: Any, batches: Iterator[Any], plan: _Plan, store: _Writer,
+def _run_on_dask(client: Any, model: Any, batches: Iterator[Any], plan: Plan, store: Writer,
                  bar: _Progress) -> None:
     """Workers capture and write batches; at most two batches per worker thread are in flight."""
     from distributed import as_completed
