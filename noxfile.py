@@ -12,6 +12,15 @@ nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = "3.11"
 
+# backend -> (extras to install, a program its tests need and how to get it)
+BACKENDS = {
+    "torch": ("torch,zoo,test,extract", None),
+    "jax": ("jax,test", None),
+    "tf": ("tf,test", None),
+    "paddle": ("paddle,test", None),
+    "tinygrad": ("tinygrad,test", ("clang", "tinygrad's CPU device compiles with clang: apt-get install -y clang")),
+}
+
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
@@ -28,51 +37,25 @@ def core(session: nox.Session) -> None:
     session.run("pytest", "conformance", "--backend", "numpy", "-q")
 
 
-@nox.session(python=PYTHON)
-def torch(session: nox.Session) -> None:
-    """Torch backend tests and the torch conformance zoo (add `-- --runslow` for the 2,000-sample extraction)."""
-    session.install("-e", ".[torch,zoo,test,extract]")
-    session.run("pytest", "tests", "-q", *session.posargs)
-    session.run("pytest", "conformance", "--backend", "torch", "-q")
+def _backend_session(name: str, extras: str, needs: tuple[str, str] | None) -> None:
+    def run(session: nox.Session) -> None:
+        if needs is not None and shutil.which(needs[0]) is None:
+            session.error(needs[1])
+        session.install("-e", f".[{extras}]")
+        session.run("pytest", "tests", "-q", *session.posargs)  # `-- --runslow` adds the slow tests
+        session.run("pytest", "conformance", "--backend", name, "-q")
+
+    run.__doc__ = f"{name} backend tests and the {name} conformance zoo."
+    nox.session(python=PYTHON, name=name)(run)
 
 
-@nox.session(python=PYTHON)
-def jax(session: nox.Session) -> None:
-    """JAX backend tests and the JAX conformance zoo."""
-    session.install("-e", ".[jax,test]")
-    session.run("pytest", "tests", "-q", *session.posargs)
-    session.run("pytest", "conformance", "--backend", "jax", "-q")
-
-
-@nox.session(python=PYTHON)
-def tf(session: nox.Session) -> None:
-    """TensorFlow backend tests and the Keras/TensorFlow conformance zoo."""
-    session.install("-e", ".[tf,test]")
-    session.run("pytest", "tests", "-q", *session.posargs)
-    session.run("pytest", "conformance", "--backend", "tf", "-q")
-
-
-@nox.session(python=PYTHON)
-def paddle(session: nox.Session) -> None:
-    """Paddle backend tests and the Paddle conformance zoo."""
-    session.install("-e", ".[paddle,test]")
-    session.run("pytest", "tests", "-q", *session.posargs)
-    session.run("pytest", "conformance", "--backend", "paddle", "-q")
-
-
-@nox.session(python=PYTHON)
-def tinygrad(session: nox.Session) -> None:
-    """tinygrad backend tests and the tinygrad conformance zoo (its CPU device compiles with clang)."""
-    if shutil.which("clang") is None:
-        session.error("tinygrad's CPU device compiles kernels with clang: apt-get install -y clang")
-    session.install("-e", ".[tinygrad,test]")
-    session.run("pytest", "tests", "-q", *session.posargs)
-    session.run("pytest", "conformance", "--backend", "tinygrad", "-q")
+for _name, (_extras, _needs) in BACKENDS.items():
+    _backend_session(_name, _extras, _needs)
 
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job: trace ResNet-18, print the summary, a few lookups and the audit."""
+    """The main job: trace ResNet-18, print the summary, a few lookups and the audit, draw it."""
     session.install("-e", ".[torch]")
     session.run("python", "docs/demo.py")
 
