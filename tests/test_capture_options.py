@@ -147,3 +147,11 @@ def test_record_defers_naming_until_to_trace(resnet: tuple) -> None:
     assert {op.func_name for op in kept} == {"relu"}
     assert torch.equal(trace["relu_1"].out, full["relu_1"].out)
     assert trace.audit()
+
+
+def test_a_save_selector_that_picks_nothing_names_the_closest(resnet: tuple) -> None:
+    model, x = resnet
+    with pytest.raises(KeyError, match="rellu.*closest labels and module paths: .*relu"):
+        tl.trace(model, x, save=tl.func("rellu"))
+    with pytest.raises(KeyError, match="layer33"):
+        tl.pluck(model, x, "layer33")

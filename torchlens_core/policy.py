@@ -28,7 +28,18 @@ import attrs
 
 from torchlens_core.errors import UnsupportedError
 from torchlens_core.plugins import hook
-from torchlens_core.selectors import AllOf, AnyOf, InModule, Label, Module, Not, Selector, op_keys, split_pass
+from torchlens_core.selectors import (
+    AllOf,
+    AnyOf,
+    InModule,
+    Label,
+    Module,
+    Not,
+    Selector,
+    find,
+    op_keys,
+    split_pass,
+)
 
 if TYPE_CHECKING:
     from torchlens_core.builder import TraceBuilder
@@ -140,6 +151,8 @@ class Policy:
         for index in self.held:  # windows no picked op claimed
             drop(trace.ops[index])
         self.held.clear()
+        if self.save is not None and not trace.halted and not any(op.saved for op in trace.ops if op.kind == "op"):
+            find(trace, self.save)  # picked nothing: a typo, most likely; raises naming the closest names
 
     def _settle(self, op: OpRecord, picked: bool) -> None:
         """A pending op is decided: keep or drop it, and the window of ops before it."""
