@@ -7,6 +7,7 @@
 
 from torchlens_core import (
     Activations,
+    ArchitectureChanged,
     AuditReport,
     BackendNotFoundError,
     CaptureError,
@@ -21,6 +22,7 @@ from torchlens_core import (
     TorchLensError,
     Trace,
     UnsupportedError,
+    assert_unchanged,
     backends,
     extract_dataset,
     followed_by,
@@ -31,15 +33,19 @@ from torchlens_core import (
     pluck,
     preceded_by,
     record,
+    structural_hash,
     trace,
     where,
 )
 
+hash = structural_hash  # tl.hash(trace): the structural hash of a trace
+
 __version__ = "0.1.0"
 
 __all__ = [
-    "Activations", "AuditReport", "BackendNotFoundError", "CaptureError", "LabelNotFoundError", "ModulePass",
-    "ModuleRecord", "OpRecord", "ParamRecord", "Recording", "ReplayError", "Selector", "TorchLensError", "Trace",
-    "UnsupportedError", "__version__", "backends", "extract_dataset", "followed_by", "func", "in_module", "label",
-    "module", "pluck", "preceded_by", "record", "trace", "where",
+    "Activations", "ArchitectureChanged", "AuditReport", "BackendNotFoundError", "CaptureError",
+    "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "Recording", "ReplayError",
+    "Selector", "TorchLensError", "Trace", "UnsupportedError", "__version__", "assert_unchanged", "backends",
+    "extract_dataset", "followed_by", "func", "hash", "in_module", "label", "module", "pluck", "preceded_by",
+    "record", "trace", "where",
 ]

@@ -17,6 +17,7 @@ from torchlens_core.errors import (
     UnsupportedError,
 )
 from torchlens_core.extract import Activations, extract_dataset
+from torchlens_core.hashing import ArchitectureChanged, assert_unchanged, structural_hash
 from torchlens_core.hookspecs import hookimpl
 from torchlens_core.plugins import BackendInfo, backends
 from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
@@ -34,7 +35,8 @@ from torchlens_core.selectors import (
 from torchlens_core.trace import Trace
 
 __all__ = [
-    "Activations", "AuditReport", "Backend", "BackendInfo", "BackendNotFoundError", "CaptureError", "Finding",
+    "Activations", "ArchitectureChanged", "AuditReport", "Backend", "BackendInfo", "BackendNotFoundError",
+    "CaptureError", "Finding", "assert_unchanged", "structural_hash",
     "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "ParamRef",
     "Recording", "Ref", "ReplayError", "Selector", "TorchLensError", "Trace", "TraceBuilder", "UnsupportedError",
     "backends", "extract_dataset", "followed_by", "func", "hookimpl", "in_module", "label", "module", "pluck",
