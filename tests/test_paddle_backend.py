@@ -133,7 +133,7 @@ def test_functional_ops_in_place_residuals_and_prebound_functions() -> None:
     assert trace["act"].func_name == "relu" and trace["act"].module_outputs == ["act:1"]
     assert trace["full_1"].source == "constant"
     assert equal(trace.output, expected)
-    assert trace["linear_1"].code_site[0] == __file__
+    assert trace["linear_1"].code_site.file == __file__
 
 
 def test_lookup_by_label_short_label_position_and_layer_path() -> None:

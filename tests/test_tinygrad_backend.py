@@ -334,7 +334,7 @@ def test_summary_and_lookups() -> None:
     assert "Model: MLP (tinygrad)" in text and "| l1 (Linear)" in text and "| [1,8]" in text
     assert "Params: 67 unique; trainable: 67" in text and "Ops: 5 total" in text
     assert trace["linear_2"] is trace["l2"] is trace[5] is trace[-2]
-    assert trace["relu_1"].code_site is not None and trace["relu_1"].code_site[0] == __file__
+    assert trace["relu_1"].code_site is not None and trace["relu_1"].code_site.file == __file__
     assert trace["input_1"].dtype == "float32" and trace["input_1"].device == "cpu"
     with pytest.raises(KeyError, match="did you mean"):
         trace["relu_11"]

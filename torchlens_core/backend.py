@@ -69,6 +69,10 @@ class Backend:
         """``value`` cut from any autograd graph (frameworks without one: as it is)."""
         return value
 
+    def flop_formulas(self) -> dict[str, Any]:
+        """``{func_name: formula}`` for this backend's ops (see :mod:`torchlens_core.flops`)."""
+        return {}
+
     def conformance_cases(self) -> list[Case]:
         return []
 
@@ -116,6 +120,10 @@ class Backend:
     @hookimpl
     def torchlens_array_error(self, backend: str, actual: Any, expected: Any) -> float | None:
         return self.array_error(actual, expected) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_flop_formulas(self, backend: str) -> dict[str, Any] | None:
+        return self.flop_formulas() if backend == self.name else None
 
     @hookimpl
     def torchlens_conformance_cases(self, backend: str) -> list[Any] | None:

@@ -63,16 +63,18 @@ class TraceBuilder:
     def add_op(self, func_name: str, call: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                parent_indices: tuple[int, ...], out: Any, *, shape: Any = None, dtype: Any = None,
                device: Any = None, params: tuple[str, ...] = (), random: bool = False,
-               in_place: bool = False, code_site: Any = None, layer_key: Any = None,
-               meta: dict[str, Any] | None = None) -> OpRecord:
+               in_place: bool = False, code_context: tuple[Any, ...] = (), layer_key: Any = None,
+               meta: dict[str, Any] | None = None, elapsed: float | None = None,
+               conditions: tuple[int, ...] = ()) -> OpRecord:
         source = None
         if not parent_indices:
             source = "random" if random else "parameter" if params else "constant"
         op = OpRecord(index=len(self.ops), kind="op", func_name=func_name, call=call, args=args,
                       kwargs=kwargs, out=out, shape=shape, dtype=dtype, device=device,
                       module_passes=self.module_stack, params=params, source=source,
-                      in_place=in_place, code_site=code_site, layer_key=layer_key,
-                      parent_indices=parent_indices, meta=meta if meta is not None else {})
+                      in_place=in_place, code_context=code_context, layer_key=layer_key,
+                      parent_indices=parent_indices, meta=meta if meta is not None else {},
+                      elapsed=elapsed, condition_indices=conditions)
         self.ops.append(op)
         self.namer.name(op)
         if self.policy.active:
@@ -151,6 +153,8 @@ class TraceBuilder:
         self.namer.finish()
         for op in ops:
             op.parents = [ops[i].label for i in op.parent_indices]
+            if op.condition_indices:
+                op.conditions = [ops[i].label for i in op.condition_indices]
         for op in ops:
             for i in op.parent_indices:
                 ops[i].children.append(op.label)
@@ -162,9 +166,12 @@ class TraceBuilder:
                       modules=self.modules, params=self.params,
                       output_template=self._output_template, model_output=self._model_output,
                       notes=self.notes, halted=halted)
+        ref = weakref.ref(trace)
+        for op in ops:
+            op.trace_ref = ref
         for module in self.modules.values():
             for mp in module.passes:
-                mp.trace_ref = weakref.ref(trace)
+                mp.trace_ref = ref
         if self.policy.active:
             self.policy.finish(trace)
         return trace

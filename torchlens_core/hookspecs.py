@@ -121,6 +121,19 @@ def torchlens_array_error(backend: str, actual: Any, expected: Any) -> float | N
     """
 
 
+# -- metadata ------------------------------------------------------------------------
+@hookspec(firstresult=True)
+def torchlens_flop_formulas(backend: str) -> dict[str, Any] | None:
+    """FLOP formulas for this backend's ops: ``{func_name: formula}``.
+
+    A formula takes a :class:`torchlens_core.flops.OpCall` and returns
+    ``(flops, macs)``, or None when it cannot tell for that call; ops without
+    one count as unknown. Called once per backend, the first time a trace's
+    FLOPs are read. Formulas work on shapes and constants only: never import
+    the framework in them. :mod:`torchlens_core.flops` has building blocks.
+    """
+
+
 # -- conformance -----------------------------------------------------------------------
 @hookspec(firstresult=True)
 def torchlens_conformance_cases(backend: str) -> list[Any] | None:

@@ -32,6 +32,18 @@ class ParamRef:
     name: str
 
 
+@attrs.frozen(slots=True)
+class CodeLocation:
+    """One frame of the user's code that led to an op."""
+
+    file: str
+    line_number: int
+    func_name: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line_number} in {self.func_name}"
+
+
 OP_KINDS = ("input", "op", "output")
 SOURCE_KINDS = ("constant", "parameter", "random")
 
@@ -61,7 +73,11 @@ class OpRecord:
     params: tuple[str, ...] = ()
     source: str | None = None
     in_place: bool = False
-    code_site: tuple[str, int, str] | None = None
+    # The user's frames that led to this op, innermost first.
+    code_context: tuple[CodeLocation, ...] = ()
+    elapsed: float | None = None  # seconds the call took (None for input and output nodes)
+    # Ops whose values decided a data-dependent branch this op ran inside.
+    condition_indices: tuple[int, ...] = ()
     layer_key: Any = None
     meta: dict[str, Any] = attrs.Factory(dict)
     parent_indices: tuple[int, ...] = ()
@@ -75,6 +91,59 @@ class OpRecord:
     parents: list[str] = attrs.Factory(list)
     children: list[str] = attrs.Factory(list)
     module_outputs: list[str] = attrs.Factory(list)
+    conditions: list[str] = attrs.Factory(list)
+    trace_ref: weakref.ref[Trace] | None = None
+    cost: tuple[float | None, float | None] | None = None  # (flops, macs), worked out when first read
+
+    @property
+    def trace(self) -> Trace:
+        trace = self.trace_ref() if self.trace_ref is not None else None
+        if trace is None:
+            raise ReferenceError(f"the trace of op {self.label} is gone; keep the trace to read it")
+        return trace
+
+    @property
+    def flops(self) -> float | None:
+        """Floating-point operations of this op; None when no formula knows it (see tl.register_flops)."""
+        if self.cost is None:
+            from torchlens_core.flops import count
+
+            self.cost = count(self.trace, self)
+        return self.cost[0]
+
+    @property
+    def macs(self) -> float | None:
+        """Multiply-accumulates of this op (contractions only); None when unknown."""
+        if self.cost is None:
+            self.flops  # noqa: B018 - fills self.cost
+        return self.cost[1]  # type: ignore[index]
+
+    @property
+    def num_bytes(self) -> int | None:
+        """Bytes of the output (every output, for several), from shape and dtype; None if unknown."""
+        return num_bytes(self.shape, self.dtype)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The call's arguments that are not arrays (kernel size, padding, axis...), by name where known."""
+        from torchlens_core.metadata import config
+
+        return config(self)
+
+    @property
+    def distances(self) -> Distances:
+        """Shortest and longest paths, in edges, from any input and to any output (None: no path)."""
+        return self.trace.distances()[self.index]
+
+    @property
+    def in_branch(self) -> bool:
+        """True if this op ran inside a data-dependent branch (``if`` on an array's value, ``cond``...)."""
+        return bool(self.condition_indices)
+
+    @property
+    def code_site(self) -> CodeLocation | None:
+        """The nearest user frame: ``code_context[0]``."""
+        return self.code_context[0] if self.code_context else None
 
     @property
     def module(self) -> str | None:
@@ -170,6 +239,46 @@ class ParamRecord:
     def __repr__(self) -> str:
         kind = "buffer" if self.is_buffer else "param"
         return f"<ParamRecord {kind} {self.name} {self.shape}>"
+
+
+@attrs.frozen(slots=True)
+class Distances:
+    """Path lengths in edges: from the nearest and farthest input, to the nearest and farthest output."""
+
+    min_from_input: int | None
+    max_from_input: int | None
+    min_to_output: int | None
+    max_to_output: int | None
+
+
+_ITEM_BITS = {"bool": 8, "complex64": 64, "complex128": 128}
+
+
+def itemsize(dtype: str | None) -> int | None:
+    """Bytes per element of a dtype named like ``float32``, ``bfloat16``, ``int8``, ``bool``."""
+    if dtype is None:
+        return None
+    name = dtype.rsplit(".", 1)[-1].lower()
+    bits = _ITEM_BITS.get(name)
+    if bits is None:
+        digits = "".join(c for c in name.split("_")[0] if c.isdigit())
+        bits = int(digits) if digits else None
+    if name in ("float", "double", "half", "long", "int"):  # framework aliases
+        bits = {"float": 32, "double": 64, "half": 16, "long": 64, "int": 32}[name]
+    return max(bits // 8, 1) if bits else None
+
+
+def num_bytes(shape: Any, dtype: str | None) -> int | None:
+    size = itemsize(dtype)
+    if shape is None or size is None:
+        return None
+    if all(isinstance(d, int) for d in shape):
+        n = 1
+        for d in shape:
+            n *= d
+        return n * size
+    parts = [num_bytes(s, dtype) for s in shape]
+    return None if any(p is None for p in parts) else sum(parts)  # type: ignore[misc]
 
 
 def shape_at(shape: Any, path: tuple[Any, ...]) -> Any:

@@ -7,6 +7,11 @@ import sys
 
 import pluggy
 
+from torchlens_core import api
+from torchlens_core.records import CodeLocation
+
+_API_FILE = api.__file__
+
 
 class CallSites:
     """Finds the caller's code site, skipping frames in the given packages and in TorchLens.
@@ -22,16 +27,24 @@ class CallSites:
         self.internal = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in files)
         self.verdicts: dict[str, bool] = {}
 
-    def first_outside(self) -> tuple[str, int, str] | None:
-        """File, line and function of the nearest calling frame outside the skipped packages."""
+    def stack(self, limit: int = 6) -> tuple[CodeLocation, ...]:
+        """The user's frames leading to the current call, innermost first, at most ``limit``.
+
+        The walk stops at the TorchLens call that started the capture: frames
+        above it (the script calling ``tl.trace``) are the same for every op.
+        """
         frame = sys._getframe(1)
         verdicts, internal = self.verdicts, self.internal
-        while frame is not None:
-            filename = frame.f_code.co_filename
+        found: list[CodeLocation] = []
+        while frame is not None and len(found) < limit:
+            code = frame.f_code
+            filename = code.co_filename
             inside = verdicts.get(filename)
             if inside is None:
                 inside = verdicts[filename] = filename.startswith(internal) or filename.startswith("<frozen")
             if not inside:
-                return filename, frame.f_lineno, frame.f_code.co_name
+                found.append(CodeLocation(filename, frame.f_lineno, code.co_name))
+            elif filename == _API_FILE:
+                break
             frame = frame.f_back
-        return None
+        return tuple(found)

@@ -22,6 +22,10 @@ OP_COLUMNS = {
     "device": "string", "parents": "object", "children": "object", "params": "object",
     "num_params": "int64", "source": "string", "in_place": "bool", "saved": "bool",
     "file": "string", "line": "Int64", "code_function": "string",
+    "num_bytes": "Int64", "elapsed": "Float64", "flops": "Float64", "macs": "Float64",
+    "min_distance_from_input": "Int64", "max_distance_from_input": "Int64",
+    "min_distance_to_output": "Int64", "max_distance_to_output": "Int64",
+    "conditions": "object", "config": "object",
 }
 PARAM_COLUMNS = {
     "name": "string", "module": "string", "shape": "object", "dtype": "string", "numel": "int64",
@@ -49,8 +53,10 @@ def _frame(rows: list[dict[str, Any]], columns: dict[str, str]) -> Any:
 
 def ops_frame(trace: Trace) -> Any:
     rows = []
+    distances = trace.distances()
     for op in trace.ops:
-        site = op.code_site or (None, None, None)
+        site = op.code_site
+        d = distances[op.index]
         rows.append({
             "label": op.label, "layer_label": op.layer_label, "kind": op.kind, "func_name": op.func_name,
             "position": op.index, "pass_num": op.pass_num, "num_passes": op.num_passes, "module": op.module,
@@ -59,7 +65,12 @@ def ops_frame(trace: Trace) -> Any:
             "params": tuple(op.params),
             "num_params": sum(trace.params[p].numel for p in op.params if p in trace.params),
             "source": op.source, "in_place": op.in_place, "saved": op.saved,
-            "file": site[0], "line": site[1], "code_function": site[2],
+            "file": site and site.file, "line": site and site.line_number,
+            "code_function": site and site.func_name,
+            "num_bytes": op.num_bytes, "elapsed": op.elapsed, "flops": op.flops, "macs": op.macs,
+            "min_distance_from_input": d.min_from_input, "max_distance_from_input": d.max_from_input,
+            "min_distance_to_output": d.min_to_output, "max_distance_to_output": d.max_to_output,
+            "conditions": tuple(op.conditions), "config": op.config,
         })
     return _frame(rows, OP_COLUMNS)
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchlens_core import tree
 from torchlens_core.errors import LabelNotFoundError, closest
-from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
+from torchlens_core.records import Distances, ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.tables import ModuleTable, ParamTable
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ class Trace:
         self.halted = halted
         self._keys: dict[str, OpRecord | ModulePass] | None = None
         self._ambiguous: dict[str, list[str]] = {}
+        self._distances: list[Distances] | None = None
 
     # -- the graph ------------------------------------------------------------------
     @property
@@ -67,6 +68,29 @@ class Trace:
     @property
     def num_edges(self) -> int:
         return sum(len(op.parents) for op in self.ops)
+
+    def distances(self) -> list[Distances]:
+        """Graph distances of every op, by position (also ``op.distances``); worked out once."""
+        if self._distances is None:
+            from torchlens_core.metadata import distances
+
+            self._distances = distances(self)
+        return self._distances
+
+    @property
+    def flops(self) -> float:
+        """Forward FLOPs: the sum over ops whose FLOPs are known (see ``unknown_flops``)."""
+        return sum(op.flops or 0.0 for op in self.ops)
+
+    @property
+    def macs(self) -> float:
+        """Forward multiply-accumulates, summed over ops whose count is known."""
+        return sum(op.macs or 0.0 for op in self.ops)
+
+    @property
+    def unknown_flops(self) -> list[OpRecord]:
+        """Ops no FLOP formula covers; register one with ``tl.register_flops``."""
+        return [op for op in self.ops if op.flops is None]
 
     def resolve(self, template: Any) -> Any:
         """Replace the Refs and ParamRefs inside ``template`` by the recorded values."""

@@ -14,6 +14,7 @@ the call's output marker closes it, naming what the call returned.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +22,9 @@ from typing import Any
 import attrs
 import numpy as np
 
+from torchlens_core import api
 from torchlens_core.builder import TraceBuilder
-from torchlens_core.records import ParamRef, Ref
+from torchlens_core.records import CodeLocation, ParamRef, Ref
 from torchlens_jax.arrays import array_info
 from torchlens_jax.scopes import MARKER_NAME, CallScopes, fill
 
@@ -131,7 +133,7 @@ class Walker:
             shape=tuple(shapes) if prim.multiple_results else shapes[0],
             dtype=first[1] if first else None, device=first[2] if first else None,
             params=tuple(dict.fromkeys(x.ref.name for x in ins if isinstance(x.ref, ParamRef))),
-            code_site=None if helper else _code_site(eqn),
+            code_context=() if helper else _code_context(eqn),
             layer_key=None if loc is None else ("jax-loop", loc), meta=meta)
         if prim.multiple_results:
             return [Val(o, Ref(op.index, (j,))) for j, o in enumerate(outs)]
@@ -252,12 +254,21 @@ def _inner_jaxprs(params: dict[str, Any]) -> list[Any]:
     return found
 
 
-def _code_site(eqn: Any) -> tuple[str, int, str] | None:
-    """Where the user's code made this equation (file, line, function), if JAX kept it."""
-    try:
-        from jax._src import source_info_util  # no public API gives the user frame
+_OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in (api.__file__, __file__))
 
-        frame = source_info_util.user_frame(eqn.source_info.traceback)
+
+def _code_context(eqn: Any, limit: int = 6) -> tuple[CodeLocation, ...]:
+    """The user's frames that made this equation, innermost first, if JAX kept them."""
+    try:
+        from jax._src import source_info_util  # no public API gives the user frames
+
+        frames = source_info_util.user_frames(eqn.source_info.traceback)
     except Exception:
-        return None
-    return (frame.file_name, frame.start_line, frame.function_name) if frame else None
+        return ()
+    found: list[CodeLocation] = []
+    for frame in frames:
+        if frame.file_name == api.__file__ or len(found) == limit:
+            break
+        if not frame.file_name.startswith(_OWN_DIRS):
+            found.append(CodeLocation(frame.file_name, frame.start_line, frame.function_name))
+    return tuple(found)

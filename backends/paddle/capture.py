@@ -172,7 +172,7 @@ class Recorder:
         op = self.builder.add_op(
             info.name, info.call, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
             device=device, params=tuple(dict.fromkeys(params)), random=info.random, in_place=bool(targets),
-            code_site=_SITES.first_outside(), meta=meta)
+            code_context=_SITES.stack(), meta=meta)
         if leaves is None:
             self._produced(out, op.index, ())
         else:

@@ -393,7 +393,7 @@ class Recorder:
         op = self.builder.add_op(
             info.func_name, call, tuple(args), {}, tuple(dict.fromkeys(parents)), out,
             shape=shape, dtype=dtype, device=device, params=tuple(dict.fromkeys(params)), random=info.random,
-            in_place=bool(writes), code_site=self.sites.first_outside(), meta=meta)
+            in_place=bool(writes), code_context=self.sites.stack(), meta=meta)
         # From here on, nothing reads op.out: save= may already have dropped it.
         index = op.index
         if len(values) == 1:

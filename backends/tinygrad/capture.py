@@ -284,7 +284,7 @@ class Recorder:
         op = self.builder.add_op(
             spec.func_name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
             device=device, params=tuple(dict.fromkeys(params)), random=random, in_place=target is not None,
-            code_site=_SITES.first_outside(), meta=meta or None)
+            code_context=_SITES.stack(), meta=meta or None)
         if isinstance(out, Tensor):
             self.produced(out, op.index, ())
         else:

@@ -172,7 +172,7 @@ class _Recorder(TorchFunctionMode):
         op = self.builder.add_op(
             info.name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype, device=device,
             params=tuple(dict.fromkeys(params)), random=info.random, in_place=target is not None,
-            code_site=_SITES.first_outside(), meta=meta)
+            code_context=_SITES.stack(), meta=meta)
         if isinstance(out, Tensor):
             self._produced(out, op.index, ())
         else:

@@ -36,7 +36,7 @@ from torchlens_core import tree
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
 from torchlens_core.policy import CaptureOptions
-from torchlens_core.records import Ref
+from torchlens_core.records import CodeLocation, Ref
 from torchlens_core.trace import Trace
 
 NAME = "numpy"
@@ -250,15 +250,15 @@ def _has_arrays(v: Any) -> bool:
 _NUMPY_DIR = os.path.dirname(np.__file__)
 
 
-def _code_site() -> tuple[str, int, str] | None:
-    """File, line and function of the first caller outside NumPy and this module."""
+def _code_context() -> tuple[CodeLocation, ...]:
+    """The first caller outside NumPy and this module (file, line and function)."""
     frame: Any = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not (filename == __file__ or filename.startswith(_NUMPY_DIR) or filename.startswith("<frozen")):
-            return filename, frame.f_lineno, frame.f_code.co_name
+            return (CodeLocation(filename, frame.f_lineno, frame.f_code.co_name),)
         frame = frame.f_back
-    return None
+    return ()
 
 
 class Recorder:
@@ -290,7 +290,7 @@ class Recorder:
             return result
         shape, dtype = _info(value)
         op = self.builder.add_op(name, fn, a, k, tuple(dict.fromkeys(parents)), value, shape=shape, dtype=dtype,
-                                 device="cpu", random=random, in_place=bool(targets), code_site=_code_site(),
+                                 device="cpu", random=random, in_place=bool(targets), code_context=_code_context(),
                                  meta=meta)
         wrapped = self.wrap(value, op.index)
         if not targets:

@@ -1,0 +1,87 @@
+"""Per-op metadata worked out from the recorded graph: config arguments and graph distances."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import TYPE_CHECKING, Any
+
+from torchlens_core import tree
+from torchlens_core.records import Distances, ParamRef, Ref
+
+if TYPE_CHECKING:
+    from torchlens_core.records import OpRecord
+    from torchlens_core.trace import Trace
+
+_NAMES: dict[Any, tuple[str, ...] | None] = {}
+_DOC_SIGNATURE = re.compile(r"^\s*[\w.]+\((.*?)\)", re.S)
+
+
+def arg_names(call: Any) -> tuple[str, ...] | None:
+    """Parameter names of a callable, from its signature or, for builtins, its docstring's first line."""
+    try:
+        return _NAMES[call]
+    except (KeyError, TypeError):
+        pass
+    names: tuple[str, ...] | None = None
+    try:
+        names = tuple(p for p in inspect.signature(call).parameters if p not in ("self", "cls"))
+    except (TypeError, ValueError):
+        match = _DOC_SIGNATURE.match(getattr(call, "__doc__", None) or "")
+        if match:
+            parts = [p.strip().split("=")[0].split(":")[0].strip() for p in match.group(1).split(",")]
+            names = tuple(p.lstrip("*") for p in parts if p and p not in ("*", "/", "self"))
+    try:
+        _NAMES[call] = names
+    except TypeError:  # unhashable callables: not cached
+        pass
+    return names
+
+
+def _is_data(value: Any) -> bool:
+    """Arrays, recorded values and parameters are data, not configuration."""
+    found = tree.leaves(value, lambda x: isinstance(x, (Ref, ParamRef)) or hasattr(x, "shape"))
+    return next(found, None) is not None
+
+
+def config(op: OpRecord) -> dict[str, Any]:
+    """The op's non-array arguments, named by the callable's signature where it has one."""
+    names = op.meta.get("arg_names") or (arg_names(op.call) if op.call is not None else None) or ()
+    out: dict[str, Any] = {}
+    for i, value in enumerate(op.args):
+        if not _is_data(value):
+            out[names[i] if i < len(names) else f"arg{i}"] = value
+    for name, value in op.kwargs.items():
+        if not _is_data(value):
+            out[name] = value
+    return out
+
+
+def distances(trace: Trace) -> list[Distances]:
+    """Min and max path length (in edges) from any input to each op, and from each op to any output."""
+    ops = trace.ops
+    n = len(ops)
+    min_in: list[int | None] = [None] * n
+    max_in: list[int | None] = [None] * n
+    for op in ops:  # ops are in execution order: parents come first
+        if op.kind == "input":
+            min_in[op.index] = max_in[op.index] = 0
+            continue
+        reached = [i for i in op.parent_indices if min_in[i] is not None]
+        if reached:
+            min_in[op.index] = min(min_in[i] for i in reached) + 1  # type: ignore[operator]
+            max_in[op.index] = max(max_in[i] for i in reached) + 1  # type: ignore[operator]
+    min_out: list[int | None] = [None] * n
+    max_out: list[int | None] = [None] * n
+    for op in reversed(ops):
+        if op.kind == "output":
+            min_out[op.index] = max_out[op.index] = 0
+        d_min, d_max = min_out[op.index], max_out[op.index]
+        if d_min is None:
+            continue
+        for i in op.parent_indices:
+            if min_out[i] is None or d_min + 1 < min_out[i]:  # type: ignore[operator]
+                min_out[i] = d_min + 1
+            if max_out[i] is None or d_max + 1 > max_out[i]:  # type: ignore[operator]
+                max_out[i] = d_max + 1  # type: ignore[operator]
+    return [Distances(min_in[i], max_in[i], min_out[i], max_out[i]) for i in range(n)]
