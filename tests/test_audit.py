@@ -79,6 +79,15 @@ def _orphan_child(t: tl.Trace) -> None:
     t["relu_1"].children.append("sigmoid_1_7")
 
 
+def _condition_after(t: tl.Trace) -> None:
+    op = t["relu_1"]
+    op.condition_indices, op.conditions = (t["sigmoid_1"].index,), [t["sigmoid_1"].label]
+
+
+def _negative_macs(t: tl.Trace) -> None:
+    t["linear_1"].cost = (10.0, -5.0)
+
+
 CORRUPTIONS: dict[str, tuple[Callable[[tl.Trace], None], str, str | None]] = {
     "dropped parents": (_drop_parents, "sources declared", "relu_1_2"),
     "misordered graph": (_misorder, "acyclic and ordered", "relu_1_2"),
@@ -90,6 +99,8 @@ CORRUPTIONS: dict[str, tuple[Callable[[tl.Trace], None], str, str | None]] = {
     "wrong function": (_wrong_function, "per-op replay parity", "relu_1_2"),
     "wrong output": (_wrong_output, "output parity", None),
     "child without parent": (_orphan_child, "edges agree", "relu_1_2"),
+    "condition after the op": (_condition_after, "metadata sane", "relu_1_2"),
+    "negative MACs": (_negative_macs, "metadata sane", "linear_1_1"),
 }
 
 

@@ -33,11 +33,11 @@ def test_core_never_imports_a_framework() -> None:
 
 def test_public_api() -> None:
     assert sorted(tl.__all__) == sorted([
-        "Activations", "ArchitectureChanged", "AuditReport", "BackendNotFoundError", "CaptureError",
+        "Activations", "ArchitectureChanged", "AuditReport", "BackendNotFoundError", "CaptureError", "CodeLocation",
         "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "Recording", "ReplayError",
-        "Selector", "TorchLensError", "Trace", "UnsupportedError", "__version__", "assert_unchanged", "backends",
-        "extract_dataset", "followed_by", "func", "hash", "in_module", "label", "module", "pluck", "preceded_by",
-        "record", "trace", "where",
+        "Selector", "TorchLensError", "Trace", "TraceFileError", "UnsupportedError", "__version__",
+        "assert_unchanged", "backends", "extract_dataset", "followed_by", "func", "hash", "in_module", "label",
+        "load", "module", "pluck", "preceded_by", "record", "register_flops", "save", "trace", "where",
     ])
 
 

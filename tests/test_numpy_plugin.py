@@ -35,7 +35,8 @@ def test_registered_through_the_entry_point_like_any_third_party_backend() -> No
     assert eps["numpy"].dist.name == "torchlens-numpy"
     listed = {b["name"]: b for b in tl.backends()}
     assert listed["numpy"]["available"] and listed["numpy"]["framework"] == "numpy"
-    assert set(listed["numpy"]["capabilities"]) == {"functions", "in_place", "random", "control_flow", "save", "halt"}
+    assert set(listed["numpy"]["capabilities"]) == {"functions", "in_place", "random", "control_flow", "save", "halt",
+                                                      "timing"}
 
 
 def test_never_claims_a_call_on_its_own() -> None:
@@ -299,3 +300,18 @@ def test_save_and_halt() -> None:
     assert part.audit()
     halted = tl.trace(mlp, x, w, backend="numpy", halt=tl.func("maximum"))
     assert halted.halted and halted.ops[-1].func_name == "maximum" and halted.audit()
+
+
+def test_third_party_flop_formulas() -> None:
+    import numpy as np
+
+    import torchlens as tl
+
+    def f(x, w):
+        return np.cumsum(np.tanh(x @ w) + 1)
+
+    trace = tl.trace(f, np.ones((3, 4)), np.ones((4, 5)), backend="numpy")
+    assert trace["matmul_1"].macs == 3 * 4 * 5 and trace["matmul_1"].flops == 2 * 60
+    assert trace["tanh_1"].flops == 15 and trace["add_1"].flops == 15
+    assert trace["cumsum_1"].flops is None  # no formula: unknown, not zero
+    assert trace.flops == 150 and [op.label for op in trace.unknown_flops] == [trace["cumsum_1"].label]

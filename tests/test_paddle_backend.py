@@ -212,6 +212,53 @@ def test_data_dependent_branch_records_what_ran() -> None:
     assert [op.func_name for op in neg.ops if op.kind == "op"] == ["sum", "gt", "abs"]
 
 
+class Gate(nn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:
+            h = F.relu(h) * 2
+        else:
+            h = self.b(h)
+        n = 0
+        while h.abs().max().item() > 0.5 and n < 2:
+            h = h / 2
+            n += 1
+        return h + 1
+
+
+def fill(layer: nn.Linear, weight: float, bias: float) -> None:
+    layer.weight.set_value(paddle.full(layer.weight.shape, weight))
+    layer.bias.set_value(paddle.full(layer.bias.shape, bias))
+
+
+def test_ops_inside_data_dependent_branches_name_their_condition() -> None:
+    model = Gate()
+    fill(model.a, 0.5, 1.0)
+    trace = tl.trace(model, paddle.ones([1, 4]))
+    gt = trace["gt_1"].label
+    assert trace["relu_1"].conditions == [gt] and trace["mul_1"].conditions == [gt]
+    maxes = [op.label for op in trace.find(tl.func("max"))]
+    assert [d.conditions for d in trace.find(tl.func("div"))] == [maxes[:1], maxes[1:2]]
+    for label in ("linear_1", "sum_1", "gt_1", "abs_1", "max_1", "add_1"):
+        assert not trace[label].in_branch, label
+
+    fill(model.a, -0.5, -1.0)  # the else branch, and the loop body never runs
+    fill(model.b, 0.01, 0.0)
+    trace = tl.trace(model, paddle.ones([1, 4]))
+    assert trace["linear_2"].conditions == [trace["gt_1"].label]
+    assert not trace["linear_1"].in_branch and "div" not in {op.func_name for op in trace}
+
+    def fn(x):  # a conditional expression tested through numpy()
+        return x.exp() if x.sum().numpy() > 0 else x.abs()
+
+    trace = tl.trace(fn, paddle.ones([3]))
+    assert trace["exp_1"].conditions == [trace["sum_1"].label]
+
+
 def test_multi_output_ops_and_sources() -> None:
     class Maker(nn.Layer):
         def __init__(self) -> None:
@@ -527,6 +574,22 @@ def test_an_exception_inside_the_model_leaves_nothing_installed(exc: BaseExcepti
     assert_nothing_installed([model])
     # and the next trace works as usual
     assert tl.trace(SimpleRecurrent(), paddle.randn([2, 5])).audit()
+
+
+def test_an_exception_inside_a_branch_leaves_nothing_installed() -> None:
+    deciding = {name: paddle.Tensor.__dict__.get(name) for name in ("__bool__", "item", "numpy", "tolist")}
+    before = interception_state()
+
+    def fn(x):
+        if (x + 1).sum() > 0:
+            raise ValueError("inside the branch")
+        return x
+
+    with pytest.raises(ValueError):
+        tl.trace(fn, paddle.ones([3]))
+    assert interception_state() == before
+    assert_nothing_installed()
+    assert {name: paddle.Tensor.__dict__.get(name) for name in deciding} == deciding
 
 
 def test_replay_changes_neither_the_model_nor_the_trace() -> None:

@@ -149,3 +149,32 @@ def test_readme_feature_extraction_block(tmp_path: Any, monkeypatch: pytest.Monk
     tl.extract_dataset(model, dataset, layers=['relu_1_2', 'conv2d_3_7'],
                        batch_size=32, output_dir='torchlens-activations/')
     assert (tmp_path / "torchlens-activations").is_dir()
+
+
+def test_readme_metadata_block(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("pandas")
+    import torch
+    import torchvision.models as models
+
+    import torchlens as tl
+
+    model = models.alexnet(weights=None)
+    x = torch.randn(1, 3, 224, 224)
+    log = tl.trace(model, x)
+
+    print(log['conv2d_3_7'])
+
+    loc = log['conv2d_3_7'].code_context[0]
+    print(loc.file, loc.line_number, loc.func_name)
+
+    df = log.to_pandas()            # one row per op
+    params_df = log.params.to_pandas()
+    modules_df = log.modules.to_pandas()
+
+    out = capsys.readouterr().out
+    assert out.startswith("Layer conv2d_3_7, operation 7/22:\n")
+    assert "Lookup keys: -17, 7, conv2d_3, conv2d_3:1, conv2d_3_7, conv2d_3_7:1, features.6, features.6:1" in out
+    assert loc.file == models.AlexNet.forward.__code__.co_filename and loc.func_name == "forward"
+    assert out.splitlines()[-1] == f"{loc.file} {loc.line_number} forward"
+    assert len(df) == 24 and len(params_df) == 16 and len(modules_df) == len(log.modules)
+    assert "Forward FLOPs: 1.4 GFLOPs" in log.summary()

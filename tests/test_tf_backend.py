@@ -177,6 +177,46 @@ def test_python_control_flow_is_recorded_as_it_ran() -> None:
     assert [op.func_name for op in neg.ops if op.kind == "op"] == ["sum", "neg", "abs"]
 
 
+class Gate(keras.Model):
+    def __init__(self, weight: float, bias: float) -> None:
+        super().__init__()
+        self.a = keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(weight),
+                                    bias_initializer=keras.initializers.Constant(bias))
+        self.b = keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(0.01))
+
+    def call(self, x):
+        h = self.a(x)
+        if tf.reduce_sum(h) > 0:
+            h = tf.nn.relu(h) * 2
+        else:
+            h = self.b(h)
+        n = 0
+        while tf.reduce_max(tf.abs(h)).numpy() > 0.5 and n < 2:
+            h = h / 2
+            n += 1
+        return h + 1
+
+
+def test_ops_inside_data_dependent_branches_name_their_condition() -> None:
+    trace = tl.trace(Gate(0.5, 1.0), tf.ones((1, 4)))
+    greater = trace["greater_1"].label
+    assert trace["relu_1"].conditions == [greater] and trace["mul_1"].conditions == [greater]
+    maxes = [op.label for op in trace.find(tl.func("max"))]
+    assert [d.conditions for d in trace.find(tl.func("div"))] == [maxes[:1], maxes[1:2]]
+    for label in ("matmul_1", "bias_add_1", "sum_1", "greater_1", "abs_1", "max_1", "add_1"):
+        assert not trace[label].in_branch, label
+
+    trace = tl.trace(Gate(-0.5, -1.0), tf.ones((1, 4)))  # the else branch; the loop body never runs
+    assert trace["matmul_2"].conditions == trace["bias_add_2"].conditions == [trace["greater_1"].label]
+    assert not trace["matmul_1"].in_branch and "div" not in {op.func_name for op in trace}
+
+    def fn(x):  # a conditional expression tested through float()
+        return tf.exp(x) if float(tf.reduce_sum(x)) > 0 else tf.abs(x)
+
+    trace = tl.trace(fn, tf.ones(3))
+    assert trace["exp_1"].conditions == [trace["sum_1"].label]
+
+
 def test_keyword_tuple_and_dict_inputs_and_numpy_inputs() -> None:
     received = {}
 
@@ -323,9 +363,11 @@ def test_train_mode_dropout_replays_exactly() -> None:
 def _interception_state() -> tuple:
     from tensorflow.python.eager import context, execute
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
+    from tensorflow.python.framework import ops
 
+    value_reads = tuple(vars(ops._EagerTensorBase).get(name) for name in ("__bool__", "__float__", "numpy"))
     return (tuple(context.context().op_callbacks), execute.execute, keras.layers.Layer.__dict__["__call__"],
-            polymorphic_function.Function.__dict__["__call__"], tf.config.functions_run_eagerly())
+            polymorphic_function.Function.__dict__["__call__"], tf.config.functions_run_eagerly(), value_reads)
 
 
 class Boom(keras.Model):
@@ -340,6 +382,18 @@ class Boom(keras.Model):
         if self.armed:
             raise self.error("inside the model")
         return x
+
+
+def test_an_exception_inside_a_branch_leaves_nothing_installed() -> None:
+    def fn(x):
+        if tf.reduce_sum(x + 1) > 0:
+            raise ValueError("inside the branch")
+        return x
+
+    before = _interception_state()
+    with pytest.raises(ValueError, match="inside the branch"):
+        tl.trace(fn, tf.ones(3))
+    assert _interception_state() == before
 
 
 @pytest.mark.parametrize("error", [ValueError, KeyboardInterrupt])

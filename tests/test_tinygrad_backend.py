@@ -322,6 +322,51 @@ def test_data_dependent_branch_records_what_ran() -> None:
     assert [op.func_name for op in neg.ops if op.kind == "op"] == ["sum", "neg", "abs"]
 
 
+class Gate:
+    def __init__(self, weight: float, bias: float) -> None:
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.a.weight, self.a.bias = Tensor.full((4, 4), weight).contiguous(), Tensor.full((4,), bias).contiguous()
+        self.b.weight, self.b.bias = Tensor.full((4, 4), 0.01).contiguous(), Tensor.zeros(4).contiguous()
+
+    def __call__(self, x):
+        h = self.a(x)
+        if (h.sum() > 0).item():  # tinygrad has no Tensor.__bool__
+            h = h.relu() * 2
+        else:
+            h = self.b(h)
+        n = 0
+        while h.abs().max().numpy() > 0.5 and n < 2:
+            h = h / 2
+            n += 1
+        return h + 1
+
+
+def test_ops_inside_data_dependent_branches_name_their_condition() -> None:
+    trace = tl.trace(Gate(0.5, 1.0), Tensor.ones(1, 4).contiguous())
+    gt = trace["gt_1"].label
+    assert trace["relu_1"].conditions == [gt] and trace["mul_1"].conditions == [gt]
+    maxes = [op.label for op in trace.find(tl.func("max"))]
+    assert [d.conditions for d in trace.find(tl.func("div"))] == [maxes[:1], maxes[1:2]]
+    for label in ("linear_1", "sum_1", "gt_1", "abs_1", "max_1", "add_1"):
+        assert not trace[label].in_branch, label
+
+    trace = tl.trace(Gate(-0.5, -1.0), Tensor.ones(1, 4).contiguous())  # else; the loop body never runs
+    assert trace["linear_2"].conditions == [trace["gt_1"].label]
+    assert not trace["linear_1"].in_branch and "div" not in {op.func_name for op in trace}
+
+
+def test_an_exception_inside_a_branch_leaves_nothing_patched() -> None:
+    def fn(x):
+        if (x + 1).sum().item() > 0:
+            raise ValueError("inside the branch")
+        return x
+
+    before = _patchable_state()
+    with pytest.raises(ValueError, match="inside the branch"):
+        tl.trace(fn, _randn(3).abs())
+    assert _same(_patchable_state(), before)
+
+
 def test_a_tensor_method_itself_can_be_the_target() -> None:
     x = _randn(2, 3)
     assert [op.func_name for op in tl.trace(Tensor.relu, x).ops] == ["input", "relu", "output"]

@@ -236,7 +236,8 @@ def test_summary_lists_modules_and_totals() -> None:
     assert "| 0 (Linear)" in text and "| [1,8]" in text and "| 40 " in text
     assert "Params: 58 unique; trainable: 58" in text
     assert "Ops: 3 total" in text and "Edges: 4 total" in text
-    assert "FLOP" not in text  # no FLOP counts until they are computed for real
+    # linear 4->8 (32 MACs + 8 bias adds), relu (8), linear 8->2 (16 MACs + 2 bias adds)
+    assert "Forward FLOPs: 114 FLOPs  MACs: 48" in text
 
 
 def test_batchnorm_in_training_mode_replays_and_leaves_buffers_alone() -> None:

@@ -11,6 +11,7 @@ from torchlens_core import (
     AuditReport,
     BackendNotFoundError,
     CaptureError,
+    CodeLocation,
     LabelNotFoundError,
     ModulePass,
     ModuleRecord,
@@ -21,6 +22,7 @@ from torchlens_core import (
     Selector,
     TorchLensError,
     Trace,
+    TraceFileError,
     UnsupportedError,
     assert_unchanged,
     backends,
@@ -29,10 +31,13 @@ from torchlens_core import (
     func,
     in_module,
     label,
+    load,
     module,
     pluck,
     preceded_by,
     record,
+    register_flops,
+    save,
     structural_hash,
     trace,
     where,
@@ -43,9 +48,9 @@ hash = structural_hash  # tl.hash(trace): the structural hash of a trace
 __version__ = "0.1.0"
 
 __all__ = [
-    "Activations", "ArchitectureChanged", "AuditReport", "BackendNotFoundError", "CaptureError",
+    "Activations", "ArchitectureChanged", "AuditReport", "BackendNotFoundError", "CaptureError", "CodeLocation",
     "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "Recording", "ReplayError",
-    "Selector", "TorchLensError", "Trace", "UnsupportedError", "__version__", "assert_unchanged", "backends",
-    "extract_dataset", "followed_by", "func", "hash", "in_module", "label", "module", "pluck", "preceded_by",
-    "record", "trace", "where",
+    "Selector", "TorchLensError", "Trace", "TraceFileError", "UnsupportedError", "__version__", "assert_unchanged",
+    "backends", "extract_dataset", "followed_by", "func", "hash", "in_module", "label", "load", "module", "pluck",
+    "preceded_by", "record", "register_flops", "save", "trace", "where",
 ]

@@ -14,14 +14,17 @@ from torchlens_core.errors import (
     CaptureError,
     LabelNotFoundError,
     TorchLensError,
+    TraceFileError,
     UnsupportedError,
 )
 from torchlens_core.extract import Activations, extract_dataset
+from torchlens_core.flops import register_flops
 from torchlens_core.hashing import ArchitectureChanged, assert_unchanged, structural_hash
 from torchlens_core.hookspecs import hookimpl
 from torchlens_core.plugins import BackendInfo, backends
-from torchlens_core.records import ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
+from torchlens_core.records import CodeLocation, ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.replay import ReplayError
+from torchlens_core.saving import load, save
 from torchlens_core.selectors import (
     Selector,
     followed_by,
@@ -36,9 +39,10 @@ from torchlens_core.trace import Trace
 
 __all__ = [
     "Activations", "ArchitectureChanged", "AuditReport", "Backend", "BackendInfo", "BackendNotFoundError",
-    "CaptureError", "Finding", "assert_unchanged", "structural_hash",
+    "CaptureError", "CodeLocation", "Finding", "register_flops", "assert_unchanged", "structural_hash",
     "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "ParamRef",
-    "Recording", "Ref", "ReplayError", "Selector", "TorchLensError", "Trace", "TraceBuilder", "UnsupportedError",
-    "backends", "extract_dataset", "followed_by", "func", "hookimpl", "in_module", "label", "module", "pluck",
-    "preceded_by", "record", "trace", "where",
+    "Recording", "Ref", "ReplayError", "Selector", "TorchLensError", "Trace", "TraceBuilder", "TraceFileError",
+    "UnsupportedError",
+    "backends", "extract_dataset", "followed_by", "func", "hookimpl", "in_module", "label", "load", "module", "pluck",
+    "preceded_by", "record", "save", "trace", "where",
 ]

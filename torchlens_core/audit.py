@@ -54,12 +54,34 @@ def audit(trace: Trace, rtol: float = 1e-5) -> AuditReport:
     findings: list[Finding] = []
     for check in (_acyclic_and_ordered, _edges_agree, _sources_declared, _labels_unique,
                   _passes_consistent, _module_outputs_inside, _shapes_match, _values_intact,
-                  _counts_agree):
+                  _counts_agree, _metadata_sane):
         failures = list(check(trace))
         name = check.__name__.strip("_").replace("_", " ")
         findings += failures or [Finding(name, True, "ok")]
     findings += _replay_parity(trace, rtol)
     return AuditReport(findings)
+
+
+def _metadata_sane(trace: Trace) -> Iterator[Finding]:
+    """Conditions ran before what they decided; costs and times are non-negative; distances ordered."""
+    name = "metadata sane"
+    distances = trace.distances()
+    for op in trace.ops:
+        if any(not 0 <= i < op.index for i in op.condition_indices):
+            yield Finding(name, False, "a branch condition does not run before the op it decides", op.label)
+        if op.conditions != [trace.ops[i].label for i in op.condition_indices]:
+            yield Finding(name, False, "condition labels disagree with condition indices", op.label)
+        if op.elapsed is not None and not op.elapsed >= 0:
+            yield Finding(name, False, f"time elapsed {op.elapsed} is negative", op.label)
+        flops, macs = op.flops, op.macs
+        if (flops is not None and not flops >= 0) or (macs is not None and not macs >= 0) or \
+                (flops is not None and macs is not None and 2 * macs > flops):
+            yield Finding(name, False, f"FLOPs {flops} / MACs {macs}: negative, or fewer FLOPs than 2 x MACs",
+                          op.label)
+        d = distances[op.index]
+        for lo, hi in ((d.min_from_input, d.max_from_input), (d.min_to_output, d.max_to_output)):
+            if (lo is None) != (hi is None) or (lo is not None and not 0 <= lo <= hi):  # type: ignore[operator]
+                yield Finding(name, False, f"distances out of order: {d}", op.label)
 
 
 def _acyclic_and_ordered(trace: Trace) -> Iterator[Finding]:

@@ -69,6 +69,31 @@ class Backend:
         """``value`` cut from any autograd graph (frameworks without one: as it is)."""
         return value
 
+    def encode_array(self, value: Any) -> tuple[Any, str]:
+        """``(numpy_array, dtype_name)`` for ``tl.save``; dtypes NumPy lacks as raw unsigned-int bits."""
+        info = self.array_info(value)
+        return self.to_numpy(value), info[1] if info else str(getattr(value, "dtype", ""))
+
+    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
+        """This backend's array from a NumPy one, for ``tl.load``; None keeps it NumPy (no replay then)."""
+        return None
+
+    def encode_value(self, value: Any) -> Any:
+        """JSON data for a framework constant in a call's arguments (a dtype, a device...); None if unknown."""
+        return None
+
+    def decode_value(self, data: Any) -> Any:
+        """The constant :meth:`encode_value` encoded; raise TraceFileError for data it never writes."""
+        return None
+
+    def encode_call(self, op: OpRecord) -> Any:
+        """JSON data naming ``op.call`` for ``tl.save``; None: the loaded op cannot be replayed."""
+        return None
+
+    def decode_call(self, data: Any) -> Any:
+        """The call :meth:`encode_call` encoded, from allow-listed namespaces only (TraceFileError otherwise)."""
+        return None
+
     def flop_formulas(self) -> dict[str, Any]:
         """``{func_name: formula}`` for this backend's ops (see :mod:`torchlens_core.flops`)."""
         return {}
@@ -120,6 +145,30 @@ class Backend:
     @hookimpl
     def torchlens_array_error(self, backend: str, actual: Any, expected: Any) -> float | None:
         return self.array_error(actual, expected) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_encode_array(self, backend: str, value: Any) -> Any:
+        return self.encode_array(value) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_from_numpy(self, backend: str, array: Any, dtype: str, device: str) -> Any:
+        return self.from_numpy(array, dtype, device) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_encode_value(self, backend: str, value: Any) -> Any:
+        return self.encode_value(value) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_decode_value(self, backend: str, data: Any) -> Any:
+        return self.decode_value(data) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_encode_call(self, backend: str, op: Any) -> Any:
+        return self.encode_call(op) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_decode_call(self, backend: str, data: Any) -> Any:
+        return self.decode_call(data) if backend == self.name else None
 
     @hookimpl
     def torchlens_flop_formulas(self, backend: str) -> dict[str, Any] | None:

@@ -22,6 +22,10 @@ class CaptureError(TorchLensError, RuntimeError):
     """Capture failed; nothing of it is left installed."""
 
 
+class TraceFileError(TorchLensError, ValueError):
+    """A saved trace cannot be read: missing, truncated, tampered, malformed or of another format version."""
+
+
 class LabelNotFoundError(TorchLensError, KeyError):
     """A lookup key names no op or module of the trace."""
 

@@ -132,9 +132,15 @@ def op_call(trace: Trace, op: OpRecord) -> OpCall:
                 return leaf
         return leaf
 
-    args = tree.map_leaves(spec, op.args)
-    kwargs = tree.map_leaves(spec, op.kwargs)
-    return OpCall(op.func_name, tuple(args), dict(kwargs), op.shape)
+    def convert(x: Any) -> Any:  # plain containers only: arguments are tuples, lists and dicts
+        t = type(x)
+        if t is tuple or t is list:
+            return t(convert(v) for v in x)
+        if t is dict:
+            return {k: convert(v) for k, v in x.items()}
+        return spec(x)
+
+    return OpCall(op.func_name, convert(op.args), convert(op.kwargs), op.shape)
 
 
 def count(trace: Trace, op: OpRecord) -> tuple[float | None, float | None]:
@@ -200,6 +206,35 @@ def contraction(macs: int, extra_flops: float = 0) -> Count:
 def conv_macs(out_shape: Sequence[int], kernel_numel: int, out_channels: int) -> int:
     """MACs of a convolution: each output element takes ``kernel_numel / out_channels`` of them."""
     return math.prod(out_shape) * kernel_numel // out_channels
+
+
+def einsum_count(equation: str, shapes: Sequence[Sequence[int]]) -> Count:
+    """Contracting operands pairwise, left to right; one operand is a sum (FLOPs, no MACs)."""
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    terms, sizes = [], {}
+    for term, shape in zip(lhs.split(","), shapes, strict=True):
+        if "..." in term:  # the ellipsis' dims, named by their distance from the right so that they broadcast
+            head, tail = term.split("...")
+            n = len(shape) - len(head) - len(tail)
+            term = head + "".join(chr(0x100 + k) for k in reversed(range(n))) + tail
+        for label, size in zip(term, shape, strict=True):
+            sizes[label] = max(sizes.get(label, 1), size)
+        terms.append(term)
+    ellipsis = "".join(sorted((c for c in sizes if ord(c) >= 0x100), reverse=True))
+    if arrow:
+        out = rhs.replace("...", ellipsis)
+    else:  # implicit output: the ellipsis, then the labels used once, sorted
+        counts = "".join(terms)
+        out = ellipsis + "".join(sorted(c for c in set(counts) if counts.count(c) == 1 and ord(c) < 0x100))
+    if len(terms) == 1:
+        return math.prod(shapes[0]), 0
+    macs, current = 0, terms[0]
+    for i, term in enumerate(terms[1:], start=1):
+        both = set(current) | set(term)
+        macs += math.prod(sizes[c] for c in both)
+        later = set(out).union(*terms[i + 1:])
+        current = "".join(c for c in both if c in later)
+    return contraction(macs)
 
 
 def pool(kernel: int | Sequence[int]) -> Formula:

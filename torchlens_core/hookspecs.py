@@ -121,6 +121,77 @@ def torchlens_array_error(backend: str, actual: Any, expected: Any) -> float | N
     """
 
 
+# -- saving and loading (tl.save / tl.load; see docs/saving.md) ---------------------------
+@hookspec(firstresult=True)
+def torchlens_encode_array(backend: str, value: Any) -> tuple[Any, str] | None:
+    """The bytes of one array of this backend, for ``tl.save``: ``(numpy_array, dtype_name)``.
+
+    Called for every array a saved trace holds. ``numpy_array`` is a NumPy
+    copy; for a dtype NumPy lacks (``bfloat16``, float8...) give its raw bits as
+    an unsigned-int array of the same item size and name the real dtype in
+    ``dtype_name``. Not implemented: ``torchlens_to_numpy`` and the dtype of
+    ``torchlens_array_info`` are used.
+    """
+
+
+@hookspec(firstresult=True)
+def torchlens_from_numpy(backend: str, array: Any, dtype: str, device: str) -> Any:
+    """An array of this backend made from a NumPy ``array``, for ``tl.load``.
+
+    ``dtype`` and ``device`` are what ``torchlens_encode_array`` and
+    ``torchlens_array_info`` gave at save time (a raw unsigned-int ``array`` for
+    dtypes NumPy lacks: reinterpret its bits). Put the array on ``device`` when
+    it exists here, else on the CPU. Raise ImportError (by importing the
+    framework) when the framework is missing: the trace then loads with NumPy
+    arrays. Not implemented: arrays stay NumPy and the trace cannot be replayed.
+    """
+
+
+@hookspec(firstresult=True)
+def torchlens_encode_value(backend: str, value: Any) -> Any:
+    """JSON data for one framework constant found in a call's arguments (``torch.float32``...), or None.
+
+    Called by ``tl.save`` for argument leaves that are neither Python
+    primitives, containers nor arrays. Return plain JSON (dicts, lists,
+    strings, numbers) that ``torchlens_decode_value`` turns back into the value.
+    None: the value is saved as unsaved, and its op loads as not replayable.
+    """
+
+
+@hookspec(firstresult=True)
+def torchlens_decode_value(backend: str, data: Any) -> Any:
+    """The framework constant that ``torchlens_encode_value`` encoded as ``data``, for ``tl.load``.
+
+    ``data`` comes from a file that may be hostile: resolve names only inside
+    the framework's own namespaces, never import or evaluate anything else, and
+    raise :class:`~torchlens_core.errors.TraceFileError` for data you did not
+    write. Return None if the value cannot be rebuilt here.
+    """
+
+
+@hookspec(firstresult=True)
+def torchlens_encode_call(backend: str, op: Any) -> Any:
+    """JSON data naming ``op.call`` (the function, primitive or op type that replay runs), or None.
+
+    Called by ``tl.save`` for every op but inputs, outputs and identity ops.
+    Return plain JSON from which ``torchlens_decode_call`` rebuilds the call;
+    None when it cannot be named (the op then loads as not replayable, and
+    ``replay()`` of the loaded trace raises UnsupportedError naming it).
+    """
+
+
+@hookspec(firstresult=True)
+def torchlens_decode_call(backend: str, data: Any) -> Any:
+    """The call that ``torchlens_encode_call`` encoded as ``data``, for ``tl.load``.
+
+    ``data`` comes from a file that may be hostile: look names up only among
+    the framework's allow-listed namespaces (never ``importlib`` a name from
+    the file) and raise :class:`~torchlens_core.errors.TraceFileError` for
+    anything else, e.g. a call naming ``os.system``. Return None when the call
+    cannot be rebuilt here; raise ImportError when the framework is missing.
+    """
+
+
 # -- metadata ------------------------------------------------------------------------
 @hookspec(firstresult=True)
 def torchlens_flop_formulas(backend: str) -> dict[str, Any] | None:

@@ -6,7 +6,6 @@ import inspect
 import re
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core import tree
 from torchlens_core.records import Distances, ParamRef, Ref
 
 if TYPE_CHECKING:
@@ -40,8 +39,14 @@ def arg_names(call: Any) -> tuple[str, ...] | None:
 
 def _is_data(value: Any) -> bool:
     """Arrays, recorded values and parameters are data, not configuration."""
-    found = tree.leaves(value, lambda x: isinstance(x, (Ref, ParamRef)) or hasattr(x, "shape"))
-    return next(found, None) is not None
+    t = type(value)
+    if t is tuple or t is list:
+        return any(_is_data(v) for v in value)
+    if t is dict:
+        return any(_is_data(v) for v in value.values())
+    # Arrays have a shape and a dtype; a dtype object (NumPy's has a shape) is configuration.
+    return t is Ref or t is ParamRef or (hasattr(value, "shape") and hasattr(value, "dtype")
+                                         and not isinstance(value, type))
 
 
 def config(op: OpRecord) -> dict[str, Any]:

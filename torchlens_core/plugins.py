@@ -27,7 +27,9 @@ ENTRY_POINT_GROUP = "torchlens.backends"
 #   "control_flow" data-dependent branches and loops are recorded as they ran
 #   "save"         honours save=: holds no reference to a value the builder dropped
 #   "halt"         honours halt=: lets HaltCapture through, cleaning up on the way
-CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow", "save", "halt")
+#   "branches"     ops inside data-dependent branches name the values that decided them (op.conditions)
+#   "timing"       ops record the time their call took (op.elapsed)
+CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow", "save", "halt", "branches", "timing")
 
 
 @attrs.frozen

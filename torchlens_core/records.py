@@ -163,6 +163,11 @@ class OpRecord:
         where = f" in {self.modules[-1]}" if self.module_passes else ""
         return f"<OpRecord {self.label} {self.func_name} shape={self.shape}{where}>"
 
+    def __str__(self) -> str:
+        from torchlens_core.summary import describe
+
+        return describe(self)
+
 
 @attrs.define(slots=True, eq=False, repr=False)
 class ModulePass:

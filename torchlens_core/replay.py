@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core import tree
-from torchlens_core.errors import TorchLensError
+from torchlens_core.errors import TorchLensError, UnsupportedError
 from torchlens_core.plugins import hook
 from torchlens_core.records import OpRecord, ParamRef, Ref
 
@@ -65,6 +65,12 @@ def interpret(trace: Trace, run_op: RunOp, observe: Observe | None = None,
 
 def replay_values(trace: Trace, observe: Observe | None = None) -> list[Any]:
     """Replay through the trace's backend; the value of every op, by index."""
+    missing = trace.notes.get("not_replayable")  # set by tl.load for ops it could not rebuild
+    if missing:
+        shown = "; ".join(f"{label}: {why}" for label, why in list(missing.items())[:5])
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise UnsupportedError(f"this loaded trace cannot be replayed: {len(missing)} ops were not rebuilt "
+                               f"({shown}{more})")
     h = hook()
     values = h.torchlens_replay_graph(backend=trace.backend, trace=trace, observe=observe)
     if values is None:

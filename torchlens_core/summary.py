@@ -1,10 +1,13 @@
-"""trace.summary(): the module table and totals, as plain text."""
+"""Text reports: trace.summary() (module table and totals), print(trace) and print(op)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from torchlens_core.records import num_bytes
+
 if TYPE_CHECKING:
+    from torchlens_core.records import OpRecord
     from torchlens_core.trace import Trace
 
 
@@ -42,7 +45,126 @@ def summary(trace: Trace) -> str:
         f"Params: {total:,} unique; trainable: {trainable:,}",
         f"Ops: {trace.num_ops} total",
         f"Edges: {trace.num_edges} total",
+        f"Forward FLOPs: {flops_text(trace)}  MACs: {_si(trace.macs, '')}",
     ])
+
+
+def flops_text(trace: Trace) -> str:
+    """Total FLOPs, saying how many ops have no formula (their FLOPs are unknown, not zero)."""
+    unknown = len(trace.unknown_flops)
+    return _si(trace.flops, "FLOPs") + (f" (+ {unknown} ops of unknown cost)" if unknown else "")
+
+
+def overview(trace: Trace, head: int = 40, tail: int = 20) -> str:
+    """``print(trace)``: one line per op (label, call, output shape, module), long traces elided."""
+    name = trace.model_name or "function"
+    lines = [f"Trace of {name} ({trace.backend}): {trace.num_ops} ops, {trace.num_edges} edges, "
+             f"{len(trace.modules)} modules, {_count(sum(p.numel for p in trace.params.values()))} params; "
+             f"{flops_text(trace)}" + (" [halted]" if trace.halted else "")]
+    ops = trace.ops
+    shown = ops if len(ops) <= head + tail + 1 else [*ops[:head], None, *ops[-tail:]]
+    rows = []
+    for op in shown:
+        if op is None:
+            rows.append((f"... {len(ops) - head - tail} more ops ...", "", "", ""))
+            continue
+        call = op.func_name if op.kind == "input" else f"{op.func_name}({', '.join(op.parents)})"
+        rows.append((op.label, call if len(call) <= 60 else call[:57] + "...", _shape(op.shape),
+                     op.modules[-1] if op.module_passes else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + ("  " + r[3] if r[3] else "")
+              for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def describe(op: OpRecord) -> str:
+    """``print(trace[label])``: everything recorded about one op."""
+    trace = op.trace_ref() if op.trace_ref is not None else None
+    if op.kind == "op" and trace is not None:
+        position = sum(o.kind == "op" for o in trace.ops[:op.index + 1])
+        head = f"Layer {op.label}, operation {position}/{trace.num_ops}:"
+    else:
+        head = f"Layer {op.label} ({op.kind}):"
+    size = op.num_bytes
+    lines = [head, f"    Output: shape={_tuple(op.shape)}, dtype={op.dtype}, device={op.device}"
+                   + (f", size={_bytes(size)}" if size is not None else "")]
+    if op.out is not None:
+        preview = str(op.out).splitlines()
+        lines.append("        " + (preview[0][:72] + " ..." if len(preview) > 1 or len(preview[0]) > 72
+                                   else preview[0]))
+    elif not op.saved:
+        lines.append("        (value not saved: save= left it out)")
+    lines += ["    Related layers:", f"        - parent layers: {', '.join(op.parents) or 'none'}",
+              f"        - child layers: {', '.join(op.children) or 'none'}"]
+    if op.params and trace is not None:
+        params = [trace.params[p] for p in op.params if p in trace.params]
+        total = sum(p.numel for p in params)
+        nbytes = sum(num_bytes(p.shape, p.dtype) or 0 for p in params)
+        trainable = sum(p.numel for p in params if p.trainable and not p.is_buffer)
+        lines.append(f"    Params: computed from params with shape {', '.join(_tuple(p.shape) for p in params)}; "
+                     f"{total:,} params total ({_bytes(nbytes)}), {trainable:,} trainable")
+    if op.kind == "op":
+        lines.append(f"    Function: {op.func_name}" + (f" (source: {op.source})" if op.source else "")
+                     + (" (in place)" if op.in_place else ""))
+        lines.append(f"    Computed inside module: {op.modules[-1] if op.module_passes else '(top level)'}")
+        if op.module_outputs:
+            lines.append(f"    Output of module: {', '.join(op.module_outputs)}")
+        config = op.config
+        if config:
+            lines.append("    Config: " + ", ".join(f"{k}={_short(v)}" for k, v in config.items()))
+        if trace is not None:
+            macs = op.macs
+            lines.append(f"    FLOPs: {_si(op.flops, 'FLOPs') if op.flops is not None else 'unknown'}"
+                         + (f"  MACs: {_si(macs, '')}" if macs else ""))
+        if op.elapsed is not None:
+            lines.append(f"    Time elapsed: {_seconds(op.elapsed)}")
+        if op.conditions:
+            lines.append(f"    Inside a data-dependent branch decided by: {', '.join(op.conditions)}")
+    if trace is not None:
+        d = op.distances
+        lines.append(f"    Distance from input: {_range(d.min_from_input, d.max_from_input)}; "
+                     f"to output: {_range(d.min_to_output, d.max_to_output)}")
+    for i, loc in enumerate(op.code_context[:3]):
+        lines.append(("    Code: " if i == 0 else "          ") + str(loc))
+    if trace is not None:
+        position = [str(op.index - len(trace.ops)), str(op.index)]
+        lines.append(f"    Lookup keys: {', '.join(position + sorted(trace.keys_of(op)))}")
+    return "\n".join(lines)
+
+
+def _si(n: float | None, unit: str) -> str:
+    if n is None:
+        return "unknown"
+    for prefix, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {prefix}{unit}"
+    return f"{n:.0f} {unit}".rstrip()
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _seconds(t: float) -> str:
+    return f"{t * 1e3:.2f} ms" if t >= 1e-3 else f"{t * 1e6:.0f} us"
+
+
+def _range(lo: int | None, hi: int | None) -> str:
+    if lo is None:
+        return "no path"
+    return str(lo) if lo == hi else f"{lo} to {hi}"
+
+
+def _tuple(shape: Any) -> str:
+    return str(tuple(shape)) if shape is not None else "-"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _shape(shape: Any) -> str:

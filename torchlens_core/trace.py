@@ -226,6 +226,11 @@ class Trace:
 
         return svg(self, collapse="auto")
 
+    def __str__(self) -> str:
+        from torchlens_core.summary import overview
+
+        return overview(self)
+
     def __repr__(self) -> str:
         name = self.model_name or "function"
         return (f"<Trace of {name} ({self.backend}): {self.num_ops} ops, "

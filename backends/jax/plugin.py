@@ -18,7 +18,8 @@ class JaxBackend(Backend):
         # "random": JAX's RNG is explicit (keys are inputs or parameters), so random ops replay exactly.
         # Not "in_place": JAX arrays are immutable, so there is nothing to protect.
         return BackendInfo(name=self.name, framework="jax", install="pip install 'torchlens[jax]'",
-                           capabilities=frozenset({"modules", "functions", "control_flow", "random", "save", "halt"}))
+                           capabilities=frozenset({"modules", "functions", "control_flow", "random", "save", "halt",
+                                                   "branches", "timing"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         jax = sys.modules.get("jax")
@@ -62,6 +63,16 @@ class JaxBackend(Backend):
 
         return array_error(actual, expected)
 
+    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
+        from torchlens_jax.saving import from_numpy
+
+        return from_numpy(array, dtype, device)
+
+    def encode_call(self, op: Any) -> Any:
+        from torchlens_jax.saving import encode_call
+
+        return encode_call(op)
+
     def conformance_cases(self) -> list[Any]:
         from torchlens_jax.zoo import cases
 
@@ -71,6 +82,11 @@ class JaxBackend(Backend):
         from torchlens_jax.modules import observe_module_outputs
 
         return observe_module_outputs(target, args, kwargs)
+
+    def flop_formulas(self) -> dict[str, Any]:
+        from torchlens_jax.flops import FORMULAS
+
+        return FORMULAS
 
 
 backend = JaxBackend()

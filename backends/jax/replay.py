@@ -14,9 +14,12 @@ from torchlens_core.trace import Trace
 
 
 def replay_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``op.call`` is ``(primitive, params)``, as the jaxpr equation had them."""
+    """``op.call`` is ``(primitive, params)``, as the jaxpr equation had them.
+
+    ``op.kwargs`` are those params again, for reading (``op.config``, FLOP
+    formulas); they are static, so the originals are bound and ``kwargs`` is not."""
     primitive, params = op.call
-    out = primitive.bind(*args, **params, **kwargs)
+    out = primitive.bind(*args, **params)
     return tuple(out) if primitive.multiple_results else out
 
 

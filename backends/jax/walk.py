@@ -17,9 +17,11 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 import attrs
+import jax
 import numpy as np
 
 from torchlens_core import api
@@ -56,6 +58,8 @@ class Walker:
         self.active: list[int] = []  # open module calls, innermost last, as on builder.module_stack
         self.expanded: Counter[str] = Counter()
         self.opaque: Counter[str] = Counter()
+        # Ops whose values picked the cond branch or kept the while loop going that we are inside.
+        self.conditions: tuple[int, ...] = ()
 
     # -- walking ---------------------------------------------------------------------------
     def run(self, jaxpr: Any, consts: list[Val], args: list[Val], chain: tuple[int, ...] = (),
@@ -121,20 +125,23 @@ class Walker:
     def _record(self, eqn: Any, ins: list[Val], loc: tuple[Any, ...] | None, helper: bool,
                 meta: dict[str, Any]) -> list[Val]:
         prim, params = eqn.primitive, eqn.params
-        out = prim.bind(*[x.value for x in ins], **params)
+        start = perf_counter()
+        out = jax.block_until_ready(prim.bind(*[x.value for x in ins], **params))  # dispatch is async
+        elapsed = perf_counter() - start
         outs = tuple(out) if prim.multiple_results else (out,)
         infos = [array_info(o) for o in outs]
         shapes = [i[0] if i else None for i in infos]
         first = next((i for i in infos if i), None)
         op = self.builder.add_op(
-            prim.name, (prim, params), tuple(x.arg for x in ins), {},
+            prim.name, (prim, params), tuple(x.arg for x in ins), _config(params),
             tuple(dict.fromkeys(x.ref.index for x in ins if isinstance(x.ref, Ref))),
             outs if prim.multiple_results else out,
             shape=tuple(shapes) if prim.multiple_results else shapes[0],
             dtype=first[1] if first else None, device=first[2] if first else None,
             params=tuple(dict.fromkeys(x.ref.name for x in ins if isinstance(x.ref, ParamRef))),
             code_context=() if helper else _code_context(eqn),
-            layer_key=None if loc is None else ("jax-loop", loc), meta=meta)
+            layer_key=None if loc is None else ("jax-loop", loc), meta=meta, elapsed=elapsed,
+            conditions=self.conditions)
         if prim.multiple_results:
             return [Val(o, Ref(op.index, (j,))) for j, o in enumerate(outs)]
         return [Val(out, Ref(op.index))]
@@ -217,7 +224,13 @@ class Walker:
         branches = eqn.params["branches"]
         b = int(np.clip(np.asarray(ins[0].value), 0, len(branches) - 1))  # lax.cond clamps its index too
         self.expanded["cond"] += 1
-        return self.run_closed(branches[b], ins[1:], chain, (*loc, "branch", b), in_loop)
+        outer = self.conditions
+        if isinstance(ins[0].ref, Ref):
+            self.conditions = (*outer, ins[0].ref.index)
+        try:
+            return self.run_closed(branches[b], ins[1:], chain, (*loc, "branch", b), in_loop)
+        finally:
+            self.conditions = outer
 
     def _while(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
                in_loop: bool) -> list[Val]:
@@ -228,7 +241,13 @@ class Walker:
             (pred,) = self.run_closed(p["cond_jaxpr"], cond_consts + carry, chain, (*loc, "cond"), True)
             if not bool(np.asarray(pred.value)):
                 break
-            carry = self.run_closed(p["body_jaxpr"], body_consts + carry, chain, (*loc, "body"), True)
+            outer = self.conditions
+            if isinstance(pred.ref, Ref):
+                self.conditions = (*outer, pred.ref.index)
+            try:
+                carry = self.run_closed(p["body_jaxpr"], body_consts + carry, chain, (*loc, "body"), True)
+            finally:
+                self.conditions = outer
         self.expanded["while"] += 1
         return carry
 
@@ -239,6 +258,12 @@ class Walker:
 
         closed = jax.make_jaxpr(fn)(*[x.value for x in ins])
         return self.run_closed(closed, ins, chain, loc, in_loop, helper=True)
+
+
+def _config(params: dict[str, Any]) -> dict[str, Any]:
+    """The equation's parameters as the op's keyword arguments, for op.config and FLOP formulas to read.
+    Inner jaxprs stay in ``op.call`` only: they are programs, not settings."""
+    return {k: v for k, v in params.items() if not _inner_jaxprs({k: v})}
 
 
 def _inner_jaxprs(params: dict[str, Any]) -> list[Any]:

@@ -28,12 +28,14 @@ import math
 import sys
 import threading
 import weakref
+from time import perf_counter
 from typing import Any
 
 import numpy as np
 import paddle
 
 from torchlens_core import tree
+from torchlens_core.branches import BranchTracker
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
 from torchlens_core.policy import CaptureOptions
@@ -110,6 +112,7 @@ class Recorder:
         # id(tensor from outside the trace) -> (weakref, version, its copy)
         self.constants: dict[int, tuple[weakref.ref[Tensor], int, Tensor]] = {}
         self.params_before_write: dict[str, Tensor] = {}
+        self.branches = BranchTracker(_SITES.internal)
 
     # -- the hot path ------------------------------------------------------------------
     def run(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -134,14 +137,27 @@ class Recorder:
             a = self._template(args, parents, params)
             k = self._template(kwargs, parents, params) if kwargs else {}
             meta = {"rng_state": paddle.get_rng_state()} if info.random else {}
+            start = perf_counter()
             out = info.call(*args, **kwargs)
-            self._record(info, a, k, parents, params, out, targets, written, meta)
+            elapsed = perf_counter() - start
+            self._record(info, a, k, parents, params, out, targets, written, meta, elapsed)
             return out
         finally:
             self.depth -= 1
 
+    def decide(self, orig: Any, t: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``t`` turned into a Python value (``bool(t)``, ``t.item()``...): maybe the test of a branch."""
+        found = self.producer(t)
+        if found is not None:
+            self.branches.condition(found[0])
+        self.depth += 1  # what the conversion calls inside (numpy(), astype) is part of it, not an op
+        try:
+            return orig(t, *args, **kwargs)
+        finally:
+            self.depth -= 1
+
     def _record(self, info: OpInfo, a: tuple[Any, ...], k: dict[str, Any], parents: list[int], params: list[str],
-                out: Any, targets: list[Tensor], written: Any, meta: dict[str, Any]) -> None:
+                out: Any, targets: list[Tensor], written: Any, meta: dict[str, Any], elapsed: float) -> None:
         if isinstance(out, Tensor):
             shape, dtype, device = tuple(out.shape), dtype_name(out.dtype), device_name(out.place)
             leaves = None
@@ -172,7 +188,7 @@ class Recorder:
         op = self.builder.add_op(
             info.name, info.call, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
             device=device, params=tuple(dict.fromkeys(params)), random=info.random, in_place=bool(targets),
-            code_context=_SITES.stack(), meta=meta)
+            code_context=_SITES.stack(), meta=meta, elapsed=elapsed, conditions=self.branches.current())
         if leaves is None:
             self._produced(out, op.index, ())
         else:
@@ -419,6 +435,7 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
         output = model(*args, **kwargs)
     finally:
         STATE.recorder = None
+        recorder.branches.close()
         try:
             patches.restore()
         finally:

@@ -10,7 +10,9 @@ own names (``paddle.tensor.matmul``, ``F.gelu``): every such alias found in a
 loaded ``paddle.*`` module, or in the module that defines the traced model, is
 replaced by the same wrapper. Tensor operators (``__add__``, ``__mul__``...)
 and a few Tensor methods (``clone``, ``detach``...) are C methods that bypass
-``_C_ops``; they are replaced on ``paddle.Tensor`` itself. ``StaticFunction.__call__``
+``_C_ops``; they are replaced on ``paddle.Tensor`` itself, and so are the methods
+that turn a value into a Python one (``__bool__``, ``item``, ``numpy``...), which
+are no ops but tell the branch tracker. ``StaticFunction.__call__``
 is replaced by a guard that refuses ``paddle.jit.to_static`` code run inside a
 captured forward.
 
@@ -84,6 +86,11 @@ TENSOR_METHODS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "cpu": ("cpu", ()), "cuda": ("cuda", ()), "to": ("to", ()),
     "_getitem_dygraph": ("getitem", ()), "_setitem_dygraph": ("setitem", (0,)),
 }
+# Tensor methods that turn a tensor's value into a Python value (or a NumPy array), which an
+# ``if`` or ``while`` may test: never ops, but they tell the branch tracker. ``__len__`` is
+# data-dependent after ops such as nonzero, whose output shape depends on values.
+DECIDING = ("__bool__", "item", "__int__", "__float__", "__index__", "__complex__", "__len__", "tolist", "numpy",
+            "__array__")
 
 
 class OpInfo:
@@ -163,6 +170,23 @@ def _make_wrapper(info: OpInfo) -> Callable[..., Any]:
     return wrapper
 
 
+def _make_decider(orig: Callable[..., Any]) -> Callable[..., Any]:
+    state = STATE
+
+    def decider(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = state.recorder
+        if rec is None or rec.depth or rec.thread != _get_ident():
+            return orig(self, *args, **kwargs)
+        return rec.decide(orig, self, args, kwargs)
+
+    decider.__name__ = getattr(orig, "__name__", "decider")
+    decider.__qualname__ = decider.__name__
+    decider.__doc__ = getattr(orig, "__doc__", None)
+    decider.__wrapped__ = orig  # type: ignore[attr-defined]
+    decider._torchlens_wrapper = True  # type: ignore[attr-defined]
+    return decider
+
+
 # -- the patch table ---------------------------------------------------------------------
 
 Site = tuple[Any, str, Any, Callable[..., Any]]  # (owner, attribute, original, replacement)
@@ -209,6 +233,10 @@ def _prepare() -> None:
         orig = tensor.__dict__.get(attr)
         if orig is not None:
             _SITES.append((tensor, attr, orig, _make_wrapper(OpInfo(name, orig, writes))))
+    for attr in DECIDING:
+        orig = tensor.__dict__.get(attr)
+        if orig is not None:
+            _SITES.append((tensor, attr, orig, _make_decider(orig)))
     cls, orig, guard = _static_function_guard()
     _SITES.append((cls, "__call__", orig, guard))
 

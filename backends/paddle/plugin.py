@@ -38,9 +38,10 @@ class PaddleBackend(Backend):
         # "control_flow": the forward runs eagerly; branches and loops are recorded as they ran.
         # "save": side tables name ops by index, never hold tensors: a value save= drops is freed.
         # "halt": HaltCapture goes through the wrappers and hooks; the same finally takes them down.
+        # "branches": Tensor.__bool__, item, numpy... on a recorded tensor tell the branch tracker.
         return BackendInfo(name=self.name, framework=_distribution(), install="pip install 'torchlens[paddle]'",
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt"}))
+                                                   "save", "halt", "timing", "branches"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         paddle = sys.modules.get("paddle")
@@ -86,6 +87,36 @@ class PaddleBackend(Backend):
         from torchlens_paddle.arrays import array_error
 
         return array_error(actual, expected)
+
+    def flop_formulas(self) -> dict[str, Any]:
+        from torchlens_paddle.flops import FORMULAS
+
+        return FORMULAS
+
+    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
+        from torchlens_paddle.saving import from_numpy
+
+        return from_numpy(array, dtype, device)
+
+    def encode_value(self, value: Any) -> Any:
+        from torchlens_paddle.saving import encode_value
+
+        return encode_value(value)
+
+    def decode_value(self, data: Any) -> Any:
+        from torchlens_paddle.saving import decode_value
+
+        return decode_value(data)
+
+    def encode_call(self, op: Any) -> Any:
+        from torchlens_paddle.saving import encode_call
+
+        return encode_call(op.call)
+
+    def decode_call(self, data: Any) -> Any:
+        from torchlens_paddle.saving import decode_call
+
+        return decode_call(data)
 
     def conformance_cases(self) -> list[Any]:
         from torchlens_paddle.zoo import cases

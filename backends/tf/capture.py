@@ -32,9 +32,14 @@ are recorded one by one rather than as one opaque function call; the trace's
 notes list them. A graph function that cannot run eagerly (a concrete
 function, a SavedModel signature) is refused.
 
+Branches. Reading a recorded tensor's value into Python (``bool(t)``,
+``t.numpy()``...) runs no op; the EagerTensor methods doing it are replaced
+for the capture and tell the branch tracker, which marks the ops of the
+``if`` or ``while`` body that value decided.
+
 Everything installed (the callback, the layer wrapper, the tf.function
-switch and its listener) is removed in a ``finally``, whatever ends the
-forward (a halt included).
+switch and its listener, the value-reading methods) is removed in a
+``finally``, whatever ends the forward (a halt included).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from __future__ import annotations
 import ctypes
 import re
 import sys
+import threading
 import weakref
 from typing import Any
 
@@ -49,10 +55,11 @@ import attrs
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
-from tensorflow.python.framework import op_callbacks, op_def_registry
+from tensorflow.python.framework import op_callbacks, op_def_registry, ops
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from torchlens_core import tree
+from torchlens_core.branches import BranchTracker
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
 from torchlens_core.policy import CaptureOptions, HaltCapture
@@ -176,6 +183,17 @@ def _attrs(raw: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _plain(value: Any) -> Any:
+    """An attribute value as a keyword argument: text as str (callbacks give some as bytes), shapes as lists."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, tf.TensorShape):
+        return None if value.rank is None else value.as_list()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _call_sites() -> CallSites:
     """TensorFlow, Keras and TorchLens frames are never the code site of an op."""
     import torchlens
@@ -245,6 +263,7 @@ class Recorder:
         self.graph_ops = 0
         self.tf_functions: list[str] = []
         self.sites = _call_sites()
+        self.branches = BranchTracker(self.sites.internal)
         self.untracked: list[str] = []
         self.other_resources: dict[int, Any] = {}  # resource handles that are not variables, held
         # Variables by the buffer of their current value: a tf.Variable handed
@@ -390,10 +409,12 @@ class Recorder:
         if implicit:
             meta["implicit_variable_reads"] = implicit
         call = TFCall(op_type, attrs_t, n_out, kind, tuple(i for i, _ in var_args), writes)
+        # The attributes are the op's keyword arguments, for op.config and FLOP formulas (replay reads call).
+        kwargs = {name: _plain(value) for name, value in zip(attrs_t[::2], attrs_t[1::2])}
         op = self.builder.add_op(
-            info.func_name, call, tuple(args), {}, tuple(dict.fromkeys(parents)), out,
+            info.func_name, call, tuple(args), kwargs, tuple(dict.fromkeys(parents)), out,
             shape=shape, dtype=dtype, device=device, params=tuple(dict.fromkeys(params)), random=info.random,
-            in_place=bool(writes), code_context=self.sites.stack(), meta=meta)
+            in_place=bool(writes), code_context=self.sites.stack(), meta=meta, conditions=self.branches.current())
         # From here on, nothing reads op.out: save= may already have dropped it.
         index = op.index
         if len(values) == 1:
@@ -516,6 +537,50 @@ class Recorder:
         op = self.builder.identity_op(source, value, shape=shape, dtype=dtype, device=device)
         self._produced(value, Ref(op.index))  # later readers read what the layer returned
         return Ref(op.index)
+
+
+# EagerTensor methods that turn a tensor's value into a Python value or a NumPy array, which an
+# ``if`` or ``while`` may test. They read the buffer (``_numpy``) without running an op, so the
+# op callback never sees them: for the capture they are replaced on ``_EagerTensorBase``, the
+# Python class that defines them (EagerTensor, its C subclass, follows). ``__len__`` reads the
+# shape, which depends on values after ops such as ``tf.where(x)``.
+_DECIDING = ("__bool__", "__int__", "__float__", "__index__", "__complex__", "__len__", "numpy", "__array__")
+
+
+class _ValueReads:
+    """Tells the branch tracker when a recorded tensor's value is read into Python (``bool(t)``, ``t.numpy()``)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.saved: dict[str, Any] = {}
+
+    def install(self) -> None:
+        cls = ops._EagerTensorBase
+        for name in _DECIDING:
+            original = cls.__dict__.get(name)
+            if original is not None:
+                self.saved[name] = original  # noted first: restore() undoes a partial install too
+                setattr(cls, name, self._wrap(original))
+
+    def restore(self) -> None:
+        saved, self.saved = self.saved, {}
+        for name, original in saved.items():
+            setattr(ops._EagerTensorBase, name, original)
+
+    def _wrap(self, original: Any) -> Any:
+        recorder = self.recorder
+        thread = threading.get_ident()  # conversions in other threads are not the forward's
+
+        def decider(t: Any, *args: Any, **kwargs: Any) -> Any:
+            if not recorder.busy and recorder.error is None and threading.get_ident() == thread:
+                ref = recorder.producer(t)
+                if ref is not None:
+                    recorder.branches.condition(ref.index)
+            return original(t, *args, **kwargs)
+
+        decider.__name__ = decider.__qualname__ = original.__name__
+        decider.__wrapped__ = original  # type: ignore[attr-defined]
+        return decider
 
 
 class _TFFunctionListener:
@@ -695,12 +760,14 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     # propagates to tl.trace: it finishes the trace from the builder).
     layer_calls = LayerCalls(view.paths, recorder.enter, recorder.leave, recorder.failed)
     listener = _TFFunctionListener(recorder.tf_functions)
+    value_reads = _ValueReads(recorder)
     eager_before = tf.config.functions_run_eagerly()
     installed = False
     error: BaseException | None = None
     try:
         layer_calls.install()
         listener.install()
+        value_reads.install()
         tf.config.run_functions_eagerly(True)
         op_callbacks.add_op_callback(recorder)
         installed = True
@@ -723,6 +790,8 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         error = recorder.error = None
         if installed:
             op_callbacks.remove_op_callback(recorder)
+        value_reads.restore()
+        recorder.branches.close()
         tf.config.run_functions_eagerly(eager_before)
         listener.restore()
         layer_calls.restore()

@@ -34,10 +34,11 @@ class TFBackend(Backend):
         # they ran. "random": stateless and tf.random.Generator ops replay exactly; legacy stateful random
         # ops (tf.random.normal) replay their recorded values. "save"/"halt": capture holds no tensor the
         # builder dropped, and a halt (from the op callback or a layer call) leaves nothing installed.
+        # "branches": EagerTensor.__bool__, numpy()... on a recorded tensor tell the branch tracker.
         return BackendInfo(name=self.name, framework=_distribution(), install="pip install 'torchlens[tf]'",
                            aliases=("tensorflow",),
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt"}))
+                                                   "save", "halt", "branches"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         tf = sys.modules.get("tensorflow")
@@ -83,6 +84,31 @@ class TFBackend(Backend):
 
         return array_error(actual, expected)
 
+    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
+        from torchlens_tf.saving import from_numpy
+
+        return from_numpy(array, dtype, device)
+
+    def encode_value(self, value: Any) -> Any:
+        from torchlens_tf.saving import encode_value
+
+        return encode_value(value)
+
+    def decode_value(self, data: Any) -> Any:
+        from torchlens_tf.saving import decode_value
+
+        return decode_value(data)
+
+    def encode_call(self, op: Any) -> Any:
+        from torchlens_tf.saving import encode_call
+
+        return encode_call(op.call)
+
+    def decode_call(self, data: Any) -> Any:
+        from torchlens_tf.saving import decode_call
+
+        return decode_call(data)
+
     def conformance_cases(self) -> list[Any]:
         from torchlens_tf.zoo import cases
 
@@ -92,6 +118,11 @@ class TFBackend(Backend):
         from torchlens_tf.observe import observe_module_outputs
 
         return observe_module_outputs(target, args, kwargs)
+
+    def flop_formulas(self) -> dict[str, Any]:
+        from torchlens_tf.flops import FORMULAS
+
+        return FORMULAS
 
 
 backend = TFBackend()

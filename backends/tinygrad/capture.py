@@ -34,6 +34,7 @@ import inspect
 import threading
 import types
 import weakref
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from tinygrad import Tensor
 from tinygrad.helpers import TRAINING
 
 from torchlens_core import tree
+from torchlens_core.branches import BranchTracker
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
 from torchlens_core.records import ParamRecord, ParamRef, Ref
@@ -72,6 +74,9 @@ _OPAQUE = frozenset({
     "realize", "is_param_", "callify", "schedule_linear", "linear_with_vars", "backward", "gradient",
     "manual_seed", "_next_counter", "numpy", "tolist", "item", "data", "_data", "_buffer", "as_param",
 })
+# Opaque methods that turn a tensor's value into Python data, which an ``if`` or ``while`` may
+# test: they tell the branch tracker. (``Tensor.__bool__`` raises, and ``len()`` reads a static shape.)
+_DECIDING = frozenset({"item", "tolist", "numpy", "data"})
 _INPLACE_DUNDERS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "ipow", "iand", "ior", "ixor",
                               "ilshift", "irshift", "imatmul"})
 _INPLACE = frozenset({"assign", "__setitem__", "replace", "to_", "shard_"})
@@ -90,7 +95,7 @@ _UNINITIALIZED = frozenset({"empty", "empty_like"})
 class OpSpec:
     """What capture needs to know about one Tensor method, worked out once."""
 
-    __slots__ = ("name", "func_name", "in_place", "random", "opaque", "uninitialized")
+    __slots__ = ("name", "func_name", "in_place", "random", "opaque", "uninitialized", "decides")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -107,6 +112,7 @@ class OpSpec:
         self.random = name in _RANDOM
         self.opaque = name in _OPAQUE
         self.uninitialized = name in _UNINITIALIZED
+        self.decides = name in _DECIDING
 
 
 _SPECS: dict[str, OpSpec] = {}
@@ -181,6 +187,7 @@ class Recorder:
         self.params_before_write: dict[str, Tensor] = {}
         self.saved: dict[str, Any] = {}  # Tensor attributes replaced by wrappers (None: was inherited)
         self.cells: list[tuple[Any, Any]] = []  # tinygrad metadata wrappers' cells, with what they held
+        self.branches = BranchTracker(_SITES.internal)
 
     # -- installing the wrappers -----------------------------------------------------------
     def install(self) -> None:
@@ -237,6 +244,10 @@ class Recorder:
         self.depth += 1
         try:
             if spec.opaque:
+                if spec.decides and args:  # a tensor's value turned into Python data: maybe a branch
+                    found = self.producers.get(id(args[0]))
+                    if found is not None and found[0]() is args[0]:
+                        self.branches.condition(found[1])
                 return func(*args, **kwargs)
             target = args[0] if spec.in_place and args and isinstance(args[0], Tensor) else None
             meta: dict[str, Any] = {}
@@ -250,6 +261,7 @@ class Recorder:
             random = spec.random and (spec.name != "scaled_dot_product_attention" or _sdpa_dropout(args, kwargs))
             if random:
                 meta.update(rng=rng_state(), training=TRAINING.value)
+            start = perf_counter()
             result = out = func(*args, **kwargs)
             if isinstance(out, Tensor):
                 tensors = [out]
@@ -259,16 +271,17 @@ class Recorder:
                 tensors = [t for t in out if isinstance(t, Tensor)]
             else:
                 return result
-            self._record(spec, func, a, k, parents, params, out, tensors, target, meta, random)
+            self._record(spec, func, a, k, parents, params, out, tensors, target, meta, random, start)
             return result
         finally:
             self.depth -= 1
 
     def _record(self, spec: OpSpec, func: Any, a: tuple[Any, ...], k: dict[str, Any], parents: list[int],
                 params: list[str], out: Any, tensors: list[Tensor], target: Tensor | None, meta: dict[str, Any],
-                random: bool) -> None:
+                random: bool, start: float) -> None:
         fresh = [t for t in tensors if buffer_key(t) is None]
         realize(tensors)
+        elapsed = perf_counter() - start  # tinygrad is lazy: the time includes realizing the output
         for t in fresh:  # realized by capture: a lazy value in a plain run
             key = buffer_key(t)
             if key is not None:
@@ -284,7 +297,7 @@ class Recorder:
         op = self.builder.add_op(
             spec.func_name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
             device=device, params=tuple(dict.fromkeys(params)), random=random, in_place=target is not None,
-            code_context=_SITES.stack(), meta=meta or None)
+            code_context=_SITES.stack(), meta=meta or None, elapsed=elapsed, conditions=self.branches.current())
         if isinstance(out, Tensor):
             self.produced(out, op.index, ())
         else:
@@ -505,6 +518,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
             output = call(*args, **kwargs)
     finally:
         type.__setattr__(_TinyJit, "__call__", jit_call)
+        recorder.branches.close()
         recorder.uninstall()
         _ACTIVE.remove(recorder)
     builder.add_outputs(tree.map_leaves(lambda v: recorder.as_output(v, None), output), output)

@@ -19,9 +19,10 @@ class TinygradBackend(Backend):
         # "random": the RNG state (seed and counters) is recorded before each random op.
         # "save" / "halt": the TraceBuilder applies them; capture keeps no reference to a dropped value and
         # lets HaltCapture through with everything put back.
+        # "branches": item, tolist, numpy and data on a recorded tensor tell the branch tracker.
         return BackendInfo(name=self.name, framework="tinygrad", install="pip install 'torchlens[tinygrad]'",
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt"}))
+                                                   "save", "halt", "timing", "branches"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         tinygrad = sys.modules.get("tinygrad")
@@ -73,6 +74,36 @@ class TinygradBackend(Backend):
     def stack(self, samples: list[Any]) -> Any:
         """Same-shaped samples stacked along a new leading axis, realized (for ``tl.extract_dataset``)."""
         return samples[0].stack(*samples[1:], dim=0).realize()
+
+    def flop_formulas(self) -> dict[str, Any]:
+        from torchlens_tinygrad.flops import FORMULAS
+
+        return FORMULAS
+
+    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
+        from torchlens_tinygrad.saving import from_numpy
+
+        return from_numpy(array, dtype, device)
+
+    def encode_value(self, value: Any) -> Any:
+        from torchlens_tinygrad.saving import encode_value
+
+        return encode_value(value)
+
+    def decode_value(self, data: Any) -> Any:
+        from torchlens_tinygrad.saving import decode_value
+
+        return decode_value(data)
+
+    def encode_call(self, op: Any) -> Any:
+        from torchlens_tinygrad.saving import encode_call
+
+        return encode_call(op.call)
+
+    def decode_call(self, data: Any) -> Any:
+        from torchlens_tinygrad.saving import decode_call
+
+        return decode_call(data)
 
     def conformance_cases(self) -> list[Any]:
         from torchlens_tinygrad.zoo import cases

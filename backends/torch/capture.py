@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import inspect
 import weakref
+from time import perf_counter
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from torchlens_core import tree
+from torchlens_core.branches import BranchTracker
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.errors import UnsupportedError
 from torchlens_core.policy import CaptureOptions
@@ -41,6 +43,8 @@ _RANDOM = frozenset({
 _UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 # Calls that return tensors but change nothing a forward computes with.
 _IGNORED = frozenset({"requires_grad_", "retain_grad", "share_memory_", "register_hook", "detach_"})
+# Calls that turn a tensor's value into a Python value, which an ``if`` or ``while`` may test.
+_DECIDING = frozenset({"__bool__", "item", "__int__", "__float__", "__index__", "tolist", "__len__"})
 _INPLACE_DUNDERS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul",
                               "iand", "ior", "ixor", "ilshift", "irshift"})
 _RENAMED = {"radd": "add", "rmul": "mul", "rand": "and", "ror": "or", "rxor": "xor", "truediv": "div"}
@@ -50,7 +54,7 @@ _DTYPE_NAMES: dict[Any, str] = {}
 class FuncInfo:
     """What capture needs to know about one torch callable, worked out once."""
 
-    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "uninitialized")
+    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "uninitialized", "decides")
 
     def __init__(self, func: Any) -> None:
         raw = getattr(func, "__name__", None) or type(func).__name__
@@ -64,6 +68,7 @@ class FuncInfo:
             self.in_place = raw.endswith("_") and not raw.startswith("_")
             self.name = raw.lstrip("_") or "op"
         self.ignored = raw in _IGNORED
+        self.decides = raw in _DECIDING
         self.random = self.name in _RANDOM
         self.uninitialized = self.name in _UNINITIALIZED
         self.inplace_pos = _inplace_position(func)
@@ -123,6 +128,7 @@ class _Recorder(TorchFunctionMode):
         self.versions: list[tuple[int, tuple[Any, ...], int]] = []
         self.snapshots: set[tuple[int, tuple[Any, ...]]] = set()
         self.params_before_write: dict[str, Tensor] = {}
+        self.branches = BranchTracker(_SITES.internal)
 
     # -- the hot path ------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -131,6 +137,11 @@ class _Recorder(TorchFunctionMode):
             kwargs = {}
         info = _FUNC_INFO.get(func) or _info(func)
         if info.ignored:
+            return func(*args, **kwargs)
+        if info.decides:  # a tensor's value turned into a Python value: maybe a branch
+            found = self.producers.get(id(args[0])) if args else None
+            if found is not None and found[0]() is args[0]:
+                self.branches.condition(found[1])
             return func(*args, **kwargs)
         target = kwargs.get("out")
         if target is None and args:
@@ -145,20 +156,22 @@ class _Recorder(TorchFunctionMode):
         else:
             target = None
         meta = _rng_states() if info.random else None
+        start = perf_counter()
         out = func(*args, **kwargs)
+        elapsed = perf_counter() - start
         if info.uninitialized and isinstance(out, Tensor):
             with torch.no_grad(), torch._C.DisableTorchFunction():
                 meta = {"uninitialized": out.detach().clone()}
         if isinstance(out, Tensor):
-            self._record(func, info, args, kwargs, out, target, meta)
+            self._record(func, info, args, kwargs, out, target, meta, elapsed)
         elif target is not None:  # __setitem__ and friends return None but wrote into target
-            self._record(func, info, args, kwargs, target, target, meta)
+            self._record(func, info, args, kwargs, target, target, meta, elapsed)
         elif isinstance(out, (tuple, list)) and any(isinstance(o, Tensor) for o in out):
-            self._record(func, info, args, kwargs, out, None, meta)
+            self._record(func, info, args, kwargs, out, None, meta, elapsed)
         return out
 
     def _record(self, func: Any, info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                target: Tensor | None, meta: dict[str, Any] | None) -> None:
+                target: Tensor | None, meta: dict[str, Any] | None, elapsed: float) -> None:
         parents: list[int] = []
         params: list[str] = []
         a = self._template(args, parents, params)
@@ -172,7 +185,7 @@ class _Recorder(TorchFunctionMode):
         op = self.builder.add_op(
             info.name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype, device=device,
             params=tuple(dict.fromkeys(params)), random=info.random, in_place=target is not None,
-            code_context=_SITES.stack(), meta=meta)
+            code_context=_SITES.stack(), meta=meta, elapsed=elapsed, conditions=self.branches.current())
         if isinstance(out, Tensor):
             self._produced(out, op.index, ())
         else:
@@ -319,6 +332,7 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
         with recorder:
             output = model(*args, **kwargs)
     finally:
+        recorder.branches.close()
         for handle in handles:
             handle.remove()
     builder.add_outputs(tree.map_leaves(lambda v: recorder.as_output(v, None), output), output)

@@ -17,7 +17,7 @@ class TorchBackend(Backend):
         return BackendInfo(name=self.name, framework="torch", install="pip install 'torchlens[torch]'",
                            aliases=("pytorch",),
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt"}))
+                                                   "save", "halt", "branches", "timing"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         torch = sys.modules.get("torch")
@@ -66,6 +66,41 @@ class TorchBackend(Backend):
         from torchlens_torch.arrays import array_error
 
         return array_error(actual, expected)
+
+    def flop_formulas(self) -> dict[str, Any]:
+        from torchlens_torch.flops import FORMULAS
+
+        return FORMULAS
+
+    def encode_array(self, value: Any) -> Any:
+        from torchlens_torch.saving import encode_array
+
+        return encode_array(value)
+
+    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
+        from torchlens_torch.saving import from_numpy
+
+        return from_numpy(array, dtype, device)
+
+    def encode_value(self, value: Any) -> Any:
+        from torchlens_torch.saving import encode_value
+
+        return encode_value(value) if "torch" in sys.modules else None
+
+    def decode_value(self, data: Any) -> Any:
+        from torchlens_torch.saving import decode_value
+
+        return decode_value(data)
+
+    def encode_call(self, op: Any) -> Any:
+        from torchlens_torch.saving import encode_call
+
+        return encode_call(op.call)
+
+    def decode_call(self, data: Any) -> Any:
+        from torchlens_torch.saving import decode_call
+
+        return decode_call(data)
 
     def conformance_cases(self) -> list[Any]:
         from torchlens_torch.zoo import cases

@@ -27,6 +27,7 @@ import operator
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -284,14 +285,16 @@ class Recorder:
             self.protect(t)
         meta = {"rng_state": np.random.get_state()} if random else None
         plain_args, plain_kwargs = _plain(args), _plain(kwargs)
+        start = time.perf_counter()
         result = fn(*plain_args, **plain_kwargs)
+        elapsed = time.perf_counter() - start
         value = plain_targets[0] if result is None and targets else result
         if not _has_arrays(value):  # np.shape, np.allclose, x.item()...: nothing to record
             return result
         shape, dtype = _info(value)
         op = self.builder.add_op(name, fn, a, k, tuple(dict.fromkeys(parents)), value, shape=shape, dtype=dtype,
                                  device="cpu", random=random, in_place=bool(targets), code_context=_code_context(),
-                                 meta=meta)
+                                 meta=meta, elapsed=elapsed)
         wrapped = self.wrap(value, op.index)
         if not targets:
             return wrapped

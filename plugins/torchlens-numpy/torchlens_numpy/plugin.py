@@ -18,7 +18,8 @@ NAME = "numpy"
 def torchlens_backend_info() -> BackendInfo:
     # NumPy is a dependency of torchlens itself; this plugin is its own distribution.
     return BackendInfo(name=NAME, framework="numpy", install="pip install torchlens-numpy",
-                       capabilities=frozenset({"functions", "in_place", "random", "control_flow", "save", "halt"}))
+                       capabilities=frozenset({"functions", "in_place", "random", "control_flow", "save", "halt",
+                                               "timing"}))
 
 
 @hookimpl
@@ -37,6 +38,15 @@ def torchlens_capture(backend: str, target: Any, args: tuple[Any, ...], kwargs: 
     from torchlens_numpy.capture import capture
 
     return capture(target, args, kwargs, options)
+
+
+@hookimpl
+def torchlens_flop_formulas(backend: str) -> dict[str, Any] | None:
+    if backend != NAME:
+        return None
+    from torchlens_numpy.flops import FORMULAS
+
+    return FORMULAS
 
 
 @hookimpl
@@ -99,3 +109,21 @@ def torchlens_observe_module_outputs(backend: str, target: Any, args: tuple[Any,
     if backend != NAME:
         return None
     return {}  # plain functions have no modules
+
+
+@hookimpl
+def torchlens_encode_call(backend: str, op: Any) -> Any:
+    if backend != NAME:
+        return None
+    from torchlens_numpy.saving import encode_call
+
+    return encode_call(op.call)
+
+
+@hookimpl
+def torchlens_decode_call(backend: str, data: Any) -> Any:
+    if backend != NAME:
+        return None
+    from torchlens_numpy.saving import decode_call
+
+    return decode_call(data)

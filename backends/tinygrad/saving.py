@@ -1,0 +1,87 @@
+"""Saving tinygrad calls for ``tl.save`` and rebuilding them for ``tl.load``.
+
+A call is a Tensor method: saved as ``{"method": name}`` and found again only
+among the methods capture wraps (never ``from_url``, ``fetch`` or other
+methods that reach outside the process). DTypes are saved by name. Importing
+this module does not import tinygrad.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+from torchlens_core.errors import TraceFileError
+
+_REFUSED = ("url", "fetch", "file", "disk", "save", "load", "blob")
+
+
+@functools.cache
+def _methods() -> dict[str, Any]:
+    """name -> the raw Tensor attribute capture wraps (function, staticmethod or classmethod)."""
+    from torchlens_tinygrad.capture import _wrappable
+
+    return {name: raw for name, raw in _wrappable() if not any(p in name.lower() for p in _REFUSED)}
+
+
+def _function(raw: Any) -> Any:
+    """The function capture calls for a Tensor attribute (inside tinygrad's metadata wrapper, if any)."""
+    from torchlens_tinygrad.capture import metadata_cell
+
+    func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    cell = metadata_cell(func)
+    return cell.cell_contents if cell is not None else func
+
+
+def encode_call(call: Any) -> Any:
+    func = call.__func__ if isinstance(call, types.MethodType) else call
+    for name, raw in _methods().items():
+        if _function(raw) is func:
+            return {"method": name}
+    return None
+
+
+def decode_call(data: Any) -> Any:
+    if not (isinstance(data, dict) and set(data) == {"method"} and isinstance(data["method"], str)):
+        raise TraceFileError(f"not a tinygrad call: {data!r}")
+    raw = _methods().get(data["method"])
+    if raw is None:
+        raise TraceFileError(f"Tensor.{data['method']} is not a tinygrad method a trace can replay; the file "
+                             "was not written by tl.save or was changed")
+    if isinstance(raw, classmethod):
+        from tinygrad import Tensor
+
+        return types.MethodType(_function(raw), Tensor)
+    return _function(raw)
+
+
+def encode_value(value: Any) -> Any:
+    from tinygrad import dtypes
+    from tinygrad.dtype import DType
+
+    if isinstance(value, DType) and getattr(dtypes, value.name, None) == value:
+        return {"dtype": value.name}
+    return None
+
+
+def decode_value(data: Any) -> Any:
+    from tinygrad import dtypes
+    from tinygrad.dtype import DType
+
+    if isinstance(data, dict) and set(data) == {"dtype"} and isinstance(data["dtype"], str) \
+            and data["dtype"].isidentifier() and not data["dtype"].startswith("_"):
+        value = getattr(dtypes, data["dtype"], None)
+        if isinstance(value, DType):
+            return value
+    raise TraceFileError(f"not a tinygrad constant: {data!r}")
+
+
+def from_numpy(array: Any, dtype: str, device: str) -> Any:
+    from tinygrad import Tensor, dtypes
+
+    target = getattr(dtypes, dtype, None)
+    t = Tensor(array.copy(), device=device.upper() if device else None)
+    if target is not None and t.dtype != target:
+        t = t.bitcast(target) if array.dtype.kind == "u" and dtype.startswith(("bfloat", "float8")) else t.cast(target)
+    return t.realize()

@@ -1,0 +1,184 @@
+"""Saving torch values and calls for ``tl.save``, and rebuilding them for ``tl.load``.
+
+A call is saved as ``{"ns": namespace, "name": attribute}`` (``"get": true`` for
+a property read such as ``Tensor.T``) and found again only by one attribute
+lookup on an allow-listed torch namespace; the object found must be a torch
+callable. Private names (except aten ops), dunders other than operators,
+``torch.set_*`` and anything that reads or writes files (``torch.load``,
+``torch.save``, ``from_file``) are refused, so a tampered file cannot reach
+outside torch's tensor functions. Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from typing import Any
+
+from torchlens_core.errors import TraceFileError
+
+NAMESPACES = ("torch", "torch.Tensor", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
+              "torch._C._nn", "torch._C._linalg", "torch._C._fft", "torch._C._special", "torch._C._VariableFunctions")
+_REFUSED = ("load", "save", "file", "compile", "seed")
+_SIMPLE_CONSTANTS = ("dtype", "memory_format", "layout", "qscheme")
+
+
+def _namespaces() -> dict[str, Any]:
+    import torch
+    import torch.nn.functional
+
+    found = {}
+    for ns in NAMESPACES:
+        obj: Any = torch
+        for part in ns.split(".")[1:]:
+            obj = getattr(obj, part, None)
+        if obj is not None:
+            found[ns] = obj
+    return found
+
+
+@functools.cache
+def _names() -> dict[int, tuple[str, str, Any]]:
+    """id(callable) -> (namespace, attribute, callable), first namespace first."""
+    table: dict[int, tuple[str, str, Any]] = {}
+    for ns, obj in _namespaces().items():
+        for name in dir(obj):
+            try:
+                value = getattr(obj, name)
+            except Exception:  # noqa: BLE001 - lazy attributes that fail to load are not calls
+                continue
+            if callable(value) and id(value) not in table:
+                table[id(value)] = (ns, name, value)
+    return table
+
+
+def encode_call(call: Any) -> Any:
+    if call is None:
+        return None
+    if getattr(call, "__name__", None) == "__get__":  # a property read (Tensor.T): the descriptor's getter
+        import torch
+
+        descriptor = getattr(call, "__self__", None)
+        name = getattr(descriptor, "__name__", None) or getattr(getattr(descriptor, "fget", None), "__name__", None)
+        if isinstance(name, str) and _allowed(name, "torch.Tensor") and \
+                _class_attr(torch.Tensor, name) is descriptor:
+            return {"ns": "torch.Tensor", "name": name, "get": True}
+        return None
+    found = _names().get(id(call))
+    if found is None or found[2] is not call:
+        return None
+    ns, name, _ = found
+    return {"ns": ns, "name": name} if _allowed(name, ns) else None
+
+
+def _class_attr(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    return None
+
+
+def _allowed(name: str, ns: str) -> bool:
+    if not name.isidentifier() or any(part in name.lower() for part in _REFUSED):
+        return False
+    if name.startswith("__") and name.endswith("__"):  # operators only (__add__, __radd__, __getitem__...)
+        base = name[2:-2]
+        bases = (base, base[1:]) if base[:1] in "ri" else (base,)
+        return ns == "torch.Tensor" and any(hasattr(operator, b) or hasattr(operator, b + "_") for b in bases)
+    if ns in ("torch", "torch.nn.functional") and name.startswith("set_"):
+        return False
+    return not name.startswith("_") or ns.startswith("torch._C.")
+
+
+def decode_call(data: Any) -> Any:
+    if not (isinstance(data, dict) and set(data) <= {"ns", "name", "get"} and isinstance(data.get("ns"), str)
+            and isinstance(data.get("name"), str)):
+        raise TraceFileError(f"not a torch call: {data!r}")
+    ns, name = data["ns"], data["name"]
+    if ns not in NAMESPACES or not _allowed(name, ns):
+        raise TraceFileError(f"{ns}:{name} is not a torch function a trace can replay; the file was not written "
+                             "by tl.save or was changed")
+    import torch
+
+    owner = _namespaces().get(ns)
+    if data.get("get"):
+        descriptor = _class_attr(torch.Tensor, name) if ns == "torch.Tensor" else None
+        if descriptor is None or not hasattr(descriptor, "__get__") or callable(descriptor):
+            raise TraceFileError(f"{ns}:{name} is not a tensor property")
+        return descriptor.__get__
+    fn = getattr(owner, name, None) if owner is not None else None
+    if fn is None:
+        return None  # not in this torch version
+    module = getattr(fn, "__module__", None) or ""
+    if isinstance(fn, type) or not callable(fn) or (ns != "torch.Tensor" and not module.startswith("torch")):
+        raise TraceFileError(f"{ns}:{name} is not a torch function")
+    return fn
+
+
+def encode_value(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, torch.Size):
+        return {"size": [int(n) for n in value]}
+    for kind in ("memory_format", "layout", "qscheme"):
+        if isinstance(value, getattr(torch, kind)):
+            return {kind: str(value).removeprefix("torch.")}
+    return None
+
+
+def decode_value(data: Any) -> Any:
+    import torch
+
+    if not (isinstance(data, dict) and len(data) == 1):
+        raise TraceFileError(f"not a torch constant: {data!r}")
+    (kind, v), = data.items()
+    if kind == "device" and isinstance(v, str):
+        try:
+            return torch.device(v)
+        except RuntimeError as exc:
+            raise TraceFileError(f"bad torch device {v!r}") from exc
+    if kind == "size" and isinstance(v, list) and all(type(n) is int for n in v):
+        return torch.Size(v)
+    if kind in _SIMPLE_CONSTANTS and isinstance(v, str) and v.isidentifier() and not v.startswith("_"):
+        value = getattr(torch, v, None)
+        if isinstance(value, getattr(torch, kind)):
+            return value
+    raise TraceFileError(f"not a torch constant: {data!r}")
+
+
+# Dtypes NumPy lacks, saved as their raw bits (an unsigned int of the same size).
+_RAW_BITS = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "float8_e4m3fnuz": "uint8",
+             "float8_e5m2fnuz": "uint8"}
+
+
+def encode_array(value: Any) -> tuple[Any, str]:
+    import torch
+
+    t = value.detach().cpu().resolve_conj().resolve_neg()
+    name = str(t.dtype).removeprefix("torch.")
+    raw = _RAW_BITS.get(name)
+    if raw is not None:
+        t = t.contiguous().view(getattr(torch, raw) if raw == "uint8" else torch.int16)
+        return t.numpy().copy().view(raw), name
+    return t.numpy().copy(), name
+
+
+def from_numpy(array: Any, dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype in _RAW_BITS and array.dtype.name == "uint16":  # torch views int16 bits as bfloat16
+        array = array.view("int16")
+    t = torch.from_numpy(array) if array.flags.writeable else torch.tensor(array)
+    target = getattr(torch, dtype, None) if dtype.isidentifier() else None
+    if isinstance(target, torch.dtype) and target != t.dtype:
+        t = t.view(target) if dtype in _RAW_BITS else t.to(target)
+    if device != "cpu":
+        try:
+            t = t.to(device)
+        except (RuntimeError, AssertionError):  # no such device here: stay on the CPU
+            pass
+    return t

@@ -1,0 +1,49 @@
+"""The framework-neutral FLOP building blocks and registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchlens_core import flops
+from torchlens_core.flops import ArraySpec, OpCall, einsum_count, matmul_macs
+
+
+def test_matmul_macs_follow_numpy_rules() -> None:
+    assert matmul_macs((2, 3), (3, 4)) == 24
+    assert matmul_macs((5, 1, 2, 3), (7, 3, 4)) == 5 * 7 * 2 * 3 * 4  # batch dims broadcast
+    assert matmul_macs((3,), (3, 4)) == 12 and matmul_macs((2, 3), (3,)) == 6
+
+
+def test_einsum_counts() -> None:
+    assert einsum_count("ij,jk->ik", [(2, 3), (3, 4)]) == (48, 24)
+    assert einsum_count("ij,jk", [(2, 3), (3, 4)]) == (48, 24)  # implicit output
+    assert einsum_count("...ij,...jk->...ik", [(5, 2, 3), (5, 3, 4)]) == (240, 120)
+    assert einsum_count("ij->j", [(2, 3)]) == (6, 0)  # one operand: a sum
+    # three operands contract pairwise, left to right
+    assert einsum_count("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]) == (2 * (24 + 40), 24 + 40)
+
+
+def test_op_call_reads_arguments() -> None:
+    call = OpCall("conv", (ArraySpec((1, 3, 8, 8)), ArraySpec((4, 3, 3, 3))), {"stride": 2}, (1, 4, 3, 3))
+    assert call.arg(1).shape == (4, 3, 3, 3) and call.arg(5, "stride") == 2 and call.arg(9) is None
+    assert [a.numel for a in call.inputs] == [192, 108]
+    assert call.out_numel == 36
+    assert OpCall("split", (), {}, ((2, 3), (2, 5))).out_numel == 16
+
+
+def test_registration_precedence() -> None:
+    def everywhere(call: OpCall) -> tuple[int, int]:
+        return 1, 0
+
+    def only_numpy(call: OpCall) -> tuple[int, int]:
+        return 2, 0
+
+    try:
+        flops.register_flops("made_up_op", everywhere)
+        flops.register_flops("made_up_op", backend="numpy")(only_numpy)
+        assert flops.formula_for("numpy", "made_up_op") is only_numpy
+        assert flops.formula_for("elsewhere", "made_up_op") is everywhere
+    finally:
+        flops._USER.clear()
+    with pytest.raises(TypeError):
+        flops.register_flops("made_up_op", "not a function")  # type: ignore[arg-type]

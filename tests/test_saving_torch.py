@@ -1,0 +1,137 @@
+"""tl.save / tl.load on the torch backend: every zoo model round-trips and replays; loading without torch works."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+import torchlens as tl  # noqa: E402
+from torchlens_torch import zoo  # noqa: E402
+from torchlens_torch.arrays import array_error  # noqa: E402
+
+
+def views(t: tl.Trace) -> list[object]:
+    rows = [(o.label, o.func_name, o.shape, o.dtype, o.parents, o.children, o.module_passes, o.module_outputs,
+             o.params, o.code_context, o.flops, o.macs, repr(o.config)) for o in t.ops]
+    tables = [t.to_pandas().astype(str).values.tolist(), t.params.to_pandas().astype(str).values.tolist(),
+              t.modules.to_pandas().astype(str).values.tolist()]
+    return [rows, tables, t.summary(), t.to_dot(), tl.hash(t)]
+
+
+def rehash(path: pathlib.Path) -> None:
+    """Make the manifest agree with the files again, as a deliberate tamperer would."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    for name in manifest["files"]:
+        data = (path / name).read_bytes()
+        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("case", [c for c in zoo.cases() if not c.slow], ids=lambda c: c.name)
+def test_zoo_round_trip_replays_and_audits(case, tmp_path: pathlib.Path) -> None:
+    model, args, kwargs = case.build()
+    t = tl.trace(model, *args, **kwargs)
+    loaded = tl.load(tl.save(t, tmp_path / "t"))
+    assert views(loaded) == views(t)
+    assert "not_replayable" not in loaded.notes
+    for a, b in zip(t.ops, loaded.ops):
+        if isinstance(a.out, torch.Tensor):
+            assert array_error(b.out, a.out) == 0.0, a.label
+    report = loaded.audit(rtol=case.rtol)
+    assert report, str(report)
+
+
+def test_dtypes_devices_and_bfloat16_round_trip(tmp_path: pathlib.Path) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = x.to(torch.bfloat16) * 3
+        return y.to(dtype=torch.float32, device=torch.device("cpu")).reshape(torch.Size([2, 2]))
+
+    t = tl.trace(fn, torch.tensor([1.5, -2.0, 3.25, 1e20]))
+    loaded = tl.load(tl.save(t, tmp_path / "t"))
+    assert loaded["mul_1"].out.dtype == torch.bfloat16
+    assert torch.equal(loaded["mul_1"].out, t["mul_1"].out)
+    assert torch.equal(loaded.replay(), t.output)
+    assert loaded.audit()
+
+
+def test_a_call_outside_torch_is_refused(tmp_path: pathlib.Path) -> None:
+    t = tl.trace(lambda x: torch.relu(x) + 1, torch.ones(3))
+    path = tl.save(t, tmp_path / "t")
+    records = json.loads((path / "trace.json").read_text())
+    for evil in ({"ns": "os", "name": "system"}, {"ns": "torch", "name": "load"}, {"ns": "torch", "name": "os"},
+                 {"ns": "torch.Tensor", "name": "__reduce_ex__"}, {"ns": "torch", "name": "_load_global_deps"},
+                 {"ns": "torch", "name": "set_default_dtype"}, {"ns": "torch", "name": "Generator"}):
+        records["ops"][1]["call"] = evil
+        (path / "trace.json").write_text(json.dumps(records))
+        rehash(path)
+        with pytest.raises(tl.TraceFileError):
+            tl.load(path)
+
+
+def test_loads_without_torch_and_refuses_replay(tmp_path: pathlib.Path) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet18(weights=None).eval()
+    t = tl.trace(model, torch.randn(1, 3, 64, 64))
+    path = tl.save(t, tmp_path / "resnet")
+    expected = {"summary": t.summary(), "dot": t.to_dot(), "hash": tl.hash(t),
+                "rows": [[str(v) for v in row] for row in t.to_pandas().drop(columns=["config"]).values.tolist()],
+                "layer3": list(t["layer3"].out.shape)}
+    (tmp_path / "expected.json").write_text(json.dumps(expected))
+    code = textwrap.dedent(f"""
+        import json, sys
+        sys.modules["torch"] = None  # import torch now fails, as if it were not installed
+        import numpy as np
+        import torchlens as tl
+        loaded = tl.load({str(path)!r})
+        expected = json.load(open({str(tmp_path / 'expected.json')!r}))
+        assert loaded.summary() == expected["summary"]
+        assert loaded.to_dot() == expected["dot"]
+        assert tl.hash(loaded) == expected["hash"]
+        try:
+            import pandas
+        except ImportError:
+            pass
+        else:
+            rows = loaded.to_pandas().drop(columns=["config"]).values.tolist()
+            assert [[str(v) for v in row] for row in rows] == expected["rows"]
+        out = loaded["layer3"].out
+        assert isinstance(out, np.ndarray) and list(out.shape) == expected["layer3"]
+        try:
+            loaded.replay()
+        except tl.UnsupportedError as exc:
+            assert "torch is not importable" in str(exc), exc
+        else:
+            raise AssertionError("replay without torch should raise UnsupportedError")
+        assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_seed_save_and_load_lines_run_as_written(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    import torchvision.models as models
+
+    model = models.alexnet(weights=None)
+    x = torch.randn(1, 3, 224, 224)
+    log = tl.trace(model, x)
+
+    tl.save(log, 'my_trace')
+    loaded = tl.load('my_trace')
+
+    assert loaded.summary() == log.summary()
+    assert loaded["relu_1_2"].out.shape == torch.Size([1, 64, 55, 55])
+    assert torch.equal(loaded["features.6"].out, log["features.6"].out)
+    assert loaded.audit()  # training mode: the dropouts replay with their saved RNG state
+    assert (tmp_path / "my_trace" / "manifest.json").is_file()
