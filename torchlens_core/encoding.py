@@ -256,8 +256,13 @@ class Decoder:
         if tag == "array":
             return self.array(_int(v, "array row"))
         if tag == "numpy_dtype":
-            dtype = np.dtype(_str(v, "numpy dtype"))
-            if dtype.kind not in STORAGE_KINDS and dtype.kind != "O":
+            try:
+                dtype = np.dtype(_str(v, "numpy dtype"))
+            except TypeError:
+                raise TraceFileError(f"unknown NumPy dtype {v!r}") from None
+            # Extension dtypes registered by the framework (bfloat16, float8...) are kind "V" with no fields.
+            extension = dtype.kind == "V" and dtype.fields is None and dtype.name == v
+            if dtype.kind not in STORAGE_KINDS and dtype.kind != "O" and not extension:
                 raise TraceFileError(f"unsupported NumPy dtype {v!r}")
             return dtype
         if tag == "numpy_type":
@@ -299,6 +304,8 @@ class Decoder:
         array = np.frombuffer(self.blob, dtype=storage, count=nbytes // storage.itemsize, offset=offset)
         array = array.reshape(shape)
         kind, dtype = _str(entry["kind"], "kind"), _str(entry["dtype"], "dtype")
+        if kind in ("scalar", "numpy") and dtype != storage.name:
+            array = _extension_view(array, dtype)
         if kind == "scalar":
             value = array[()]
         elif kind == "numpy":
@@ -326,6 +333,17 @@ class Decoder:
         if dtype == "bfloat16" and array.dtype == np.uint16:  # exact: bfloat16 is float32's upper half
             return (array.astype(np.uint32) << 16).view(np.float32)
         return array
+
+
+def _extension_view(array: np.ndarray, name: str) -> np.ndarray:
+    """Raw bits of a NumPy extension dtype (bfloat16, float8...) seen as that dtype, where it is registered here."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        return array  # not registered in this process (ml_dtypes not imported): the raw bits stay
+    if dtype.kind != "V" or dtype.fields is not None or dtype.itemsize != array.dtype.itemsize:
+        raise TraceFileError(f"array of dtype {name!r} cannot be stored as {array.dtype}")
+    return array.view(dtype)
 
 
 # -- strict readers for the file's JSON: anything unexpected is a TraceFileError ---------------

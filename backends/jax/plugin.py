@@ -73,6 +73,21 @@ class JaxBackend(Backend):
 
         return encode_call(op)
 
+    def decode_call(self, data: Any) -> Any:
+        from torchlens_jax.saving import decode_call
+
+        return decode_call(data)
+
+    def encode_value(self, value: Any) -> Any:
+        from torchlens_jax.saving import encode_value
+
+        return encode_value(value)
+
+    def decode_value(self, data: Any) -> Any:
+        from torchlens_jax.saving import decode_value
+
+        return decode_value(data)
+
     def conformance_cases(self) -> list[Any]:
         from torchlens_jax.zoo import cases
 

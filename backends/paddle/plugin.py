@@ -93,6 +93,11 @@ class PaddleBackend(Backend):
 
         return FORMULAS
 
+    def encode_array(self, value: Any) -> tuple[Any, str]:
+        from torchlens_paddle.saving import encode_array
+
+        return encode_array(value)
+
     def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
         from torchlens_paddle.saving import from_numpy
 

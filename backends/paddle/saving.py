@@ -3,9 +3,11 @@
 A call is saved as ``{"ns": "paddle._C_ops" | "paddle._legacy_C_ops" | "paddle.Tensor", "name": ...}``
 and found again by one attribute lookup there: C ops by public name, Tensor
 operators and methods only among those capture records. Names that touch files
-(``save``, ``load``...) are refused. The RNG state of random ops
-(``paddle.get_rng_state()``: generator objects) is not saved, so random ops load
-as not replayable, and so do ops given an accelerator ``Place``. Importing this module does not import Paddle.
+(``save``, ``load``...) are refused. The RNG state a random op ran with (a
+``GeneratorState`` from ``paddle.get_rng_state()``) is saved as the plain data
+of its own ``__getstate__``: device, seed, offset and the engine state as text;
+so dropout and ``rnn`` replay exactly after loading. Ops given an accelerator
+``Place`` load as not replayable. Importing this module does not import Paddle.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torchlens_core.errors import TraceFileError
 
 _OP_MODULES = ("paddle._C_ops", "paddle._legacy_C_ops")
 _REFUSED = ("save", "load", "file", "print")
+_ENGINE_WORDS = 313  # std::mt19937_64 as C++ streams write it: its 312 words, then its position
 
 
 def _tensor_names() -> set[str]:
@@ -75,7 +78,40 @@ def encode_value(value: Any) -> Any:
         return {"dtype": str(value).removeprefix("paddle.")}
     if isinstance(value, paddle.base.libpaddle.Place):
         return {"place": str(value)}
+    if isinstance(value, paddle.base.libpaddle.GeneratorState):
+        return _encode_rng_state(value)
     return None
+
+
+def _encode_rng_state(state: Any) -> Any:
+    """``[device, seed, offset, engine state]``: the tuple the state's own ``__getstate__`` gives, its bytes as text."""
+    data = state.__getstate__()
+    if not (isinstance(data, tuple) and len(data) == 4 and all(type(n) is int for n in data[:3])):
+        return None  # another Paddle's layout: not saved (the op loads as not replayable)
+    text = bytes(data[3]).decode("ascii", errors="replace")
+    return {"rng_state": [*data[:3], text]} if _engine_state(text) else None
+
+
+def _engine_state(text: Any) -> bool:
+    """Is ``text`` an engine state as Paddle writes it? (A changed one must not reach the C++ parser.)"""
+    if not isinstance(text, str) or len(text) > _ENGINE_WORDS * 21:
+        return False
+    words = text.split(" ")
+    return len(words) == _ENGINE_WORDS and all(w.isascii() and w.isdigit() and int(w) < 2**64 for w in words)
+
+
+def _decode_rng_state(data: Any) -> Any:
+    import paddle
+
+    if not (isinstance(data, list) and len(data) == 4 and all(type(n) is int for n in data[:3])
+            and _engine_state(data[3]) and data[0] >= -1):
+        raise TraceFileError(f"not a Paddle RNG state: {str(data)[:80]}")
+    if data[0] >= 0 and data[0] >= paddle.device.cuda.device_count():
+        return None  # an accelerator's generator this machine lacks: the op loads as not replayable
+    cls = paddle.base.libpaddle.GeneratorState
+    state = cls.__new__(cls)  # then filled by its own __setstate__ from the plain data, as pybind11 allows
+    state.__setstate__((*data[:3], list(data[3].encode("ascii"))))
+    return state
 
 
 def decode_value(data: Any) -> Any:
@@ -92,12 +128,34 @@ def decode_value(data: Any) -> Any:
         return place
     if isinstance(data, dict) and set(data) == {"place"}:
         return None  # an accelerator placement: not rebuilt (the op loads as not replayable)
+    if isinstance(data, dict) and set(data) == {"rng_state"}:
+        return _decode_rng_state(data["rng_state"])
     raise TraceFileError(f"not a Paddle constant: {data!r}")
+
+
+def encode_array(value: Any) -> tuple[Any, str]:
+    """A tensor's values and dtype name. One never written (an RNN layer's dropout state, which Paddle
+    creates empty) has no values: it is saved as zeros of its shape, with its ``undefined`` place."""
+    import numpy as np
+
+    from torchlens_paddle.arrays import dtype_name, to_numpy
+
+    if not value._is_initialized():
+        return np.zeros(tuple(value.shape), np.uint8), dtype_name(value.dtype)
+    return to_numpy(value), dtype_name(value.dtype)
 
 
 def from_numpy(array: Any, dtype: str, device: str) -> Any:
     import paddle
 
+    if device == "undefined":  # a tensor never written: made again as one, as the layer made it
+        target = getattr(paddle, dtype, None) if dtype.isidentifier() else None
+        if not isinstance(target, paddle.dtype):
+            raise TraceFileError(f"not a Paddle dtype: {dtype!r}")
+        core = paddle.base.core
+        t = core.eager.Tensor(target, [], "", core.VarDesc.VarType.DENSE_TENSOR, False)
+        t.get_tensor()._set_dims(list(array.shape))  # (made with its shape, a 0-size one would have no place)
+        return t
     t = paddle.to_tensor(array, place=paddle.CPUPlace()) if device == "cpu" else paddle.to_tensor(array)
     if dtype != array.dtype.name:
         t = t.astype(dtype)  # bfloat16 was saved as float32 (exactly)
