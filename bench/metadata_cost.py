@@ -43,17 +43,20 @@ def main() -> None:
                 tl.trace(model, *args, **kwargs)
             capture, bare, derived, table = [], [], [], []
             stack = sites.CallSites.stack
-            for _ in range(options.repeats):
-                t0 = time.perf_counter()
-                trace = tl.trace(model, *args, **kwargs)
-                t1 = time.perf_counter()
-                sites.CallSites.stack = lambda self, limit=6: ()  # type: ignore[method-assign]
-                try:
-                    t2 = time.perf_counter()
-                    tl.trace(model, *args, **kwargs)
-                    t3 = time.perf_counter()
-                finally:
-                    sites.CallSites.stack = stack  # type: ignore[method-assign]
+            for i in range(options.repeats):
+                for walk in (True, False) if i % 2 else (False, True):  # alternate: no order bias
+                    if not walk:
+                        sites.CallSites.stack = lambda self, limit=0: ()  # type: ignore[method-assign]
+                    try:
+                        t0 = time.perf_counter()
+                        result = tl.trace(model, *args, **kwargs)
+                        t1 = time.perf_counter()
+                    finally:
+                        sites.CallSites.stack = stack  # type: ignore[method-assign]
+                    (capture if walk else bare).append(t1 - t0)
+                    if walk:
+                        trace = result
+                    del result
                 t4 = time.perf_counter()
                 for op in trace:
                     op.flops, op.config  # noqa: B018
@@ -61,8 +64,6 @@ def main() -> None:
                 t5 = time.perf_counter()
                 trace.to_pandas()
                 t6 = time.perf_counter()
-                capture.append(t1 - t0)
-                bare.append(t3 - t2)
                 derived.append(t5 - t4)
                 table.append(t6 - t5)
         c = statistics.median(capture)

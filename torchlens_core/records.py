@@ -7,7 +7,7 @@ framework's own; the core reads them only through a backend's hooks.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
 
@@ -32,9 +32,12 @@ class ParamRef:
     name: str
 
 
-@attrs.frozen(slots=True)
-class CodeLocation:
-    """One frame of the user's code that led to an op."""
+class CodeLocation(NamedTuple):
+    """One frame of the user's code that led to an op.
+
+    A NamedTuple, not an attrs class: capture makes several per op, and a
+    tuple is built several times faster.
+    """
 
     file: str
     line_number: int

@@ -11,6 +11,9 @@ from torchlens_core import api
 from torchlens_core.records import CodeLocation
 
 _API_FILE = api.__file__
+# User frames kept per op. Each costs about 1.5 us (Python builds a frame object for every
+# frame walked), about 5% of capture at three frames on GPT-2 or a Keras model.
+CONTEXT_FRAMES = 3
 
 
 class CallSites:
@@ -27,7 +30,7 @@ class CallSites:
         self.internal = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in files)
         self.verdicts: dict[str, bool] = {}
 
-    def stack(self, limit: int = 6) -> tuple[CodeLocation, ...]:
+    def stack(self, limit: int = CONTEXT_FRAMES) -> tuple[CodeLocation, ...]:
         """The user's frames leading to the current call, innermost first, at most ``limit``.
 
         The walk stops at the TorchLens call that started the capture: frames

@@ -27,6 +27,7 @@ import numpy as np
 from torchlens_core import api
 from torchlens_core.builder import TraceBuilder
 from torchlens_core.records import CodeLocation, ParamRef, Ref
+from torchlens_core.sites import CONTEXT_FRAMES
 from torchlens_jax.arrays import array_info
 from torchlens_jax.scopes import MARKER_NAME, CallScopes, fill
 
@@ -282,7 +283,7 @@ def _inner_jaxprs(params: dict[str, Any]) -> list[Any]:
 _OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in (api.__file__, __file__))
 
 
-def _code_context(eqn: Any, limit: int = 6) -> tuple[CodeLocation, ...]:
+def _code_context(eqn: Any, limit: int = CONTEXT_FRAMES) -> tuple[CodeLocation, ...]:
     """The user's frames that made this equation, innermost first, if JAX kept them."""
     try:
         from jax._src import source_info_util  # no public API gives the user frames
