@@ -7,6 +7,8 @@ entry point at an instance::
     [project.entry-points."torchlens.backends"]
     mybackend = "my_package.plugin:backend"
 
+Methods whose code imports the framework are best declared with :func:`lazy`.
+
 Each hook then answers for this backend's name only, so the methods never see
 another backend's requests. Import the framework inside the methods, never at
 module level.
@@ -14,6 +16,7 @@ module level.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.errors import UnsupportedError
@@ -26,6 +29,29 @@ if TYPE_CHECKING:
     from torchlens_core.records import OpRecord
     from torchlens_core.replay import Observe
     from torchlens_core.trace import Trace
+
+
+def lazy(target: str) -> Any:
+    """A Backend method that runs ``"package.module:name"``, imported on first use.
+
+    A backend's plugin module must not import its framework, so each method's
+    code lives in a module that does, loaded only when the hook is first
+    called: ``capture = lazy("my_backend.capture:capture")``. The method passes
+    its arguments through; a ``name`` that is not callable (a table of FLOP
+    formulas, say) is returned as it is.
+    """
+    module_name, _, attr = target.partition(":")
+    found: list[Any] = []
+
+    def method(self: Backend, *args: Any, **kwargs: Any) -> Any:
+        if not found:
+            found.append(getattr(importlib.import_module(module_name), attr))
+        value = found[0]
+        return value(*args, **kwargs) if callable(value) else value
+
+    method.__name__ = method.__qualname__ = attr
+    method.__doc__ = f"``{target}``, imported on first use."
+    return method
 
 
 class Backend:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from torchlens_core.backend import Backend
+from torchlens_core.backend import Backend, lazy
 from torchlens_core.plugins import BackendInfo
 
 
@@ -33,75 +33,20 @@ class JaxBackend(Backend):
             return True
         return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves((args, kwargs)))
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Any:
-        from torchlens_jax.capture import capture
-
-        return capture(target, args, kwargs, options)
-
-    def replay_graph(self, trace: Any, observe: Any) -> list[Any]:
-        from torchlens_jax.replay import replay_graph
-
-        return replay_graph(trace, observe)
-
-    def replay_op(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from torchlens_jax.replay import replay_op
-
-        return replay_op(op, args, kwargs)
-
-    def array_info(self, value: Any) -> Any:
-        from torchlens_jax.arrays import array_info
-
-        return array_info(value)
-
-    def to_numpy(self, value: Any) -> Any:
-        from torchlens_jax.arrays import to_numpy
-
-        return to_numpy(value)
-
-    def array_error(self, actual: Any, expected: Any) -> float:
-        from torchlens_jax.arrays import array_error
-
-        return array_error(actual, expected)
-
-    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
-        from torchlens_jax.saving import from_numpy
-
-        return from_numpy(array, dtype, device)
-
-    def encode_call(self, op: Any) -> Any:
-        from torchlens_jax.saving import encode_call
-
-        return encode_call(op)
-
-    def decode_call(self, data: Any) -> Any:
-        from torchlens_jax.saving import decode_call
-
-        return decode_call(data)
-
-    def encode_value(self, value: Any) -> Any:
-        from torchlens_jax.saving import encode_value
-
-        return encode_value(value)
-
-    def decode_value(self, data: Any) -> Any:
-        from torchlens_jax.saving import decode_value
-
-        return decode_value(data)
-
-    def conformance_cases(self) -> list[Any]:
-        from torchlens_jax.zoo import cases
-
-        return cases()
-
-    def observe_module_outputs(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        from torchlens_jax.modules import observe_module_outputs
-
-        return observe_module_outputs(target, args, kwargs)
-
-    def flop_formulas(self) -> dict[str, Any]:
-        from torchlens_jax.flops import FORMULAS
-
-        return FORMULAS
+    capture = lazy("torchlens_jax.capture:capture")
+    replay_graph = lazy("torchlens_jax.replay:replay_graph")
+    replay_op = lazy("torchlens_jax.replay:replay_op")
+    array_info = lazy("torchlens_jax.arrays:array_info")
+    to_numpy = lazy("torchlens_jax.arrays:to_numpy")
+    array_error = lazy("torchlens_jax.arrays:array_error")
+    from_numpy = lazy("torchlens_jax.saving:from_numpy")
+    encode_call = lazy("torchlens_jax.saving:encode_call")
+    decode_call = lazy("torchlens_jax.saving:decode_call")
+    encode_value = lazy("torchlens_jax.saving:encode_value")
+    decode_value = lazy("torchlens_jax.saving:decode_value")
+    conformance_cases = lazy("torchlens_jax.zoo:cases")
+    observe_module_outputs = lazy("torchlens_jax.modules:observe_module_outputs")
+    flop_formulas = lazy("torchlens_jax.flops:FORMULAS")
 
 
 backend = JaxBackend()

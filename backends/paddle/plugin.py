@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from torchlens_core import tree
-from torchlens_core.backend import Backend
+from torchlens_core.backend import Backend, lazy
 from torchlens_core.plugins import BackendInfo
 
 # Paddle ships as "paddlepaddle" (CPU, the pinned one) or "paddlepaddle-gpu"; the first installed is the framework.
@@ -53,85 +53,22 @@ class PaddleBackend(Backend):
             return True
         return next(tree.leaves((args, kwargs), lambda v: isinstance(v, paddle.Tensor)), None) is not None
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Any:
-        from torchlens_paddle.capture import capture
-
-        return capture(target, args, kwargs, options)
-
-    def replay_graph(self, trace: Any, observe: Any) -> list[Any]:
-        from torchlens_paddle.replay import replay_graph
-
-        return replay_graph(trace, observe)
-
-    def replay_op(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from torchlens_paddle.replay import run_op
-
-        return run_op(op, args, kwargs)
-
-    def array_info(self, value: Any) -> Any:
-        from torchlens_paddle.arrays import array_info
-
-        return array_info(value)
-
-    def to_numpy(self, value: Any) -> Any:
-        from torchlens_paddle.arrays import to_numpy
-
-        return to_numpy(value)
-
-    def detach(self, value: Any) -> Any:
-        from torchlens_paddle.arrays import detach
-
-        return detach(value)
-
-    def array_error(self, actual: Any, expected: Any) -> float:
-        from torchlens_paddle.arrays import array_error
-
-        return array_error(actual, expected)
-
-    def flop_formulas(self) -> dict[str, Any]:
-        from torchlens_paddle.flops import FORMULAS
-
-        return FORMULAS
-
-    def encode_array(self, value: Any) -> tuple[Any, str]:
-        from torchlens_paddle.saving import encode_array
-
-        return encode_array(value)
-
-    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
-        from torchlens_paddle.saving import from_numpy
-
-        return from_numpy(array, dtype, device)
-
-    def encode_value(self, value: Any) -> Any:
-        from torchlens_paddle.saving import encode_value
-
-        return encode_value(value)
-
-    def decode_value(self, data: Any) -> Any:
-        from torchlens_paddle.saving import decode_value
-
-        return decode_value(data)
-
-    def encode_call(self, op: Any) -> Any:
-        from torchlens_paddle.saving import encode_call
-
-        return encode_call(op.call)
-
-    def decode_call(self, data: Any) -> Any:
-        from torchlens_paddle.saving import decode_call
-
-        return decode_call(data)
-
-    def conformance_cases(self) -> list[Any]:
-        from torchlens_paddle.zoo import cases
-
-        return cases()
-
-    def observe_module_outputs(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        from torchlens_paddle.observe import observe_module_outputs
-
-        return observe_module_outputs(target, args, kwargs)
+    capture = lazy("torchlens_paddle.capture:capture")
+    replay_graph = lazy("torchlens_paddle.replay:replay_graph")
+    replay_op = lazy("torchlens_paddle.replay:run_op")
+    array_info = lazy("torchlens_paddle.arrays:array_info")
+    to_numpy = lazy("torchlens_paddle.arrays:to_numpy")
+    detach = lazy("torchlens_paddle.arrays:detach")
+    array_error = lazy("torchlens_paddle.arrays:array_error")
+    flop_formulas = lazy("torchlens_paddle.flops:FORMULAS")
+    encode_array = lazy("torchlens_paddle.saving:encode_array")
+    from_numpy = lazy("torchlens_paddle.saving:from_numpy")
+    encode_value = lazy("torchlens_paddle.saving:encode_value")
+    decode_value = lazy("torchlens_paddle.saving:decode_value")
+    encode_call = lazy("torchlens_paddle.saving:encode_call")
+    decode_call = lazy("torchlens_paddle.saving:decode_call")
+    conformance_cases = lazy("torchlens_paddle.zoo:cases")
+    observe_module_outputs = lazy("torchlens_paddle.observe:observe_module_outputs")
 
 
 backend = PaddleBackend()

@@ -31,7 +31,8 @@ def _original(fn: Any) -> Any:
     return getattr(fn, "__wrapped__", fn)
 
 
-def encode_call(call: Any) -> Any:
+def encode_call(op: Any) -> Any:
+    call = op.call
     import paddle
 
     name = getattr(call, "__name__", None)

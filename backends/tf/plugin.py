@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from torchlens_core import tree
-from torchlens_core.backend import Backend
+from torchlens_core.backend import Backend, lazy
 from torchlens_core.plugins import BackendInfo
 
 # TensorFlow ships under several distribution names; the first installed one is the framework.
@@ -54,75 +54,20 @@ class TFBackend(Backend):
         found = tree.leaves((args, kwargs), lambda v: isinstance(v, (tf.Tensor, tf.Variable)))
         return next(found, None) is not None
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Any:
-        from torchlens_tf.capture import capture
-
-        return capture(target, args, kwargs, options)
-
-    def replay_graph(self, trace: Any, observe: Any) -> list[Any]:
-        from torchlens_tf.replay import replay_graph
-
-        return replay_graph(trace, observe)
-
-    def replay_op(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from torchlens_tf.replay import run_op
-
-        return run_op(op, args, kwargs)
-
-    def array_info(self, value: Any) -> Any:
-        from torchlens_tf.arrays import array_info
-
-        return array_info(value)
-
-    def to_numpy(self, value: Any) -> Any:
-        from torchlens_tf.arrays import to_numpy
-
-        return to_numpy(value)
-
-    def array_error(self, actual: Any, expected: Any) -> float:
-        from torchlens_tf.arrays import array_error
-
-        return array_error(actual, expected)
-
-    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
-        from torchlens_tf.saving import from_numpy
-
-        return from_numpy(array, dtype, device)
-
-    def encode_value(self, value: Any) -> Any:
-        from torchlens_tf.saving import encode_value
-
-        return encode_value(value)
-
-    def decode_value(self, data: Any) -> Any:
-        from torchlens_tf.saving import decode_value
-
-        return decode_value(data)
-
-    def encode_call(self, op: Any) -> Any:
-        from torchlens_tf.saving import encode_call
-
-        return encode_call(op.call)
-
-    def decode_call(self, data: Any) -> Any:
-        from torchlens_tf.saving import decode_call
-
-        return decode_call(data)
-
-    def conformance_cases(self) -> list[Any]:
-        from torchlens_tf.zoo import cases
-
-        return cases()
-
-    def observe_module_outputs(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        from torchlens_tf.observe import observe_module_outputs
-
-        return observe_module_outputs(target, args, kwargs)
-
-    def flop_formulas(self) -> dict[str, Any]:
-        from torchlens_tf.flops import FORMULAS
-
-        return FORMULAS
+    capture = lazy("torchlens_tf.capture:capture")
+    replay_graph = lazy("torchlens_tf.replay:replay_graph")
+    replay_op = lazy("torchlens_tf.replay:run_op")
+    array_info = lazy("torchlens_tf.arrays:array_info")
+    to_numpy = lazy("torchlens_tf.arrays:to_numpy")
+    array_error = lazy("torchlens_tf.arrays:array_error")
+    from_numpy = lazy("torchlens_tf.saving:from_numpy")
+    encode_value = lazy("torchlens_tf.saving:encode_value")
+    decode_value = lazy("torchlens_tf.saving:decode_value")
+    encode_call = lazy("torchlens_tf.saving:encode_call")
+    decode_call = lazy("torchlens_tf.saving:decode_call")
+    conformance_cases = lazy("torchlens_tf.zoo:cases")
+    observe_module_outputs = lazy("torchlens_tf.observe:observe_module_outputs")
+    flop_formulas = lazy("torchlens_tf.flops:FORMULAS")
 
 
 backend = TFBackend()

@@ -44,7 +44,8 @@ def _attr(value: Any) -> Any:
 _UNKNOWN = object()
 
 
-def encode_call(call: Any) -> Any:
+def encode_call(op: Any) -> Any:
+    call = op.call
     from torchlens_tf.capture import TFCall
 
     if not isinstance(call, TFCall):

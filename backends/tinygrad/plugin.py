@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from torchlens_core import tree
-from torchlens_core.backend import Backend
+from torchlens_core.backend import Backend, lazy
 from torchlens_core.plugins import BackendInfo
 
 
@@ -38,20 +38,9 @@ class TinygradBackend(Backend):
             return True
         return next(tree.leaves((args, kwargs), lambda v: isinstance(v, tensor)), None) is not None
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any = None) -> Any:
-        from torchlens_tinygrad.capture import capture
-
-        return capture(target, args, kwargs, options)
-
-    def replay_graph(self, trace: Any, observe: Any) -> list[Any]:
-        from torchlens_tinygrad.replay import replay_graph
-
-        return replay_graph(trace, observe)
-
-    def replay_op(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from torchlens_tinygrad.replay import run_op
-
-        return run_op(op, args, kwargs)
+    capture = lazy("torchlens_tinygrad.capture:capture")
+    replay_graph = lazy("torchlens_tinygrad.replay:replay_graph")
+    replay_op = lazy("torchlens_tinygrad.replay:run_op")
 
     def array_info(self, value: Any) -> Any:
         tinygrad = sys.modules.get("tinygrad")
@@ -61,59 +50,21 @@ class TinygradBackend(Backend):
 
         return array_info(value)
 
-    def to_numpy(self, value: Any) -> Any:
-        from torchlens_tinygrad.arrays import to_numpy
-
-        return to_numpy(value)
-
-    def array_error(self, actual: Any, expected: Any) -> float:
-        from torchlens_tinygrad.arrays import array_error
-
-        return array_error(actual, expected)
+    to_numpy = lazy("torchlens_tinygrad.arrays:to_numpy")
+    array_error = lazy("torchlens_tinygrad.arrays:array_error")
 
     def stack(self, samples: list[Any]) -> Any:
         """Same-shaped samples stacked along a new leading axis, realized (for ``tl.extract_dataset``)."""
         return samples[0].stack(*samples[1:], dim=0).realize()
 
-    def flop_formulas(self) -> dict[str, Any]:
-        from torchlens_tinygrad.flops import FORMULAS
-
-        return FORMULAS
-
-    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
-        from torchlens_tinygrad.saving import from_numpy
-
-        return from_numpy(array, dtype, device)
-
-    def encode_value(self, value: Any) -> Any:
-        from torchlens_tinygrad.saving import encode_value
-
-        return encode_value(value)
-
-    def decode_value(self, data: Any) -> Any:
-        from torchlens_tinygrad.saving import decode_value
-
-        return decode_value(data)
-
-    def encode_call(self, op: Any) -> Any:
-        from torchlens_tinygrad.saving import encode_call
-
-        return encode_call(op.call)
-
-    def decode_call(self, data: Any) -> Any:
-        from torchlens_tinygrad.saving import decode_call
-
-        return decode_call(data)
-
-    def conformance_cases(self) -> list[Any]:
-        from torchlens_tinygrad.zoo import cases
-
-        return cases()
-
-    def observe_module_outputs(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        from torchlens_tinygrad.observe import observe_module_outputs
-
-        return observe_module_outputs(target, args, kwargs)
+    flop_formulas = lazy("torchlens_tinygrad.flops:FORMULAS")
+    from_numpy = lazy("torchlens_tinygrad.saving:from_numpy")
+    encode_value = lazy("torchlens_tinygrad.saving:encode_value")
+    decode_value = lazy("torchlens_tinygrad.saving:decode_value")
+    encode_call = lazy("torchlens_tinygrad.saving:encode_call")
+    decode_call = lazy("torchlens_tinygrad.saving:decode_call")
+    conformance_cases = lazy("torchlens_tinygrad.zoo:cases")
+    observe_module_outputs = lazy("torchlens_tinygrad.observe:observe_module_outputs")
 
 
 backend = TinygradBackend()

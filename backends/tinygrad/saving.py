@@ -34,7 +34,8 @@ def _function(raw: Any) -> Any:
     return cell.cell_contents if cell is not None else func
 
 
-def encode_call(call: Any) -> Any:
+def encode_call(op: Any) -> Any:
+    call = op.call
     func = call.__func__ if isinstance(call, types.MethodType) else call
     for name, raw in _methods().items():
         if _function(raw) is func:

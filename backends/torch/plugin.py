@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from torchlens_core import tree
-from torchlens_core.backend import Backend
+from torchlens_core.backend import Backend, lazy
 from torchlens_core.plugins import BackendInfo
 
 
@@ -27,30 +27,11 @@ class TorchBackend(Backend):
             return True
         return next(tree.leaves((args, kwargs), lambda v: isinstance(v, torch.Tensor)), None) is not None
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Any:
-        from torchlens_torch.capture import capture
-
-        return capture(target, args, kwargs, options)
-
-    def replay_graph(self, trace: Any, observe: Any) -> list[Any]:
-        from torchlens_torch.replay import replay_graph
-
-        return replay_graph(trace, observe)
-
-    def replay_op(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from torchlens_torch.replay import run_op
-
-        return run_op(op, args, kwargs)
-
-    def array_info(self, value: Any) -> Any:
-        from torchlens_torch.arrays import array_info
-
-        return array_info(value)
-
-    def to_numpy(self, value: Any) -> Any:
-        from torchlens_torch.arrays import to_numpy
-
-        return to_numpy(value)
+    capture = lazy("torchlens_torch.capture:capture")
+    replay_graph = lazy("torchlens_torch.replay:replay_graph")
+    replay_op = lazy("torchlens_torch.replay:run_op")
+    array_info = lazy("torchlens_torch.arrays:array_info")
+    to_numpy = lazy("torchlens_torch.arrays:to_numpy")
 
     def stack(self, samples: list[Any]) -> Any:
         import torch
@@ -62,55 +43,21 @@ class TorchBackend(Backend):
 
         return tree.map_leaves(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, value)
 
-    def array_error(self, actual: Any, expected: Any) -> float:
-        from torchlens_torch.arrays import array_error
-
-        return array_error(actual, expected)
-
-    def flop_formulas(self) -> dict[str, Any]:
-        from torchlens_torch.flops import FORMULAS
-
-        return FORMULAS
-
-    def encode_array(self, value: Any) -> Any:
-        from torchlens_torch.saving import encode_array
-
-        return encode_array(value)
-
-    def from_numpy(self, array: Any, dtype: str, device: str) -> Any:
-        from torchlens_torch.saving import from_numpy
-
-        return from_numpy(array, dtype, device)
+    array_error = lazy("torchlens_torch.arrays:array_error")
+    flop_formulas = lazy("torchlens_torch.flops:FORMULAS")
+    encode_array = lazy("torchlens_torch.saving:encode_array")
+    from_numpy = lazy("torchlens_torch.saving:from_numpy")
 
     def encode_value(self, value: Any) -> Any:
         from torchlens_torch.saving import encode_value
 
         return encode_value(value) if "torch" in sys.modules else None
 
-    def decode_value(self, data: Any) -> Any:
-        from torchlens_torch.saving import decode_value
-
-        return decode_value(data)
-
-    def encode_call(self, op: Any) -> Any:
-        from torchlens_torch.saving import encode_call
-
-        return encode_call(op.call)
-
-    def decode_call(self, data: Any) -> Any:
-        from torchlens_torch.saving import decode_call
-
-        return decode_call(data)
-
-    def conformance_cases(self) -> list[Any]:
-        from torchlens_torch.zoo import cases
-
-        return cases()
-
-    def observe_module_outputs(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        from torchlens_torch.observe import observe_module_outputs
-
-        return observe_module_outputs(target, args, kwargs)
+    decode_value = lazy("torchlens_torch.saving:decode_value")
+    encode_call = lazy("torchlens_torch.saving:encode_call")
+    decode_call = lazy("torchlens_torch.saving:decode_call")
+    conformance_cases = lazy("torchlens_torch.zoo:cases")
+    observe_module_outputs = lazy("torchlens_torch.observe:observe_module_outputs")
 
 
 backend = TorchBackend()

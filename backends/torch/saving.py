@@ -52,7 +52,8 @@ def _names() -> dict[int, tuple[str, str, Any]]:
     return table
 
 
-def encode_call(call: Any) -> Any:
+def encode_call(op: Any) -> Any:
+    call = op.call
     if call is None:
         return None
     if getattr(call, "__name__", None) == "__get__":  # a property read (Tensor.T): the descriptor's getter
