@@ -8,6 +8,9 @@ from typing import Any
 import pytest
 
 HERE = pathlib.Path(__file__).parent
+# Each backend's zoo, asked for once a session: every check of a case then gets the same
+# (backend, case) parameter, so the module-scoped capture in test_conformance.py is made once.
+_ZOOS = pytest.StashKey[dict[str, list[Any]]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,18 +45,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: the shared backend conformance suite")
 
 
+def _zoo(config: pytest.Config, backend: str) -> list[Any]:
+    from torchlens_core.plugins import hook
+
+    zoos = config.stash.setdefault(_ZOOS, {})
+    if backend not in zoos:
+        zoos[backend] = list(hook().torchlens_conformance_cases(backend=backend) or [])
+    return zoos[backend]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "case_id" not in metafunc.fixturenames:
         return
-    from torchlens_core.plugins import hook
-
     config = metafunc.config
     params = []
     for backend in _backends(config):
         xfails = load_expected_failures(HERE / "expected_failures" / f"{backend}.txt")
         for extra in config.getoption("--expected-failures"):
             xfails.update(load_expected_failures(pathlib.Path(extra)))
-        for case in hook().torchlens_conformance_cases(backend=backend) or []:
+        for case in _zoo(config, backend):
             marks: list[Any] = []
             check = metafunc.function.__name__.removeprefix("test_")
             reason = xfails.get(f"{case.name}::{check}") or xfails.get(case.name)

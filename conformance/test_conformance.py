@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import attrs
@@ -11,6 +12,7 @@ import torchlens as tl
 from torchlens_core.arrays import max_error
 from torchlens_core.conformance import Case
 from torchlens_core.plugins import hook
+from torchlens_core.saving import NOT_REPLAYABLE
 
 
 @attrs.frozen
@@ -51,6 +53,17 @@ def test_audit_clean(traced: Traced) -> None:
     assert report, str(report)
 
 
+def _views(t: tl.Trace) -> list[Any]:
+    """What a loaded trace must give as the original did: op records, tables, summary, drawing, hash."""
+    ops = [(o.label, o.kind, o.func_name, o.shape, o.dtype, o.device, o.parents, o.children, o.module_passes,
+            o.module_outputs, o.params, o.source, o.in_place, o.saved, o.code_context, o.elapsed, o.flops,
+            o.macs, repr(o.config), o.conditions, o.pass_num, o.num_passes) for o in t.ops]
+    params = [(p.name, p.module, p.shape, p.dtype, p.numel, p.trainable, p.is_buffer) for p in t.params.values()]
+    modules = [(m.path, m.type_name, m.num_params, [(mp.label, mp.ops, mp.output_shapes) for mp in m.passes])
+               for m in t.modules.values()]
+    return [ops, params, modules, t.output_labels, t.summary(), t.to_dot(), tl.hash(t)]
+
+
 def test_module_outputs(traced: Traced) -> None:
     if not traced.case.check_modules:
         pytest.skip("case has no modules to observe")
@@ -65,3 +78,21 @@ def test_module_outputs(traced: Traced) -> None:
     worst = max(((max_error(traced.backend, mp.out, seen[label]), label) for label, mp in recorded.items()
                  if seen[label] is not None), default=(0.0, None))
     assert worst[0] <= traced.case.rtol, f"module output {worst[1]} differs by {worst[0]:.3g}"
+
+
+def test_round_trip(traced: Traced, tmp_path: pathlib.Path) -> None:
+    # Runs after test_module_outputs on purpose: the model has run again since the capture (a
+    # training-mode model bumps its BatchNorm counters in place), and the trace must still hold,
+    # and save, the values that ran.
+    trace, backend, rtol = traced.trace, traced.backend, traced.case.rtol
+    loaded = tl.load(tl.save(trace, tmp_path / "trace"))
+    assert _views(loaded) == _views(trace), "the loaded trace's records, tables, summary or drawing differ"
+    for a, b in zip(trace.ops, loaded.ops):
+        assert max_error(backend, b.out, a.out) == 0.0, f"the saved value of {a.label} changed on load"
+    assert max_error(backend, loaded.model_output, trace.model_output) == 0.0, "the model output changed on load"
+    missing = loaded.notes.get(NOT_REPLAYABLE, {})
+    assert not missing, f"ops not replayable after loading: {missing}"
+    replayed = max_error(backend, loaded.replay(), traced.own_output)
+    assert replayed <= rtol, f"the loaded trace replays to an output off the model's own by {replayed:.3g}"
+    report = loaded.audit(rtol=rtol)
+    assert report, str(report)

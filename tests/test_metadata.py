@@ -225,3 +225,9 @@ def test_new_table_columns(alexnet_trace):
     assert row["min_distance_from_input"] == 7 and row["max_distance_to_output"] == 16
     assert row["config"]["groups"] == 1
     assert df["flops"].sum() == alexnet_trace.flops
+
+
+def test_random_ops_say_their_rng_state_is_recorded():
+    trace = tl.trace(torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.ReLU()).train(), torch.randn(4))
+    assert "Random: the RNG state before the call is recorded" in str(trace["dropout_1"])
+    assert "Random:" not in str(trace["relu_1"])

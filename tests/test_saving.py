@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pathlib
 import random
@@ -11,10 +10,10 @@ import pytest
 
 pytest.importorskip("torchlens_numpy")
 import numpy as np  # noqa: E402
+from saving_checks import rehash, same_values, views  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 from torchlens_core import saving  # noqa: E402
-from torchlens_numpy import zoo  # noqa: E402
 
 W = np.arange(12.0).reshape(3, 4) / 10
 
@@ -25,28 +24,6 @@ def model(x: np.ndarray, *, scale: float = 2.0) -> dict[str, object]:
     s = np.add.reduce(h[:, 1:], axis=1, keepdims=True)
     noise = np.random.normal(size=h.shape)
     return {"h": h[..., ::2], "stats": (s.mean(), s.astype(np.float32)), "noisy": h + noise}
-
-
-def views(t: tl.Trace) -> list[object]:
-    """What a loaded trace must reproduce: lookups, summary, tables (without pandas too), drawing, hash."""
-    ops = [(o.label, o.kind, o.func_name, o.shape, o.dtype, o.device, o.parents, o.children, o.module_passes,
-            o.module_outputs, o.params, o.source, o.in_place, o.saved, o.code_context, o.elapsed, o.flops, o.macs,
-            repr(o.config), o.conditions, o.pass_num, o.num_passes) for o in t.ops]
-    return [ops, t.summary(), t.to_dot(), tl.hash(t), t.keys_of(t.ops[-1]), t.output_labels, t.halted, t.model_name]
-
-
-def same_values(a: object, b: object) -> bool:
-    from torchlens_numpy.arrays import array_error
-
-    a_leaves = [v for _, v in tl_leaves(a)]
-    b_leaves = [v for _, v in tl_leaves(b)]
-    return len(a_leaves) == len(b_leaves) and all(array_error(x, y) == 0.0 for x, y in zip(a_leaves, b_leaves))
-
-
-def tl_leaves(x: object) -> list[tuple[object, object]]:
-    from torchlens_core import tree
-
-    return list(tree.leaves(x, lambda v: isinstance(v, (np.ndarray, np.generic))))
 
 
 @pytest.fixture
@@ -62,23 +39,12 @@ def test_round_trip_keeps_everything_and_replays(saved) -> None:
     assert views(loaded) == views(t)
     assert sorted(p.name for p in path.iterdir()) == ["arrays.bin", "manifest.json", "trace.json"]
     for a, b in zip(t.ops, loaded.ops):
-        assert same_values(a.out, b.out), a.label
-    assert same_values(loaded.output, t.output) and isinstance(loaded.output, dict)
+        assert same_values("numpy", a.out, b.out), a.label
+    assert same_values("numpy", loaded.output, t.output) and isinstance(loaded.output, dict)
     assert isinstance(loaded["stats"] if "stats" in loaded else loaded.output["stats"], tuple)
     assert "not_replayable" not in loaded.notes
-    assert same_values(loaded.replay(), t.output)
+    assert same_values("numpy", loaded.replay(), t.output)
     assert loaded.audit()
-
-
-@pytest.mark.parametrize("case", [c for c in zoo.cases() if not c.slow], ids=lambda c: c.name)
-def test_every_zoo_case_round_trips_and_audits(case, tmp_path: pathlib.Path) -> None:
-    if case.reset:
-        case.reset()
-    fn, args, kwargs = case.build()
-    t = tl.trace(fn, *args, backend="numpy", **kwargs)
-    loaded = tl.load(tl.save(t, tmp_path / "t"))
-    assert views(loaded) == views(t)
-    assert loaded.audit(rtol=case.rtol)
 
 
 def test_readme_lines_run_as_written(saved, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
@@ -128,15 +94,6 @@ def test_bfloat16_without_the_framework_loads_as_float32() -> None:
 
 
 # -- damaged files ------------------------------------------------------------------------------
-def rehash(path: pathlib.Path) -> None:
-    """Make the manifest agree with the files again (what a deliberate tamperer would do)."""
-    manifest = json.loads((path / "manifest.json").read_text())
-    for name in manifest["files"]:
-        data = (path / name).read_bytes()
-        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (path / "manifest.json").write_text(json.dumps(manifest))
-
-
 def edit_records(path: pathlib.Path, change) -> None:
     records = json.loads((path / "trace.json").read_text())
     change(records)

@@ -295,3 +295,17 @@ def test_uninitialized_factories_replay_the_bytes_they_held() -> None:
     trace = tl.trace(fn, torch.randn(3, 4))
     assert "uninitialized" in trace["empty_1"].meta and trace["empty_1"].source == "constant"
     assert trace.audit()
+
+
+def test_values_survive_later_changes_to_inputs_buffers_and_the_next_forward() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    x = torch.randn(2, 3, 6, 6)
+    trace = tl.trace(model, x)
+    counter = next(op for op in trace.ops if op.func_name == "add_")
+    before = {op.label: op.out.clone() for op in trace.ops}
+    model(x)  # bumps num_batches_tracked and the running stats in place
+    x.mul_(0)  # the user reuses their input buffer
+    assert all(torch.equal(op.out, before[op.label]) for op in trace.ops)
+    assert counter.out.item() == 1
+    assert trace.audit()

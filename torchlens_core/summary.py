@@ -118,6 +118,8 @@ def describe(op: OpRecord) -> str:
                          + (f"  MACs: {_si(macs, '')}" if macs else ""))
         if op.elapsed is not None:
             lines.append(f"    Time elapsed: {_seconds(op.elapsed)}")
+        if any("rng" in key for key in op.meta):
+            lines.append("    Random: the RNG state before the call is recorded, so replay draws the same numbers")
         if op.conditions:
             lines.append(f"    Inside a data-dependent branch decided by: {', '.join(op.conditions)}")
     if trace is not None:

@@ -236,6 +236,10 @@ class _Recorder(TorchFunctionMode):
             with torch.no_grad(), torch._C.DisableTorchFunction():
                 self.params_before_write[name] = target.detach().clone()
             self.builder.params[name].value = self.params_before_write[name]
+        self._snapshot(target)
+
+    def _snapshot(self, target: Tensor) -> None:
+        """Replace every recorded value living in ``target``'s storage by a copy."""
         try:
             key = target.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):
@@ -295,6 +299,16 @@ class _Recorder(TorchFunctionMode):
         return Ref(op.index)
 
     # -- after the forward --------------------------------------------------------------
+    def unalias(self, tensors: list[Tensor]) -> None:
+        """Copy recorded values that share storage with tensors the user keeps (parameters, buffers, inputs).
+
+        The user may change those in place after the capture (an optimizer step,
+        a reused input buffer, the next training-mode forward bumping a
+        BatchNorm counter); the trace must keep the values that ran.
+        """
+        for t in tensors:
+            self._snapshot(t)
+
     def check_versions(self) -> None:
         """Flag any saved value changed in place after recording without a copy being made."""
         ops = self.builder.ops
@@ -337,6 +351,10 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
             handle.remove()
     builder.add_outputs(tree.map_leaves(lambda v: recorder.as_output(v, None), output), output)
     recorder.check_versions()
+    kept = [leaf for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor))]
+    if is_module:
+        kept += [*model.parameters(), *model.buffers()]
+    recorder.unalias(kept)
     return builder.finish()
 
 
