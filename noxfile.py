@@ -62,8 +62,10 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Capture overhead (ResNet-18, GPT-2 small), selective capture, dataset extraction."""
+    """Capture overhead (ResNet-18, GPT-2 small), selective capture, dataset extraction, metadata, save/load."""
     session.install("-e", ".[torch,zoo,extract]")
     session.run("python", "bench/capture_overhead.py", *session.posargs)
     session.run("python", "bench/selective_capture.py")
     session.run("python", "bench/extract_dataset.py")
+    session.run("python", "bench/metadata_cost.py")
+    session.run("python", "bench/save_load.py")

@@ -4,8 +4,7 @@
     python bench/metadata_cost.py --repeats 21
 
 Three figures per model, each against the same capture:
-- at capture: the user's call stack (op.code_context) and call timing, measured as
-  the capture time saved when the stack walk is switched off;
+- at capture: walking the user's call stack for op.code_context (timed call by call);
 - derived, on first read: FLOPs/MACs, graph distances and config of every op;
 - the op table: trace.to_pandas() with all its columns.
 """
@@ -17,10 +16,24 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from capture_overhead import REFERENCE  # noqa: E402  (sets one thread before frameworks load)
+
+
+def _timed(stack: Any, spent: list[float]) -> Any:
+    """``CallSites.stack`` adding the time of each call to ``spent[0]``."""
+    from torchlens_core.sites import CONTEXT_FRAMES
+
+    def timed_stack(self: Any, limit: int = CONTEXT_FRAMES) -> Any:
+        t = time.perf_counter()
+        found = stack(self, limit)
+        spent[0] += time.perf_counter() - t
+        return found
+
+    return timed_stack
 
 
 def main() -> None:
@@ -41,22 +54,22 @@ def main() -> None:
         with torch.no_grad():
             for _ in range(2):
                 tl.trace(model, *args, **kwargs)
-            capture, bare, derived, table = [], [], [], []
+            capture, walks, derived, table = [], [], [], []
+            spent = [0.0]
+            timed_stack = _timed(sites.CallSites.stack, spent)
             stack = sites.CallSites.stack
-            for i in range(options.repeats):
-                for walk in (True, False) if i % 2 else (False, True):  # alternate: no order bias
-                    if not walk:
-                        sites.CallSites.stack = lambda self, limit=0: ()  # type: ignore[method-assign]
-                    try:
-                        t0 = time.perf_counter()
-                        result = tl.trace(model, *args, **kwargs)
-                        t1 = time.perf_counter()
-                    finally:
-                        sites.CallSites.stack = stack  # type: ignore[method-assign]
-                    (capture if walk else bare).append(t1 - t0)
-                    if walk:
-                        trace = result
-                    del result
+
+            for _ in range(options.repeats):
+                sites.CallSites.stack = timed_stack  # type: ignore[method-assign]
+                spent[0] = 0.0
+                try:
+                    t0 = time.perf_counter()
+                    trace = tl.trace(model, *args, **kwargs)
+                    t1 = time.perf_counter()
+                finally:
+                    sites.CallSites.stack = stack  # type: ignore[method-assign]
+                capture.append(t1 - t0)
+                walks.append(spent[0])
                 t4 = time.perf_counter()
                 for op in trace:
                     op.flops, op.config  # noqa: B018
@@ -67,7 +80,7 @@ def main() -> None:
                 derived.append(t5 - t4)
                 table.append(t6 - t5)
         c = statistics.median(capture)
-        walk = c - statistics.median(bare)
+        walk = statistics.median(walks)
         d, tb = statistics.median(derived), statistics.median(table)
         print(f"{name:<10} {trace.num_ops:>5} {c * 1e3:>11.1f} {walk * 1e3:>8.1f} ({walk / c:>3.0%}) "
               f"{d * 1e3:>5.1f} ({d / c:>3.0%}) {tb * 1e3:>6.1f} ({tb / c:>3.0%})")

@@ -66,6 +66,12 @@ class OpCall:
         return [leaf for _, leaf in found]
 
     @property
+    def first_out_shape(self) -> tuple[int, ...]:
+        """The first output's shape, for ops that return several (batch norm with its statistics...)."""
+        shapes = _shapes(self.out_shape)
+        return shapes[0] if shapes else ()
+
+    @property
     def out_numel(self) -> int:
         """Elements of the output (of every output, for ops returning several)."""
         return sum(math.prod(s) for s in _shapes(self.out_shape))

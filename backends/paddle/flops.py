@@ -35,19 +35,12 @@ from torchlens_core.flops import (
 __all__ = ["FORMULAS"]
 
 
-def _first(shape: Any) -> tuple[int, ...]:
-    """The first output's shape, for ops returning several (batch_norm, max_pool2d_with_index...)."""
-    while shape and not isinstance(shape[0], int):
-        shape = shape[0]
-    return tuple(shape)
-
-
 # -- contractions ---------------------------------------------------------------------------
 def _conv(call: OpCall) -> Count:
     # weight is [C_out, C_in / groups, *kernel]: each output element takes weight.numel / C_out MACs
     # (depthwise and grouped convolutions included).
     weight = call.arg(1, "weight")
-    return contraction(conv_macs(_first(call.out_shape), weight.numel, weight.shape[0]))
+    return contraction(conv_macs(call.first_out_shape, weight.numel, weight.shape[0]))
 
 
 def _conv_transpose(call: OpCall) -> Count:
@@ -73,7 +66,7 @@ def _rmatmul(call: OpCall) -> Count:  # Tensor.__rmatmul__(self, other) is other
 def _linear(call: OpCall) -> Count:
     # weight is [in, out]; the bias adds one FLOP per output element.
     x, weight, bias = call.arg(0, "x"), call.arg(1, "weight"), call.arg(2, "bias")
-    out = _first(call.out_shape)
+    out = call.first_out_shape
     return contraction(matmul_macs(x.shape, weight.shape), math.prod(out) if bias is not None else 0)
 
 
@@ -175,20 +168,20 @@ def _pooled(x: ArraySpec, out: tuple[int, ...], kernel: Any, is_global: bool, ad
 
 def _pool(call: OpCall) -> Count:
     # pool2d / pool3d (x, kernel, strides, paddings, ceil_mode, exclusive, data_format, type, global, adaptive, ...)
-    return _pooled(call.arg(0, "x"), _first(call.out_shape), call.arg(1, "kernel_size"),
+    return _pooled(call.arg(0, "x"), call.first_out_shape, call.arg(1, "kernel_size"),
                    call.arg(8, "global_pooling", False), call.arg(9, "adaptive", False),
                    str(call.arg(6, "data_format", "NCHW")).endswith("C"))
 
 
 def _pool_with_index(call: OpCall) -> Count:
     # max_pool2d_with_index / max_pool3d_with_index (x, kernel, strides, paddings, global, adaptive, ceil_mode)
-    return _pooled(call.arg(0, "x"), _first(call.out_shape), call.arg(1, "kernel_size"),
+    return _pooled(call.arg(0, "x"), call.first_out_shape, call.arg(1, "kernel_size"),
                    call.arg(4, "global_pooling", False), call.arg(5, "adaptive", False), False)
 
 
 def _interp(points: int) -> Formula:
     """Interpolation: a weighted sum of ``points`` inputs per output element, a multiply and an add each."""
-    return lambda call: (2 * points * math.prod(_first(call.out_shape)), 0)
+    return lambda call: (2 * points * math.prod(call.first_out_shape), 0)
 
 
 def _dropout(call: OpCall) -> Count:

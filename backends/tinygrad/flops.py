@@ -13,7 +13,6 @@ backend's (backends/torch/flops.py), so that one model counts alike on both.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from torchlens_core.flops import (
     Count,
@@ -31,19 +30,12 @@ from torchlens_core.flops import (
 __all__ = ["FORMULAS"]
 
 
-def _first(shape: Any) -> tuple[int, ...]:
-    """The first output's shape, for ops returning several (split, sort...)."""
-    while shape and not isinstance(shape[0], int):
-        shape = shape[0]
-    return tuple(shape)
-
-
 # -- contractions ---------------------------------------------------------------------------
 def _conv(call: OpCall) -> Count:
     # conv2d(x, weight [C_out, C_in / groups, *kernel], bias, groups, stride, dilation, padding):
     # each output element takes weight.numel / C_out MACs, and the bias one FLOP.
     weight, bias = call.arg(1, "weight"), call.arg(2, "bias")
-    out = _first(call.out_shape)
+    out = call.first_out_shape
     return contraction(conv_macs(out, weight.numel, weight.shape[0]), math.prod(out) if bias is not None else 0)
 
 
@@ -51,7 +43,7 @@ def _conv_transpose(call: OpCall) -> Count:
     # weight is [C_in, C_out / groups, *kernel]: each input element is scattered over weight.numel / C_in outputs.
     x, weight, bias = call.arg(0), call.arg(1, "weight"), call.arg(2, "bias")
     macs = x.numel * weight.numel // weight.shape[0]
-    return contraction(macs, math.prod(_first(call.out_shape)) if bias is not None else 0)
+    return contraction(macs, math.prod(call.first_out_shape) if bias is not None else 0)
 
 
 def _matmul(call: OpCall) -> Count:  # matmul(self, x, reverse=False) and dot(self, w)
@@ -66,7 +58,7 @@ def _rmatmul(call: OpCall) -> Count:  # Tensor.__rmatmul__(self, x) is x @ self
 def _linear(call: OpCall) -> Count:
     # linear(x, weight [in, out], bias): x @ weight, or x * weight for a 1-D weight; the bias adds one per output.
     x, weight, bias = call.arg(0), call.arg(1, "weight"), call.arg(2, "bias")
-    out = math.prod(_first(call.out_shape))
+    out = math.prod(call.first_out_shape)
     extra = out if bias is not None else 0
     if len(weight.shape) == 1:
         return out + extra, 0
@@ -100,7 +92,7 @@ def _kernel(call: OpCall) -> int:
 
 
 def _pool(call: OpCall) -> Count:  # max_pool2d / avg_pool2d: one FLOP per element of each window
-    return _kernel(call) * math.prod(_first(call.out_shape)), 0
+    return _kernel(call) * math.prod(call.first_out_shape), 0
 
 
 def _interpolate(call: OpCall) -> Count:
@@ -108,7 +100,7 @@ def _interpolate(call: OpCall) -> Count:
     # "nearest" only gathers.
     if call.arg(2, "mode", "linear") != "linear":
         return 0, 0
-    return 2 * 2 ** len(call.arg(1, "size")) * math.prod(_first(call.out_shape)), 0
+    return 2 * 2 ** len(call.arg(1, "size")) * math.prod(call.first_out_shape), 0
 
 
 def _scatter(call: OpCall) -> Count:  # scatter(self, dim, index, src, reduce): a reduce adds or multiplies
