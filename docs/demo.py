@@ -20,6 +20,8 @@ print("  trace[7].func_name            ", trace[7].func_name)
 print("  trace['relu_1'].modules       ", trace["relu_1"].modules)
 adds = [op.label for op in trace.ops if "add" in op.func_name]
 print(f"  {len(adds)} residual adds, none a module output: {adds[:3]} ...")
+print("\nEverything recorded about one op:")
+print(trace["conv2d_3"])
 
 # The picture in the README: top-level blocks as boxes where the full graph would be too big.
 picture = trace.draw("docs/images/resnet18", collapse="auto", file_format="svg")
