@@ -25,3 +25,31 @@ def max_error(backend: str, actual: Any, expected: Any) -> float:
         return math.inf
     error = hook().torchlens_array_error
     return max((error(backend=backend, actual=x, expected=y) for x, y in zip(a, e)), default=0.0)
+
+
+def numpy_error(a: Any, e: Any) -> float:
+    """``max |a - e| / (1 + |e|)`` of two NumPy arrays of one shape and dtype, for array_error hooks.
+
+    Integers, booleans and strings are equal or not (0 or inf). Floats are
+    widened to float64 first (no overflow; bfloat16 and other extension types
+    become a type NumPy computes with), complex stays complex. NaNs must sit in
+    the same places, and equal infinities count as equal.
+    """
+    import numpy as np  # not at import: loading a backend plugin must not load NumPy
+
+    if a.dtype.kind in "biuOSUmM":
+        return 0.0 if np.array_equal(a, e) else math.inf
+    wide = np.complex128 if a.dtype.kind == "c" else np.float64
+    a, e = a.astype(wide), e.astype(wide)
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    if not np.array_equal(nan_a, nan_e):
+        return math.inf
+    if a.size == 0:
+        return 0.0
+    same = (a == e) | nan_a
+    if same.all():
+        return 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(same, 0.0, np.abs(a - e) / (1.0 + np.abs(e)))
+    worst = float(np.max(err))
+    return worst if not math.isnan(worst) else math.inf

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from torchlens_core.arrays import numpy_error
+
 
 def is_jax_array(value: Any) -> bool:
     """A jax.Array (tracers included), without importing JAX."""
@@ -60,18 +62,4 @@ def array_error(actual: Any, expected: Any) -> float:
     actual, expected = (v if is_array(v) else np.asarray(v) for v in (actual, expected))
     if tuple(actual.shape) != tuple(expected.shape) or str(actual.dtype) != str(expected.dtype):
         return float("inf")
-    a, e = to_numpy(actual), to_numpy(expected)
-    if a.size == 0:
-        return 0.0
-    if a.dtype.kind != "c":  # widen: no unsigned wrap-around, and bfloat16 becomes a type NumPy computes with
-        a, e = a.astype(np.float64), e.astype(np.float64)
-    a_nan, e_nan = np.isnan(a), np.isnan(e)
-    if (a_nan != e_nan).any():
-        return float("inf")
-    same = (a == e) | a_nan  # equal values (infinities included) and NaNs in the same place
-    if same.all():
-        return 0.0
-    with np.errstate(invalid="ignore", over="ignore"):
-        err = np.where(same, 0.0, np.abs(a - e) / (1.0 + np.abs(e)))
-    worst = float(np.max(err))
-    return worst if not np.isnan(worst) else float("inf")
+    return numpy_error(to_numpy(actual), to_numpy(expected))

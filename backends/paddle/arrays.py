@@ -9,6 +9,7 @@ import numpy as np
 import paddle
 
 from torchlens_core import tree
+from torchlens_core.arrays import numpy_error
 
 Tensor = paddle.Tensor
 # The C method, as it was before any capture replaced it: detaching never records an op.
@@ -51,20 +52,7 @@ def array_error(actual: Tensor, expected: Tensor) -> float:
     """max |a - e| / (1 + |e|); inf for a shape or dtype mismatch or NaNs in other places."""
     if list(actual.shape) != list(expected.shape) or actual.dtype != expected.dtype:
         return math.inf
-    a, e = to_numpy(actual), to_numpy(expected)
-    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)):
-        return 0.0 if np.array_equal(a, e) else math.inf
-    if np.issubdtype(a.dtype, np.floating):
-        a, e = a.astype(np.float64), e.astype(np.float64)
-    nan_a, nan_e = np.isnan(a), np.isnan(e)
-    if not np.array_equal(nan_a, nan_e):
-        return math.inf
-    if a.size == 0:
-        return 0.0
-    with np.errstate(invalid="ignore"):
-        both_inf = np.isinf(e) & (a == e)
-        diff = np.where(both_inf | nan_a, 0.0, np.abs(a - e) / (1 + np.abs(e)))
-    return float(diff.max())
+    return numpy_error(to_numpy(actual), to_numpy(expected))
 
 
 def detach(value: Any) -> Any:

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from torchlens_core.arrays import numpy_error
+
 _DEVICES: dict[str, str] = {}
 
 
@@ -71,22 +73,4 @@ def array_error(actual: Any, expected: Any) -> float:
     actual, expected = (v if is_array(v) else np.asarray(v) for v in (actual, expected))
     if tuple(actual.shape) != tuple(expected.shape) or _dtype_name(actual) != _dtype_name(expected):
         return float("inf")
-    a, e = to_numpy(actual), to_numpy(expected)
-    if a.size == 0:
-        return 0.0
-    if a.dtype.kind in "OSU":  # strings
-        return 0.0 if np.array_equal(a, e) else float("inf")
-    if a.dtype.kind == "b":
-        return 0.0 if np.array_equal(a, e) else float("inf")
-    if a.dtype.kind != "c":  # widen: no unsigned wrap-around; bfloat16 and half become float64
-        a, e = a.astype(np.float64), e.astype(np.float64)
-    a_nan, e_nan = np.isnan(a), np.isnan(e)
-    if (a_nan != e_nan).any():
-        return float("inf")
-    same = (a == e) | a_nan  # equal values (infinities included) and NaNs in the same place
-    if same.all():
-        return 0.0
-    with np.errstate(invalid="ignore", over="ignore"):
-        err = np.where(same, 0.0, np.abs(a - e) / (1.0 + np.abs(e)))
-    worst = float(np.max(err))
-    return worst if not np.isnan(worst) else float("inf")
+    return numpy_error(to_numpy(actual), to_numpy(expected))

@@ -10,6 +10,8 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType, _to_np_dtype
 from tinygrad.uop.ops import Ops
 
+from torchlens_core.arrays import numpy_error
+
 _DTYPE_NAMES: dict[DType, str] = {}
 
 
@@ -49,19 +51,7 @@ def array_error(actual: Tensor, expected: Tensor) -> float:
     """max |a - e| / (1 + |e|); inf for a shape or dtype mismatch or NaNs in other places."""
     if tuple(actual.shape) != tuple(expected.shape) or dtype_name(actual.dtype) != dtype_name(expected.dtype):
         return math.inf
-    a, e = to_numpy(actual), to_numpy(expected)
-    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)):
-        return 0.0 if np.array_equal(a, e) else math.inf
-    a, e = a.astype(np.float64), e.astype(np.float64)
-    nan_a, nan_e = np.isnan(a), np.isnan(e)
-    if not np.array_equal(nan_a, nan_e):
-        return math.inf
-    if a.size == 0:
-        return 0.0
-    with np.errstate(invalid="ignore"):
-        both_inf = np.isinf(e) & (a == e)
-        diff = np.where(both_inf | nan_a, 0.0, np.abs(a - e) / (1 + np.abs(e)))
-    return float(diff.max())
+    return numpy_error(to_numpy(actual), to_numpy(expected))
 
 
 # -- what capture and replay need -------------------------------------------------------
