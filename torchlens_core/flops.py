@@ -254,3 +254,31 @@ def _broadcast(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     a = (1,) * (n - len(a)) + tuple(a)
     b = (1,) * (n - len(b)) + tuple(b)
     return tuple(max(x, y) for x, y in zip(a, b))
+
+
+# -- shared conventions ---------------------------------------------------------------------
+# FLOPs per element of ops most frameworks name alike: per output element for elementwise ops
+# (transcendentals count one; activations their textbook arithmetic: sigmoid = negate, exp, add,
+# divide), per input element for reductions. Backend tables start from COMMON, so one model
+# counts alike in every framework, and add their own names.
+_ELEMENTWISE_COSTS = {
+    1: "add sub subtract mul multiply div divide true_divide floor_divide remainder mod fmod pow maximum minimum "
+       "atan2 copysign lerp rsub neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt square reciprocal "
+       "sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh erf floor ceil round trunc clip clamp relu "
+       "relu6 hardtanh leaky_relu eq ne lt le gt ge and or xor invert logical_and logical_or logical_xor "
+       "logical_not bitwise_and bitwise_or bitwise_xor bitwise_not isnan isinf isfinite",
+    2: "prelu hardshrink softshrink logit",
+    3: "hardsigmoid elu celu selu softplus softsign",
+    4: "sigmoid hardswish",
+    5: "silu swish mish",
+    8: "gelu",
+}
+_REDUCTION_COSTS = {
+    1: "sum mean max min amax amin prod argmax argmin any all cumsum cumprod",
+    3: "logsumexp",
+}
+COMMON: dict[str, Formula] = {
+    **{name: elementwise(cost) for cost, names in _ELEMENTWISE_COSTS.items() for name in names.split()},
+    **{name: reduction(cost) for cost, names in _REDUCTION_COSTS.items() for name in names.split()},
+}
+

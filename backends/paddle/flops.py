@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchlens_core.flops import (
+    COMMON,
     ArraySpec,
     Count,
     Formula,
@@ -204,6 +205,7 @@ def _per_input(per_element: float) -> Formula:
 ONE = elementwise(1)
 
 FORMULAS: dict[str, Formula] = {
+    **COMMON,  # elementwise and reduction conventions shared by every backend
     # convolutions (a bias comes as a separate add, or in the *_bias variants)
     "conv2d": _conv, "conv3d": _conv, "depthwise_conv2d": _conv,
     "conv2d_transpose": _conv_transpose, "conv3d_transpose": _conv_transpose,
@@ -225,37 +227,17 @@ FORMULAS: dict[str, Formula] = {
     "trilinear_interp": _interp(8), "bicubic_interp": _interp(16),
     "dropout": _dropout, "add_n": _add_n,
     # elementwise binary: _C_ops names, then Tensor operator names
-    "add": ONE, "subtract": ONE, "multiply": ONE, "divide": ONE, "floor_divide": ONE, "remainder": ONE,
-    "elementwise_pow": ONE, "maximum": ONE, "minimum": ONE, "fmax": ONE, "fmin": ONE, "atan2": ONE,
-    "copysign": ONE, "heaviside": ONE, "lerp": ONE, "swiglu": elementwise(6),  # swiglu: silu(x) * y
-    "sub": ONE, "rsub": ONE, "mul": ONE, "div": ONE, "rdiv": ONE, "floordiv": ONE, "rfloordiv": ONE,
-    "mod": ONE, "rmod": ONE, "rpow": ONE,
+    "elementwise_pow": ONE, "fmax": ONE, "fmin": ONE, "heaviside": ONE,
+    "swiglu": elementwise(6),  # silu(x) * y
+    "rdiv": ONE, "floordiv": ONE, "rfloordiv": ONE, "rmod": ONE, "rpow": ONE,
     # comparisons and logic
     "equal": ONE, "not_equal": ONE, "less_than": ONE, "less_equal": ONE, "greater_than": ONE,
-    "greater_equal": ONE, "eq": ONE, "ne": ONE, "lt": ONE, "le": ONE, "gt": ONE, "ge": ONE,
-    "logical_and": ONE, "logical_or": ONE, "logical_xor": ONE, "logical_not": ONE,
-    "bitwise_and": ONE, "bitwise_or": ONE, "bitwise_xor": ONE, "bitwise_not": ONE,
-    "and": ONE, "or": ONE, "xor": ONE, "invert": ONE, "isnan": ONE, "isinf": ONE, "isfinite": ONE,
-    # elementwise unary
-    "scale": ONE, "pow": ONE, "exp": ONE, "expm1": ONE, "log": ONE, "log2": ONE, "log10": ONE, "log1p": ONE,
-    "sqrt": ONE, "rsqrt": ONE, "square": ONE, "reciprocal": ONE, "abs": ONE, "sign": ONE, "neg": ONE,
-    "sin": ONE, "cos": ONE, "tan": ONE, "asin": ONE, "acos": ONE, "atan": ONE, "sinh": ONE, "cosh": ONE,
-    "tanh": ONE, "asinh": ONE, "acosh": ONE, "atanh": ONE, "erf": ONE, "erfinv": ONE,
-    "floor": ONE, "ceil": ONE, "round": ONE, "trunc": ONE, "clip": ONE,
-    # activations, by their textbook arithmetic (sigmoid: negate, exp, add, divide)
-    "relu": ONE, "relu6": ONE, "hardtanh": ONE, "leaky_relu": ONE, "thresholded_relu": ONE, "rrelu": ONE,
-    "prelu": elementwise(2), "hardshrink": elementwise(2), "softshrink": elementwise(2),
-    "tanh_shrink": elementwise(2), "logit": elementwise(2),
-    "hardsigmoid": elementwise(3), "elu": elementwise(3), "celu": elementwise(3), "selu": elementwise(3),
-    "softplus": elementwise(3), "softsign": elementwise(3), "logsigmoid": elementwise(3),
-    "sigmoid": elementwise(4), "hardswish": elementwise(4),
-    "silu": elementwise(5), "swish": elementwise(5), "mish": elementwise(5), "gelu": elementwise(8),
-    # reductions: one FLOP per input element; a norm squares (or takes |x|^p) and sums: two;
-    # logsumexp: exp, sum, log
-    "sum": reduction(1), "mean": reduction(1), "mean_all": reduction(1), "max": reduction(1),
-    "min": reduction(1), "amax": reduction(1), "amin": reduction(1), "prod": reduction(1),
-    "argmax": reduction(1), "argmin": reduction(1), "any": reduction(1), "all": reduction(1),
-    "cumsum": reduction(1), "cumprod": reduction(1), "logsumexp": reduction(3),
+    "greater_equal": ONE,
+    # elementwise unary and activations (by their textbook arithmetic)
+    "scale": ONE, "erfinv": ONE, "thresholded_relu": ONE, "rrelu": ONE, "tanh_shrink": elementwise(2),
+    "logsigmoid": elementwise(3),
+    # reductions: one FLOP per input element; a norm squares (or takes |x|^p) and sums: two
+    "mean_all": reduction(1),
     "p_norm": reduction(2), "frobenius_norm": reduction(2), "squared_l2_norm": reduction(2),
     "norm": reduction(2),
     # data movement, views, copies, casts and creation: zero

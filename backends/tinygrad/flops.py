@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 from torchlens_core.flops import (
+    COMMON,
     Count,
     Formula,
     OpCall,
@@ -122,6 +123,7 @@ def _per_input(per_element: float) -> Formula:
 ONE = elementwise(1)
 
 FORMULAS: dict[str, Formula] = {
+    **COMMON,  # elementwise and reduction conventions shared by every backend
     # convolutions and contractions
     "conv2d": _conv, "conv_transpose2d": _conv_transpose,
     "matmul": _matmul, "dot": _matmul, "rmatmul": _rmatmul, "linear": _linear, "einsum": _einsum,
@@ -139,33 +141,15 @@ FORMULAS: dict[str, Formula] = {
     "max_pool2d": _pool, "avg_pool2d": _pool, "interpolate": _interpolate,
     # dropout multiplies by a scaled mask (in training; outside it the call is a no-op the formula cannot see)
     "dropout": ONE,
-    # elementwise binary (methods, then the names operators are recorded under)
-    "add": ONE, "sub": ONE, "mul": ONE, "div": ONE, "mod": ONE, "fmod": ONE, "pow": ONE, "maximum": ONE,
-    "minimum": ONE, "copysign": ONE, "lerp": ONE, "logaddexp": elementwise(4),
-    "rsub": ONE, "rdiv": ONE, "floordiv": ONE, "rfloordiv": ONE, "rmod": ONE, "rpow": ONE,
-    # comparisons and logic
-    "eq": ONE, "ne": ONE, "lt": ONE, "le": ONE, "gt": ONE, "ge": ONE, "isclose": elementwise(3),
-    "and": ONE, "or": ONE, "xor": ONE, "bitwise_and": ONE, "bitwise_or": ONE, "bitwise_xor": ONE,
-    "bitwise_not": ONE, "logical_not": ONE, "lshift": ONE, "rshift": ONE, "rlshift": ONE, "rrshift": ONE,
-    "isnan": ONE, "isinf": ONE, "isfinite": ONE,
-    # elementwise unary
-    "neg": ONE, "abs": ONE, "sign": ONE, "exp": ONE, "exp2": ONE, "log": ONE, "log2": ONE, "log10": ONE,
-    "sqrt": ONE, "rsqrt": ONE, "square": ONE, "reciprocal": ONE, "sin": ONE, "cos": ONE, "tan": ONE,
-    "asin": ONE, "acos": ONE, "atan": ONE, "sinh": ONE, "cosh": ONE, "tanh": ONE, "asinh": ONE,
-    "acosh": ONE, "atanh": ONE, "erf": ONE, "floor": ONE, "ceil": ONE, "round": ONE, "trunc": ONE,
-    "clip": ONE, "clamp": ONE,
-    # activations, by their textbook arithmetic (sigmoid: negate, exp, add, divide; quick_gelu: x * sigmoid(1.702x))
-    "relu": ONE, "relu6": ONE, "hardtanh": ONE, "leaky_relu": ONE,
-    "hardsigmoid": elementwise(3), "elu": elementwise(3), "celu": elementwise(3), "selu": elementwise(3),
-    "softplus": elementwise(3), "softsign": elementwise(3), "logsigmoid": elementwise(3),
-    "sigmoid": elementwise(4), "hardswish": elementwise(4), "silu": elementwise(5), "swish": elementwise(5),
-    "mish": elementwise(5), "quick_gelu": elementwise(6), "gelu": elementwise(8),
-    # reductions: one FLOP per input element; var and std: subtract the mean, square, sum; logsumexp: exp, sum, log
-    "sum": reduction(1), "mean": reduction(1), "max": reduction(1), "min": reduction(1), "prod": reduction(1),
-    "any": reduction(1), "all": reduction(1), "argmax": reduction(1), "argmin": reduction(1),
-    "cumsum": reduction(1), "cumprod": reduction(1), "cummax": reduction(1), "cummin": reduction(1),
+    # elementwise binary (methods, then the names operators are recorded under), comparisons and logic
+    "logaddexp": elementwise(4), "rdiv": ONE, "floordiv": ONE, "rfloordiv": ONE, "rmod": ONE, "rpow": ONE,
+    "isclose": elementwise(3), "lshift": ONE, "rshift": ONE, "rlshift": ONE, "rrshift": ONE,
+    # activations, by their textbook arithmetic (quick_gelu: x * sigmoid(1.702x))
+    "logsigmoid": elementwise(3), "quick_gelu": elementwise(6),
+    # reductions: one FLOP per input element; var and std: subtract the mean, square, sum
+    "cummax": reduction(1), "cummin": reduction(1),
     "var": reduction(3), "std": reduction(3), "var_mean": reduction(3), "std_mean": reduction(3),
-    "logsumexp": reduction(3), "logcumsumexp": reduction(3),
+    "logcumsumexp": reduction(3),
     # data movement, views, copies, casts and creation: zero
     "reshape": zero, "view": zero, "permute": zero, "transpose": zero, "flatten": zero, "unflatten": zero,
     "squeeze": zero, "unsqueeze": zero, "expand": zero, "repeat": zero, "repeat_interleave": zero,

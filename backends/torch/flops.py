@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from torchlens_core.flops import (
+    COMMON,
     ArraySpec,
     Count,
     Formula,
@@ -132,11 +133,8 @@ def _interpolate(call: OpCall) -> Count:
     return 2 * corners * call.out_numel, 0  # a weight and an add per sampled corner; nearest copies
 
 
-def _first_input(per_element: float) -> Formula:
-    return reduction(per_element)
-
-
 FORMULAS: dict[str, Formula] = {
+    **COMMON,  # elementwise and reduction conventions shared by every backend
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv,
     "conv_transpose1d": _conv_transpose, "conv_transpose2d": _conv_transpose, "conv_transpose3d": _conv_transpose,
     "linear": _linear,
@@ -154,31 +152,18 @@ FORMULAS: dict[str, Formula] = {
     "adaptive_max_pool2d": _adaptive_pool, "adaptive_max_pool3d": _adaptive_pool,
     "dropout": _dropout, "dropout1d": _dropout, "dropout2d": _dropout, "dropout3d": _dropout,
     "alpha_dropout": _dropout, "feature_alpha_dropout": _dropout,
-    "softmax": _first_input(3), "log_softmax": _first_input(3), "softmin": _first_input(4),
-    "sum": _first_input(1), "mean": _first_input(1), "prod": _first_input(1), "amax": _first_input(1),
-    "amin": _first_input(1), "max": _first_input(1), "min": _first_input(1), "argmax": _first_input(1),
-    "argmin": _first_input(1), "all": _first_input(1), "any": _first_input(1), "cumsum": _first_input(1),
-    "cumprod": _first_input(1), "diff": _first_input(1), "logsumexp": _first_input(3),
-    "norm": _first_input(2), "std": _first_input(3), "var": _first_input(3), "std_mean": _first_input(3),
-    "var_mean": _first_input(3), "count_nonzero": _first_input(1),
+    "softmax": reduction(3), "log_softmax": reduction(3), "softmin": reduction(4),
+    "diff": reduction(1), "norm": reduction(2), "std": reduction(3), "var": reduction(3),
+    "std_mean": reduction(3), "var_mean": reduction(3), "count_nonzero": reduction(1),
     "interpolate": _interpolate, "upsample": _interpolate,
 }
 
-# Elementwise: FLOPs per output element.
+# Elementwise ops beyond the shared ones: FLOPs per output element.
 _ELEMENTWISE: dict[float, tuple[str, ...]] = {
-    1: ("add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow", "neg", "abs",
-        "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "asin",
-        "acos", "atan", "atan2", "sinh", "cosh", "tanh", "erf", "erfc", "reciprocal", "square", "sign", "floor",
-        "ceil", "round", "trunc", "frac", "clamp", "clip", "clamp_min", "clamp_max", "maximum", "minimum",
-        "relu", "relu6", "leaky_relu", "hardtanh", "threshold", "eq", "ne", "lt", "le", "gt", "ge", "and",
-        "or", "xor", "invert", "logical_and", "logical_or", "logical_not", "logical_xor", "bitwise_and",
-        "bitwise_or", "bitwise_not", "bitwise_xor", "isnan", "isinf", "isfinite", "lerp", "addcmul", "addcdiv",
-        "rsub", "mod", "hypot", "copysign"),
-    2: ("prelu", "softshrink", "hardshrink", "tanhshrink", "logit"),
-    3: ("hardsigmoid", "elu", "celu", "selu", "softplus", "softsign", "mish_", "log_sigmoid"),
-    4: ("sigmoid", "hardswish", "glu"),
-    5: ("silu", "mish"),
-    8: ("gelu",),
+    1: ("erfc", "frac", "clamp_min", "clamp_max", "threshold", "addcmul", "addcdiv", "hypot"),
+    2: ("tanhshrink",),
+    3: ("log_sigmoid",),
+    4: ("glu",),
 }
 for _per, _names in _ELEMENTWISE.items():
     for _name in _names:
