@@ -27,17 +27,18 @@ def max_error(backend: str, actual: Any, expected: Any) -> float:
     return max((error(backend=backend, actual=x, expected=y) for x, y in zip(a, e)), default=0.0)
 
 
-def numpy_error(a: Any, e: Any) -> float:
+def numpy_error(a: Any, e: Any, exact_integers: bool = True) -> float:
     """``max |a - e| / (1 + |e|)`` of two NumPy arrays of one shape and dtype, for array_error hooks.
 
-    Integers, booleans and strings are equal or not (0 or inf). Floats are
-    widened to float64 first (no overflow; bfloat16 and other extension types
-    become a type NumPy computes with), complex stays complex. NaNs must sit in
-    the same places, and equal infinities count as equal.
+    Booleans and strings are equal or not (0 or inf), and so are integers
+    unless ``exact_integers`` is False. Floats (and those integers) are widened
+    to float64 first (no overflow or unsigned wrap-around; bfloat16 and other
+    extension types become a type NumPy computes with), complex stays complex.
+    NaNs must sit in the same places, and equal infinities count as equal.
     """
     import numpy as np  # not at import: loading a backend plugin must not load NumPy
 
-    if a.dtype.kind in "biuOSUmM":
+    if a.dtype.kind in ("biuOSUmM" if exact_integers else "bOSUmM"):
         return 0.0 if np.array_equal(a, e) else math.inf
     wide = np.complex128 if a.dtype.kind == "c" else np.float64
     a, e = a.astype(wide), e.astype(wide)

@@ -73,4 +73,4 @@ def array_error(actual: Any, expected: Any) -> float:
     actual, expected = (v if is_array(v) else np.asarray(v) for v in (actual, expected))
     if tuple(actual.shape) != tuple(expected.shape) or _dtype_name(actual) != _dtype_name(expected):
         return float("inf")
-    return numpy_error(to_numpy(actual), to_numpy(expected))
+    return numpy_error(to_numpy(actual), to_numpy(expected), exact_integers=False)
