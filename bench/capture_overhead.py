@@ -49,7 +49,7 @@ def builders(backend: str, names: list[str]) -> dict[str, Callable[[], Built]]:
         if backend != "torch":
             raise SystemExit(f"name the {backend} zoo cases to measure with --cases")
         return REFERENCE
-    from torchlens_core.plugins import hook
+    from torchlens_core.backend.manager import hook
 
     zoo = {case.name: case.build for case in hook().torchlens_conformance_cases(backend=backend) or []}
     missing = [n for n in names if n not in zoo]
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=[])
     parser.add_argument("--repeats", type=int, default=15)
     options = parser.parse_args()
-    from torchlens_core.plugins import resolve_backend
+    from torchlens_core.backend.manager import resolve_backend
 
     info = resolve_backend(options.backend)
     if info.name == "torch":

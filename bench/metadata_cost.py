@@ -25,7 +25,7 @@ from capture_overhead import REFERENCE  # noqa: E402  (sets one thread before fr
 
 def _timed(stack: Any, spent: list[float]) -> Any:
     """``CallSites.stack`` adding the time of each call to ``spent[0]``."""
-    from torchlens_core.sites import CONTEXT_FRAMES
+    from torchlens_core.capture.sites import CONTEXT_FRAMES
 
     def timed_stack(self: Any, limit: int = CONTEXT_FRAMES) -> Any:
         t = time.perf_counter()
@@ -43,7 +43,7 @@ def main() -> None:
     import torch
 
     import torchlens as tl
-    from torchlens_core import sites
+    from torchlens_core.capture import sites
 
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, median of {options.repeats} interleaved runs")

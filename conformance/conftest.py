@@ -23,7 +23,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _backends(config: pytest.Config) -> list[str]:
-    from torchlens_core.plugins import backend_infos, resolve_backend
+    from torchlens_core.backend.manager import backend_infos, resolve_backend
 
     wanted = config.getoption("--backend")
     if wanted:
@@ -46,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _zoo(config: pytest.Config, backend: str) -> list[Any]:
-    from torchlens_core.plugins import hook
+    from torchlens_core.backend.manager import hook
 
     zoos = config.stash.setdefault(_ZOOS, {})
     if backend not in zoos:

@@ -9,10 +9,10 @@ import attrs
 import pytest
 
 import torchlens as tl
-from torchlens_core.arrays import max_error
-from torchlens_core.conformance import Case
-from torchlens_core.plugins import hook
-from torchlens_core.saving import NOT_REPLAYABLE
+from torchlens_core.backend.arrays import max_error
+from torchlens_core.backend.cases import Case
+from torchlens_core.backend.manager import hook
+from torchlens_core.store.saving import NOT_REPLAYABLE
 
 
 @attrs.frozen

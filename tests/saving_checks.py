@@ -8,7 +8,7 @@ import pathlib
 from typing import Any
 
 import torchlens as tl
-from torchlens_core.arrays import max_error
+from torchlens_core.backend.arrays import max_error
 
 
 def views(t: tl.Trace) -> list[object]:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 import torchlens as tl
-from torchlens_core.arrays import max_error
-from torchlens_core.plugins import backend_infos, hook
+from torchlens_core.backend.arrays import max_error
+from torchlens_core.backend.manager import backend_infos, hook
 
 BACKENDS = [info.name for info in backend_infos() if info.available]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import torchlens as tl
-from torchlens_core import draw as drawing
+from torchlens_core.views import draw as drawing
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed")
 

@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 zarr = pytest.importorskip("zarr")
 np = pytest.importorskip("numpy")
 
-from torchlens_core import extract  # noqa: E402 - after the skips
-from torchlens_core.plugins import hook  # noqa: E402
+from torchlens_core.backend.manager import hook  # noqa: E402
+from torchlens_core.store import extract  # noqa: E402 - after the skips
 
 LAYERS = ["relu_1", "4"]  # an op label (the first relu) and a module path (the second relu's module)
 
@@ -307,7 +307,7 @@ def test_stack_hook() -> None:
     batch = hook().torchlens_stack(backend="torch", samples=[torch.ones(2, 3), torch.zeros(2, 3)])
     assert batch.shape == (2, 2, 3) and torch.equal(batch[0], torch.ones(2, 3))
 
-    from torchlens_core.backend import Backend
+    from torchlens_core.backend.base import Backend
 
     class Bare(Backend):
         name = "bare"

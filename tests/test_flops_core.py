@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchlens_core import flops
-from torchlens_core.flops import ArraySpec, OpCall, einsum_count, matmul_macs
+from torchlens_core.views import flops
+from torchlens_core.views.flops import ArraySpec, OpCall, einsum_count, matmul_macs
 
 
 def test_matmul_macs_follow_numpy_rules() -> None:

@@ -12,7 +12,7 @@ nnx = pytest.importorskip("flax.nnx")
 import jax.numpy as jnp  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core import flops as core_flops  # noqa: E402
+from torchlens_core.views import flops as core_flops  # noqa: E402
 
 
 def _x(*shape: int, seed: int = 0) -> jax.Array:

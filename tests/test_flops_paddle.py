@@ -8,7 +8,7 @@ paddle = pytest.importorskip("paddle")
 from paddle import nn  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core import flops as core_flops  # noqa: E402
+from torchlens_core.views import flops as core_flops  # noqa: E402
 from torchlens_paddle.zoo import cases  # noqa: E402
 
 # Ops that must never be unknown: the contractions carry nearly all of a model's FLOPs.
@@ -141,7 +141,7 @@ def test_lstm_by_hand():
 
 
 def test_formulas_on_hand_built_calls():
-    from torchlens_core.flops import ArraySpec, OpCall
+    from torchlens_core.views.flops import ArraySpec, OpCall
     from torchlens_paddle.flops import FORMULAS, einsum_count
 
     assert einsum_count("...ij,...jk", [(2, 3, 4), (4, 5)]) == (2 * 120, 120)  # b*i*j*k, the ellipsis broadcast

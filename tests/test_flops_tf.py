@@ -12,7 +12,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import torchlens as tl  # noqa: E402
-from torchlens_core import flops as core_flops  # noqa: E402
+from torchlens_core.views import flops as core_flops  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras runs on another backend")
 

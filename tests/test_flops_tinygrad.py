@@ -8,7 +8,7 @@ tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor, nn  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core import flops as core_flops  # noqa: E402
+from torchlens_core.views import flops as core_flops  # noqa: E402
 from torchlens_tinygrad.zoo import cases  # noqa: E402
 
 # Ops that must never be unknown: the contractions carry nearly all of a model's FLOPs.
@@ -124,7 +124,7 @@ def test_register_flops_overrides_the_table(monkeypatch):
 
 
 def test_formulas_on_hand_built_calls():
-    from torchlens_core.flops import ArraySpec, OpCall
+    from torchlens_core.views.flops import ArraySpec, OpCall
     from torchlens_tinygrad.flops import FORMULAS
 
     a, b = ArraySpec((2, 3, 4)), ArraySpec((4, 5))

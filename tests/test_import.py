@@ -56,7 +56,7 @@ def test_unknown_backend_names_installed_ones() -> None:
 
 
 def test_every_hook_is_documented_where_declared() -> None:
-    from torchlens_core import hookspecs
+    from torchlens_core.backend import hookspecs
 
     hooks = [name for name in dir(hookspecs) if name.startswith("torchlens_")]
     assert len(hooks) >= 10

@@ -15,8 +15,8 @@ nnx = pytest.importorskip("flax.nnx")
 eqx = pytest.importorskip("equinox")
 
 import torchlens as tl  # noqa: E402
-from torchlens_core.arrays import max_error  # noqa: E402
-from torchlens_core.plugins import hook  # noqa: E402
+from torchlens_core.backend.arrays import max_error  # noqa: E402
+from torchlens_core.backend.manager import hook  # noqa: E402
 from torchlens_jax import zoo  # noqa: E402
 from torchlens_jax.arrays import array_error  # noqa: E402
 

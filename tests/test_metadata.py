@@ -70,7 +70,7 @@ def test_unknown_flops_stay_unknown_until_registered():
         assert again.find(tl.func("fft_fft"))[0].flops == 5 * 8 * 3
         assert again.unknown_flops == []
     finally:
-        from torchlens_core import flops
+        from torchlens_core.views import flops
 
         flops._USER.clear()
 

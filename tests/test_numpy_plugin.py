@@ -13,7 +13,7 @@ pytest.importorskip("torchlens_numpy")
 import numpy as np  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core.plugins import claim_backend, hook  # noqa: E402
+from torchlens_core.backend.manager import claim_backend, hook  # noqa: E402
 from torchlens_numpy import zoo  # noqa: E402
 from torchlens_numpy.arrays import array_error, array_info  # noqa: E402
 

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 from saving_checks import rehash, same_values, views  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core import saving  # noqa: E402
+from torchlens_core.store import saving  # noqa: E402
 
 W = np.arange(12.0).reshape(3, 4) / 10
 
@@ -83,8 +83,8 @@ def test_unsavable_values_make_ops_unreplayable_not_the_save_fail(tmp_path: path
 
 
 def test_bfloat16_without_the_framework_loads_as_float32() -> None:
-    from torchlens_core.encoding import Decoder
-    from torchlens_core.plugins import hook
+    from torchlens_core.backend.manager import hook
+    from torchlens_core.store.encoding import Decoder
 
     bits = np.array([0x3F80, 0xC000, 0x7F80], dtype=np.uint16)  # 1.0, -2.0, inf in bfloat16
     table = [{"kind": "framework", "offset": 0, "nbytes": 6, "storage": "<u2", "shape": [3], "dtype": "bfloat16",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import torchlens as tl
-from torchlens_core.tables import MODULE_COLUMNS, OP_COLUMNS, PARAM_COLUMNS
+from torchlens_core.views.tables import MODULE_COLUMNS, OP_COLUMNS, PARAM_COLUMNS
 
 pd = pytest.importorskip("pandas")
 torch = pytest.importorskip("torch")

@@ -452,7 +452,7 @@ def test_nested_captures_are_refused() -> None:
 
 
 def test_observer_sees_the_same_calls() -> None:
-    from torchlens_core.plugins import hook
+    from torchlens_core.backend.manager import hook
 
     model, x = SimpleRecurrent(), _randn(2, 5)
     seen = hook().torchlens_observe_module_outputs(backend="tinygrad", target=model, args=(x,), kwargs={})

@@ -5,43 +5,36 @@
     trace["layer3"].out, trace.summary(), trace.audit()
 """
 
-from torchlens_core import (
-    Activations,
-    ArchitectureChanged,
-    AuditReport,
-    BackendNotFoundError,
-    CaptureError,
-    CodeLocation,
-    LabelNotFoundError,
-    ModulePass,
-    ModuleRecord,
-    OpRecord,
-    ParamRecord,
-    Recording,
-    ReplayError,
+from torchlens_core.backend.manager import backends
+from torchlens_core.capture.api import pluck, record, trace
+from torchlens_core.capture.builder import Recording
+from torchlens_core.capture.selectors import (
     Selector,
-    TorchLensError,
-    Trace,
-    TraceFileError,
-    UnsupportedError,
-    assert_unchanged,
-    backends,
-    extract_dataset,
     followed_by,
     func,
     in_module,
     label,
-    load,
     module,
-    pluck,
     preceded_by,
-    record,
-    register_flops,
-    save,
-    structural_hash,
-    trace,
     where,
 )
+from torchlens_core.ir.errors import (
+    ArchitectureChanged,
+    BackendNotFoundError,
+    CaptureError,
+    LabelNotFoundError,
+    ReplayError,
+    TorchLensError,
+    TraceFileError,
+    UnsupportedError,
+)
+from torchlens_core.ir.records import CodeLocation, ModulePass, ModuleRecord, OpRecord, ParamRecord
+from torchlens_core.ir.trace import Trace
+from torchlens_core.replay.audit import AuditReport
+from torchlens_core.store.extract import Activations, extract_dataset
+from torchlens_core.store.saving import load, save
+from torchlens_core.views.flops import register_flops
+from torchlens_core.views.hashing import assert_unchanged, structural_hash
 
 hash = structural_hash  # tl.hash(trace): the structural hash of a trace
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from torchlens_core.arrays import numpy_error
+from torchlens_core.backend.arrays import numpy_error
 
 
 def is_jax_array(value: Any) -> bool:

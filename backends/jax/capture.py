@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlens_core.builder import TraceBuilder
-from torchlens_core.errors import UnsupportedError
-from torchlens_core.policy import CaptureOptions
-from torchlens_core.records import ParamRecord, ParamRef, Ref
-from torchlens_core.trace import Trace
+from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.policy import CaptureOptions
+from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
+from torchlens_core.ir.trace import Trace
 from torchlens_jax.arrays import array_info, is_array
 from torchlens_jax.modules import owner, submodules, view_model
 from torchlens_jax.scopes import CallScopes, fill, slot_template

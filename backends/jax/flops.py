@@ -1,6 +1,6 @@
 """FLOP formulas for JAX ops: jaxpr primitives (``dot_general``, ``conv_general_dilated``, ``add``...).
 
-Conventions are those of :mod:`torchlens_core.flops`. A primitive's params
+Conventions are those of :mod:`torchlens_core.views.flops`. A primitive's params
 are the op's keyword arguments (``dimension_numbers``, ``window_dimensions``...).
 Layers (Dense, Conv, LayerNorm, softmax, attention) reach the walk already
 lowered to primitives, so the table needs no layer-level formulas: a flax
@@ -13,7 +13,17 @@ from __future__ import annotations
 
 import math
 
-from torchlens_core.flops import ArraySpec, Count, Formula, OpCall, contraction, conv_macs, elementwise, reduction, zero
+from torchlens_core.views.flops import (
+    ArraySpec,
+    Count,
+    Formula,
+    OpCall,
+    contraction,
+    conv_macs,
+    elementwise,
+    reduction,
+    zero,
+)
 
 
 def _dot_general(call: OpCall) -> Count:

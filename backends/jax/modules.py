@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.errors import UnsupportedError
+from torchlens_core.ir.errors import UnsupportedError
 from torchlens_jax.arrays import to_numpy
 from torchlens_jax.scopes import CallScopes, callable_classes, fill, slot_template, wrapped_calls
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from torchlens_core.backend import Backend, lazy
-from torchlens_core.plugins import BackendInfo
+from torchlens_core.backend.base import Backend, lazy
+from torchlens_core.backend.manager import BackendInfo
 
 
 class JaxBackend(Backend):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlens_core.records import OpRecord
-from torchlens_core.replay import Observe, interpret
-from torchlens_core.trace import Trace
+from torchlens_core.ir.records import OpRecord
+from torchlens_core.ir.trace import Trace
+from torchlens_core.replay.evaluator import Observe, interpret
 
 
 def replay_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

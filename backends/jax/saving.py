@@ -23,7 +23,7 @@ import re
 import sys
 from typing import Any
 
-from torchlens_core.errors import TraceFileError, UnsupportedError
+from torchlens_core.ir.errors import TraceFileError, UnsupportedError
 
 # Primitives that run Python, print or call foreign code: never bound from a file.
 _REFUSED = ("callback", "print", "ffi", "exported", "custom_partitioning")

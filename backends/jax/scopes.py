@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core import tree
+from torchlens_core.ir import tree
 from torchlens_jax.arrays import is_array
 
 SCOPE_PREFIX = "torchlens#"

@@ -24,10 +24,11 @@ import attrs
 import jax
 import numpy as np
 
-from torchlens_core import api
-from torchlens_core.builder import TraceBuilder
-from torchlens_core.records import CodeLocation, ParamRef, Ref
-from torchlens_core.sites import CONTEXT_FRAMES
+import torchlens_core
+from torchlens_core.capture import api
+from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.sites import CONTEXT_FRAMES
+from torchlens_core.ir.records import CodeLocation, ParamRef, Ref
 from torchlens_jax.arrays import array_info
 from torchlens_jax.scopes import MARKER_NAME, CallScopes, fill
 
@@ -280,7 +281,7 @@ def _inner_jaxprs(params: dict[str, Any]) -> list[Any]:
     return found
 
 
-_OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in (api.__file__, __file__))
+_OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in (torchlens_core.__file__, __file__))
 
 
 def _code_context(eqn: Any, limit: int = CONTEXT_FRAMES) -> tuple[CodeLocation, ...]:

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import paddle
 
-from torchlens_core import tree
-from torchlens_core.arrays import numpy_error
+from torchlens_core.backend.arrays import numpy_error
+from torchlens_core.ir import tree
 
 Tensor = paddle.Tensor
 # The C method, as it was before any capture replaced it: detaching never records an op.

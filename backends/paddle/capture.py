@@ -34,14 +34,14 @@ from typing import Any
 import numpy as np
 import paddle
 
-from torchlens_core import tree
-from torchlens_core.branches import BranchTracker
-from torchlens_core.builder import TraceBuilder
-from torchlens_core.errors import UnsupportedError
-from torchlens_core.policy import CaptureOptions
-from torchlens_core.records import ParamRecord, ParamRef, Ref
-from torchlens_core.sites import CallSites
-from torchlens_core.trace import Trace
+from torchlens_core.capture.branches import BranchTracker
+from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.policy import CaptureOptions
+from torchlens_core.capture.sites import CallSites
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
+from torchlens_core.ir.trace import Trace
 from torchlens_paddle.arrays import device_name, dtype_name
 from torchlens_paddle.intercept import STATE, OpInfo, Patches, to_static_enabled
 

@@ -4,7 +4,7 @@ Ops are recorded under their ``paddle._C_ops`` names (``conv2d``, ``matmul``,
 ``batch_norm``...) with the arguments as the Python API passed them, or under
 the names ``intercept.TENSOR_DUNDERS`` and ``TENSOR_METHODS`` give Tensor
 operators (``add``, ``getitem``...). Conventions are the core's
-(:mod:`torchlens_core.flops`): one MAC is two FLOPs, MACs only for
+(:mod:`torchlens_core.views.flops`): one MAC is two FLOPs, MACs only for
 contractions; a transcendental (exp, tanh, erf...) counts one FLOP and an
 activation the arithmetic of its textbook definition, per output element;
 views, copies and creation count zero. The per-element counts are the torch
@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from torchlens_core.flops import (
+from torchlens_core.views.flops import (
     COMMON,
     ArraySpec,
     Count,

@@ -305,7 +305,7 @@ def _static_function_guard() -> tuple[Any, Any, Callable[..., Any]]:
     """
     from paddle.jit.dy2static.program_translator import StaticFunction
 
-    from torchlens_core.errors import UnsupportedError
+    from torchlens_core.ir.errors import UnsupportedError
 
     orig = StaticFunction.__dict__["__call__"]
     state = STATE

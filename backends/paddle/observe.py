@@ -6,7 +6,7 @@ from typing import Any
 
 import paddle
 
-from torchlens_core import tree
+from torchlens_core.ir import tree
 from torchlens_paddle.capture import snapshot
 
 

@@ -6,9 +6,9 @@ import importlib.metadata
 import sys
 from typing import Any
 
-from torchlens_core import tree
-from torchlens_core.backend import Backend, lazy
-from torchlens_core.plugins import BackendInfo
+from torchlens_core.backend.base import Backend, lazy
+from torchlens_core.backend.manager import BackendInfo
+from torchlens_core.ir import tree
 
 # Paddle ships as "paddlepaddle" (CPU, the pinned one) or "paddlepaddle-gpu"; the first installed is the framework.
 _DISTRIBUTIONS = ("paddlepaddle", "paddlepaddle-gpu")

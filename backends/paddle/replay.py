@@ -16,10 +16,10 @@ from typing import Any
 
 import paddle
 
-from torchlens_core import tree
-from torchlens_core.records import OpRecord, Ref
-from torchlens_core.replay import Observe, interpret
-from torchlens_core.trace import Trace
+from torchlens_core.ir import tree
+from torchlens_core.ir.records import OpRecord, Ref
+from torchlens_core.ir.trace import Trace
+from torchlens_core.replay.evaluator import Observe, interpret
 from torchlens_paddle.capture import drop_scratch, snapshot
 
 Tensor = paddle.Tensor

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlens_core.errors import TraceFileError
+from torchlens_core.ir.errors import TraceFileError
 
 _OP_MODULES = ("paddle._C_ops", "paddle._legacy_C_ops")
 _REFUSED = ("save", "load", "file", "print")

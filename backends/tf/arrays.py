@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from torchlens_core.arrays import numpy_error
+from torchlens_core.backend.arrays import numpy_error
 
 _DEVICES: dict[str, str] = {}
 

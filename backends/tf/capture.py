@@ -58,14 +58,14 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import op_callbacks, op_def_registry, ops
 from tensorflow.python.ops import gen_resource_variable_ops
 
-from torchlens_core import tree
-from torchlens_core.branches import BranchTracker
-from torchlens_core.builder import TraceBuilder
-from torchlens_core.errors import UnsupportedError
-from torchlens_core.policy import CaptureOptions, HaltCapture
-from torchlens_core.records import ParamRecord, ParamRef, Ref
-from torchlens_core.sites import CallSites
-from torchlens_core.trace import Trace
+from torchlens_core.capture.branches import BranchTracker
+from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.policy import CaptureOptions, HaltCapture
+from torchlens_core.capture.sites import CallSites
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
+from torchlens_core.ir.trace import Trace
 from torchlens_tf.arrays import device_name
 from torchlens_tf.layers import (
     LayerCalls,

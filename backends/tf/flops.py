@@ -1,6 +1,6 @@
 """FLOP formulas for TensorFlow ops, by the names the TF backend records (``conv2d``, ``matmul``, ``bias_add``...).
 
-Conventions are those of :mod:`torchlens_core.flops`. An op's attributes are
+Conventions are those of :mod:`torchlens_core.views.flops`. An op's attributes are
 its keyword arguments (``transpose_a``, ``ksize``, ``equation``...). Keras 3
 runs Dense as ``matmul`` + ``bias_add`` and normalizations as ``mean``, ``sub``,
 ``rsqrt``... ops, each counted on its own. Transcendental functions (exp,
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from torchlens_core.flops import (
+from torchlens_core.views.flops import (
     ArraySpec,
     Count,
     Formula,

@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.errors import UnsupportedError
+from torchlens_core.ir.errors import UnsupportedError
 
 
 @attrs.define(slots=True)

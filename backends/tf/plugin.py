@@ -6,9 +6,9 @@ import importlib.metadata
 import sys
 from typing import Any
 
-from torchlens_core import tree
-from torchlens_core.backend import Backend, lazy
-from torchlens_core.plugins import BackendInfo
+from torchlens_core.backend.base import Backend, lazy
+from torchlens_core.backend.manager import BackendInfo
+from torchlens_core.ir import tree
 
 # TensorFlow ships under several distribution names; the first installed one is the framework.
 _DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel", "tf-nightly",

@@ -24,9 +24,9 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.eager import context, execute
 
-from torchlens_core.records import OpRecord
-from torchlens_core.replay import Observe, interpret
-from torchlens_core.trace import Trace
+from torchlens_core.ir.records import OpRecord
+from torchlens_core.ir.trace import Trace
+from torchlens_core.replay.evaluator import Observe, interpret
 
 
 def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from torchlens_core.errors import TraceFileError
+from torchlens_core.ir.errors import TraceFileError
 
 # Op types that touch files, run Python, print, or hold iterators: never run from a file.
 _REFUSED = re.compile(r"File|Save|Restore|Py|Print|Write|Summary|Reader|Iterator|Dataset|Queue|Shell|Debug|"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torchlens_core.conformance import Case
+from torchlens_core.backend.cases import Case
 
 Built = tuple[Any, tuple[Any, ...], dict[str, Any]]
 

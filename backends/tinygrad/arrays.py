@@ -10,7 +10,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType, _to_np_dtype
 from tinygrad.uop.ops import Ops
 
-from torchlens_core.arrays import numpy_error
+from torchlens_core.backend.arrays import numpy_error
 
 _DTYPE_NAMES: dict[DType, str] = {}
 

@@ -41,13 +41,13 @@ import numpy as np
 from tinygrad import Tensor
 from tinygrad.helpers import TRAINING
 
-from torchlens_core import tree
-from torchlens_core.branches import BranchTracker
-from torchlens_core.builder import TraceBuilder
-from torchlens_core.errors import UnsupportedError
-from torchlens_core.records import ParamRecord, ParamRef, Ref
-from torchlens_core.sites import CallSites
-from torchlens_core.trace import Trace
+from torchlens_core.capture.branches import BranchTracker
+from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.sites import CallSites
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
+from torchlens_core.ir.trace import Trace
 from torchlens_tinygrad.arrays import (
     buffer_key,
     device_name,

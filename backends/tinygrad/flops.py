@@ -3,7 +3,7 @@
 Ops are recorded under their ``Tensor`` method names (``conv2d``, ``linear``,
 ``relu``...; operators as ``add``, ``mul``, ``getitem``..., in-place ones as
 ``add_``), self first, the rest as called. Conventions are the core's
-(:mod:`torchlens_core.flops`): one MAC is two FLOPs, MACs only for
+(:mod:`torchlens_core.views.flops`): one MAC is two FLOPs, MACs only for
 contractions; a transcendental (exp, tanh, erf...) counts one FLOP and an
 activation the arithmetic of its textbook definition, per output element;
 views, copies and creation count zero. The per-element counts are the torch
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from torchlens_core.flops import (
+from torchlens_core.views.flops import (
     COMMON,
     Count,
     Formula,

@@ -11,7 +11,7 @@ from typing import Any
 
 from tinygrad import Tensor
 
-from torchlens_core import tree
+from torchlens_core.ir import tree
 from torchlens_tinygrad.arrays import snapshot
 from torchlens_tinygrad.modules import model_object, named_layers, wrapped_layers
 

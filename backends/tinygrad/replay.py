@@ -18,10 +18,10 @@ from typing import Any
 from tinygrad import Tensor, dtypes
 from tinygrad.helpers import Context
 
-from torchlens_core import tree
-from torchlens_core.records import OpRecord, ParamRef, Ref
-from torchlens_core.replay import Observe, interpret
-from torchlens_core.trace import Trace
+from torchlens_core.ir import tree
+from torchlens_core.ir.records import OpRecord, ParamRef, Ref
+from torchlens_core.ir.trace import Trace
+from torchlens_core.replay.evaluator import Observe, interpret
 from torchlens_tinygrad.arrays import buffer_key, isolate_views, realize, settle_readers, snapshot
 
 

@@ -12,7 +12,7 @@ import functools
 import types
 from typing import Any
 
-from torchlens_core.errors import TraceFileError
+from torchlens_core.ir.errors import TraceFileError
 
 _REFUSED = ("url", "fetch", "file", "disk", "save", "load", "blob")
 

@@ -1,6 +1,6 @@
 """FLOP formulas for torch ops, by the names the torch backend records (``conv2d``, ``add_``...).
 
-Conventions are those of :mod:`torchlens_core.flops`. Transcendental functions
+Conventions are those of :mod:`torchlens_core.views.flops`. Transcendental functions
 (exp, tanh, erf...) count one FLOP each; activations count the arithmetic of
 their textbook definition. Formulas read shapes and constants only.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from torchlens_core.flops import (
+from torchlens_core.views.flops import (
     COMMON,
     ArraySpec,
     Count,

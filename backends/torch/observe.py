@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from torchlens_core import tree
+from torchlens_core.ir import tree
 
 
 def observe_module_outputs(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

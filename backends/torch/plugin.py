@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from torchlens_core import tree
-from torchlens_core.backend import Backend, lazy
-from torchlens_core.plugins import BackendInfo
+from torchlens_core.backend.base import Backend, lazy
+from torchlens_core.backend.manager import BackendInfo
+from torchlens_core.ir import tree
 
 
 class TorchBackend(Backend):

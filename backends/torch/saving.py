@@ -15,7 +15,7 @@ import functools
 import operator
 from typing import Any
 
-from torchlens_core.errors import TraceFileError
+from torchlens_core.ir.errors import TraceFileError
 
 NAMESPACES = ("torch", "torch.Tensor", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
               "torch._C._nn", "torch._C._linalg", "torch._C._fft", "torch._C._special", "torch._C._VariableFunctions")

@@ -21,7 +21,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from torchlens_core.conformance import Case
+from torchlens_core.backend.cases import Case
 
 __all__ = ["cases"]
 

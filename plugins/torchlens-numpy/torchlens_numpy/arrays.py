@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from torchlens_core.arrays import numpy_error
+from torchlens_core.backend.arrays import numpy_error
 
 
 def array_info(value: Any) -> tuple[tuple[int, ...], str, str] | None:

@@ -33,12 +33,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from torchlens_core import tree
-from torchlens_core.builder import TraceBuilder
-from torchlens_core.errors import UnsupportedError
-from torchlens_core.policy import CaptureOptions
-from torchlens_core.records import CodeLocation, Ref
-from torchlens_core.trace import Trace
+from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.policy import CaptureOptions
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.records import CodeLocation, Ref
+from torchlens_core.ir.trace import Trace
 
 NAME = "numpy"
 

@@ -1,8 +1,8 @@
-"""FLOP formulas for the NumPy functions this plugin records, built on torchlens_core.flops."""
+"""FLOP formulas for the NumPy functions this plugin records, built on torchlens_core.views.flops."""
 
 from __future__ import annotations
 
-from torchlens_core.flops import (
+from torchlens_core.views.flops import (
     Count,
     Formula,
     OpCall,

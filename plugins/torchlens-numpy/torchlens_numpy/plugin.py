@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlens_core.hookspecs import hookimpl
-from torchlens_core.plugins import BackendInfo
+from torchlens_core.backend.hookspecs import hookimpl
+from torchlens_core.backend.manager import BackendInfo
 
 NAME = "numpy"
 

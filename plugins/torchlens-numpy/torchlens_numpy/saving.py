@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from torchlens_core.errors import TraceFileError
+from torchlens_core.ir.errors import TraceFileError
 from torchlens_numpy import capture
 
 NAMESPACES = {"numpy": np, "numpy.linalg": np.linalg, "numpy.fft": np.fft,

@@ -14,8 +14,8 @@ from typing import Any
 import attrs
 import pluggy
 
-from torchlens_core import hookspecs
-from torchlens_core.errors import BackendNotFoundError
+from torchlens_core.backend import hookspecs
+from torchlens_core.ir.errors import BackendNotFoundError
 
 ENTRY_POINT_GROUP = "torchlens.backends"
 

@@ -10,20 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core import tree
-from torchlens_core.errors import TorchLensError, UnsupportedError
-from torchlens_core.plugins import hook
-from torchlens_core.records import OpRecord, ParamRef, Ref
+from torchlens_core.backend.manager import hook
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import ReplayError, UnsupportedError
+from torchlens_core.ir.records import OpRecord, ParamRef, Ref
 
 if TYPE_CHECKING:
-    from torchlens_core.trace import Trace
+    from torchlens_core.ir.trace import Trace
 
 RunOp = Callable[[OpRecord, tuple[Any, ...], dict[str, Any]], Any]
 Observe = Callable[[OpRecord, Any], None]
 
 
-class ReplayError(TorchLensError, RuntimeError):
-    """An op could not be re-executed."""
 
 
 def interpret(trace: Trace, run_op: RunOp, observe: Observe | None = None,

@@ -6,11 +6,11 @@ import inspect
 import re
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.records import Distances, ParamRef, Ref
+from torchlens_core.ir.records import Distances, ParamRef, Ref
 
 if TYPE_CHECKING:
-    from torchlens_core.records import OpRecord
-    from torchlens_core.trace import Trace
+    from torchlens_core.ir.records import OpRecord
+    from torchlens_core.ir.trace import Trace
 
 _NAMES: dict[Any, tuple[str, ...] | None] = {}
 _DOC_SIGNATURE = re.compile(r"^\s*[\w.]+\((.*?)\)", re.S)

@@ -6,8 +6,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from torchlens_core import tree
-from torchlens_core.plugins import hook
+from torchlens_core.backend.manager import hook
+from torchlens_core.ir import tree
 
 
 def is_array_of(backend: str) -> Callable[[Any], bool]:

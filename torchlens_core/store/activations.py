@@ -35,7 +35,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.errors import LabelNotFoundError, TorchLensError, closest
+from torchlens_core.ir.errors import ExtractError, LabelNotFoundError, closest
 
 __all__ = ["Activations", "ExtractError"]
 
@@ -45,8 +45,6 @@ INDEX = "torchlens"  # the group attribute that holds the index
 MARKERS = "_chunks_done"
 
 
-class ExtractError(TorchLensError, ValueError):
-    """The dataset, or the store at ``output_dir``, cannot be extracted as asked."""
 
 
 @attrs.frozen

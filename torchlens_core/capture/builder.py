@@ -11,10 +11,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from torchlens_core import tree
-from torchlens_core.errors import CaptureError
-from torchlens_core.policy import CaptureOptions, Policy
-from torchlens_core.records import (
+from torchlens_core.capture.policy import CaptureOptions, Policy
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import CaptureError
+from torchlens_core.ir.records import (
     ModulePass,
     ModuleRecord,
     OpRecord,
@@ -24,7 +24,7 @@ from torchlens_core.records import (
     refs_in,
     shape_at,
 )
-from torchlens_core.trace import Trace
+from torchlens_core.ir.trace import Trace
 
 
 class TraceBuilder:

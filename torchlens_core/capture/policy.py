@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from torchlens_core.errors import UnsupportedError
-from torchlens_core.plugins import hook
-from torchlens_core.selectors import (
+from torchlens_core.backend.manager import hook
+from torchlens_core.capture.selectors import (
     AllOf,
     AnyOf,
     InModule,
@@ -40,11 +39,12 @@ from torchlens_core.selectors import (
     op_keys,
     split_pass,
 )
+from torchlens_core.ir.errors import UnsupportedError
 
 if TYPE_CHECKING:
-    from torchlens_core.builder import TraceBuilder
-    from torchlens_core.records import OpRecord
-    from torchlens_core.trace import Trace
+    from torchlens_core.capture.builder import TraceBuilder
+    from torchlens_core.ir.records import OpRecord
+    from torchlens_core.ir.trace import Trace
 
 
 class HaltCapture(BaseException):

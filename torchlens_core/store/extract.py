@@ -1,7 +1,7 @@
 """tl.extract_dataset: chosen activations of a whole dataset, written to a Zarr v3 store.
 
 The store's layout and its invariants are described in
-:mod:`torchlens_core.activations`; this module batches the dataset, captures
+:mod:`torchlens_core.store.activations`; this module batches the dataset, captures
 each batch with ``tl.trace(save=..., halt=...)`` and hands the values to the
 store, here or on a Dask cluster's workers.
 """
@@ -21,7 +21,11 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.activations import (
+from torchlens_core.backend.manager import claim_backend, hook, resolve_backend
+from torchlens_core.capture.api import trace
+from torchlens_core.capture.selectors import key_selector
+from torchlens_core.ir.errors import LabelNotFoundError, UnsupportedError
+from torchlens_core.store.activations import (
     FORMAT,
     FORMAT_VERSION,
     INDEX,
@@ -37,10 +41,6 @@ from torchlens_core.activations import (
     location_of,
     open_store,
 )
-from torchlens_core.api import trace
-from torchlens_core.errors import LabelNotFoundError, UnsupportedError
-from torchlens_core.plugins import claim_backend, hook, resolve_backend
-from torchlens_core.selectors import key_selector
 
 __all__ = ["Activations", "ExtractError", "extract_dataset"]
 

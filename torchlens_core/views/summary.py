@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.records import num_bytes
+from torchlens_core.ir.records import num_bytes
 
 if TYPE_CHECKING:
-    from torchlens_core.records import OpRecord
-    from torchlens_core.trace import Trace
+    from torchlens_core.ir.records import OpRecord
+    from torchlens_core.ir.trace import Trace
 
 
 def summary(trace: Trace) -> str:

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from torchlens_core.errors import LabelNotFoundError, closest
+from torchlens_core.ir.errors import LabelNotFoundError, closest
 
 if TYPE_CHECKING:
-    from torchlens_core.builder import TraceBuilder
-    from torchlens_core.records import OpRecord
-    from torchlens_core.trace import Trace
+    from torchlens_core.capture.builder import TraceBuilder
+    from torchlens_core.ir.records import OpRecord
+    from torchlens_core.ir.trace import Trace
 
 
 class Selector:

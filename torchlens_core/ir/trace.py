@@ -5,13 +5,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core import tree
-from torchlens_core.errors import LabelNotFoundError, closest
-from torchlens_core.records import Distances, ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
-from torchlens_core.tables import ModuleTable, ParamTable
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import LabelNotFoundError, closest
+from torchlens_core.ir.records import (
+    Distances,
+    ModulePass,
+    ModuleRecord,
+    ModuleTable,
+    OpRecord,
+    ParamRecord,
+    ParamRef,
+    ParamTable,
+    Ref,
+)
 
 if TYPE_CHECKING:
-    from torchlens_core.audit import AuditReport
+    from torchlens_core.replay.audit import AuditReport
 
 
 class Trace:
@@ -72,7 +81,7 @@ class Trace:
     def distances(self) -> list[Distances]:
         """Graph distances of every op, by position (also ``op.distances``); worked out once."""
         if self._distances is None:
-            from torchlens_core.metadata import distances
+            from torchlens_core.views.metadata import distances
 
             self._distances = distances(self)
         return self._distances
@@ -169,26 +178,26 @@ class Trace:
 
         Raises a KeyError naming the closest labels and module paths if none match.
         """
-        from torchlens_core.selectors import find
+        from torchlens_core.capture.selectors import find
 
         return find(self, selector)
 
     # -- reports --------------------------------------------------------------------
     def to_pandas(self) -> Any:
         """One row per op (input and output nodes included); columns in docs/tables.md."""
-        from torchlens_core.tables import ops_frame
+        from torchlens_core.views.tables import ops_frame
 
         return ops_frame(self)
 
     def summary(self) -> str:
         """The module table: name and type, output shape, parameters, trainable; then totals."""
-        from torchlens_core.summary import summary
+        from torchlens_core.views.summary import summary
 
         return summary(self)
 
     def replay(self) -> Any:
         """Run the recorded graph again, op by op, and return its output."""
-        from torchlens_core.replay import replay_values
+        from torchlens_core.replay.evaluator import replay_values
 
         values = replay_values(self)
         return tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r,
@@ -196,7 +205,7 @@ class Trace:
 
     def audit(self, rtol: float = 1e-5) -> AuditReport:
         """Replay parity and invariant tripwires; the report is falsy if anything fails."""
-        from torchlens_core.audit import audit
+        from torchlens_core.replay.audit import audit
 
         return audit(self, rtol=rtol)
 
@@ -210,24 +219,24 @@ class Trace:
         deep are boxes), or a predicate on ModuleRecords. ``module``: draw only
         that module's subgraph. ``file_format``: ``"pdf"``, ``"svg"`` or ``"png"``.
         """
-        from torchlens_core.draw import draw
+        from torchlens_core.views.draw import draw
 
         return draw(self, path, file_format=file_format, vis_mode=vis_mode, collapse=collapse, module=module)
 
     def to_dot(self, *, vis_mode: str = "unrolled", collapse: Any = None, module: str | None = None) -> str:
         """The DOT source of :meth:`draw`'s picture; needs no Graphviz."""
-        from torchlens_core.draw import to_dot
+        from torchlens_core.views.draw import to_dot
 
         return to_dot(self, vis_mode=vis_mode, collapse=collapse, module=module)
 
     def _repr_svg_(self) -> str | None:
         """Notebooks show a trace as its (auto-collapsed) drawing."""
-        from torchlens_core.draw import svg
+        from torchlens_core.views.draw import svg
 
         return svg(self, collapse="auto")
 
     def __str__(self) -> str:
-        from torchlens_core.summary import overview
+        from torchlens_core.views.summary import overview
 
         return overview(self)
 

@@ -7,8 +7,9 @@ import sys
 
 import pluggy
 
-from torchlens_core import api
-from torchlens_core.records import CodeLocation
+import torchlens_core
+from torchlens_core.capture import api
+from torchlens_core.ir.records import CodeLocation
 
 _API_FILE = api.__file__
 # User frames kept per op. Each costs about 1.5 us (Python builds a frame object for every
@@ -26,7 +27,7 @@ class CallSites:
     """
 
     def __init__(self, *module_files: str) -> None:
-        files = (*module_files, __file__, pluggy.__file__)
+        files = (*module_files, torchlens_core.__file__, pluggy.__file__)  # the core: every layer's folder
         self.internal = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in files)
         self.verdicts: dict[str, bool] = {}
 

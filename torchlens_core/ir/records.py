@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
 
-from torchlens_core import tree
+from torchlens_core.ir import tree
 
 if TYPE_CHECKING:
-    from torchlens_core.trace import Trace
+    from torchlens_core.ir.trace import Trace
 
 
 @attrs.frozen(slots=True)
@@ -109,7 +109,7 @@ class OpRecord:
     def flops(self) -> float | None:
         """Floating-point operations of this op; None when no formula knows it (see tl.register_flops)."""
         if self.cost is None:
-            from torchlens_core.flops import count
+            from torchlens_core.views.flops import count
 
             self.cost = count(self.trace, self)
         return self.cost[0]
@@ -129,7 +129,7 @@ class OpRecord:
     @property
     def config(self) -> dict[str, Any]:
         """The call's arguments that are not arrays (kernel size, padding, axis...), by name where known."""
-        from torchlens_core.metadata import config
+        from torchlens_core.views.metadata import config
 
         return config(self)
 
@@ -167,7 +167,7 @@ class OpRecord:
         return f"<OpRecord {self.label} {self.func_name} shape={self.shape}{where}>"
 
     def __str__(self) -> str:
-        from torchlens_core.summary import describe
+        from torchlens_core.views.summary import describe
 
         return describe(self)
 
@@ -247,6 +247,26 @@ class ParamRecord:
     def __repr__(self) -> str:
         kind = "buffer" if self.is_buffer else "param"
         return f"<ParamRecord {kind} {self.name} {self.shape}>"
+
+
+class ParamTable(dict[str, ParamRecord]):
+    """``trace.params``: parameter records by name, and ``.to_pandas()``."""
+
+    def to_pandas(self) -> Any:
+        """One row per parameter or buffer; columns in docs/tables.md."""
+        from torchlens_core.views.tables import params_frame
+
+        return params_frame(self)
+
+
+class ModuleTable(dict[str, ModuleRecord]):
+    """``trace.modules``: module records by path, and ``.to_pandas()``."""
+
+    def to_pandas(self) -> Any:
+        """One row per module; columns in docs/tables.md."""
+        from torchlens_core.views.tables import modules_frame
+
+        return modules_frame(self)
 
 
 @attrs.frozen(slots=True)

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from torchlens_core.errors import TraceFileError
-from torchlens_core.records import ParamRef, Ref
+from torchlens_core.ir.errors import TraceFileError
+from torchlens_core.ir.records import ParamRef, Ref
 
 ALIGN = 64  # array offsets in the blob are multiples of this
 # NumPy dtype kinds that hold plain bytes: bool, ints, floats, complex, strings, times.

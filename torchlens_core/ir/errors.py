@@ -33,6 +33,22 @@ class LabelNotFoundError(TorchLensError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class ReplayError(TorchLensError, RuntimeError):
+    """An op could not be re-executed."""
+
+
+class ArchitectureChanged(TorchLensError, AssertionError):
+    """The traced structure differs from the pinned one."""
+
+
+class GraphvizNotFoundError(TorchLensError, RuntimeError):
+    """The Graphviz ``dot`` program is not installed."""
+
+
+class ExtractError(TorchLensError, ValueError):
+    """The dataset, or the store at ``output_dir``, cannot be extracted as asked."""
+
+
 def closest(key: str, candidates: Iterable[str], n: int = 5) -> list[str]:
     """The candidates nearest to ``key``, best first (for "did you mean" messages)."""
     pool = list(dict.fromkeys(candidates))

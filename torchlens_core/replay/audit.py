@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from torchlens_core import tree
-from torchlens_core.arrays import is_array_of, max_error
-from torchlens_core.plugins import hook
-from torchlens_core.records import SOURCE_KINDS, ParamRef, refs_in
+from torchlens_core.backend.arrays import is_array_of, max_error
+from torchlens_core.backend.manager import hook
+from torchlens_core.ir import tree
+from torchlens_core.ir.records import SOURCE_KINDS, ParamRef, refs_in
 
 if TYPE_CHECKING:
-    from torchlens_core.trace import Trace
+    from torchlens_core.ir.trace import Trace
 
 
 @attrs.frozen
@@ -201,7 +201,7 @@ def _counts_agree(trace: Trace) -> Iterator[Finding]:
 
 
 def _replay_parity(trace: Trace, rtol: float) -> list[Finding]:
-    from torchlens_core.replay import ReplayError, replay_values
+    from torchlens_core.replay.evaluator import ReplayError, replay_values
 
     worst, worst_op, compared = 0.0, None, 0
 

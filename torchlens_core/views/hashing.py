@@ -15,16 +15,14 @@ import os
 import pathlib
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.errors import TorchLensError
+from torchlens_core.ir.errors import ArchitectureChanged
 
 if TYPE_CHECKING:
-    from torchlens_core.trace import Trace
+    from torchlens_core.ir.trace import Trace
 
 PREFIX = "tl1-"  # bump when what the hash covers changes
 
 
-class ArchitectureChanged(TorchLensError, AssertionError):
-    """The traced structure differs from the pinned one."""
 
 
 def structure(trace: Trace, module_names: bool = True) -> list[str]:
@@ -92,6 +90,6 @@ def assert_unchanged(model: Any, *args: Any, expected: str | None = None, module
     """
     if expected is None and args and isinstance(args[-1], str) and args[-1].startswith(PREFIX):
         *args, expected = args  # tl.assert_unchanged(model, x, pinned), as the README writes it
-    from torchlens_core.api import trace
+    from torchlens_core.capture.api import trace
 
     return check(trace(model, *args, **kwargs), expected, module_names)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from torchlens_core.builder import Recording
-from torchlens_core.errors import CaptureError, UnsupportedError
-from torchlens_core.plugins import backends, claim_backend, hook, resolve_backend
-from torchlens_core.policy import CaptureOptions, HaltCapture
-from torchlens_core.selectors import Selector, key_selector
-from torchlens_core.trace import Trace
+from torchlens_core.backend.manager import backends, claim_backend, hook, resolve_backend
+from torchlens_core.capture.builder import Recording
+from torchlens_core.capture.policy import CaptureOptions, HaltCapture
+from torchlens_core.capture.selectors import Selector, key_selector
+from torchlens_core.ir.errors import CaptureError, UnsupportedError
+from torchlens_core.ir.trace import Trace
 
 __all__ = ["backends", "pluck", "record", "trace"]
 

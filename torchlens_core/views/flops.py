@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from torchlens_core import tree
-from torchlens_core.records import ParamRef, Ref, shape_at
+from torchlens_core.ir import tree
+from torchlens_core.ir.records import ParamRef, Ref, shape_at
 
 if TYPE_CHECKING:
-    from torchlens_core.records import OpRecord
-    from torchlens_core.trace import Trace
+    from torchlens_core.ir.records import OpRecord
+    from torchlens_core.ir.trace import Trace
 
 
 @attrs.frozen(slots=True)
@@ -114,7 +114,7 @@ def formula_for(backend: str, func_name: str) -> Formula | None:
         return found
     table = _BACKEND_TABLES.get(backend)
     if table is None:
-        from torchlens_core.plugins import hook
+        from torchlens_core.backend.manager import hook
 
         table = _BACKEND_TABLES[backend] = hook().torchlens_flop_formulas(backend=backend) or {}
     return table.get(func_name)

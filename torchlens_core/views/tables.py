@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.errors import TorchLensError
+from torchlens_core.ir.errors import TorchLensError
 
 if TYPE_CHECKING:
-    from torchlens_core.records import ModuleRecord, ParamRecord
-    from torchlens_core.trace import Trace
+    from torchlens_core.ir.records import ModuleRecord, ParamRecord
+    from torchlens_core.ir.trace import Trace
 
 # column -> pandas dtype ("object" columns hold tuples or lists)
 OP_COLUMNS = {
@@ -75,24 +75,18 @@ def ops_frame(trace: Trace) -> Any:
     return _frame(rows, OP_COLUMNS)
 
 
-class ParamTable(dict[str, "ParamRecord"]):
-    """``trace.params``: parameter records by name, and ``.to_pandas()``."""
-
-    def to_pandas(self) -> Any:
-        return _frame([{"name": p.name, "module": p.module, "shape": p.shape, "dtype": p.dtype, "numel": p.numel,
-                        "trainable": p.trainable, "is_buffer": p.is_buffer} for p in self.values()], PARAM_COLUMNS)
+def params_frame(params: dict[str, ParamRecord]) -> Any:
+    return _frame([{"name": p.name, "module": p.module, "shape": p.shape, "dtype": p.dtype, "numel": p.numel,
+                    "trainable": p.trainable, "is_buffer": p.is_buffer} for p in params.values()], PARAM_COLUMNS)
 
 
-class ModuleTable(dict[str, "ModuleRecord"]):
-    """``trace.modules``: module records by path, and ``.to_pandas()``."""
-
-    def to_pandas(self) -> Any:
-        rows = []
-        for m in self.values():
-            rows.append({
-                "path": m.path, "type": m.type_name, "num_passes": m.num_passes,
-                "num_ops": sum(len(mp.ops) for mp in m.passes),
-                "num_params": m.num_params,
-                "output_shapes": tuple(m.passes[-1].output_shapes) if m.passes else (),
-            })
-        return _frame(rows, MODULE_COLUMNS)
+def modules_frame(modules: dict[str, ModuleRecord]) -> Any:
+    rows = []
+    for m in modules.values():
+        rows.append({
+            "path": m.path, "type": m.type_name, "num_passes": m.num_passes,
+            "num_ops": sum(len(mp.ops) for mp in m.passes),
+            "num_params": m.num_params,
+            "output_shapes": tuple(m.passes[-1].output_shapes) if m.passes else (),
+        })
+    return _frame(rows, MODULE_COLUMNS)

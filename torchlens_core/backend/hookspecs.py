@@ -27,7 +27,7 @@ def torchlens_backend_info() -> Any:
     """Describe this plugin's backend.
 
     Called on every plugin when backends are listed or resolved. Return a
-    :class:`torchlens_core.plugins.BackendInfo` (name, aliases, framework
+    :class:`torchlens_core.backend.manager.BackendInfo` (name, aliases, framework
     distribution, capabilities, the pip extra that installs it).
     """
 
@@ -50,12 +50,12 @@ def torchlens_capture(backend: str, target: Any, args: tuple[Any, ...], kwargs: 
 
     Build the trace with ``TraceBuilder(backend, name, options)`` and return the
     finished :class:`Trace`. ``options`` (a
-    :class:`torchlens_core.policy.CaptureOptions`) carries ``save=`` and
+    :class:`torchlens_core.capture.policy.CaptureOptions`) carries ``save=`` and
     ``halt=``: the builder applies them, dropping unselected values and raising
-    :class:`~torchlens_core.policy.HaltCapture` to stop the forward (let it
+    :class:`~torchlens_core.capture.policy.HaltCapture` to stop the forward (let it
     propagate; tl.trace finishes the trace). Hold no other reference to a value
     the builder dropped (``op.saved`` is False). Raise
-    :class:`~torchlens_core.errors.UnsupportedError` for targets or options the
+    :class:`~torchlens_core.ir.errors.UnsupportedError` for targets or options the
     backend cannot honour. Whatever happens, including an exception inside the
     model or a KeyboardInterrupt, leave nothing patched or hooked.
     """
@@ -103,7 +103,7 @@ def torchlens_stack(backend: str, samples: list[Any]) -> Any:
     shape and dtype (the core has checked). Return a single array of shape
     ``(len(samples), *shape)`` on the samples' device (torch: ``torch.stack``).
     A backend that cannot batch raises
-    :class:`~torchlens_core.errors.UnsupportedError`.
+    :class:`~torchlens_core.ir.errors.UnsupportedError`.
     """
 
 
@@ -164,7 +164,7 @@ def torchlens_decode_value(backend: str, data: Any) -> Any:
 
     ``data`` comes from a file that may be hostile: resolve names only inside
     the framework's own namespaces, never import or evaluate anything else, and
-    raise :class:`~torchlens_core.errors.TraceFileError` for data you did not
+    raise :class:`~torchlens_core.ir.errors.TraceFileError` for data you did not
     write. Return None if the value cannot be rebuilt here.
     """
 
@@ -186,7 +186,7 @@ def torchlens_decode_call(backend: str, data: Any) -> Any:
 
     ``data`` comes from a file that may be hostile: look names up only among
     the framework's allow-listed namespaces (never ``importlib`` a name from
-    the file) and raise :class:`~torchlens_core.errors.TraceFileError` for
+    the file) and raise :class:`~torchlens_core.ir.errors.TraceFileError` for
     anything else, e.g. a call naming ``os.system``. Return None when the call
     cannot be rebuilt here; raise ImportError when the framework is missing.
     """
@@ -197,11 +197,11 @@ def torchlens_decode_call(backend: str, data: Any) -> Any:
 def torchlens_flop_formulas(backend: str) -> dict[str, Any] | None:
     """FLOP formulas for this backend's ops: ``{func_name: formula}``.
 
-    A formula takes a :class:`torchlens_core.flops.OpCall` and returns
+    A formula takes a :class:`torchlens_core.views.flops.OpCall` and returns
     ``(flops, macs)``, or None when it cannot tell for that call; ops without
     one count as unknown. Called once per backend, the first time a trace's
     FLOPs are read. Formulas work on shapes and constants only: never import
-    the framework in them. :mod:`torchlens_core.flops` has building blocks.
+    the framework in them. :mod:`torchlens_core.views.flops` has building blocks.
     """
 
 
@@ -210,7 +210,7 @@ def torchlens_flop_formulas(backend: str) -> dict[str, Any] | None:
 def torchlens_conformance_cases(backend: str) -> list[Any] | None:
     """The backend's model zoo for the shared conformance suite.
 
-    Return a list of :class:`torchlens_core.conformance.Case`. Cases build their
+    Return a list of :class:`torchlens_core.backend.cases.Case`. Cases build their
     models lazily, with random weights and nothing downloaded.
     """
 

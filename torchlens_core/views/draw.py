@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from torchlens_core.errors import TorchLensError, UnsupportedError
+from torchlens_core.ir.errors import GraphvizNotFoundError, TorchLensError, UnsupportedError
 
 if TYPE_CHECKING:
-    from torchlens_core.records import ModuleRecord, OpRecord
-    from torchlens_core.trace import Trace
+    from torchlens_core.ir.records import ModuleRecord, OpRecord
+    from torchlens_core.ir.trace import Trace
 
 AUTO_NODE_BUDGET = 60  # more than this reads badly on one page
 FORMATS = ("pdf", "svg", "png")
@@ -29,8 +29,6 @@ VIS_MODES = ("unrolled", "rolled")
 Collapse = int | str | Callable[["ModuleRecord"], bool] | None
 
 
-class GraphvizNotFoundError(TorchLensError, RuntimeError):
-    """The Graphviz ``dot`` program is not installed."""
 
 
 @attrs.define
@@ -57,7 +55,7 @@ def view(trace: Trace, vis_mode: str = "unrolled", collapse: Collapse = None, mo
     if vis_mode not in VIS_MODES:
         raise UnsupportedError(f"vis_mode must be one of {VIS_MODES}, not {vis_mode!r}")
     if module is not None and module not in trace.modules:
-        from torchlens_core.errors import LabelNotFoundError, closest
+        from torchlens_core.ir.errors import LabelNotFoundError, closest
 
         near = closest(module, trace.modules)
         raise LabelNotFoundError(f"no module {module!r} in this trace" + (f"; did you mean {near}?" if near else ""))

@@ -1,6 +1,6 @@
 """Backend: a base class that turns plain methods into the per-backend hooks.
 
-A backend may implement the hooks of :mod:`torchlens_core.hookspecs` as plain
+A backend may implement the hooks of :mod:`torchlens_core.backend.hookspecs` as plain
 functions, or subclass :class:`Backend`, implement its methods, and point its
 entry point at an instance::
 
@@ -19,16 +19,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.errors import UnsupportedError
-from torchlens_core.hookspecs import hookimpl
+from torchlens_core.backend.hookspecs import hookimpl
+from torchlens_core.ir.errors import UnsupportedError
 
 if TYPE_CHECKING:
-    from torchlens_core.conformance import Case
-    from torchlens_core.plugins import BackendInfo
-    from torchlens_core.policy import CaptureOptions
-    from torchlens_core.records import OpRecord
-    from torchlens_core.replay import Observe
-    from torchlens_core.trace import Trace
+    from torchlens_core.backend.cases import Case
+    from torchlens_core.backend.manager import BackendInfo
+    from torchlens_core.capture.policy import CaptureOptions
+    from torchlens_core.ir.records import OpRecord
+    from torchlens_core.ir.trace import Trace
+    from torchlens_core.replay.evaluator import Observe
 
 
 def lazy(target: str) -> Any:
@@ -121,7 +121,7 @@ class Backend:
         return None
 
     def flop_formulas(self) -> dict[str, Any]:
-        """``{func_name: formula}`` for this backend's ops (see :mod:`torchlens_core.flops`)."""
+        """``{func_name: formula}`` for this backend's ops (see :mod:`torchlens_core.views.flops`)."""
         return {}
 
     def conformance_cases(self) -> list[Case]:

@@ -5,7 +5,7 @@
 - ``manifest.json``: format name and version, the TorchLens version, and the
   size and SHA-256 of each other file;
 - ``trace.json``: every record (ops, modules, parameters, templates), values
-  encoded by :mod:`torchlens_core.encoding`;
+  encoded by :mod:`torchlens_core.store.encoding`;
 - ``arrays.bin``: the raw bytes of every array, placed by ``trace.json``'s table.
 
 Loading checks the format and version first, then both hashes, then every
@@ -25,16 +25,16 @@ import pathlib
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core import tree
-from torchlens_core.errors import TorchLensError, TraceFileError
-from torchlens_core.plugins import backend_infos, hook
-from torchlens_core.records import CodeLocation, ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
-from torchlens_core.trace import Trace
+from torchlens_core.backend.manager import backend_infos, hook
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import TorchLensError, TraceFileError
+from torchlens_core.ir.records import CodeLocation, ModulePass, ModuleRecord, OpRecord, ParamRecord, ParamRef, Ref
+from torchlens_core.ir.trace import Trace
 
 if TYPE_CHECKING:
-    from torchlens_core.encoding import Decoder, Encoder
+    from torchlens_core.store.encoding import Decoder, Encoder
 
-# torchlens_core.encoding (and with it NumPy) is imported on the first save or load, not with TorchLens.
+# torchlens_core.store.encoding (and with it NumPy) is imported on the first save or load, not with TorchLens.
 FORMAT = "torchlens-trace"
 FORMAT_VERSION = 1  # bump on any change a reader of the old version would misread
 MANIFEST, RECORDS, ARRAYS = "manifest.json", "trace.json", "arrays.bin"
@@ -58,7 +58,7 @@ def save(trace: Any, path: str | os.PathLike[str]) -> pathlib.Path:
         raise TraceFileError(f"cannot save to {str(folder)!r}: it is a file; tl.save writes a folder")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).exists():
         raise TraceFileError(f"cannot save to {str(folder)!r}: it is a non-empty folder that holds no saved trace")
-    from torchlens_core.encoding import Encoder
+    from torchlens_core.store.encoding import Encoder
 
     h = hook()
     enc = Encoder(h, trace.backend)
@@ -159,7 +159,7 @@ def _op_json(op: OpRecord, enc: Encoder, h: Any, backend: str) -> dict[str, Any]
         cost = [op.flops, op.macs]
     except Exception:  # noqa: BLE001 - a FLOP formula that fails must not fail the save
         cost = [None, None]
-    from torchlens_core.metadata import arg_names
+    from torchlens_core.views.metadata import arg_names
 
     names = op.meta.get("arg_names") or (arg_names(op.call) if op.call is not None else None)
     before = enc.unsaved
@@ -183,7 +183,7 @@ def _op_json(op: OpRecord, enc: Encoder, h: Any, backend: str) -> dict[str, Any]
 
 
 def _encode_call(op: OpRecord, h: Any, backend: str) -> tuple[Any, str | None]:
-    from torchlens_core.encoding import is_json
+    from torchlens_core.store.encoding import is_json
 
     try:
         data = h.torchlens_encode_call(backend=backend, op=op)
@@ -237,7 +237,7 @@ def _get(d: Any, key: str, types: Any, where: str) -> Any:
 
 
 def _build(records: Any, blob: bytearray) -> Trace:
-    from torchlens_core.encoding import Decoder
+    from torchlens_core.store.encoding import Decoder
 
     backend = _get(records, "backend", str, "trace")
     info = next((i for i in backend_infos() if i.name == backend), None)
