@@ -14,7 +14,7 @@ PYTHON = "3.11"
 
 # backend -> (extras to install, a program its tests need and how to get it)
 BACKENDS = {
-    "torch": ("torch,zoo,test,extract", None),
+    "torch": ("torch,zoo,test,extract,tables", None),
     "jax": ("jax,test", None),
     "tf": ("tf,test", None),
     "paddle": ("paddle,test", None),
@@ -55,15 +55,20 @@ for _name, (_extras, _needs) in BACKENDS.items():
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job: trace ResNet-18, print the summary, a few lookups and the audit, draw it."""
+    """The main job: trace ResNet-18, print the summary, a few lookups and the audit, draw it.
+
+    The drawing goes to this session's scratch folder (`-- --out docs/images` refreshes the README's picture);
+    without Graphviz's dot the demo says how to get it and still prints everything else.
+    """
     session.install("-e", ".[torch]")
-    session.run("python", "docs/demo.py")
+    session.run("python", "docs/demo.py", *(session.posargs or ["--out", session.create_tmp()]))
 
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Capture overhead (ResNet-18, GPT-2 small), selective capture, dataset extraction, metadata, save/load."""
-    session.install("-e", ".[torch,zoo,extract]")
+    # zoo: GPT-2 (transformers); extract: zarr, tqdm; tables: pandas (metadata_cost times trace.to_pandas()).
+    session.install("-e", ".[torch,zoo,extract,tables]")
     session.run("python", "bench/capture_overhead.py", *session.posargs)
     session.run("python", "bench/selective_capture.py")
     session.run("python", "bench/extract_dataset.py")

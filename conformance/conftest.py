@@ -20,6 +20,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--expected-failures", action="append", default=[],
                     help="extra expected-failures file (lines 'case[::check]  # reason')")
     group.addoption("--include-slow", action="store_true", help="also run cases marked slow")
+    group.addoption("--no-untraced", action="store_true",
+                    help="audit without the untraced rerun (trace.audit(untraced=True) is the default)")
 
 
 def _backends(config: pytest.Config) -> list[str]:

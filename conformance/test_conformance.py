@@ -48,9 +48,15 @@ def test_output_parity(traced: Traced) -> None:
     assert replayed <= traced.case.rtol, f"replayed output differs from the model's own by {replayed:.3g}"
 
 
-def test_audit_clean(traced: Traced) -> None:
-    report = traced.trace.audit(rtol=traced.case.rtol)
+def test_audit_clean(traced: Traced, request: pytest.FixtureRequest) -> None:
+    # The untraced rerun starts from the case's reset, as the capture did: a forward drawing random
+    # numbers then draws the same ones, and its rerun is compared too.
+    untraced = not request.config.getoption("--no-untraced")
+    report = _run(traced.case, lambda: traced.trace.audit(rtol=traced.case.rtol, untraced=untraced))
     assert report, str(report)
+    if untraced:
+        found = next(f for f in report.findings if f.check == "untraced parity")
+        assert not found.detail.startswith("not compared: two"), f"the untraced reruns differ: {found.detail}"
 
 
 def _views(t: tl.Trace) -> list[Any]:

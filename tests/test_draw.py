@@ -71,12 +71,35 @@ def test_unrolled_graph_has_every_op_and_edge(resnet: tl.Trace) -> None:
 @needs_dot
 def test_module_outputs_are_drawn_apart_from_functional_ops(resnet: tl.Trace) -> None:
     g = parse(resnet.to_dot())
-    by_label = {n["label"].split("\\n")[-4 if "params" in n["label"] else -3]: n for n in g["nodes"].values()
-                if n["label"].count("\\n") >= 2}
+
+    def node_of(label: str) -> dict[str, Any]:
+        return next(n for n in g["nodes"].values() if label in n["label"].split("\\n"))
+
     add = next(op for op in resnet.ops if op.func_name == "add_")
     relu_out = resnet["layer1.0.relu:2"]
-    assert by_label[add.label].get("peripheries") != "2"  # the residual add ends no module
-    assert by_label[relu_out.label]["peripheries"] == "2"
+    assert node_of(add.label).get("peripheries") != "2"  # the residual add ends no module
+    assert node_of(relu_out.label)["peripheries"] == "2"
+
+
+def test_buffers_are_counted_apart_from_parameters_as_the_summary_counts(resnet: tl.Trace) -> None:
+    """BatchNorm's running statistics are buffers: the drawing shows them apart and never adds them to params."""
+    model = pytest.importorskip("torchvision").models.resnet18(weights=None)  # the reference counts
+    labels = {node.label.split("\\n")[0]: node.label.split("\\n") for node in drawing.view(resnet).nodes.values()}
+    bn1 = labels[resnet["bn1"].label]  # a one-op module: its op's box (titled "bn1 (BatchNorm2d)" in the DOT)
+    in_params = sum(p.numel() for p in model.bn1.parameters())
+    in_buffers = model.bn1.running_mean.numel() + model.bn1.running_var.numel()  # what batch_norm reads
+    assert (in_params, in_buffers) == (128, 128)
+    assert f"params: 64, 64 ({in_params})" in bn1 and f"buffers: 64, 64 ({in_buffers})" in bn1
+    row = next(line for line in resnet.summary().splitlines() if line.startswith("| bn1 (BatchNorm2d)"))
+    assert row.split("|")[3].strip() == str(in_params)  # the summary's count is the drawing's
+    conv1 = labels[resnet["conv1"].label]
+    assert not any(line.startswith("buffers") for line in conv1)
+
+    boxes = {node.label.split("\\n")[0]: node.label.split("\\n")
+             for node in drawing.view(resnet, collapse=1).nodes.values() if node.kind == "module"}
+    layer1 = boxes["layer1"]
+    assert f"params: {sum(p.numel() for p in model.layer1.parameters()) / 1e3:.1f}k" in layer1
+    assert f"buffers: {sum(b.numel() for b in model.layer1.buffers())}" in layer1  # num_batches_tracked too
 
 
 @needs_dot

@@ -235,7 +235,7 @@ def test_a_different_extraction_is_refused_unless_overwritten(tmp_path: pathlib.
 # -- errors -----------------------------------------------------------------------------------------
 def test_an_unknown_layer_raises_a_keyerror_with_suggestions(tmp_path: pathlib.Path) -> None:
     model, data = small_model(), samples(4)
-    with pytest.raises(tl.LabelNotFoundError, match="relu_9.*did you mean .relu_2") as caught:
+    with pytest.raises(tl.LabelNotFoundError, match="relu_9.*closest labels and module paths: .*'relu_2") as caught:
         tl.extract_dataset(model, data, ["relu_1", "relu_9"], batch_size=2, output_dir=tmp_path / "out",
                            progress=False)
     assert isinstance(caught.value, KeyError)

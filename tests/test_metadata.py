@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import pickle
 
 import pytest
 
@@ -85,6 +87,39 @@ def test_register_flops_rejects_bad_input():
 def test_summary_has_flop_totals(alexnet_trace):
     text = alexnet_trace.summary()
     assert "Forward FLOPs: 1.4 GFLOPs  MACs: 714.2 M" in text
+
+
+def test_flops_and_macs_print_as_the_summary_says_and_stay_numbers(alexnet_trace):
+    flops, macs = alexnet_trace.flops, alexnet_trace.macs
+    assert (str(flops), str(macs)) == ("1.4 GFLOPs", "714.2 MMACs")
+    assert f"Forward FLOPs: {flops}  MACs: 714.2 M" in alexnet_trace.summary()
+    assert repr(flops) == f"1.4 GFLOPs ({int(flops):,})" and repr(macs) == f"714.2 MMACs ({int(macs):,})"
+    # a number in every other way: arithmetic, format specs, JSON, pickling
+    assert isinstance(flops, float) and type(flops / 1e9) is float and flops / 1e9 == pytest.approx(1.43, abs=0.005)
+    assert f"{flops:.3e}" == format(float(flops), ".3e") and round(macs) == int(macs)
+    assert json.loads(json.dumps({"flops": flops})) == {"flops": float(flops)}
+    again = pickle.loads(pickle.dumps(flops))
+    assert again == flops and str(again) == "1.4 GFLOPs"
+
+
+def test_small_totals_print_without_a_prefix():
+    # linear 4->8: 32 MACs, 64 + 8 bias FLOPs; relu: 8; linear 8->2: 16 MACs, 32 + 2 bias FLOPs
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    trace = tl.trace(model, torch.randn(1, 4))
+    assert (trace.flops, trace.macs) == (114, 48)
+    assert (str(trace.flops), repr(trace.flops), str(trace.macs)) == ("114 FLOPs", "114 FLOPs", "48 MACs")
+
+
+def test_buffers_are_reported_apart_from_parameters():
+    model = torchvision.models.resnet18(weights=None).eval()
+    trace = tl.trace(model, torch.randn(1, 3, 64, 64))
+    in_params = sum(p.numel() for p in model.parameters())
+    in_buffers = sum(b.numel() for b in model.buffers())  # running statistics and batch counters
+    assert f"Params: {in_params:,} unique; trainable: {in_params:,}; buffers: {in_buffers:,}\n" in trace.summary()
+    assert f", {in_params / 1e6:.1f} M params;" in str(trace).splitlines()[0]
+    text = str(trace["bn1"])
+    assert "Params: computed from params with shape (64,), (64,); 128 params total (512 B), 128 trainable" in text
+    assert "Buffers: reads buffers with shape (64,), (64,); 128 values (512 B), not counted as params" in text
 
 
 def test_detailed_op_print_matches_the_seed_layout(alexnet_trace):

@@ -124,13 +124,13 @@ def test_save_refuses_to_clobber_other_things(saved, tmp_path: pathlib.Path) -> 
         tl.save(t, tmp_path / "folder")
 
 
-@pytest.mark.parametrize("version", [2, 0, "1", None])
+@pytest.mark.parametrize("version", [3, 0, "1", None, True])
 def test_other_format_versions_are_refused_by_name(saved, version) -> None:
     _, path = saved
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["format_version"] = version
     (path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(tl.TraceFileError, match=f"version {version!r}; this TorchLens .* reads version 1"):
+    with pytest.raises(tl.TraceFileError, match=f"version {version!r}; this TorchLens .* reads versions 1 to 2"):
         tl.load(path)
 
 
@@ -152,7 +152,7 @@ def test_a_call_outside_numpy_is_refused(saved) -> None:
     def evil(records):
         op = next(o for o in records["ops"] if o["call"] is not None)
         op["call"] = {"function": "os:system"}
-        op["args"] = ["echo owned"]
+        op["args"], op["parent_indices"] = ["echo owned"], []
 
     edit_records(path, evil)
     with pytest.raises(tl.TraceFileError, match="os:system"):
@@ -237,4 +237,4 @@ def test_random_corruption_never_escapes_as_another_error(saved) -> None:
 
 
 def test_the_format_version_is_pinned() -> None:
-    assert saving.FORMAT_VERSION == 1
+    assert saving.FORMAT_VERSION == 2 and saving.READS_VERSIONS == (1, 2)

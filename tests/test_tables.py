@@ -53,5 +53,8 @@ def test_without_pandas_the_error_says_how_to_install(log: tl.Trace, monkeypatch
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_pandas)
-    with pytest.raises(tl.TorchLensError, match="pip install pandas"):
+    with pytest.raises(tl.TorchLensError, match=r'pip install "torchlens\[tables\]"') as caught:
         log.to_pandas()
+    assert isinstance(caught.value, ImportError)  # `except ImportError` around optional features still works
+    with pytest.raises(tl.TorchLensError, match="pandas"):
+        log.params.to_pandas()

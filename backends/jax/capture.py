@@ -12,10 +12,17 @@
 
 The user's model is left as it was: an nnx model runs as copies made from the
 same state, so a trace advances no RNG stream and no batch statistics.
+
+Threads. JAX's tracing state and linen's interceptors are thread-local; the
+nnx and equinox ``__call__`` wrappers are not, so step 2 runs under a lock,
+one capture at a time. Calls from other threads meet the wrappers and pass
+straight through: they are calls of the user's modules, never of the copies
+being traced.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from torchlens_core.capture.builder import TraceBuilder
@@ -27,6 +34,11 @@ from torchlens_jax.arrays import array_info, is_array
 from torchlens_jax.modules import owner, submodules, view_model
 from torchlens_jax.scopes import CallScopes, fill, slot_template
 from torchlens_jax.walk import Val, Walker
+
+# Submodule calls are intercepted by wrappers on the modules' classes (nnx, equinox), which every thread
+# shares: one capture at a time traces its jaxpr, so that no capture wraps another's wrapper, or puts a
+# class's __call__ back while another still needs it. The eager walk, most of a capture, runs concurrently.
+_TRACING = threading.Lock()
 
 
 def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
@@ -51,7 +63,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         return arrays
 
     try:
-        with view.interception(scopes):
+        with _TRACING, view.interception(scopes):
             closed = jax.make_jaxpr(traced)([p.value for p in view.params], [leaves[i] for i in array_at])
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as exc:

@@ -3,7 +3,12 @@
 A call (``(primitive, params)``, as the jaxpr equation had it) is saved as
 ``{"primitive": name, "params": {name: value}}``. On load the name is looked up
 in a table of JAX's own primitive objects, built once from the attributes of
-JAX's modules; nothing named in a file is imported. Parameters are rebuilt
+JAX's modules; nothing named in a file is imported. The table is an
+allow-list of array computations: primitives defined in ``jax._src.lax`` (but
+not its collectives, ``lax.parallel``, nor the stateful ``rng_uniform``), the
+random, autodiff-utility, dispatch, ``jit`` and cuDNN modules. Reference and
+box state, checks and assertions, callbacks, printing, FFI, Pallas and
+sharding inspection are not on it. Parameters are rebuilt
 from plain data only: numbers, strings, tuples, NumPy dtypes and scalars, the
 enums and dimension-number classes of ``jax.lax``, ``lax.Tolerance``, the
 copy semantics of ``device_put`` and the registered PRNG implementations.
@@ -27,17 +32,31 @@ from torchlens_core.ir.errors import TraceFileError, UnsupportedError
 
 # Primitives that run Python, print or call foreign code: never bound from a file.
 _REFUSED = ("callback", "print", "ffi", "exported", "custom_partitioning")
+# A primitive is an array computation if one of these JAX modules holds it and none of _NOT_ARRAY does
+# (modules import the primitives they use, so the defining module is among the holders).
+_ARRAY_MODULES = ("jax._src.lax", "jax._src.ad_util", "jax._src.random", "jax._src.prng", "jax._src.dispatch",
+                  "jax._src.pjit", "jax._src.cudnn")
+# Collectives (they talk to other devices), references, boxes and staging (mutable state).
+_NOT_ARRAY = ("jax._src.lax.parallel", "jax._src.core", "jax._src.hijax", "jax._src.state")
+_STATEFUL = frozenset({"rng_uniform"})  # XLA's stateful generator
 _NAME = re.compile(r"[a-z][a-z0-9_\-]*\Z")  # how JAX spells primitive names ("scatter-add")
 _MAX_DEPTH = 32
 
 
 @functools.cache
 def _primitives() -> dict[str, Any]:
-    """Primitive name -> the primitive, from every loaded ``jax.*`` module (all of lax, random, prng, ad_util...).
+    """The primitives a loaded trace may run: :func:`_all_primitives` that are array computations."""
+    return {name: p for name, (p, array) in _all_primitives().items() if array and _allowed(name)}
+
+
+@functools.cache
+def _all_primitives() -> dict[str, tuple[Any, bool]]:
+    """Primitive name -> (the primitive, is it an array computation), from every loaded ``jax.*`` module.
 
     Importing jax and its public submodules loads the modules that define the
-    primitives; no name from a file reaches an import. A name two modules
-    define differently is left out (it would be ambiguous)."""
+    primitives (all of lax, random, prng, ad_util...); no name from a file
+    reaches an import. A name two modules define differently is left out (it
+    would be ambiguous)."""
     import jax.lax  # noqa: F401 - loads the modules that define the primitives
     import jax.nn  # noqa: F401
     import jax.numpy  # noqa: F401
@@ -46,17 +65,26 @@ def _primitives() -> dict[str, Any]:
 
     found: dict[str, Any] = {}
     ambiguous: set[str] = set()
+    holders: dict[str, set[str]] = {}  # name -> the jax._src modules holding it
     for module_name, module in list(sys.modules.items()):
         if module is None or not (module_name == "jax" or module_name.startswith("jax.")):
             continue
         for value in list(vars(module).values()):
-            if isinstance(value, Primitive) and found.setdefault(value.name, value) is not value:
-                ambiguous.add(value.name)
-    return {name: p for name, p in found.items() if name not in ambiguous and _allowed(name)}
+            if isinstance(value, Primitive):
+                if found.setdefault(value.name, value) is not value:
+                    ambiguous.add(value.name)
+                if module_name.startswith("jax._src."):
+                    holders.setdefault(value.name, set()).add(module_name)
+
+    def array_computation(name: str) -> bool:
+        where = holders.get(name, set())
+        return any(m.startswith(_ARRAY_MODULES) for m in where) and not any(m.startswith(_NOT_ARRAY) for m in where)
+
+    return {name: (p, array_computation(name)) for name, p in found.items() if name not in ambiguous}
 
 
 def _allowed(name: str) -> bool:
-    return bool(_NAME.match(name)) and not any(part in name for part in _REFUSED)
+    return bool(_NAME.match(name)) and not any(part in name for part in _REFUSED) and name not in _STATEFUL
 
 
 @functools.cache
@@ -249,8 +277,26 @@ def decode_call(data: Any) -> Any:
         raise TraceFileError(f"{name!r} is not a JAX primitive a trace can replay; the file was not written by "
                              "tl.save or was changed")
     primitive = _primitives().get(name)
+    if primitive is None and name in _all_primitives():  # JAX has it, but not as an array computation
+        raise TraceFileError(f"{name!r} is not a JAX array computation a trace can replay (collectives, references "
+                             "and state, checks...); the file was not written by tl.save or was changed")
     params = {key: _decode(value) for key, value in data["params"].items()}
+    if "precision" in params and not _precision(params["precision"]):
+        # Lowering passes it to MLIR unchecked: another type aborts the process (LLVM "Invalid value").
+        raise TraceFileError(f"{name}: precision {_short(params['precision'])} is not a JAX precision")
     return None if primitive is None else (primitive, params)  # None: a primitive this JAX version lacks
+
+
+def _precision(value: Any) -> bool:
+    """None, a ``lax.Precision``, a pair of those (or None), or a dot algorithm: what lax canonicalizes to."""
+    classes = _classes()
+    kinds = tuple(c for c in (classes.get("Precision"), classes.get("DotAlgorithm"), classes.get("DotAlgorithmPreset"))
+                  if c is not None)
+    if value is None or isinstance(value, kinds):
+        return True
+    precision = classes.get("Precision")
+    return (type(value) is tuple and len(value) == 2 and precision is not None
+            and all(v is None or isinstance(v, precision) for v in value))
 
 
 def encode_value(value: Any) -> Any:

@@ -20,14 +20,21 @@ value the builder drops is really freed; ``op.out`` of an earlier op may be
 None at any time and is checked before it is read. A HaltCapture raised from a
 wrapper or a layer hook goes up through the model to the ``finally`` that takes
 every patch and hook down.
+
+Threads. The wrappers replace process-wide attributes and report to the one
+recorder of :data:`intercept.STATE`, so one capture runs at a time: a second
+one, nested or in another thread, is refused with UnsupportedError before it
+installs anything. The wrappers and the layer hooks pass every call of any
+other thread straight through, unrecorded: plain forwards beside a capture,
+of the traced model too, run as they would without it.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-import threading
 import weakref
+from threading import get_ident
 from time import perf_counter
 from typing import Any
 
@@ -38,6 +45,7 @@ from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.sites import CallSites
+from torchlens_core.capture.threads import OneCaptureAtATime
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
@@ -98,7 +106,7 @@ class Recorder:
         self.param_allocations.pop(0, None)
         self.params = params
         self.depth = 0  # > 0 while a recorded call (or the recorder itself) runs
-        self.thread = threading.get_ident()
+        self.thread = get_ident()
         # id(tensor) -> (weakref, op index, path in that op's output). The weakref
         # guards against a freed tensor's id being reused by another tensor.
         self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
@@ -195,9 +203,18 @@ class Recorder:
             for path, t in leaves:
                 self._produced(t, op.index, path)
         for t in targets:  # the written tensor is, from now on, this op's output
-            if t is out or leaves is not None:
+            if t is out:
                 continue
-            self._produced(t, op.index, (), alias=True)
+            if leaves is None:
+                self._produced(t, op.index, (), alias=True)
+                continue
+            # An op of several outputs writing in place (batch norm's running statistics): the written
+            # tensor is the output living in its allocation (mean_out, variance_out), which later reads
+            # of it (a reused BatchNorm, model code reading ``bn._mean``) then name.
+            key = _allocation(t)
+            path = next((p for p, v in leaves if key and _allocation(v) == key), None)
+            if path is not None:
+                self._produced(t, op.index, path, alias=True)
 
     def _produced(self, t: Tensor, index: int, path: tuple[Any, ...], alias: bool = False) -> None:
         """Note that ``t`` is the value of op ``index`` at ``path``.
@@ -282,18 +299,22 @@ class Recorder:
             snapshots.add((index, path))
 
     # -- layer hooks ---------------------------------------------------------------------
+    # The hooks sit on the model's layers, which other threads may call meanwhile: those calls are not ours.
     def pre_hook(self, path: str) -> Any:
-        builder = self.builder
+        builder, thread = self.builder, self.thread
 
         def pre(layer: Any, inputs: Any) -> None:
-            builder.enter_module(path)
+            if get_ident() == thread:
+                builder.enter_module(path)
 
         return pre
 
     def post_hook(self, path: str) -> Any:
-        builder = self.builder
+        builder, thread = self.builder, self.thread
 
         def post(layer: Any, inputs: Any, output: Any) -> None:
+            if get_ident() != thread:
+                return None
             current = builder.module_stack[-1] if builder.module_stack else None
             template = tree.map_leaves(lambda v: self.as_output(v, current), output)
             builder.exit_module(path, template)
@@ -405,13 +426,22 @@ def _defining_modules(model: Any, layers: list[tuple[str, Any]]) -> list[Any]:
     return [sys.modules[n] for n in sorted(names) if n in sys.modules and not n.startswith("paddle")]
 
 
+# The wrappers report to one recorder (intercept.STATE): a second capture, nested or in another
+# thread, is refused before it installs anything.
+_ONE_AT_A_TIME = OneCaptureAtATime("paddle")
+
+
 def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once with every Paddle op recorded; return its Trace."""
     is_layer = isinstance(model, paddle.nn.Layer)
     layers = [("", model), *model.named_sublayers()] if is_layer else []
     _refuse_unsupported(model, layers)
-    if STATE.recorder is not None:
-        raise UnsupportedError("a paddle capture is already running: nested tl.trace calls are not supported")
+    with _ONE_AT_A_TIME.claim():
+        return _capture(model, layers, is_layer, args, kwargs, options)
+
+
+def _capture(model: Any, layers: list[tuple[str, Any]], is_layer: bool, args: tuple[Any, ...],
+             kwargs: dict[str, Any], options: CaptureOptions | None) -> Trace:
     builder = TraceBuilder("paddle", type(model).__name__ if is_layer else getattr(model, "__name__", "function"),
                            options)
     builder.notes["framework"] = f"paddlepaddle {paddle.__version__}"

@@ -1,23 +1,45 @@
 """Saving Paddle calls for ``tl.save`` and rebuilding them for ``tl.load``.
 
 A call is saved as ``{"ns": "paddle._C_ops" | "paddle._legacy_C_ops" | "paddle.Tensor", "name": ...}``
-and found again by one attribute lookup there: C ops by public name, Tensor
-operators and methods only among those capture records. Names that touch files
-(``save``, ``load``...) are refused. The RNG state a random op ran with (a
-``GeneratorState`` from ``paddle.get_rng_state()``) is saved as the plain data
-of its own ``__getstate__``: device, seed, offset and the engine state as text;
-so dropout and ``rnn`` replay exactly after loading. Ops given an accelerator
+and found again by one attribute lookup there. The allow-list is positive: a
+C op is replayed only if Paddle's own array API calls it (the code of
+``paddle.tensor``, ``paddle.nn``, ``paddle.linalg``, ``paddle.fft`` and
+``paddle.signal`` names it, :func:`array_ops`), less the ops that talk to other
+processes or devices (``all_reduce``, ``sync_batch_norm_``, ``memcpy``) and names
+that touch files or print; so communication, scope and stream ops, file
+readers and ``print`` are never run from a file. Tensor operators and methods
+are replayed only among those capture records.
+
+A C op whose binding reads a fixed number of positional arguments without
+counting them (``pool2d`` or ``conv2d`` given fewer crash the process) loads
+wrapped in a check of that number, as Paddle's own type stub declares it
+(:func:`arities`).
+
+The RNG state a random op ran with (a ``GeneratorState`` from
+``paddle.get_rng_state()``) is saved as the plain data of its own
+``__getstate__``: device, seed, offset and the engine state as text; so
+dropout and ``rnn`` replay exactly after loading. Ops given an accelerator
 ``Place`` load as not replayable. Importing this module does not import Paddle.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import pathlib
+import sys
+import types
 from typing import Any
 
 from torchlens_core.ir.errors import TraceFileError
 
 _OP_MODULES = ("paddle._C_ops", "paddle._legacy_C_ops")
 _REFUSED = ("save", "load", "file", "print")
+# Where Paddle's array API lives: the C ops its code calls are the ones a loaded trace may run.
+_API_MODULES = ("paddle.tensor", "paddle.nn", "paddle.linalg", "paddle.fft", "paddle.signal",
+                "paddle.base.dygraph.math_op_patch", "paddle.base.dygraph.tensor_patch_methods")
+# Called by that API, but they communicate with other processes or devices.
+_COMMUNICATING = frozenset({"all_reduce", "all_reduce_", "sync_batch_norm_", "memcpy", "memcpy_d2h", "memcpy_h2d"})
 _ENGINE_WORDS = 313  # std::mt19937_64 as C++ streams write it: its 312 words, then its position
 
 
@@ -32,7 +54,7 @@ def _original(fn: Any) -> Any:
 
 
 def encode_call(op: Any) -> Any:
-    call = op.call
+    call = _original(op.call)  # a loaded trace's C ops are wrapped in an argument count check
     import paddle
 
     name = getattr(call, "__name__", None)
@@ -48,7 +70,50 @@ def encode_call(op: Any) -> Any:
 
 
 def _allowed(name: str) -> bool:
-    return name.isidentifier() and not name.startswith("_") and not any(p in name.lower() for p in _REFUSED)
+    return (name.isidentifier() and not name.startswith("_") and not any(p in name.lower() for p in _REFUSED)
+            and name not in _COMMUNICATING and name in array_ops())
+
+
+@functools.cache
+def array_ops() -> frozenset[str]:
+    """The names Paddle's array API code refers to (functions, methods, nested functions): the C ops it calls."""
+    import paddle.fft  # noqa: F401 - load the API modules scanned below
+    import paddle.linalg  # noqa: F401
+    import paddle.nn.functional  # noqa: F401
+    import paddle.signal  # noqa: F401
+
+    names: set[str] = set()
+    seen: set[int] = set()
+
+    def scan(fn: Any) -> None:  # a function, what it wraps and the functions its closure holds
+        while isinstance(fn, types.FunctionType) and id(fn) not in seen:
+            seen.add(id(fn))
+            scan_code(fn.__code__)
+            for cell in fn.__closure__ or ():
+                try:
+                    scan(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    pass
+            fn = getattr(fn, "__wrapped__", None)
+
+    def scan_code(code: types.CodeType) -> None:
+        names.update(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                scan_code(const)
+            elif isinstance(const, str) and const.isidentifier():  # getattr(_C_ops, "name")
+                names.add(const)
+
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith(_API_MODULES):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and value.__module__ == module_name:
+                for attr in vars(value).values():
+                    scan(attr)
+            else:
+                scan(value)
+    return frozenset(names)
 
 
 def decode_call(data: Any) -> Any:
@@ -66,10 +131,48 @@ def decode_call(data: Any) -> Any:
         module = paddle._C_ops if ns == "paddle._C_ops" else paddle._legacy_C_ops
         fn = getattr(module, name, None)
         if fn is not None and callable(fn) and not isinstance(fn, type):
-            return _original(fn)
+            fn = _original(fn)
+            least = arities().get(name) if ns == "paddle._C_ops" else None
+            return fn if least is None else _counted(fn, least)
         return None
     raise TraceFileError(f"{ns}:{name} is not a Paddle op a trace can replay; the file was not written by "
                          "tl.save or was changed")
+
+
+def _counted(fn: Any, least: int) -> Any:
+    """``fn``, refusing calls with fewer positional arguments than its binding reads (it would crash)."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if len(args) < least:
+            raise TypeError(f"paddle._C_ops.{fn.__name__} reads {least} positional arguments, it was given "
+                            f"{len(args)}")
+        return fn(*args, **kwargs)
+
+    return call
+
+
+@functools.cache
+def arities() -> dict[str, int]:
+    """C op name -> how many positional arguments its binding reads, as Paddle's type stub declares it.
+
+    Read with ``ast``, never run. Ops the stub declares ``(*args, **kwargs)``
+    parse and check their arguments themselves and are left out."""
+    import paddle
+
+    stub = pathlib.Path(paddle.__file__).parent / "_typing" / "libs" / "libpaddle" / "eager" / "ops" / "__init__.pyi"
+    least: dict[str, int] = {}
+    for node in _parsed(stub):
+        if isinstance(node, ast.FunctionDef) and not (node.args.vararg or node.args.kwarg or node.args.kwonlyargs):
+            n = len(node.args.posonlyargs) + len(node.args.args)
+            least[node.name] = min(n, least.get(node.name, n))
+    return least
+
+
+def _parsed(file: pathlib.Path) -> list[ast.AST]:
+    try:
+        return list(ast.parse(file.read_text()).body)
+    except (OSError, SyntaxError, ValueError):  # another Paddle without the stub: its bindings run unchecked
+        return []
 
 
 def encode_value(value: Any) -> Any:

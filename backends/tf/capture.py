@@ -1,6 +1,6 @@
 """Capturing an eager TensorFlow / Keras 3 forward.
 
-An eager op callback (``op_callbacks.add_op_callback``) sees every TensorFlow
+An eager op callback (``Context.add_op_callback``) sees every TensorFlow
 op the forward executes, with its inputs, attributes and real outputs: the ops
 Keras runs inside layers included. Each becomes an op record whose ``call`` is
 ``TFCall(op type, attributes, number of outputs)``, which replay executes
@@ -26,11 +26,12 @@ Layers. ``keras.layers.Layer.__call__`` is wrapped for the capture
 and what it returned closes it (an identity op stands for anything returned
 but not computed inside the pass).
 
-``tf.function``. Functions run eagerly during the capture
-(``tf.config.run_functions_eagerly(True)``, restored afterwards), so their ops
-are recorded one by one rather than as one opaque function call; the trace's
-notes list them. A graph function that cannot run eagerly (a concrete
-function, a SavedModel signature) is refused.
+``tf.function``. Functions called by the capturing thread run eagerly (their
+Python function is called, as ``tf.config.run_functions_eagerly(True)`` would
+do, without that process-wide switch), so their ops are recorded one by one
+rather than as one opaque function call; the trace's notes list them. A graph
+function that cannot run eagerly (a concrete function, a SavedModel
+signature) is refused.
 
 Branches. Reading a recorded tensor's value into Python (``bool(t)``,
 ``t.numpy()``...) runs no op; the EagerTensor methods doing it are replaced
@@ -38,32 +39,43 @@ for the capture and tell the branch tracker, which marks the ops of the
 ``if`` or ``while`` body that value decided.
 
 Everything installed (the callback, the layer wrapper, the tf.function
-switch and its listener, the value-reading methods) is removed in a
-``finally``, whatever ends the forward (a halt included).
+wrapper, the value-reading methods) is removed in a ``finally``, whatever ends
+the forward (a halt included).
+
+Threads. The op callback is thread-local in TensorFlow, but the switch that
+makes the eager fallback path call callbacks (``execute.execute``) is a module
+global, and the wrappers replace class attributes: all of them are shared by
+every thread. Each is installed by the first capture that needs it and put
+back by the last one out (:class:`~torchlens_core.capture.threads.SharedPatch`),
+and each call goes to the Recorder of the thread making it, or straight to the
+original in a thread that is not capturing. Captures in several threads at
+once are each whole; a capture started inside a captured forward is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import re
 import sys
-import threading
 import weakref
+from threading import get_ident
 from typing import Any
 
 import attrs
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import context
-from tensorflow.python.framework import op_callbacks, op_def_registry, ops
+from tensorflow.python.eager import context, execute
+from tensorflow.python.framework import op_def_registry, ops
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.policy import CaptureOptions, HaltCapture
 from torchlens_core.capture.sites import CallSites
+from torchlens_core.capture.threads import SharedPatch, shared_patch
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.errors import CaptureError, UnsupportedError
 from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_tf.arrays import device_name
@@ -547,69 +559,70 @@ class Recorder:
 _DECIDING = ("__bool__", "__int__", "__float__", "__index__", "__complex__", "__len__", "numpy", "__array__")
 
 
-class _ValueReads:
-    """Tells the branch tracker when a recorded tensor's value is read into Python (``bool(t)``, ``t.numpy()``)."""
+def _patches() -> list[SharedPatch]:
+    """The process-wide replacements a capture uses besides Layer.__call__ and tf.function's __call__.
 
-    def __init__(self, recorder: Recorder) -> None:
-        self.recorder = recorder
-        self.saved: dict[str, Any] = {}
-
-    def install(self) -> None:
-        cls = ops._EagerTensorBase
-        for name in _DECIDING:
-            original = cls.__dict__.get(name)
-            if original is not None:
-                self.saved[name] = original  # noted first: restore() undoes a partial install too
-                setattr(cls, name, self._wrap(original))
-
-    def restore(self) -> None:
-        saved, self.saved = self.saved, {}
-        for name, original in saved.items():
-            setattr(ops._EagerTensorBase, name, original)
-
-    def _wrap(self, original: Any) -> Any:
-        recorder = self.recorder
-        thread = threading.get_ident()  # conversions in other threads are not the forward's
-
-        def decider(t: Any, *args: Any, **kwargs: Any) -> Any:
-            if not recorder.busy and recorder.error is None and threading.get_ident() == thread:
-                ref = recorder.producer(t)
-                if ref is not None:
-                    recorder.branches.condition(ref.index)
-            return original(t, *args, **kwargs)
-
-        decider.__name__ = decider.__qualname__ = original.__name__
-        decider.__wrapped__ = original  # type: ignore[attr-defined]
-        return decider
+    Each value-read wrapper serves the Recorder of the calling thread, if it is capturing; other
+    threads get the original.
+    """
+    cls = ops._EagerTensorBase
+    found = [shared_patch(cls, name, _value_read) for name in _DECIDING if name in vars(cls)]
+    # Op callbacks are thread-local, but the eager fallback path calls them only while
+    # ``execute.execute`` is ``execute_with_callbacks``: op_callbacks.add_op_callback switches that
+    # module global on and remove_op_callback switches it off, in every thread at once, as soon as
+    # the removing thread has no callback left. It is switched here instead, counted.
+    return [*found, shared_patch(execute, "execute", _with_callbacks)]
 
 
-class _TFFunctionListener:
-    """Names the tf.functions called during the capture (they run eagerly then)."""
+def _with_callbacks(original: Any, handlers: dict[int, Any]) -> Any:
+    return execute.execute_with_callbacks
 
-    def __init__(self, names: list[str]) -> None:
-        self.names = names
-        self.cls: Any = None
-        self.original: Any = None
 
-    def install(self) -> None:
-        from tensorflow.python.eager.polymorphic_function import polymorphic_function
+def _value_read(original: Any, recorders: dict[int, Recorder]) -> Any:
+    """An EagerTensor value read that tells the capturing thread's branch tracker what was read (``bool(t)``)."""
+    find = recorders.get
 
-        cls = polymorphic_function.Function
-        original = cls.__dict__["__call__"]
-        names = self.names
+    def decider(t: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder = find(get_ident())
+        if recorder is not None and not recorder.busy and recorder.error is None:
+            ref = recorder.producer(t)
+            if ref is not None:
+                recorder.branches.condition(ref.index)
+        return original(t, *args, **kwargs)
 
-        def __call__(fn: Any, *args: Any, **kwargs: Any) -> Any:
-            names.append(getattr(fn, "_name", None) or getattr(fn, "__name__", "function"))
+    decider.__name__ = decider.__qualname__ = original.__name__
+    decider.__wrapped__ = original  # type: ignore[attr-defined]
+    return decider
+
+
+def eager_functions(names: list[str]) -> contextlib.AbstractContextManager[None]:
+    """While the block runs, the tf.functions this thread calls run eagerly; each call's name goes to ``names``.
+
+    This is what ``tf.config.run_functions_eagerly(True)`` makes TensorFlow
+    do, without that process-wide switch: other threads' functions keep
+    running as graphs.
+    """
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    return shared_patch(polymorphic_function.Function, "__call__", _eager_function_call).use(names)
+
+
+def _eager_function_call(original: Any, names_by_thread: dict[int, list[str]]) -> Any:
+    find = names_by_thread.get
+
+    def __call__(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        names = find(get_ident())
+        if names is None:
             return original(fn, *args, **kwargs)
+        names.append(getattr(fn, "_name", None) or getattr(fn, "__name__", "function"))
+        return fn._python_function(*args, **kwargs)  # what TensorFlow's __call__ does when run eagerly
 
-        __call__.__wrapped__ = original  # type: ignore[attr-defined]
-        self.cls, self.original = cls, original
-        cls.__call__ = __call__
+    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __call__
 
-    def restore(self) -> None:
-        if self.cls is not None:
-            self.cls.__call__ = self.original
-            self.cls = self.original = None
+
+# Threads running a capture now: a capture started inside a captured forward is refused.
+_CAPTURING: set[int] = set()
 
 
 _PREDICT = ("predict", "predict_on_batch", "predict_step")
@@ -708,8 +721,8 @@ def _add_notes(builder: TraceBuilder, recorder: Recorder) -> None:
     notes = builder.notes
     functions = list(dict.fromkeys(recorder.tf_functions))
     if functions:
-        notes["tf_function"] = ("run eagerly for the capture (tf.config.run_functions_eagerly(True), restored "
-                                "afterwards): their ops are recorded one by one")
+        notes["tf_function"] = ("run eagerly for the capture (as tf.config.run_functions_eagerly(True) would, in "
+                                "the capturing thread only): their ops are recorded one by one")
         notes["tf_functions_run_eagerly"] = functions
     if recorder.graph_ops:
         notes["graph_ops_not_recorded"] = recorder.graph_ops
@@ -719,6 +732,18 @@ def _add_notes(builder: TraceBuilder, recorder: Recorder) -> None:
 
 def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     """Run ``target(*args, **kwargs)`` once, eagerly, under the recorder; return its Trace."""
+    thread = get_ident()
+    if thread in _CAPTURING:  # the outer capture would record the inner one's own work
+        raise UnsupportedError("a tf capture is already running in this thread: captures do not nest (call "
+                               "tl.trace outside the traced function)")
+    _CAPTURING.add(thread)
+    try:
+        return _capture(target, args, kwargs, options)
+    finally:
+        _CAPTURING.discard(thread)
+
+
+def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None) -> Trace:
     _refuse(target)
     fn, args, kwargs, redirect = _call_plan(target, args, kwargs)
     run_target, owner, _ = unwrap(fn)
@@ -759,18 +784,17 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     # halt= (HaltCapture, raised from the op callback or a layer call, which
     # propagates to tl.trace: it finishes the trace from the builder).
     layer_calls = LayerCalls(view.paths, recorder.enter, recorder.leave, recorder.failed)
-    listener = _TFFunctionListener(recorder.tf_functions)
-    value_reads = _ValueReads(recorder)
-    eager_before = tf.config.functions_run_eagerly()
-    installed = False
+    installed = contextlib.ExitStack()
     error: BaseException | None = None
     try:
+        installed.callback(layer_calls.restore)
         layer_calls.install()
-        listener.install()
-        value_reads.install()
-        tf.config.run_functions_eagerly(True)
-        op_callbacks.add_op_callback(recorder)
-        installed = True
+        for patch in _patches():
+            installed.enter_context(patch.use(recorder))
+        installed.enter_context(eager_functions(recorder.tf_functions))
+        eager = context.context()
+        eager.add_op_callback(recorder)  # thread-local: sees this thread's ops only
+        installed.callback(eager.remove_op_callback, recorder)
         try:
             output = run_target(*args, **kwargs)
         except BaseException as exc:
@@ -783,19 +807,20 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         error = recorder.error
         if error is not None:  # raised inside the callback (or a halt) and swallowed by the model
             raise error
+        if execute.execute is not execute.execute_with_callbacks:
+            raise CaptureError("TensorFlow's op callbacks were switched off for every thread during the capture "
+                               "(op_callbacks.remove_op_callback in another thread), so ops may be missing from "
+                               "it: trace again while no other thread adds or removes op callbacks")
     finally:
         # The exception on its way out holds this frame (and the recorder's) in its
         # traceback: holding it here too would make a cycle that keeps every value
         # those frames saw, dropped ones included, alive until the cyclic GC runs.
         error = recorder.error = None
-        if installed:
-            op_callbacks.remove_op_callback(recorder)
-        value_reads.restore()
-        recorder.branches.close()
-        tf.config.run_functions_eagerly(eager_before)
-        listener.restore()
-        layer_calls.restore()
-        _add_notes(builder, recorder)  # a halted trace has them too
+        try:
+            installed.close()
+        finally:
+            recorder.branches.close()
+            _add_notes(builder, recorder)  # a halted trace has them too
 
     recorder.busy = True
     template = tree.map_leaves(lambda v: recorder.as_output(v, None), output)

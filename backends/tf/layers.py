@@ -17,23 +17,28 @@ Variables are named ``<layer path>.<variable name>`` (``fc1.kernel``,
 weights (trainable or not) are parameters; Keras seed-generator states and
 variables found nowhere else are buffers.
 
-Layer calls. ``keras.layers.Layer.__call__`` is replaced, for the duration of
-a capture or an observation only, by a wrapper that reports each call of a
-known layer with its output. Subclasses that override ``__call__`` reach it
-through ``super()``.
+Layer calls. ``keras.layers.Layer.__call__`` is replaced, while at least one
+capture or observation runs, by a wrapper that reports each call of a known
+layer with its output, to the :class:`LayerCalls` of the thread making the
+call; other threads' calls go straight to the original. Subclasses that
+override ``__call__`` reach it through ``super()``. Overlapping captures share
+the one replacement, put back by the last one out
+(:func:`torchlens_core.capture.threads.shared_patch`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
-import threading
 import types
 from collections.abc import Callable, Iterator
+from threading import get_ident
 from typing import Any
 
 import attrs
 
+from torchlens_core.capture.threads import shared_patch
 from torchlens_core.ir.errors import UnsupportedError
 
 
@@ -282,7 +287,7 @@ def view_model(target: Any) -> ModelView:
 
 
 class LayerCalls:
-    """Replace ``keras.layers.Layer.__call__`` with a reporting wrapper until ``restore()``.
+    """Report the calls of known layers made by this thread, from ``install()`` until ``restore()``.
 
     ``enter(path)`` runs before a known layer's call; ``leave(path, output)``
     after it, with what the layer returned; ``failed(path)`` if it raised.
@@ -292,39 +297,42 @@ class LayerCalls:
                  leave: Callable[[str, Any], None], failed: Callable[[str], None] | None = None) -> None:
         self.paths = paths
         self.enter, self.leave, self.failed = enter, leave, failed
-        self.cls: Any = None
-        self.original: Any = None
+        self._installed: contextlib.ExitStack | None = None
 
     def install(self) -> None:
         keras = keras_module()
         if keras is None or not self.paths:
             return
-        cls = keras.layers.Layer
-        original = cls.__dict__["__call__"]
-        paths, enter, leave, failed = self.paths, self.enter, self.leave, self.failed
-        thread = threading.get_ident()  # layer calls made by other threads are not ours
-
-        def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:
-            path = paths.get(id(layer))
-            if path is None or threading.get_ident() != thread:
-                return original(layer, *args, **kwargs)
-            if enter is not None:
-                enter(path)
-            try:
-                out = original(layer, *args, **kwargs)
-            except BaseException:
-                if failed is not None:
-                    failed(path)
-                raise
-            leave(path, out)
-            return out
-
-        __call__.__wrapped__ = original  # type: ignore[attr-defined]
-        __call__.__torchlens__ = True  # type: ignore[attr-defined]
-        self.cls, self.original = cls, original
-        cls.__call__ = __call__
+        stack = contextlib.ExitStack()
+        stack.enter_context(shared_patch(keras.layers.Layer, "__call__", _reporting_call).use(self))
+        self._installed = stack
 
     def restore(self) -> None:
-        if self.cls is not None:
-            self.cls.__call__ = self.original
-            self.cls = self.original = None
+        installed, self._installed = self._installed, None
+        if installed is not None:
+            installed.close()
+
+
+def _reporting_call(original: Callable[..., Any], handlers: dict[int, LayerCalls]) -> Callable[..., Any]:
+    """``Layer.__call__`` reporting known layers' calls to the calling thread's LayerCalls."""
+    find = handlers.get
+
+    def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:
+        calls = find(get_ident())
+        path = calls.paths.get(id(layer)) if calls is not None else None
+        if path is None:  # another thread, or a layer the capture does not know
+            return original(layer, *args, **kwargs)
+        if calls.enter is not None:
+            calls.enter(path)
+        try:
+            out = original(layer, *args, **kwargs)
+        except BaseException:
+            if calls.failed is not None:
+                calls.failed(path)
+            raise
+        calls.leave(path, out)
+        return out
+
+    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    __call__.__torchlens__ = True  # type: ignore[attr-defined]
+    return __call__

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import tensorflow as tf
-
-from torchlens_tf.capture import _call_plan, _inputs_as_tensors
+from torchlens_tf.capture import _call_plan, _inputs_as_tensors, eager_functions
 from torchlens_tf.layers import LayerCalls, is_keras_layer, unwrap, view_model
 
 
@@ -33,12 +31,10 @@ def observe_module_outputs(target: Any, args: tuple[Any, ...], kwargs: dict[str,
         leave(path, None)
 
     calls = LayerCalls(view.paths, None, leave, failed)
-    eager_before = tf.config.functions_run_eagerly()
     try:
         calls.install()
-        tf.config.run_functions_eagerly(True)  # layers inside tf.functions are called as the capture sees them
-        run_target(*args, **kwargs)
+        with eager_functions([]):  # layers inside tf.functions are called as the capture sees them
+            run_target(*args, **kwargs)
     finally:
-        tf.config.run_functions_eagerly(eager_before)
         calls.restore()
     return seen

@@ -27,11 +27,15 @@ from tensorflow.python.eager import context, execute
 from torchlens_core.ir.records import OpRecord
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.evaluator import Observe, interpret
+from torchlens_tf.saving import input_count
 
 
 def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     call = op.call
     kind = call.kind
+    expected = input_count(call) if kind in ("op", "variable") else None
+    if expected is not None and len(args) != expected:  # the eager executor crashes on extra inputs
+        raise ValueError(f"{call.op_type} takes {expected} inputs with these attributes, not {len(args)}")
     if kind == "op":
         out = execute.quick_execute(call.op_type, call.num_outputs, list(args), call.attrs, context.context())
         return out[0] if len(out) == 1 else tuple(out)

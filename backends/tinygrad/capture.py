@@ -26,14 +26,22 @@ forward computes what a plain lazy run computes (see ``Recorder._protect``).
 Layers (``tinygrad.nn`` or the user's: any attribute with a ``__call__``) get
 module passes through temporary class-level ``__call__`` wrappers, see
 :mod:`torchlens_tinygrad.modules`. Everything is put back in a ``finally``.
+
+Threads. Every wrapper lives on a class that all threads share, so one capture
+runs at a time: a second one, nested or in another thread, is refused with
+UnsupportedError before it installs anything. The wrappers (TinyJit's refusal
+included) pass every call of another thread straight to the original,
+unrecorded. tinygrad itself is not thread-safe (its ``Context`` variables and
+its kernel cache's database connection are process-wide), so work in another
+thread that overlaps a capture's, plain or not, is only as safe as tinygrad.
 """
 
 from __future__ import annotations
 
 import inspect
-import threading
 import types
 import weakref
+from threading import get_ident
 from time import perf_counter
 from typing import Any
 
@@ -44,6 +52,7 @@ from tinygrad.helpers import TRAINING
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.sites import CallSites
+from torchlens_core.capture.threads import OneCaptureAtATime
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
@@ -166,7 +175,9 @@ def rng_state() -> dict[str, Any]:
     return {"seed": Tensor._seed, "device_seeds": dict(Tensor._device_seeds), "counters": counters}
 
 
-_ACTIVE: list[Recorder] = []  # the capture running now, if any (captures do not nest)
+# Tensor's methods are wrapped on the class for the length of one capture: a second capture, nested or
+# in another thread, is refused before it installs anything.
+_ONE_AT_A_TIME = OneCaptureAtATime("tinygrad")
 
 
 class Recorder:
@@ -176,7 +187,7 @@ class Recorder:
         self.builder = builder
         self.param_names = param_names
         self.depth = 0  # > 0 while a recorded call (or capture's own work) runs
-        self.thread = threading.get_ident()
+        self.thread = get_ident()
         # id(tensor) -> (weakref, op index, path in that op's output)
         self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
         # id(BUFFER node) -> recorded (op index, path) reading it, for copy-before-write. Entries
@@ -220,7 +231,7 @@ class Recorder:
             func = raw.__func__
 
             def class_wrapper(cls: Any, *args: Any, **kwargs: Any) -> Any:
-                if rec.depth or rec.thread != threading.get_ident():
+                if rec.depth or rec.thread != get_ident():
                     return func(cls, *args, **kwargs)
                 return rec.call(spec, types.MethodType(func, cls), args, kwargs)
 
@@ -230,7 +241,7 @@ class Recorder:
         func = raw.__func__ if isinstance(raw, staticmethod) else raw
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if rec.depth or rec.thread != threading.get_ident():
+            if rec.depth or rec.thread != get_ident():
                 return func(*args, **kwargs)
             return rec.call(spec, func, args, kwargs)
 
@@ -382,7 +393,7 @@ class Recorder:
 
     # -- module passes -----------------------------------------------------------------------
     def around_layer(self, path: str, layer: Any, call: Any) -> Any:
-        if self.depth or self.thread != threading.get_ident():  # called from inside an op: part of it
+        if self.depth or self.thread != get_ident():  # called from inside an op: part of it
             return call()
         builder = self.builder
         n = builder.enter_module(path)
@@ -424,8 +435,16 @@ _JIT_MESSAGE = (
     "instead (for a TinyJit `f`, that is `f.fxn`)")
 
 
-def _refuse_jit(self: Any, *args: Any, **kwargs: Any) -> Any:
-    raise UnsupportedError(_JIT_MESSAGE + " (one was called inside the traced model)")
+def _jit_refusal(jit_call: Any, thread: int) -> Any:
+    """``TinyJit.__call__`` refusing calls made by the capturing thread; other threads' calls run as usual."""
+
+    def refuse_jit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if get_ident() == thread:
+            raise UnsupportedError(_JIT_MESSAGE + " (one was called inside the traced model)")
+        return jit_call(self, *args, **kwargs)
+
+    refuse_jit.__wrapped__ = jit_call  # type: ignore[attr-defined]
+    return refuse_jit
 
 
 def _check_supported(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -440,9 +459,6 @@ def _check_supported(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     if engine_realize.capturing:
         raise UnsupportedError("tinygrad backend: cannot trace inside a TinyJit capture; call tl.trace outside "
                                "the jitted function")
-    if _ACTIVE:
-        raise UnsupportedError("tinygrad backend: a capture is already running in this process; captures do not "
-                               "nest (call tl.trace outside the traced function)")
     for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
         if not isinstance(leaf.device, str):
             raise UnsupportedError(f"tinygrad backend: multi-device (sharded) tensors are not supported, got an "
@@ -471,6 +487,11 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     ``options`` (save=, halt=) are applied by the TraceBuilder; a HaltCapture it
     raises stops the forward and passes through, everything put back first.
     """
+    with _ONE_AT_A_TIME.claim():
+        return _capture(target, args, kwargs, options)
+
+
+def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Trace:
     _check_supported(target, args, kwargs)
     root = model_object(target)
     name = type(root).__name__ if root is not None else getattr(target, "__name__", "function")
@@ -510,16 +531,14 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
 
     jit_call = vars(_TinyJit)["__call__"]
     call = _public_method(target)
-    _ACTIVE.append(recorder)
     try:
         recorder.install()
-        type.__setattr__(_TinyJit, "__call__", _refuse_jit)
+        type.__setattr__(_TinyJit, "__call__", _jit_refusal(jit_call, recorder.thread))
         with wrapped_layers(paths, [layer for _, layer in layers], recorder.around_layer):
             output = call(*args, **kwargs)
     finally:
         type.__setattr__(_TinyJit, "__call__", jit_call)
         recorder.branches.close()
         recorder.uninstall()
-        _ACTIVE.remove(recorder)
     builder.add_outputs(tree.map_leaves(lambda v: recorder.as_output(v, None), output), output)
     return builder.finish()

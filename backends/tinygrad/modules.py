@@ -8,9 +8,10 @@ layer is any such object with a ``__call__`` of its own: ``tinygrad.nn.Linear``,
 ``nn.Conv2d``, ``nn.BatchNorm`` or a user class.
 
 Python looks ``__call__`` up on the type, so layers are wrapped at class level:
-the class that defines ``__call__`` gets a wrapper that checks the instance's
-identity, passes calls of any other instance straight through, and is put back
-(the very same object) when the wrapping ends, whatever happened.
+the class that defines ``__call__`` gets a wrapper that checks the calling
+thread and the instance's identity, passes calls of any other thread or
+instance straight through, and is put back (the very same object) when the
+wrapping ends, whatever happened.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import functools
 import types
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from threading import get_ident
 from typing import Any
 
 from tinygrad import Tensor
@@ -115,10 +117,12 @@ Around = Callable[[str, Any, Callable[[], Any]], Any]
 
 @contextlib.contextmanager
 def wrapped_layers(paths: dict[int, str], layers: list[Any], around: Around) -> Iterator[None]:
-    """Route every call of the given layers through ``around`` while the block runs.
+    """Route every call of the given layers made by this thread through ``around`` while the block runs.
 
     A layer whose ``__call__`` calls another class's (``super().__call__``) is
     one call, not two: a call of an instance already running passes through.
+    Other threads' calls pass straight through, before that check: another
+    thread running the same layer must not hide this thread's call of it.
     """
     classes: dict[type, Any] = {}
     for layer in layers:
@@ -126,10 +130,13 @@ def wrapped_layers(paths: dict[int, str], layers: list[Any], around: Around) -> 
         if klass is not None and klass not in classes:
             classes[klass] = klass.__dict__["__call__"]
     running: set[int] = set()
+    thread = get_ident()
 
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if get_ident() != thread:
+                return original(self, *args, **kwargs)
             key = id(self)
             path = paths.get(key)
             if path is None or key in running:

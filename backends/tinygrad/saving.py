@@ -1,8 +1,12 @@
 """Saving tinygrad calls for ``tl.save`` and rebuilding them for ``tl.load``.
 
 A call is a Tensor method: saved as ``{"method": name}`` and found again only
-among the methods capture wraps (never ``from_url``, ``fetch`` or other
-methods that reach outside the process). DTypes are saved by name. Importing
+in an allow-list of tensor computations: the public methods and operator
+dunders capture wraps, less those that reach beyond the tensors they are given
+(:data:`_BEYOND_TENSORS`: seeding or advancing the global random generator,
+autograd, building or running kernels and programs) and anything that reaches
+outside the process (``from_url``, ``fetch``, disk and file access). Private
+helpers are never replayed from a file. DTypes are saved by name. Importing
 this module does not import tinygrad.
 """
 
@@ -15,6 +19,9 @@ from typing import Any
 from torchlens_core.ir.errors import TraceFileError
 
 _REFUSED = ("url", "fetch", "file", "disk", "save", "load", "blob")
+# Public methods that act beyond their tensors: the global RNG, autograd, kernels and programs.
+_BEYOND_TENSORS = frozenset({"manual_seed", "backward", "gradient", "custom_kernel", "call", "callify",
+                             "schedule_linear", "as_param", "is_param_"})
 
 
 @functools.cache
@@ -22,7 +29,18 @@ def _methods() -> dict[str, Any]:
     """name -> the raw Tensor attribute capture wraps (function, staticmethod or classmethod)."""
     from torchlens_tinygrad.capture import _wrappable
 
-    return {name: raw for name, raw in _wrappable() if not any(p in name.lower() for p in _REFUSED)}
+    return {name: raw for name, raw in _wrappable() if _allowed(name)}
+
+
+def _allowed(name: str) -> bool:
+    if any(p in name.lower() for p in _REFUSED) or name in _BEYOND_TENSORS:
+        return False
+    if name.startswith("__") and name.endswith("__"):  # operators (__add__, __radd__, __iadd__, __getitem__...)
+        import operator
+
+        base = name[2:-2]
+        return any(hasattr(operator, b) or hasattr(operator, b + "_") for b in (base, base[1:]))
+    return not name.startswith("_")
 
 
 def _function(raw: Any) -> Any:

@@ -8,13 +8,22 @@ passes. A call is an op when it returns a tensor, or when it changes a tensor
 in place.
 
 Saved values are the values that ran: before an op writes into a tensor, every
-recorded value sharing that tensor's storage is copied first.
+recorded value sharing that tensor's storage is copied first. Batch and
+instance norm in training write their running statistics inside the kernel:
+those count as writes too, so a BatchNorm's ``running_mean`` keeps, in
+``trace.params``, its value from before the forward.
+
+Threads. The function mode is thread-local, but the module hooks are
+process-global: every thread's module calls reach them, and they return at once
+unless the calling thread is the one capturing. Captures in several threads
+(the same model or not) and plain forwards beside them do not see each other.
 """
 
 from __future__ import annotations
 
 import inspect
 import weakref
+from threading import get_ident
 from time import perf_counter
 from typing import Any
 
@@ -29,6 +38,7 @@ from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
+from torchlens_torch.fastpath import recorded_as_run
 
 Tensor = torch.Tensor
 
@@ -54,7 +64,7 @@ _DTYPE_NAMES: dict[Any, str] = {}
 class FuncInfo:
     """What capture needs to know about one torch callable, worked out once."""
 
-    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "uninitialized", "decides")
+    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "uninitialized", "decides", "stats")
 
     def __init__(self, func: Any) -> None:
         raw = getattr(func, "__name__", None) or type(func).__name__
@@ -72,6 +82,7 @@ class FuncInfo:
         self.random = self.name in _RANDOM
         self.uninitialized = self.name in _UNINITIALIZED
         self.inplace_pos = _inplace_position(func)
+        self.stats = _RUNNING_STATS.get(func)
 
 
 def _inplace_position(func: Any) -> int | None:
@@ -81,6 +92,43 @@ def _inplace_position(func: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return names.index("inplace") if "inplace" in names else None
+
+
+# Norms that, in training, update the running statistics passed to them inside the kernel:
+# function -> (position of running_mean, running_var just after it; position and name of the
+# flag that turns the update on, and its default).
+RunningStats = tuple[int, int, str, bool]
+
+
+def _running_stats_table() -> dict[Any, RunningStats]:
+    functional = torch.nn.functional
+    table: dict[Any, RunningStats] = {functional.batch_norm: (1, 5, "training", False),
+                                      functional.instance_norm: (1, 5, "use_input_stats", True)}
+    # torch.* and the kernels F.* reach: (input, weight, bias, running_mean, running_var, training, ...)
+    for name, flag in (("batch_norm", "training"), ("instance_norm", "use_input_stats"),
+                       ("native_batch_norm", "training"), ("_native_batch_norm_legit", "training"),
+                       ("_batch_norm_impl_index", "training"), ("cudnn_batch_norm", "training"),
+                       ("miopen_batch_norm", "training")):
+        fn = getattr(torch, name, None)
+        if fn is not None:
+            table[fn] = (3, 5, flag, False)
+    return table
+
+
+_RUNNING_STATS = _running_stats_table()  # whole before any capture reads it, whatever thread reads first
+
+
+def _running_stats_written(spec: RunningStats, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
+    """The running statistics this norm call will update (none in eval mode, or without running stats)."""
+    mean_pos, flag_pos, flag, default = spec
+    if not (args[flag_pos] if len(args) > flag_pos else kwargs.get(flag, default)):
+        return []
+    found = []
+    for pos, key in ((mean_pos, "running_mean"), (mean_pos + 1, "running_var")):
+        t = args[pos] if len(args) > pos else kwargs.get(key)
+        if isinstance(t, Tensor):  # a bool here: the overload without running statistics
+            found.append(t)
+    return found
 
 
 _FUNC_INFO: dict[Any, FuncInfo] = {}
@@ -129,6 +177,7 @@ class _Recorder(TorchFunctionMode):
         self.snapshots: set[tuple[int, tuple[Any, ...]]] = set()
         self.params_before_write: dict[str, Tensor] = {}
         self.branches = BranchTracker(_SITES.internal)
+        self.thread = get_ident()  # the module hooks are global: other threads' calls are not this capture's
 
     # -- the hot path ------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -155,6 +204,9 @@ class _Recorder(TorchFunctionMode):
             self._protect(target)
         else:
             target = None
+        if info.stats is not None:  # batch norm in training: the kernel updates the running statistics
+            for stat in _running_stats_written(info.stats, args, kwargs):
+                self._protect(stat)
         meta = _rng_states() if info.random else None
         start = perf_counter()
         out = func(*args, **kwargs)
@@ -260,9 +312,11 @@ class _Recorder(TorchFunctionMode):
 
     # -- module hooks -------------------------------------------------------------------
     def module_pre_hook(self, paths: dict[int, str]) -> Any:
-        builder = self.builder
+        builder, thread = self.builder, self.thread
 
         def pre(module: Any, args: Any) -> None:
+            if get_ident() != thread:
+                return
             path = paths.get(id(module))
             if path:
                 builder.enter_module(path)
@@ -270,9 +324,11 @@ class _Recorder(TorchFunctionMode):
         return pre
 
     def module_post_hook(self, paths: dict[int, str]) -> Any:
-        builder = self.builder
+        builder, thread = self.builder, self.thread
 
         def post(module: Any, args: Any, output: Any) -> None:
+            if get_ident() != thread:
+                return
             path = paths.get(id(module))
             if not path:
                 return
@@ -343,7 +399,7 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
     try:
         handles.append(nn_module.register_module_forward_pre_hook(recorder.module_pre_hook(paths)))
         handles.append(nn_module.register_module_forward_hook(recorder.module_post_hook(paths)))
-        with recorder:
+        with recorded_as_run(model, recorder), recorder:  # fused inference paths, as untraced
             output = model(*args, **kwargs)
     finally:
         recorder.branches.close()

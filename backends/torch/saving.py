@@ -2,24 +2,55 @@
 
 A call is saved as ``{"ns": namespace, "name": attribute}`` (``"get": true`` for
 a property read such as ``Tensor.T``) and found again only by one attribute
-lookup on an allow-listed torch namespace; the object found must be a torch
-callable. Private names (except aten ops), dunders other than operators,
-``torch.set_*`` and anything that reads or writes files (``torch.load``,
-``torch.save``, ``from_file``) are refused, so a tampered file cannot reach
-outside torch's tensor functions. Importing this module does not import torch.
+lookup on an allow-listed torch namespace. The allow-list is positive, the
+calls a TorchFunctionMode capture can record that compute on tensors
+(:func:`pure`):
+
+- functions torch itself lists as tensor functions
+  (``torch.overrides.get_overridable_functions()``: ``torch.*`` functions taking
+  tensors, ``torch.nn.functional``, Tensor methods and operators), and the
+  Python functions of those namespaces that dispatch through
+  ``handle_torch_function`` as they do (the list misses ``F.hardswish``...);
+- ATen operator bindings (``torch._C._VariableFunctions``, ``_nn``, ``_linalg``,
+  ``_fft``, ``_special``, Tensor methods) that return a tensor or write into a
+  tensor argument: factories such as ``torch.zeros`` and fused kernels;
+- a few tensor constructors that are neither (``torch.asarray``, ``from_numpy``).
+
+Calls that change process-wide state take no tensor and return none
+(``torch.use_deterministic_algorithms``, ``set_default_dtype``, ``manual_seed``,
+``set_num_threads``, ``set_grad_enabled``, ``set_printoptions``, autocast and
+cuFFT-cache settings), and ``torch.backends``, ``torch.cuda`` and
+``torch.distributed`` are not searched, so none of them is on the list. Of the
+tensor methods, those that reach beyond their tensors (hooks, ``backward``,
+shared or pinned memory, CUDA streams, storages) are refused too, as are names
+that read or write files (``load``, ``save``, ``from_file``...). Importing this
+module does not import torch.
 """
 
 from __future__ import annotations
 
 import functools
 import operator
+import types
 from typing import Any
 
 from torchlens_core.ir.errors import TraceFileError
 
 NAMESPACES = ("torch", "torch.Tensor", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
               "torch._C._nn", "torch._C._linalg", "torch._C._fft", "torch._C._special", "torch._C._VariableFunctions")
+# Where ATen operators are bound: every callable there is one (by its __name__).
+_ATEN_NAMESPACES = ("torch._C._VariableFunctions", "torch._C._nn", "torch._C._linalg", "torch._C._fft",
+                    "torch._C._special")
 _REFUSED = ("load", "save", "file", "compile", "seed")
+# Tensor functions that reach beyond the tensors they are given.
+_BEYOND_TENSORS = frozenset({
+    "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "requires_grad_",
+    "share_memory_", "pin_memory", "_pin_memory", "record_stream", "storage", "untyped_storage", "set_", "data_ptr",
+})
+# Tensor constructors that are neither overridable nor ATen operators.
+_CONSTRUCTORS = frozenset({("torch", "asarray"), ("torch", "from_numpy"), ("torch._C._VariableFunctions", "asarray"),
+                           ("torch._C._VariableFunctions", "from_numpy"), ("torch.Tensor", "new_tensor"),
+                           ("torch.Tensor", "new")})
 _SIMPLE_CONSTANTS = ("dtype", "memory_format", "layout", "qscheme")
 
 
@@ -38,18 +69,56 @@ def _namespaces() -> dict[str, Any]:
 
 
 @functools.cache
-def _names() -> dict[int, tuple[str, str, Any]]:
-    """id(callable) -> (namespace, attribute, callable), first namespace first."""
-    table: dict[int, tuple[str, str, Any]] = {}
+def _names() -> dict[int, list[tuple[str, str, Any]]]:
+    """id(callable) -> every (namespace, attribute, callable) it is found as, in NAMESPACES order."""
+    table: dict[int, list[tuple[str, str, Any]]] = {}
     for ns, obj in _namespaces().items():
         for name in dir(obj):
             try:
                 value = getattr(obj, name)
             except Exception:  # noqa: BLE001 - lazy attributes that fail to load are not calls
                 continue
-            if callable(value) and id(value) not in table:
-                table[id(value)] = (ns, name, value)
+            if callable(value):
+                table.setdefault(id(value), []).append((ns, name, value))
     return table
+
+
+@functools.cache
+def _overridable() -> frozenset[int]:
+    import torch.overrides
+
+    return frozenset(id(f) for fs in torch.overrides.get_overridable_functions().values() for f in fs)
+
+
+@functools.cache
+def _aten_tensor_op(name: str) -> bool:
+    """Is ``aten::name`` an operator that returns a tensor or writes into a tensor argument (some overload)?"""
+    import torch
+
+    for schema in torch._C._jit_get_schemas_for_operator(f"aten::{name}"):
+        if any("Tensor" in str(r.type) for r in schema.returns) or any(
+                a.alias_info is not None and a.alias_info.is_write and "Tensor" in str(a.type)
+                for a in schema.arguments):
+            return True
+    return False
+
+
+def pure(fn: Any, ns: str, name: str) -> bool:
+    """Is ``fn`` (found as ``ns.name``) a tensor computation a loaded trace may run? See the module docstring."""
+    if name in _BEYOND_TENSORS or not _allowed(name, ns):
+        return False
+    if id(fn) in _overridable() or (ns, name) in _CONSTRUCTORS:
+        return True
+    if isinstance(fn, types.FunctionType):  # torch's own Python: a tensor function if it dispatches as one
+        return fn.__module__.startswith("torch") and "handle_torch_function" in fn.__code__.co_names
+    import torch
+
+    aten = getattr(fn, "__name__", None)
+    if not isinstance(aten, str):
+        return False
+    bound = [getattr(_namespaces().get(n), aten, None) for n in _ATEN_NAMESPACES]
+    bound.append(vars(torch._C.TensorBase).get(aten))
+    return any(b is fn for b in bound) and _aten_tensor_op(aten)
 
 
 def encode_call(op: Any) -> Any:
@@ -65,11 +134,10 @@ def encode_call(op: Any) -> Any:
                 _class_attr(torch.Tensor, name) is descriptor:
             return {"ns": "torch.Tensor", "name": name, "get": True}
         return None
-    found = _names().get(id(call))
-    if found is None or found[2] is not call:
-        return None
-    ns, name, _ = found
-    return {"ns": ns, "name": name} if _allowed(name, ns) else None
+    for ns, name, value in _names().get(id(call), ()):
+        if value is call and pure(call, ns, name):
+            return {"ns": ns, "name": name}
+    return None
 
 
 def _class_attr(cls: type, name: str) -> Any:
@@ -113,6 +181,9 @@ def decode_call(data: Any) -> Any:
     module = getattr(fn, "__module__", None) or ""
     if isinstance(fn, type) or not callable(fn) or (ns != "torch.Tensor" and not module.startswith("torch")):
         raise TraceFileError(f"{ns}:{name} is not a torch function")
+    if not pure(fn, ns, name):
+        raise TraceFileError(f"{ns}:{name} is not one of torch's tensor computations (it changes global state, or "
+                             "reaches beyond its tensors); the file was not written by tl.save or was changed")
     return fn
 
 

@@ -232,6 +232,55 @@ def _models() -> dict[str, Any]:
             h = self.layer(self.embed(x))
             return self.head(h.mean(dim=1))
 
+    class SelfAttention(nn.Module):
+        """nn.MultiheadAttention alone, self-attention with a padding mask: fused when frozen in eval mode."""
+
+        def __init__(self, d_model=32, nhead=4):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(d_model, nhead, batch_first=True)
+
+        def forward(self, x, key_padding_mask=None):
+            return self.attn(x, x, x, key_padding_mask=key_padding_mask)
+
+    class GPT2LikeStack(nn.Module):
+        """Token and position embeddings, pre-norm GELU encoder layers under a causal mask, an LM head."""
+
+        def __init__(self, vocab=50, d_model=32, nhead=4, layers=2, max_len=16):
+            super().__init__()
+            self.tokens = nn.Embedding(vocab, d_model)
+            self.positions = nn.Embedding(max_len, d_model)
+            layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward=64, dropout=0.1, activation="gelu",
+                                               batch_first=True, norm_first=True)
+            self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab)
+
+        def forward(self, ids):
+            positions = torch.arange(ids.shape[1], device=ids.device)
+            h = self.tokens(ids) + self.positions(positions)
+            causal = nn.Transformer.generate_square_subsequent_mask(ids.shape[1], device=ids.device)
+            h = self.blocks(h, mask=causal, is_causal=True)
+            return self.head(self.norm(h))
+
+    class BertLikeStack(nn.Module):
+        """Embeddings, post-norm GELU encoder layers that skip padded tokens, a pooled head."""
+
+        def __init__(self, vocab=50, d_model=32, nhead=4, layers=2):
+            super().__init__()
+            self.tokens = nn.Embedding(vocab, d_model)
+            self.norm = nn.LayerNorm(d_model)
+            self.layers = nn.ModuleList(
+                nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward=64, activation="gelu", batch_first=True)
+                for _ in range(layers))
+            self.pool = nn.Linear(d_model, d_model)
+
+        def forward(self, ids, attention_mask):
+            h = self.norm(self.tokens(ids))
+            padding = attention_mask == 0
+            for layer in self.layers:
+                h = layer(h, src_key_padding_mask=padding)
+            return h, torch.tanh(self.pool(h[:, 0]))
+
     class SplitChunk(nn.Module):
         """Multi-output ops: split, chunk, unbind."""
 
@@ -401,9 +450,47 @@ def _build_transformer_encoder_layer() -> Built:
     model = _models()["TransformerEncoderModel"]().eval()
     # Frozen weights and a no-grad input let the plain forward take the native
     # fast path (torch._transformer_encoder_layer_fwd) even with grad enabled;
-    # hooks or a TorchFunctionMode send it down the decomposed path instead.
+    # the capture records that kernel (torchlens_torch.fastpath).
     model.requires_grad_(False)
     return model, (torch.randn(2, 5, 8),), {}
+
+
+def _fused(cls_name: str, make_inputs: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]) -> Callable[[], Built]:
+    """A model whose attention takes PyTorch's fused inference kernels when it runs untraced.
+
+    Eval mode and frozen weights are enough for them, even with autograd on.
+    """
+
+    def build() -> Built:
+        _seed()
+        model = _models()[cls_name]().eval().requires_grad_(False)
+        args, kwargs = make_inputs()
+        return model, args, kwargs
+
+    build.__name__ = f"build_{cls_name}"
+    return build
+
+
+def _inputs_attention():
+    import torch
+
+    padding = torch.zeros(2, 6, dtype=torch.bool)
+    padding[1, 4:] = True
+    return (torch.randn(2, 6, 32),), {"key_padding_mask": padding}
+
+
+def _inputs_gpt2_like():
+    import torch
+
+    return (torch.randint(0, 50, (2, 8)),), {}
+
+
+def _inputs_bert_like():
+    import torch
+
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    return (torch.randint(0, 50, (2, 8)), mask), {}
 
 
 def _inputs_inplace():
@@ -494,7 +581,11 @@ def cases() -> list[Case]:
         Case("dict_output", _hand("DictOutput", _randn((2, 6)))),
         Case("identity_inside", _hand("IdentityInside", _randn((2, 6)))),
         Case("functional_relu_matmul", _build_functional, check_modules=False),
-        Case("transformer_encoder_layer", _build_transformer_encoder_layer, rtol=1e-4),
+        # PyTorch's fused inference paths: recorded as the kernels they run untraced, so exactly equal
+        Case("transformer_encoder_layer", _build_transformer_encoder_layer, rtol=0.0),
+        Case("self_attention_fused", _fused("SelfAttention", _inputs_attention), rtol=0.0),
+        Case("gpt2_like_encoder_stack", _fused("GPT2LikeStack", _inputs_gpt2_like), rtol=0.0),
+        Case("bert_like_encoder_stack", _fused("BertLikeStack", _inputs_bert_like), rtol=0.0),
         Case("split_chunk", _hand("SplitChunk", _randn((3, 12)))),
         Case("tensor_creation", _hand("TensorCreation", _randn((2, 6)))),
         Case("tensor_attribute", _hand("TensorAttribute", _randn((2, 6)))),

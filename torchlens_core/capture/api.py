@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import gc
+import inspect
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from torchlens_core.backend.manager import backends, claim_backend, hook, resolve_backend
 from torchlens_core.capture.builder import Recording
 from torchlens_core.capture.policy import CaptureOptions, HaltCapture
+from torchlens_core.capture.rerun import remember
 from torchlens_core.capture.selectors import Selector, key_selector
-from torchlens_core.ir.errors import CaptureError, UnsupportedError
+from torchlens_core.capture.threads import pause_gc, resume_gc
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import ArgumentTypeError, CaptureError, LabelNotFoundError, UnsupportedError, shown
 from torchlens_core.ir.trace import Trace
 
 __all__ = ["backends", "pluck", "record", "trace"]
@@ -63,8 +67,8 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
                                    f"trace without it and read the values you need from the trace")
     # Capture allocates many small, acyclic records; the cyclic GC walking the
     # whole heap over and over while they pile up cost more than the capture.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
+    # Process-wide, so counted: overlapping captures in other threads switch it back on once.
+    pause_gc()
     try:
         result = hook().torchlens_capture(backend=info.name, target=model, args=args, kwargs=kwargs,
                                           options=options)
@@ -74,11 +78,34 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
         halt_signal.__traceback__ = None
         result = halt_signal.builder.finish(halted=True)
     finally:
-        if gc_was_enabled:
-            gc.enable()
+        resume_gc()
     if result is None:
         raise CaptureError(f"backend {info.name!r} registered no capture hook")
+    _refuse_lazy(result.model_output if isinstance(result, Trace) else result._builder._model_output)
+    if isinstance(result, Trace):
+        result.call = remember(model, args, kwargs, result)  # for audit(untraced=True); tl.record keeps none
     return result
+
+
+def _refuse_lazy(output: Any) -> None:
+    """A model that returns a generator (or another lazy iterator, or a coroutine) is refused.
+
+    Its values are computed only when someone iterates, after the capture
+    has ended: a trace of it would hold no ops and no output, silently.
+    Consuming it here instead would run ops outside the capture's
+    interception, and take the values away from the caller. The unstarted
+    generator or coroutine is closed, so no body of it ever runs.
+    """
+    lazy = (Iterator, AsyncIterator)
+    for path, leaf in tree.leaves(output, lambda v: isinstance(v, lazy) or inspect.isawaitable(v)):
+        where = "".join(f"[{k!r}]" for k in path)
+        if hasattr(leaf, "close"):
+            leaf.close()
+        kind = "a coroutine (an async forward)" if inspect.isawaitable(leaf) else f"a lazy {type(leaf).__name__}"
+        raise UnsupportedError(
+            f"the model returned {kind}{' at output' + where if where else ''}: its values would be computed "
+            f"only when iterated, after the capture. Return them eagerly instead: a list or tuple "
+            f"(return list(...) rather than a generator expression), or await inside a plain forward")
 
 
 def pluck(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) -> Any:
@@ -90,8 +117,12 @@ def pluck(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) -> 
     has been computed.
     """
     if not args or not isinstance(args[-1], str):
-        raise TypeError("tl.pluck(model, *inputs, key): the last positional argument names what to pluck")
+        raise ArgumentTypeError(f"tl.pluck(model, *inputs, key): the last positional argument names what to "
+                                f"pluck, a label or module path, not {shown(args[-1]) if args else 'nothing'}")
     *inputs, key = args
     selector = key_selector(key)
-    captured = trace(model, *inputs, backend=backend, save=selector, halt=selector, **kwargs)
+    try:
+        captured = trace(model, *inputs, backend=backend, save=selector, halt=selector, **kwargs)
+    except LabelNotFoundError as exc:
+        raise LabelNotFoundError(f"tl.pluck: nothing named {shown(key)} ran ({exc})") from None
     return captured[key].out

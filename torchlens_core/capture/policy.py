@@ -30,16 +30,19 @@ from torchlens_core.backend.manager import hook
 from torchlens_core.capture.selectors import (
     AllOf,
     AnyOf,
+    FollowedBy,
     InModule,
     Label,
     Module,
     Not,
+    PrecededBy,
     Selector,
-    find,
+    Where,
+    near_names,
     op_keys,
     split_pass,
 )
-from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.errors import ArgumentTypeError, LabelNotFoundError, UnsupportedError, shown
 
 if TYPE_CHECKING:
     from torchlens_core.capture.builder import TraceBuilder
@@ -62,8 +65,8 @@ class HaltCapture(BaseException):
 def _selector(value: Any, name: str) -> Selector | None:
     if value is None or isinstance(value, Selector):
         return value
-    raise TypeError(f"{name}= takes a selector such as tl.func('relu') or tl.module('layer3'), "
-                    f"not {type(value).__name__}")
+    raise ArgumentTypeError(f"{name}= takes a selector such as tl.func('relu') or tl.module('layer3'), "
+                            f"not {type(value).__name__} ({shown(value)})")
 
 
 LOOKBACK_POLICIES = ("metadata_only", "detached_raw")
@@ -81,21 +84,28 @@ class CaptureOptions:
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.lookback, int) or self.lookback < 0:
-            raise TypeError(f"lookback= takes a number of ops >= 0, not {self.lookback!r}")
+            raise ArgumentTypeError(f"lookback= takes a number of ops >= 0, not {shown(self.lookback)}")
         if self.lookback and self.save is None:
             raise UnsupportedError("lookback= keeps the ops before each op save= picks: give save= too")
         if self.lookback_payload_policy not in LOOKBACK_POLICIES:
             raise UnsupportedError(f"lookback_payload_policy must be one of {LOOKBACK_POLICIES}, "
                                    f"not {self.lookback_payload_policy!r}")
-        if self.halt is not None and _has_not(self.halt):
+        if self.halt is not None and _has(self.halt, Not):
             raise UnsupportedError("halt= cannot use ~: 'stop once everything except X has run' never comes "
                                    "before the end of the forward")
+        if self.halt is not None and _has(self.halt, (Where, FollowedBy), deep=True):
+            raise UnsupportedError("halt= cannot use tl.where or tl.followed_by: they judge finished records (an "
+                                   "op's children run after it), so they could never stop the forward early; "
+                                   "use them with save=")
 
 
-def _has_not(selector: Selector) -> bool:
-    if isinstance(selector, Not):
+def _has(selector: Selector, kinds: type | tuple[type, ...], deep: bool = False) -> bool:
+    """Is ``selector`` of these kinds, or one of its ``&`` / ``|`` parts (``deep``: or inside ``~``, preceded_by)?"""
+    if isinstance(selector, kinds):
         return True
-    return isinstance(selector, (AllOf, AnyOf)) and any(_has_not(p) for p in selector.parts)
+    if isinstance(selector, (AllOf, AnyOf)):
+        return any(_has(p, kinds, deep) for p in selector.parts)
+    return deep and isinstance(selector, (Not, PrecededBy)) and _has(selector.inner, kinds, deep)
 
 
 class Policy:
@@ -151,8 +161,29 @@ class Policy:
         for index in self.held:  # windows no picked op claimed
             drop(trace.ops[index])
         self.held.clear()
-        if self.save is not None and not trace.halted and not any(op.saved for op in trace.ops if op.kind == "op"):
-            find(trace, self.save)  # picked nothing: a typo, most likely; raises naming the closest names
+        if not trace.halted:
+            self._check_matched(trace)
+
+    def _check_matched(self, trace: Trace) -> None:
+        """save= that kept nothing, or halt= that never stopped the forward: a typo, most likely.
+
+        Both are errors, raised once the forward has run to the end (whether a
+        selector matches is known only then), naming what matched nothing and
+        the closest labels and module paths.
+        """
+        unmatched: list[tuple[str, Selector]] = []
+        if self.save is not None and not any(op.saved for op in trace.ops if op.kind == "op"):
+            unmatched.append(("save=", self.save))
+        if self.halt is not None:  # the forward was not halted: some part of halt= never came
+            parts = self._unready(self.halt)
+            if unmatched and parts == [self.halt] and self.halt == self.save:
+                unmatched = [("save= and halt=", self.halt)]  # one selector given twice (tl.pluck)
+            else:
+                unmatched += [("halt=", part) for part in parts]
+        if unmatched:
+            named = "; ".join(f"{role} {shown(selector, 120)}" for role, selector in unmatched)
+            hint = near_names(trace, *(selector for _, selector in unmatched))
+            raise LabelNotFoundError(f"{named}: matched no op; the forward has run to the end{hint}")
 
     def _settle(self, op: OpRecord, picked: bool) -> None:
         """A pending op is decided: keep or drop it, and the window of ops before it."""
@@ -198,6 +229,12 @@ class Policy:
                 self._note_matches(part, op)
         elif selector.decide(op, self.builder):
             self.matched.add(id(selector))
+
+    def _unready(self, selector: Selector) -> list[Selector]:
+        """The parts of a halt selector that never became ready."""
+        if isinstance(selector, (AllOf, AnyOf)):
+            return [p for part in selector.parts for p in self._unready(part)]
+        return [] if self._ready(selector) else [selector]
 
     def _ready(self, selector: Selector) -> bool:
         if isinstance(selector, (Module, InModule)):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from torchlens_core.ir.errors import LabelNotFoundError, closest
+from torchlens_core.ir.errors import ArgumentTypeError, LabelNotFoundError, PatternError, closest, shown
 
 if TYPE_CHECKING:
     from torchlens_core.capture.builder import TraceBuilder
@@ -52,8 +52,16 @@ class Selector:
 
 def _check(other: object) -> Selector:
     if not isinstance(other, Selector):
-        raise TypeError(f"selectors combine with selectors, not {type(other).__name__}")
+        raise ArgumentTypeError(f"selectors combine with selectors such as tl.func('relu'), not "
+                                f"{type(other).__name__} ({shown(other)})")
     return other
+
+
+def _name(value: object, what: str, example: str) -> str:
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{what} takes a string such as {example!r}, not {type(value).__name__} "
+                                f"({shown(value)})")
+    return value
 
 
 def split_pass(path: str) -> tuple[str, int | None]:
@@ -69,7 +77,13 @@ class Func(Selector):
     _regex: re.Pattern[str] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_regex", re.compile(f"(?:{self.pattern})_?"))
+        _name(self.pattern, "tl.func", "relu")
+        try:
+            regex = re.compile(f"(?:{self.pattern})_?")
+        except re.error as exc:
+            raise PatternError(f"tl.func({shown(self.pattern)}): not a valid regular expression ({exc}); "
+                               f"escape special characters with re.escape() to match a name literally") from None
+        object.__setattr__(self, "_regex", regex)
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return self._regex.fullmatch(op.func_name) is not None
@@ -215,15 +229,15 @@ def func(name_or_regex: str) -> Selector:
 
 
 def module(path: str) -> Selector:
-    return Module(path)
+    return Module(_name(path, "tl.module", "layer3"))
 
 
 def in_module(path: str) -> Selector:
-    return InModule(path)
+    return InModule(_name(path, "tl.in_module", "layer3"))
 
 
 def label(*keys: str) -> Selector:
-    return Label(keys)
+    return Label(tuple(_name(key, "tl.label", "relu_1_2") for key in keys))
 
 
 _LABEL_FORM = re.compile(r"[A-Za-z_]\w*_\d+(_\d+)?(:\d+)?")
@@ -245,7 +259,7 @@ def preceded_by(selector: Selector) -> Selector:
 
 def where(predicate: Callable[[OpRecord], bool]) -> Selector:
     if not callable(predicate):
-        raise TypeError("tl.where takes a function of an op record")
+        raise ArgumentTypeError(f"tl.where takes a function of an op record, not {type(predicate).__name__}")
     return Where(predicate)
 
 
@@ -254,12 +268,17 @@ def find(trace: Trace, selector: Selector) -> list[OpRecord]:
     found = _check(selector).find(trace)
     if found:
         return found
-    words = [w for w in _words(selector) if w]
+    hint = near_names(trace, selector)
+    raise LabelNotFoundError(f"selector {shown(selector, 120)} matches no op of this trace{hint}")
+
+
+def near_names(trace: Trace, *selectors: Selector) -> str:
+    """``"; closest labels and module paths: ..."`` for the names the selectors mention, or ``""``."""
+    pool = [op.label for op in trace.ops if op.kind == "op"] + list(trace.modules)
     near: list[str] = []
-    for word in words:
-        near += closest(word, [op.label for op in trace.ops if op.kind == "op"] + list(trace.modules), n=4)
-    hint = f"; closest labels and module paths: {', '.join(dict.fromkeys(near))}" if near else ""
-    raise LabelNotFoundError(f"selector {selector!r} matches no op of this trace{hint}")
+    for word in (w for selector in selectors for w in _words(selector) if w):
+        near += closest(word, pool, n=4)
+    return f"; closest labels and module paths: {', '.join(map(repr, dict.fromkeys(near)))}" if near else ""
 
 
 def _words(selector: Any) -> list[str]:

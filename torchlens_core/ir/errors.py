@@ -49,9 +49,31 @@ class ExtractError(TorchLensError, ValueError):
     """The dataset, or the store at ``output_dir``, cannot be extracted as asked."""
 
 
+class MissingDependencyError(TorchLensError, ImportError):
+    """An optional feature needs a package that is not installed; the message names the extra to install."""
+
+
+class ArgumentTypeError(TorchLensError, TypeError):
+    """An argument of the wrong type: a bool as an op position, a string where a selector goes."""
+
+
+class PatternError(TorchLensError, ValueError):
+    """A selector's regular expression does not compile; the message names the pattern and why."""
+
+
+def shown(key: object, limit: int = 60) -> str:
+    """``repr(key)`` cut to a readable length: messages repeat user keys, which may be megabytes long."""
+    if isinstance(key, str) and len(key) > limit:
+        return f"{key[:limit]!r}... ({len(key):,} characters)"
+    text = repr(key)
+    return text if len(text) <= limit + 2 else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def closest(key: str, candidates: Iterable[str], n: int = 5) -> list[str]:
     """The candidates nearest to ``key``, best first (for "did you mean" messages)."""
     pool = list(dict.fromkeys(candidates))
+    if len(key) > 3 * max(map(len, pool), default=0):
+        return []  # too long to reach difflib's 0.5 ratio with any candidate, or to prefix one
     near = difflib.get_close_matches(key, pool, n=n, cutoff=0.5)
     if len(near) < n:  # prefix matches catch "conv2d" -> "conv2d_1_1"
         near += [c for c in pool if c.startswith(key) and c not in near][: n - len(near)]

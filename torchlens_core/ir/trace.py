@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import LabelNotFoundError, closest
+from torchlens_core.ir.errors import ArgumentTypeError, LabelNotFoundError, closest, shown
 from torchlens_core.ir.records import (
     Distances,
     ModulePass,
@@ -51,6 +52,9 @@ class Trace:
         self.notes = notes or {}
         # True when halt= stopped the forward early: there is no output then.
         self.halted = halted
+        # How tl.trace called the model (a capture.rerun.RecordedCall, or why it could not be kept), for
+        # audit(untraced=True); None for loaded traces and tl.record.
+        self.call: Any = None
         self._keys: dict[str, OpRecord | ModulePass] | None = None
         self._ambiguous: dict[str, list[str]] = {}
         self._distances: list[Distances] | None = None
@@ -88,13 +92,20 @@ class Trace:
 
     @property
     def flops(self) -> float:
-        """Forward FLOPs: the sum over ops whose FLOPs are known (see ``unknown_flops``)."""
-        return sum(op.flops or 0.0 for op in self.ops)
+        """Forward FLOPs: the sum over ops whose FLOPs are known (see ``unknown_flops``).
+
+        A float that prints readably: ``str(trace.flops)`` is ``"1.4 GFLOPs"``, as the summary says.
+        """
+        from torchlens_core.views.summary import Count
+
+        return Count(sum(op.flops or 0.0 for op in self.ops), "FLOPs")
 
     @property
     def macs(self) -> float:
-        """Forward multiply-accumulates, summed over ops whose count is known."""
-        return sum(op.macs or 0.0 for op in self.ops)
+        """Forward multiply-accumulates, summed over ops whose count is known; prints as ``"714.2 MMACs"``."""
+        from torchlens_core.views.summary import Count
+
+        return Count(sum(op.macs or 0.0 for op in self.ops), "MACs")
 
     @property
     def unknown_flops(self) -> list[OpRecord]:
@@ -105,7 +116,8 @@ class Trace:
         """Replace the Refs and ParamRefs inside ``template`` by the recorded values."""
         def value(leaf: Any) -> Any:
             if isinstance(leaf, Ref):
-                return tree.get(self.ops[leaf.index].out, leaf.path)
+                out = self.ops[leaf.index].out  # None when save= left it out: so is every part of it
+                return None if out is None else tree.get(out, leaf.path)
             if isinstance(leaf, ParamRef):
                 return self.params[leaf.name].value
             return leaf
@@ -123,24 +135,17 @@ class Trace:
         return isinstance(key, str) and key in self._index()
 
     def __getitem__(self, key: int | str) -> Any:
-        if isinstance(key, int):
-            try:
-                return self.ops[key]
-            except IndexError:
-                raise LabelNotFoundError(
-                    f"op position {key} is out of range: this trace has {len(self.ops)} ops "
-                    f"(0..{len(self.ops) - 1}, or negative from the end)") from None
         if not isinstance(key, str):
-            raise TypeError(f"trace keys are labels, module paths or positions, not {type(key).__name__}")
+            return self.ops[_position(key, len(self.ops))]
         found = self._index().get(key)
         if found is not None:
             return found
         if key in self._ambiguous:
             options = ", ".join(self._ambiguous[key][:6])
-            raise LabelNotFoundError(f"{key!r} ran several times; name the pass, e.g. {options}")
+            raise LabelNotFoundError(f"{shown(key)} ran several times; name the pass, e.g. {options}")
         near = closest(key, self._index())
         hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
-        raise LabelNotFoundError(f"no op or module {key!r} in this trace{hint}")
+        raise LabelNotFoundError(f"no op or module {shown(key)} in this trace{hint}")
 
     def keys_of(self, op: OpRecord) -> list[str]:
         """Every string key that finds ``op``."""
@@ -203,11 +208,16 @@ class Trace:
         return tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r,
                                self.output_template)
 
-    def audit(self, rtol: float = 1e-5) -> AuditReport:
-        """Replay parity and invariant tripwires; the report is falsy if anything fails."""
+    def audit(self, rtol: float = 1e-5, *, untraced: bool = False) -> AuditReport:
+        """Replay parity and invariant tripwires; the report is falsy if anything fails.
+
+        ``untraced=True`` also runs the model once more, untraced, on the recorded
+        inputs and compares its output with the trace's: tracing must not change
+        what the model computes (see docs/concepts.md, "Audit").
+        """
         from torchlens_core.replay.audit import audit
 
-        return audit(self, rtol=rtol)
+        return audit(self, rtol=rtol, untraced=untraced)
 
     def draw(self, path: str | None = None, *, file_format: str = "pdf", vis_mode: str = "unrolled",
              collapse: Any = None, module: str | None = None) -> str:
@@ -245,3 +255,19 @@ class Trace:
         return (f"<Trace of {name} ({self.backend}): {self.num_ops} ops, "
                 f"{len(self.modules)} modules, {len(self.params)} params>")
 
+
+def _position(key: object, num_ops: int) -> int:
+    """An op position from ``trace[key]``: an int or any integer scalar (NumPy's, a 0-d tensor), never a bool."""
+    # A bool is an int to Python (True == 1), but trace[True] is a mistake, not op 1.
+    if isinstance(key, bool) or str(getattr(key, "dtype", "")).removeprefix("torch.") == "bool":
+        raise ArgumentTypeError(f"trace[{shown(key)}]: a bool is not an op position; index with a label, "
+                                f"a module path or an int")
+    try:
+        position = operator.index(key)  # type: ignore[arg-type]
+    except TypeError:
+        raise ArgumentTypeError(f"trace keys are labels, module paths or int positions, not "
+                                f"{type(key).__name__} ({shown(key)})") from None
+    if not -num_ops <= position < num_ops:
+        raise LabelNotFoundError(f"op position {position} is out of range: this trace has {num_ops} ops "
+                                 f"(0..{num_ops - 1}, or negative from the end)")
+    return position

@@ -15,6 +15,7 @@ import attrs
 from torchlens_core.backend.arrays import is_array_of, max_error
 from torchlens_core.backend.manager import hook
 from torchlens_core.ir import tree
+from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import SOURCE_KINDS, ParamRef, refs_in
 
 if TYPE_CHECKING:
@@ -50,16 +51,48 @@ class AuditReport:
     __repr__ = __str__
 
 
-def audit(trace: Trace, rtol: float = 1e-5) -> AuditReport:
+def audit(trace: Trace, rtol: float = 1e-5, untraced: bool = False) -> AuditReport:
+    """Every check; ``untraced``: also compare with one untraced run of the model (replay/untraced.py)."""
     findings: list[Finding] = []
+    missing = _framework_missing(trace)  # a trace loaded where its framework is not installed
     for check in (_acyclic_and_ordered, _edges_agree, _sources_declared, _labels_unique,
                   _passes_consistent, _module_outputs_inside, _shapes_match, _values_intact,
                   _counts_agree, _metadata_sane):
-        failures = list(check(trace))
+        if check is _shapes_match and missing:
+            continue
+        try:
+            failures = list(check(trace))
+        except ImportError as exc:  # the backend reads arrays with its framework, which failed to import
+            missing = str(exc)
+            continue
         name = check.__name__.strip("_").replace("_", " ")
         findings += failures or [Finding(name, True, "ok")]
-    findings += _replay_parity(trace, rtol)
+    if not missing:
+        try:
+            findings += _replay_parity(trace, rtol)
+        except ImportError as exc:
+            missing = str(exc)
+    if missing:
+        error = UnsupportedError(
+            f"audit() replays the trace, which needs the {trace.backend} backend's framework here ({missing}): "
+            f"install it to audit this trace. The checks that need no framework ran first:\n{AuditReport(findings)}")
+        error.report = AuditReport(findings)  # type: ignore[attr-defined]
+        raise error
+    if untraced:
+        from torchlens_core.replay.untraced import untraced_parity
+
+        findings += untraced_parity(trace, rtol)
     return AuditReport(findings)
+
+
+def _framework_missing(trace: Trace) -> str | None:
+    """Why the trace's framework cannot run here (its backend not installed, or tl.load found it missing)."""
+    from torchlens_core.backend.manager import backend_infos
+
+    info = next((i for i in backend_infos() if i.name == trace.backend), None)
+    if info is None or not info.available:
+        return f"the {trace.backend} backend is not installed"
+    return None
 
 
 def _metadata_sane(trace: Trace) -> Iterator[Finding]:

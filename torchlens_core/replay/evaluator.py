@@ -69,6 +69,10 @@ def replay_values(trace: Trace, observe: Observe | None = None) -> list[Any]:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise UnsupportedError(f"this loaded trace cannot be replayed: {len(missing)} ops were not rebuilt "
                                f"({shown}{more})")
+    if trace.notes.get("loaded_from_file"):  # set by tl.load: stop at a value that disagrees with its record
+        from torchlens_core.replay.checked import agreeing
+
+        observe = agreeing(trace, observe)
     h = hook()
     values = h.torchlens_replay_graph(backend=trace.backend, trace=trace, observe=observe)
     if values is None:

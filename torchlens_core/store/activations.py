@@ -35,7 +35,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.ir.errors import ExtractError, LabelNotFoundError, closest
+from torchlens_core.ir.errors import ExtractError, LabelNotFoundError, MissingDependencyError, closest
 
 __all__ = ["Activations", "ExtractError"]
 
@@ -43,8 +43,25 @@ FORMAT = "torchlens.activations"
 FORMAT_VERSION = 1
 INDEX = "torchlens"  # the group attribute that holds the index
 MARKERS = "_chunks_done"
+INSTALL = 'pip install "torchlens[extract]"'  # zarr; dask.distributed for engine=; tqdm for the progress bar
 
 
+def import_zarr() -> Any:
+    """The zarr module, or a MissingDependencyError naming the extra that installs it.
+
+    zarr is an optional dependency: a plain ``pip install torchlens`` has no
+    extraction, and the raw ModuleNotFoundError would not say what to install.
+    """
+    try:
+        import zarr
+    except ImportError as error:
+        raise MissingDependencyError(
+            f"tl.extract_dataset and Activations need zarr 3, which is not installed ({error}): {INSTALL}") from None
+    major = str(getattr(zarr, "__version__", "0")).split(".")[0]
+    if not major.isdigit() or int(major) < 3:  # the store is Zarr v3, written with the zarr 3 API
+        raise MissingDependencyError(
+            f"tl.extract_dataset and Activations need zarr 3, not zarr {zarr.__version__}: {INSTALL}")
+    return zarr
 
 
 @attrs.frozen
@@ -74,8 +91,7 @@ class Activations:
     __iter__ = None  # a handle is not a sequence of samples: index a layer, then the samples
 
     def __init__(self, path: str | os.PathLike) -> None:
-        import zarr
-
+        zarr = import_zarr()
         self.path = location_of(path)
         try:
             self._group = zarr.open_group(self.path, mode="r")
@@ -157,7 +173,7 @@ def location_of(path: str | os.PathLike) -> str:
 
 def open_store(location: str, overwrite: bool) -> tuple[Any, dict[str, Any] | None]:
     """The group at ``location`` and its index (None for a fresh store); never clobbers foreign data."""
-    import zarr
+    zarr = import_zarr()
 
     if overwrite:
         return zarr.open_group(location, mode="w"), None
@@ -240,9 +256,7 @@ class Writer:
     grows the arrays (``ensure``)."""
 
     def __init__(self, plan: Plan, group: Any = None) -> None:
-        import zarr
-
-        group = group if group is not None else zarr.open_group(plan.store, mode="r+")
+        group = group if group is not None else import_zarr().open_group(plan.store, mode="r+")
         self.batch_size = plan.batch_size
         self.arrays = [group[name] for name in plan.arrays]
         self.markers = group[MARKERS]

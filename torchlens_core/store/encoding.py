@@ -210,7 +210,7 @@ class Decoder:
     def __init__(self, hook: Any, backend: str, table: Any, blob: bytearray, framework: bool) -> None:
         self.hook = hook
         self.backend = backend
-        self.table = table
+        self.table = check_table(table, len(blob))
         self.blob = blob
         self.framework = framework  # may turn False at the first array if the framework fails to import
         self.cache: dict[int, Any] = {}
@@ -291,29 +291,19 @@ class Decoder:
             return self.cache[row]
         if not 0 <= row < len(self.table):
             raise TraceFileError(f"array {row} is not in the array table ({len(self.table)} rows)")
-        entry = self.table[row]
-        storage = np.dtype(_str(entry["storage"], "storage"))
-        if storage.kind not in STORAGE_KINDS or storage.names:
-            raise TraceFileError(f"array {row}: storage dtype {entry['storage']!r} is not plain data")
-        shape = tuple(_int(n, "shape") for n in _list(entry["shape"], "shape"))
-        offset, nbytes = _int(entry["offset"], "offset"), _int(entry["nbytes"], "nbytes")
-        if min(shape, default=0) < 0 or math.prod(shape) * storage.itemsize != nbytes:
-            raise TraceFileError(f"array {row}: shape {shape} of {storage} does not make {nbytes} bytes")
-        if offset < 0 or offset + nbytes > len(self.blob):
-            raise TraceFileError(f"array {row} lies outside the array file ({len(self.blob)} bytes)")
-        array = np.frombuffer(self.blob, dtype=storage, count=nbytes // storage.itemsize, offset=offset)
-        array = array.reshape(shape)
-        kind, dtype = _str(entry["kind"], "kind"), _str(entry["dtype"], "dtype")
+        entry = self.table[row]  # checked by check_table: in bounds, sizes agree, no overlap
+        storage = np.dtype(entry["storage"])
+        array = np.frombuffer(self.blob, dtype=storage, count=entry["nbytes"] // storage.itemsize,
+                              offset=entry["offset"]).reshape(tuple(entry["shape"]))
+        kind, dtype = entry["kind"], entry["dtype"]
         if kind in ("scalar", "numpy") and dtype != storage.name:
             array = _extension_view(array, dtype)
         if kind == "scalar":
             value = array[()]
         elif kind == "numpy":
             value = array
-        elif kind == "framework":
-            value = self._framework_array(array, dtype, _str(entry["device"], "device"))
         else:
-            raise TraceFileError(f"array {row}: unknown kind {kind!r}")
+            value = self._framework_array(array, dtype, entry["device"])
         self.cache[row] = value
         return value
 
@@ -333,6 +323,61 @@ class Decoder:
         if dtype == "bfloat16" and array.dtype == np.uint16:  # exact: bfloat16 is float32's upper half
             return (array.astype(np.uint32) << 16).view(np.float32)
         return array
+
+
+_ROW_KEYS = frozenset({"kind", "offset", "nbytes", "storage", "shape", "dtype", "device"})
+MAX_DIM = 1 << 62  # no real axis is longer; bigger numbers only make NumPy and the tables overflow
+
+
+def check_table(table: Any, blob_size: int) -> list[dict[str, Any]]:
+    """The array table, every row checked against the array file of ``blob_size`` bytes.
+
+    Each row must describe plain-data bytes whose shape and dtype make exactly
+    its ``nbytes``, start on the writer's alignment and lie inside the file, and
+    no two rows may share bytes: tl.save never writes them so, and rows
+    overlapping one region could make loading cost many times the file's size.
+    A framework array may not be decoded to a wider dtype than its bytes hold
+    (again what tl.save never writes), so what load allocates stays within a
+    small multiple of what the manifest declares.
+    """
+    from torchlens_core.ir.records import itemsize
+
+    rows = _list(table, "array table")
+    spans = []
+    for row, entry in enumerate(rows):
+        where = f"array {row}"
+        if not (isinstance(entry, dict) and set(entry) == _ROW_KEYS):
+            raise TraceFileError(f"{where}: expected the fields {sorted(_ROW_KEYS)}, got {_short_repr(entry)}")
+        try:
+            storage = np.dtype(_str(entry["storage"], f"{where} storage"))
+        except TypeError:
+            raise TraceFileError(f"{where}: unknown storage dtype {entry['storage']!r}") from None
+        if storage.kind not in STORAGE_KINDS or storage.names or storage.subdtype or storage.itemsize == 0:
+            raise TraceFileError(f"{where}: storage dtype {entry['storage']!r} is not plain data")
+        shape = _list(entry["shape"], f"{where} shape")
+        if len(shape) > 32 or not all(type(n) is int and 0 <= n < MAX_DIM for n in shape):
+            raise TraceFileError(f"{where}: shape {_short_repr(shape)} is not a list of sizes")
+        offset, nbytes = _int(entry["offset"], f"{where} offset"), _int(entry["nbytes"], f"{where} nbytes")
+        if math.prod(shape) * storage.itemsize != nbytes:
+            raise TraceFileError(f"{where}: shape {tuple(shape)} of {storage} does not make {nbytes} bytes")
+        if offset < 0 or offset % ALIGN or offset + nbytes > blob_size:
+            raise TraceFileError(f"{where}: bytes {offset}..{offset + nbytes} are not an aligned span of "
+                                 f"the array file ({blob_size} bytes)")
+        kind = entry["kind"]
+        if kind not in ("numpy", "scalar", "framework") or (kind == "scalar" and shape):
+            raise TraceFileError(f"{where}: unknown kind {kind!r} (or a scalar with a shape)")
+        dtype = _str(entry["dtype"], f"{where} dtype")
+        _str(entry["device"], f"{where} device")
+        size = itemsize(dtype) if kind == "framework" else None
+        if size is not None and size > storage.itemsize:
+            raise TraceFileError(f"{where}: {storage} bytes would be widened to {dtype}, which tl.save never writes")
+        if nbytes:
+            spans.append((offset, offset + nbytes, row))
+    spans.sort()
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            raise TraceFileError(f"arrays {a} and {b} share bytes of the array file, which tl.save never writes")
+    return rows
 
 
 def _extension_view(array: np.ndarray, name: str) -> np.ndarray:

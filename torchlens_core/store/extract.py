@@ -38,6 +38,7 @@ from torchlens_core.store.activations import (
     check_same,
     create_arrays,
     finish_store,
+    import_zarr,
     location_of,
     open_store,
 )
@@ -77,6 +78,7 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: str | Sequence[s
     integers), positions 0..n-1 if left out. ``progress``: a tqdm bar if tqdm
     is installed, else a line on stderr every 10 s.
     """
+    import_zarr()  # first: without the "extract" extra nothing else here can work, so say that before anything
     keys = _layer_keys(layers)
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise TypeError(f"batch_size= takes a whole number >= 1, not {batch_size!r}")
@@ -216,7 +218,10 @@ def _capture(model: Any, samples: list[Any], start: int, plan: Plan) -> tuple[Pl
     args, kwargs = _collate(samples, plan.backend)
     selector = functools.reduce(operator.or_, map(key_selector, plan.keys))
     with _CAPTURE_LOCK:
-        captured = trace(model, *args, backend=plan.backend, save=selector, halt=selector, **kwargs)
+        try:
+            captured = trace(model, *args, backend=plan.backend, save=selector, halt=selector, **kwargs)
+        except LabelNotFoundError as exc:  # a layer that never ran: halt= says so once the forward has ended
+            raise LabelNotFoundError(f"layers= names what this model does not have: {exc}") from None
     del args, kwargs
     unknown = []
     for key in plan.keys:

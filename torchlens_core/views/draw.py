@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from torchlens_core.ir.errors import GraphvizNotFoundError, TorchLensError, UnsupportedError
+from torchlens_core.views.summary import params_and_buffers
 
 if TYPE_CHECKING:
     from torchlens_core.ir.records import ModuleRecord, OpRecord
@@ -161,8 +162,11 @@ def _module_label(trace: Trace, path: str, n: int, rolled: bool) -> str:
     shapes = record.passes[n - 1].output_shapes
     if shapes:
         lines.append(" ".join(_shape(shape) for shape in shapes))
-    if record.num_params:
-        lines.append(f"params: {_count(record.num_params)}")
+    params, buffers = params_and_buffers(trace, record.params)  # counted as the summary counts them
+    if params:
+        lines.append(f"params: {_count(sum(p.numel for p in params))}")
+    if buffers:
+        lines.append(f"buffers: {_count(sum(p.numel for p in buffers))}")
     return "\\n".join(lines)
 
 
@@ -176,10 +180,11 @@ def _op_label(op: OpRecord, trace: Trace, rolled: bool) -> str:
     if op.kind == "op":
         lines.append(op.func_name + (f" x{op.num_passes}" if rolled and op.num_passes > 1 else ""))
     lines.append(_shape(op.shape))
-    if op.params:
-        records = [trace.params[name] for name in op.params if name in trace.params]
-        count = sum(p.numel for p in records)
-        lines.append(f"params: {', '.join(_shape(p.shape) for p in records)} ({_count(count)})")
+    params, buffers = params_and_buffers(trace, op.params)  # counted as the summary counts them
+    for kind, records in (("params", params), ("buffers", buffers)):
+        if records:
+            count = sum(p.numel for p in records)
+            lines.append(f"{kind}: {', '.join(_shape(p.shape) for p in records)} ({_count(count)})")
     return "\\n".join(lines)
 
 

@@ -1,14 +1,61 @@
-"""Text reports: trace.summary() (module table and totals), print(trace) and print(op)."""
+"""Text reports: trace.summary() (module table and totals), print(trace) and print(op).
+
+Also the two conventions every report shares: counts print with an SI prefix
+(:class:`Count`, ``trace.flops``), and buffers (running statistics...) are
+never counted as parameters but shown apart (:func:`params_and_buffers`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.ir.records import num_bytes
 
 if TYPE_CHECKING:
-    from torchlens_core.ir.records import OpRecord
+    from torchlens_core.ir.records import OpRecord, ParamRecord
     from torchlens_core.ir.trace import Trace
+
+
+class Count(float):
+    """A total such as ``trace.flops``: a float in every way, printed readably.
+
+    ``str(trace.flops)`` and ``f"{trace.flops}"`` give what the summary prints
+    (``1.4 GFLOPs``); the REPL shows that and the exact value
+    (``1.4 GFLOPs (1,430,190,952)``); a format spec (``f"{trace.flops:.3e}"``)
+    and arithmetic treat it as the plain number it is.
+    """
+
+    __slots__ = ("unit",)
+
+    def __new__(cls, value: float, unit: str) -> Count:
+        count = super().__new__(cls, value)
+        count.unit = unit
+        return count
+
+    def __str__(self) -> str:
+        return _si(float(self), self.unit)
+
+    def __repr__(self) -> str:
+        short = str(self)
+        exact = f"{int(self):,}" if self.is_integer() else repr(float(self))
+        return short if short == f"{exact} {self.unit}" else f"{short} ({exact})"
+
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else format(float(self), spec)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # float's own reduce would drop the unit
+        return (Count, (float(self), self.unit))
+
+
+def params_and_buffers(trace: Trace, names: Iterable[str]) -> tuple[list[ParamRecord], list[ParamRecord]]:
+    """The parameter records ``names`` refer to, split into parameters and buffers.
+
+    Every count of parameters (summary, drawing, ``print(op)``) adds the first
+    list only, as the model's own parameter count does; buffers are shown apart.
+    """
+    records = [trace.params[name] for name in names if name in trace.params]
+    return [p for p in records if not p.is_buffer], [p for p in records if p.is_buffer]
 
 
 def summary(trace: Trace) -> str:
@@ -20,7 +67,7 @@ def summary(trace: Trace) -> str:
             continue
         shapes = module.passes[-1].output_shapes
         shape = _shape(shapes[0]) if len(shapes) == 1 else " ".join(_shape(s) for s in shapes)
-        params = [p for p in map(trace.params.__getitem__, module.params) if not p.is_buffer]
+        params, _ = params_and_buffers(trace, module.params)
         count = sum(p.numel for p in params)
         train = "-" if not params else "yes" if all(p.trainable for p in params) else \
             "no" if not any(p.trainable for p in params) else "partly"
@@ -37,12 +84,14 @@ def summary(trace: Trace) -> str:
     def line(r: tuple[str, ...]) -> str:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
 
-    total = sum(p.numel for p in trace.params.values() if not p.is_buffer)
-    trainable = sum(p.numel for p in trace.params.values() if p.trainable and not p.is_buffer)
+    params, buffers = params_and_buffers(trace, trace.params)
+    total = sum(p.numel for p in params)
+    trainable = sum(p.numel for p in params if p.trainable)
+    in_buffers = sum(p.numel for p in buffers)
     return "\n".join([
         f"Model: {trace.model_name or 'function'} ({trace.backend})",
         rule, line(rows[0]), rule, *map(line, rows[1:]), rule,
-        f"Params: {total:,} unique; trainable: {trainable:,}",
+        f"Params: {total:,} unique; trainable: {trainable:,}" + (f"; buffers: {in_buffers:,}" if buffers else ""),
         f"Ops: {trace.num_ops} total",
         f"Edges: {trace.num_edges} total",
         f"Forward FLOPs: {flops_text(trace)}  MACs: {_si(trace.macs, '')}",
@@ -52,14 +101,15 @@ def summary(trace: Trace) -> str:
 def flops_text(trace: Trace) -> str:
     """Total FLOPs, saying how many ops have no formula (their FLOPs are unknown, not zero)."""
     unknown = len(trace.unknown_flops)
-    return _si(trace.flops, "FLOPs") + (f" (+ {unknown} ops of unknown cost)" if unknown else "")
+    return str(trace.flops) + (f" (+ {unknown} ops of unknown cost)" if unknown else "")
 
 
 def overview(trace: Trace, head: int = 40, tail: int = 20) -> str:
     """``print(trace)``: one line per op (label, call, output shape, module), long traces elided."""
     name = trace.model_name or "function"
+    params, _ = params_and_buffers(trace, trace.params)
     lines = [f"Trace of {name} ({trace.backend}): {trace.num_ops} ops, {trace.num_edges} edges, "
-             f"{len(trace.modules)} modules, {_count(sum(p.numel for p in trace.params.values()))} params; "
+             f"{len(trace.modules)} modules, {_count(sum(p.numel for p in params))} params; "
              f"{flops_text(trace)}" + (" [halted]" if trace.halted else "")]
     ops = trace.ops
     shown = ops if len(ops) <= head + tail + 1 else [*ops[:head], None, *ops[-tail:]]
@@ -89,20 +139,21 @@ def describe(op: OpRecord) -> str:
     lines = [head, f"    Output: shape={_tuple(op.shape)}, dtype={op.dtype}, device={op.device}"
                    + (f", size={_bytes(size)}" if size is not None else "")]
     if op.out is not None:
-        preview = str(op.out).splitlines()
+        preview = str(op.out).splitlines() or [""]  # a value that prints as nothing (an empty string)
         lines.append("        " + (preview[0][:72] + " ..." if len(preview) > 1 or len(preview[0]) > 72
                                    else preview[0]))
     elif not op.saved:
         lines.append("        (value not saved: save= left it out)")
     lines += ["    Related layers:", f"        - parent layers: {', '.join(op.parents) or 'none'}",
               f"        - child layers: {', '.join(op.children) or 'none'}"]
-    if op.params and trace is not None:
-        params = [trace.params[p] for p in op.params if p in trace.params]
-        total = sum(p.numel for p in params)
-        nbytes = sum(num_bytes(p.shape, p.dtype) or 0 for p in params)
-        trainable = sum(p.numel for p in params if p.trainable and not p.is_buffer)
+    params, buffers = params_and_buffers(trace, op.params) if trace is not None else ([], [])
+    if params:
+        trainable = sum(p.numel for p in params if p.trainable)
         lines.append(f"    Params: computed from params with shape {', '.join(_tuple(p.shape) for p in params)}; "
-                     f"{total:,} params total ({_bytes(nbytes)}), {trainable:,} trainable")
+                     f"{_numel(params):,} params total ({_bytes(_nbytes(params))}), {trainable:,} trainable")
+    if buffers:
+        lines.append(f"    Buffers: reads buffers with shape {', '.join(_tuple(p.shape) for p in buffers)}; "
+                     f"{_numel(buffers):,} values ({_bytes(_nbytes(buffers))}), not counted as params")
     if op.kind == "op":
         lines.append(f"    Function: {op.func_name}" + (f" (source: {op.source})" if op.source else "")
                      + (" (in place)" if op.in_place else ""))
@@ -132,6 +183,14 @@ def describe(op: OpRecord) -> str:
         position = [str(op.index - len(trace.ops)), str(op.index)]
         lines.append(f"    Lookup keys: {', '.join(position + sorted(trace.keys_of(op)))}")
     return "\n".join(lines)
+
+
+def _numel(records: list[ParamRecord]) -> int:
+    return sum(p.numel for p in records)
+
+
+def _nbytes(records: list[ParamRecord]) -> int:
+    return sum(num_bytes(p.shape, p.dtype) or 0 for p in records)
 
 
 def _si(n: float | None, unit: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.ir.errors import TorchLensError
+from torchlens_core.ir.errors import MissingDependencyError
 
 if TYPE_CHECKING:
     from torchlens_core.ir.records import ModuleRecord, ParamRecord
@@ -40,8 +40,9 @@ MODULE_COLUMNS = {
 def _pandas() -> Any:
     try:
         import pandas
-    except ImportError:
-        raise TorchLensError("tables need pandas, which is not installed: pip install pandas") from None
+    except ImportError as error:
+        raise MissingDependencyError(f"tables need pandas, which is not installed ({error}): "
+                                     f'pip install "torchlens[tables]" (or pip install pandas)') from None
     return pandas
 
 

@@ -15,6 +15,14 @@ are wrapped for the duration of a capture, so each draw is a random source op
 holding ``np.random.get_state()`` from just before it: replay is exact. The
 wrappers are removed in a ``finally``; nothing else is patched.
 
+Threads. Captures in several threads at once share the np.random wrappers
+(installed by the first, removed by the last, counted under a lock) and each
+records its own thread only: a draw in another thread runs plainly, under a
+lock that keeps it from landing between a recorded draw and the state kept
+for it (one that slips past the lock is detected: CaptureError, never a trace
+that replays other numbers); a Tracked array used in another thread computes
+as plain NumPy.
+
 Saved values are the values that ran: before an op writes into an array, every
 recorded value living in the same memory (the same base owner) is copied.
 """
@@ -36,7 +44,7 @@ import numpy as np
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.errors import CaptureError, UnsupportedError
 from torchlens_core.ir.records import CodeLocation, Ref
 from torchlens_core.ir.trace import Trace
 
@@ -202,11 +210,15 @@ def _plain(x: Any) -> Any:
 
 
 def _recorder_in(x: Any) -> Recorder | None:
-    """The live recorder of the first Tracked array inside ``x``."""
+    """The live recorder of the first Tracked array inside ``x``, if this thread is the one it records.
+
+    A Tracked array handed to another thread (a worker the traced function
+    starts) computes there as plain NumPy: a capture records only its own thread.
+    """
     for _, leaf in tree.leaves(x, lambda v: isinstance(v, Tracked)):
         link = leaf._tl
         if link is not None and link.recorder.active:
-            return link.recorder
+            return link.recorder if link.recorder.thread == threading.get_ident() else None
     return None
 
 
@@ -268,6 +280,7 @@ class Recorder:
     def __init__(self, builder: TraceBuilder) -> None:
         self.builder = builder
         self.active = True
+        self.thread = threading.get_ident()
         # id(memory owner) -> (op index, path) of recorded values living there, for copy-before-write
         self.by_owner: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
         # id(constant array) -> (that array, its copy): a closure weight read by every step of
@@ -283,11 +296,14 @@ class Recorder:
         plain_targets = [_plain_leaf(t) for t in targets]
         for t in plain_targets:
             self.protect(t)
-        meta = {"rng_state": np.random.get_state()} if random else None
+        meta = None
         plain_args, plain_kwargs = _plain(args), _plain(kwargs)
-        start = time.perf_counter()
-        result = fn(*plain_args, **plain_kwargs)
-        elapsed = time.perf_counter() - start
+        if random:
+            meta, result, elapsed = _recorded_draw(fn, plain_args, plain_kwargs)
+        else:
+            start = time.perf_counter()
+            result = fn(*plain_args, **plain_kwargs)
+            elapsed = time.perf_counter() - start
         value = plain_targets[0] if result is None and targets else result
         if not _has_arrays(value):  # np.shape, np.allclose, x.item()...: nothing to record
             return result
@@ -390,6 +406,40 @@ _random_lock = threading.Lock()
 _random_users = 0
 _random_saved: dict[str, Any] = {}
 _current = threading.local()  # .recorder: the capture running on this thread
+# Held across a recorded draw and around other threads' draws while the wrappers are in: the state a
+# draw records is then the one it drew from, whatever other threads draw meanwhile.
+_draw_lock = threading.Lock()
+
+
+def _recorded_draw(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any, float]:
+    """Draw, keeping the global RNG state the draw started from; (meta, result, seconds).
+
+    Other threads' draws wait on ``_draw_lock`` meanwhile, except one that
+    looked np.random's function up before the wrappers went in. So the draw is
+    checked: the same draw, by a private RandomState set to the kept state (on
+    copies of the arguments), must end in the state the real one ended in, or
+    another thread's draw came in between.
+    """
+    with _draw_lock:
+        before = np.random.get_state()
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        elapsed = time.perf_counter() - start
+        after = np.random.get_state()
+    check = np.random.RandomState()
+    check.set_state(before)
+    getattr(check, fn.__name__)(*tree.map_leaves(_copy_array, args), **tree.map_leaves(_copy_array, kwargs))
+    again = check.get_state()
+    if again[2:] != after[2:] or not np.array_equal(again[1], after[1]):  # position, cached gaussian, keys
+        raise CaptureError(
+            "another thread drew from NumPy's global random state while this capture recorded a draw from it, so "
+            "the state the draw started from is unknown and replay could not be exact. Trace while no other "
+            "thread draws from np.random's global functions, or give each thread an np.random.Generator")
+    return {"rng_state": before}, result, elapsed
+
+
+def _copy_array(v: Any) -> Any:
+    return np.array(v, copy=True) if isinstance(v, np.ndarray) else v
 
 
 def _draw_wrapper(name: str, original: Any) -> Any:
@@ -397,7 +447,8 @@ def _draw_wrapper(name: str, original: Any) -> Any:
     def draw(*args: Any, **kwargs: Any) -> Any:
         recorder = getattr(_current, "recorder", None)
         if recorder is None or not recorder.active:
-            return original(*args, **kwargs)
+            with _draw_lock:
+                return original(*args, **kwargs)
         return recorder.draw(name, original, args, kwargs)
 
     return draw

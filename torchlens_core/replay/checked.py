@@ -1,0 +1,52 @@
+"""Replaying a trace read from a file: each value must agree with its record before anything reads it.
+
+A hand-edited file can describe calls whose results disagree with the shapes
+it records (a ``torch.zeros`` made one row larger than recorded, say). Fed to
+the next kernel, such a value can do worse than raise: ``torch.lstm`` given a
+hidden state of the wrong batch size reads and writes out of bounds. So
+replay of a loaded trace compares every value it computes with the op's
+recorded shape the moment it is computed, and stops with :class:`ReplayError`
+at the first disagreement, before a later op can use the value. (``tl.load``
+has already checked every saved value, input and parameter against its
+record.)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torchlens_core.backend.manager import hook
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import ReplayError
+
+if TYPE_CHECKING:
+    from torchlens_core.ir.records import OpRecord
+    from torchlens_core.ir.trace import Trace
+    from torchlens_core.replay.evaluator import Observe
+
+LOADED = "loaded_from_file"  # trace.notes key set by tl.load: replay checks values against their records
+
+
+def value_shape(backend: str, value: Any) -> Any:
+    """The shape an op records for ``value``: an array's shape, or one entry per element of a structure."""
+    info = hook().torchlens_array_info
+
+    def shape(v: Any) -> tuple[int, ...] | None:
+        found = info(backend=backend, value=v)
+        return None if found is None else tuple(found[0])
+
+    kids = tree.children(value)
+    return shape(value) if kids is None else tuple(shape(v) for _, v in kids)
+
+
+def agreeing(trace: Trace, observe: Observe | None) -> Observe:
+    """An ``observe`` for :func:`interpret` that first checks each value against its op's recorded shape."""
+    def check(op: OpRecord, value: Any) -> None:
+        if op.shape is not None and value_shape(trace.backend, value) != tuple(op.shape):
+            raise ReplayError(f"replaying {op.label} ({op.func_name}) gave a value of shape "
+                              f"{value_shape(trace.backend, value)}, its record says {tuple(op.shape)}: the loaded "
+                              "file's records and calls disagree, so replay stops before anything uses the value")
+        if observe is not None:
+            observe(op, value)
+
+    return check
