@@ -22,6 +22,7 @@ from torchlens_core.ir.errors import (
     ArchitectureChanged,
     BackendNotFoundError,
     CaptureError,
+    InterventionError,
     LabelNotFoundError,
     ReplayError,
     TorchLensError,
@@ -31,6 +32,20 @@ from torchlens_core.ir.errors import (
 from torchlens_core.ir.records import CodeLocation, ModulePass, ModuleRecord, OpRecord, ParamRecord
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.audit import AuditReport
+from torchlens_core.steer.helpers import (
+    clamp,
+    mean_ablate,
+    noise,
+    project_off,
+    project_onto,
+    resample_ablate,
+    scale,
+    splice_module,
+    steer,
+    swap_with,
+    when,
+    zero_ablate,
+)
 from torchlens_core.store.extract import Activations, extract_dataset
 from torchlens_core.store.saving import load, save
 from torchlens_core.views.flops import register_flops
@@ -42,8 +57,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Activations", "ArchitectureChanged", "AuditReport", "BackendNotFoundError", "CaptureError", "CodeLocation",
-    "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "Recording", "ReplayError",
-    "Selector", "TorchLensError", "Trace", "TraceFileError", "UnsupportedError", "__version__", "assert_unchanged",
-    "backends", "extract_dataset", "followed_by", "func", "hash", "in_module", "label", "load", "module", "pluck",
-    "preceded_by", "record", "register_flops", "save", "trace", "where",
+    "InterventionError", "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "Recording",
+    "ReplayError", "Selector", "TorchLensError", "Trace", "TraceFileError", "UnsupportedError", "__version__",
+    "assert_unchanged", "backends", "clamp", "extract_dataset", "followed_by", "func", "hash", "in_module", "label",
+    "load", "mean_ablate", "module", "noise", "pluck", "preceded_by", "project_off", "project_onto", "record",
+    "register_flops", "resample_ablate", "save", "scale", "splice_module", "steer", "swap_with", "trace", "when",
+    "where", "zero_ablate",
 ]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from torchlens_core.backend.array_ops import ArrayOps
 
 
 def array_info(value: Any) -> tuple[tuple[int, ...], str, str] | None:
@@ -36,3 +39,35 @@ def array_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
         both_inf = torch.isinf(e) & (a == e)
         diff = torch.where(both_inf | ~keep, torch.zeros_like(a), (a - e).abs() / (1 + e.abs()))
         return float(diff.max())
+
+
+class TorchArrayOps(ArrayOps):
+    """ArrayOps on tensors. Edits stay in the autograd graph: gradients flow through an edited value."""
+
+    def zeros_like(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+    def mean(self, x: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
+        return x.mean(dim=axes, keepdim=True) if x.is_floating_point() or x.is_complex() else \
+            x.double().mean(dim=axes, keepdim=True).to(x.dtype)
+
+    def sum(self, x: torch.Tensor, axis: int) -> torch.Tensor:
+        return x.sum(dim=axis, keepdim=True, dtype=x.dtype)
+
+    def clip(self, x: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
+        return x.clamp(min=low, max=high)
+
+    def take(self, x: torch.Tensor, indices: Sequence[int], axis: int) -> torch.Tensor:
+        return x.index_select(axis, torch.tensor(list(indices), dtype=torch.long, device=x.device))
+
+    def from_numpy(self, array: Any, like: torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(array).to(dtype=like.dtype, device=like.device)
+
+    def copy(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    def write_into(self, target: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return target.copy_(value)
+
+
+ARRAY_OPS = TorchArrayOps()

@@ -39,6 +39,7 @@ from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_torch.fastpath import recorded_as_run
+from torchlens_torch.splice import spliced
 
 Tensor = torch.Tensor
 
@@ -173,7 +174,7 @@ class _Recorder(TorchFunctionMode):
         # storage address -> recorded (op index, path) living there, for copy-before-write. Entries
         # name ops, not tensors: a value save= drops is then really freed.
         self.storages: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
-        self.versions: list[tuple[int, tuple[Any, ...], int]] = []
+        self.versions: list[tuple[int, tuple[Any, ...], int, int]] = []  # (op, path, id(tensor), version)
         self.snapshots: set[tuple[int, tuple[Any, ...]]] = set()
         self.params_before_write: dict[str, Tensor] = {}
         self.branches = BranchTracker(_SITES.internal)
@@ -215,15 +216,16 @@ class _Recorder(TorchFunctionMode):
             with torch.no_grad(), torch._C.DisableTorchFunction():
                 meta = {"uninitialized": out.detach().clone()}
         if isinstance(out, Tensor):
-            self._record(func, info, args, kwargs, out, target, meta, elapsed)
-        elif target is not None:  # __setitem__ and friends return None but wrote into target
+            return self._record(func, info, args, kwargs, out, target, meta, elapsed)
+        if target is not None:  # __setitem__ and friends return None but wrote into target
             self._record(func, info, args, kwargs, target, target, meta, elapsed)
         elif isinstance(out, (tuple, list)) and any(isinstance(o, Tensor) for o in out):
-            self._record(func, info, args, kwargs, out, None, meta, elapsed)
+            return self._record(func, info, args, kwargs, out, None, meta, elapsed)
         return out
 
     def _record(self, func: Any, info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                target: Tensor | None, meta: dict[str, Any] | None, elapsed: float) -> None:
+                target: Tensor | None, meta: dict[str, Any] | None, elapsed: float) -> Any:
+        """Record one call; returns what the forward gets back (``out``, or what intervene= made of it)."""
         parents: list[int] = []
         params: list[str] = []
         a = self._template(args, parents, params)
@@ -238,12 +240,14 @@ class _Recorder(TorchFunctionMode):
             info.name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype, device=device,
             params=tuple(dict.fromkeys(params)), random=info.random, in_place=target is not None,
             code_context=_SITES.stack(), meta=meta, elapsed=elapsed, conditions=self.branches.current())
+        out = self.builder.seen_value(op, out)  # an edit made in place is already in `out`
         if isinstance(out, Tensor):
             self._produced(out, op.index, ())
         else:
             for i, t in enumerate(out):
                 if isinstance(t, Tensor):
                     self._produced(t, op.index, (i,))
+        return out
 
     def _produced(self, t: Tensor, index: int, path: tuple[Any, ...]) -> None:
         self.producers[id(t)] = (weakref.ref(t), index, path)
@@ -254,7 +258,7 @@ class _Recorder(TorchFunctionMode):
         except (RuntimeError, NotImplementedError):  # tensors without storage (meta, sparse...)
             return
         self.storages.setdefault(key, []).append((index, path))
-        self.versions.append((index, path, t._version))
+        self.versions.append((index, path, id(t), t._version))
 
     def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
         if isinstance(x, Tensor):
@@ -326,15 +330,24 @@ class _Recorder(TorchFunctionMode):
     def module_post_hook(self, paths: dict[int, str]) -> Any:
         builder, thread = self.builder, self.thread
 
-        def post(module: Any, args: Any, output: Any) -> None:
+        def post(module: Any, args: Any, output: Any) -> Any:
             if get_ident() != thread:
-                return
+                return None
             path = paths.get(id(module))
             if not path:
-                return
+                return None
             current = builder.module_stack[-1] if builder.module_stack else None
             template = tree.map_leaves(lambda v: self.as_output(v, current), output)
+            edited = output
+            if builder.editor is not None:  # intervene=: what the module returns may be edited, as a hook would
+                with torch._C.DisableTorchFunction():  # the helpers' own tensor calls are not the model's ops
+                    edited, template = builder.edit_module_output(path, template, output)
+                for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
+                    leaf = tree.get(edited, leaf_path)
+                    if leaf is not tree.get(output, leaf_path):  # a new tensor: later ops read it as ref's
+                        self._produced(leaf, ref.index, ref.path)
             builder.exit_module(path, template)
+            return None if edited is output else edited
 
         return post
 
@@ -368,10 +381,13 @@ class _Recorder(TorchFunctionMode):
     def check_versions(self) -> None:
         """Flag any saved value changed in place after recording without a copy being made."""
         ops = self.builder.ops
-        for index, path, version in self.versions:
+        for index, path, tensor_id, version in self.versions:
             if ops[index].out is None or (index, path) in self.snapshots:
                 continue
-            if tree.get(ops[index].out, path)._version != version:
+            value = tree.get(ops[index].out, path)
+            if id(value) != tensor_id:  # intervene= replaced it by a new tensor, registered on its own
+                continue
+            if value._version != version:
                 ops[index].meta["mutated_after_recording"] = True
 
 
@@ -399,7 +415,8 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
     try:
         handles.append(nn_module.register_module_forward_pre_hook(recorder.module_pre_hook(paths)))
         handles.append(nn_module.register_module_forward_hook(recorder.module_post_hook(paths)))
-        with recorded_as_run(model, recorder), recorder:  # fused inference paths, as untraced
+        # tl.splice_module first: a spliced module is left alone by the fused-path rewriting
+        with spliced(model, builder), recorded_as_run(model, recorder), recorder:  # fused paths, as untraced
             output = model(*args, **kwargs)
     finally:
         recorder.branches.close()

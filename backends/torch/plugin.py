@@ -17,7 +17,8 @@ class TorchBackend(Backend):
         return BackendInfo(name=self.name, framework="torch", install="pip install 'torchlens[torch]'",
                            aliases=("pytorch",),
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt", "branches", "timing"}))
+                                                   "save", "halt", "branches", "timing", "intervene",
+                                                   "splice"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         torch = sys.modules.get("torch")
@@ -44,6 +45,7 @@ class TorchBackend(Backend):
         return tree.map_leaves(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, value)
 
     array_error = lazy("torchlens_torch.arrays:array_error")
+    array_ops = lazy("torchlens_torch.arrays:ARRAY_OPS")
     flop_formulas = lazy("torchlens_torch.flops:FORMULAS")
     encode_array = lazy("torchlens_torch.saving:encode_array")
     from_numpy = lazy("torchlens_torch.saving:from_numpy")

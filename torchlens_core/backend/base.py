@@ -23,6 +23,7 @@ from torchlens_core.backend.hookspecs import hookimpl
 from torchlens_core.ir.errors import UnsupportedError
 
 if TYPE_CHECKING:
+    from torchlens_core.backend.array_ops import ArrayOps
     from torchlens_core.backend.cases import Case
     from torchlens_core.backend.manager import BackendInfo
     from torchlens_core.capture.policy import CaptureOptions
@@ -120,6 +121,10 @@ class Backend:
         """The call :meth:`encode_call` encoded, from allow-listed namespaces only (TraceFileError otherwise)."""
         return None
 
+    def array_ops(self) -> ArrayOps | None:
+        """The :class:`~torchlens_core.backend.array_ops.ArrayOps` interventions use; None: cannot intervene."""
+        return None
+
     def flop_formulas(self) -> dict[str, Any]:
         """``{func_name: formula}`` for this backend's ops (see :mod:`torchlens_core.views.flops`)."""
         return {}
@@ -195,6 +200,10 @@ class Backend:
     @hookimpl
     def torchlens_decode_call(self, backend: str, data: Any) -> Any:
         return self.decode_call(data) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_array_ops(self, backend: str) -> Any:
+        return self.array_ops() if backend == self.name else None
 
     @hookimpl
     def torchlens_flop_formulas(self, backend: str) -> dict[str, Any] | None:

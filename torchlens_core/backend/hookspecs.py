@@ -121,6 +121,22 @@ def torchlens_array_error(backend: str, actual: Any, expected: Any) -> float | N
     """
 
 
+# -- interventions (tl.trace(..., intervene=...); see docs/intervention_api.md) -------------
+@hookspec(firstresult=True)
+def torchlens_array_ops(backend: str) -> Any:
+    """The array operations interventions need on this backend's arrays.
+
+    Return a :class:`torchlens_core.backend.array_ops.ArrayOps` (zeros, means,
+    sums, clipping, taking slices, conversion from NumPy, copies, writing
+    into an array). Called once per capture or replay that edits values. The
+    built-in helpers (``tl.zero_ablate()``, ``tl.steer(v)``...) use it and
+    the framework's own operators, and nothing else, so a backend that
+    answers this hook, declares the ``intervene`` capability and lets its
+    capture swap the values :meth:`TraceBuilder.add_op` edits (see
+    docs/backends.md, "Interventions") supports every helper.
+    """
+
+
 # -- saving and loading (tl.save / tl.load; see docs/saving.md) ---------------------------
 @hookspec(firstresult=True)
 def torchlens_encode_array(backend: str, value: Any) -> tuple[Any, str] | None:

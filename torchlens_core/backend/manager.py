@@ -29,7 +29,11 @@ ENTRY_POINT_GROUP = "torchlens.backends"
 #   "halt"         honours halt=: lets HaltCapture through, cleaning up on the way
 #   "branches"     ops inside data-dependent branches name the values that decided them (op.conditions)
 #   "timing"       ops record the time their call took (op.elapsed)
-CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow", "save", "halt", "branches", "timing")
+#   "intervene"    honours intervene=: op outputs (and module outputs, with "modules") edited live,
+#                  the edited value what later ops see; answers torchlens_array_ops
+#   "splice"       tl.splice_module: a module call replaced by another callable
+CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow", "save", "halt", "branches", "timing",
+                "intervene", "splice")
 
 
 @attrs.frozen

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from torchlens_core.backend.manager import backends, claim_backend, hook, resolve_backend
 from torchlens_core.capture.builder import Recording
+from torchlens_core.capture.edits import Intervention
 from torchlens_core.capture.policy import CaptureOptions, HaltCapture
 from torchlens_core.capture.rerun import remember
 from torchlens_core.capture.selectors import Selector, key_selector
@@ -21,7 +22,7 @@ __all__ = ["backends", "pluck", "record", "trace"]
 
 def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
           halt: Selector | None = None, lookback: int = 0, lookback_payload_policy: str = "metadata_only",
-          **kwargs: Any) -> Trace:
+          intervene: Intervention | Sequence[Intervention] | None = None, **kwargs: Any) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every operation it executes.
 
     Positional and keyword inputs go to the model exactly as given. ``backend``
@@ -31,9 +32,11 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
     ``halt``: stop the forward once every op it picks has run (``trace.halted``).
     ``lookback``: with ``save``, also keep the N ops before each picked op (their
     values with ``lookback_payload_policy="detached_raw"``).
+    ``intervene``: ``tl.when(selector, *helpers)`` or a list of them, edits made
+    as the forward runs; every later op sees the edited value (docs/intervention_api.md).
     """
     options = CaptureOptions(save=save, halt=halt, lookback=lookback,
-                             lookback_payload_policy=lookback_payload_policy)
+                             lookback_payload_policy=lookback_payload_policy, intervene=intervene)
     return _capture(model, args, kwargs, backend, options)  # type: ignore[return-value]
 
 
@@ -65,6 +68,11 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
         if value is not None and name not in info.capabilities:
             raise UnsupportedError(f"the {info.name} backend does not support {name}= yet; "
                                    f"trace without it and read the values you need from the trace")
+    if options.intervene and "intervene" not in info.capabilities:
+        raise UnsupportedError(f"the {info.name} backend cannot intervene (it does not declare the 'intervene' "
+                               f"capability): intervene= would be ignored, so the capture is refused")
+    if any(item.splice is not None for item in options.intervene) and "splice" not in info.capabilities:
+        raise UnsupportedError(f"the {info.name} backend cannot replace module calls (tl.splice_module)")
     # Capture allocates many small, acyclic records; the cyclic GC walking the
     # whole heap over and over while they pile up cost more than the capture.
     # Process-wide, so counted: overlapping captures in other threads switch it back on once.

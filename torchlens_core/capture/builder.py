@@ -11,6 +11,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from torchlens_core.capture.edits import Editor
 from torchlens_core.capture.policy import CaptureOptions, Policy
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import CaptureError
@@ -42,6 +43,9 @@ class TraceBuilder:
         self.module_stack: tuple[tuple[str, int], ...] = ()
         self.closed_passes: set[tuple[str, int]] = set()
         self.notes: dict[str, Any] = {}
+        # intervene=: edits as ops are recorded; what the model must see instead, by op index
+        self.editor = Editor(self.options.intervene, self) if self.options.intervene else None
+        self.edited_values: dict[int, Any] = {}
         self._output_template: Any = None
         self._model_output: Any = None
 
@@ -77,9 +81,52 @@ class TraceBuilder:
                       elapsed=elapsed, condition_indices=conditions)
         self.ops.append(op)
         self.namer.name(op)
+        if self.editor is not None:
+            edited = self.editor.edit_op(op, out)
+            if edited is not out:
+                self.edited_values[op.index] = edited
         if self.policy.active:
             self.policy.recorded(op)  # may drop op.out, or raise HaltCapture
         return op
+
+    def seen_value(self, op: OpRecord, out: Any) -> Any:
+        """What later ops see of ``op``, just recorded with ``out``: ``out``, or what intervene= made of it.
+
+        A backend that honours ``intervene=`` hands this to the model instead
+        of ``out`` (for an op that wrote in place, the edit is already
+        written into ``out``, which is returned).
+        """
+        return self.edited_values.pop(op.index, out) if self.edited_values else out
+
+    def splice_for(self, path: str) -> Any:
+        """The callable that replaces this call of module ``path`` (``tl.splice_module``), or None.
+
+        Ask after :meth:`enter_module`, before running the module; when one
+        comes back, call it with the module call's arguments instead of the
+        module's forward (its ops are recorded inside the module's pass).
+        """
+        if self.editor is None:
+            return None
+        passes = [n for p, n in self.module_stack if p == path]
+        if not passes:
+            raise CaptureError(f"ask splice_for({path!r}) inside the module's call, after enter_module")
+        splice = self.editor.splice_for(path, passes[-1])
+        return None if splice is None else splice.replacement
+
+    def edit_module_output(self, path: str, out_template: Any, value: Any) -> tuple[Any, Any]:
+        """What the innermost call of ``path`` returns to the model after intervene=, and its template.
+
+        Call it just before :meth:`exit_module`, with the template of Refs
+        to the returned arrays and the returned value itself; hand the model
+        the value that comes back and pass the template that comes back to
+        ``exit_module`` (an edited leaf may be the output of a new op).
+        """
+        if self.editor is None:
+            return value, out_template
+        passes = [n for p, n in self.module_stack if p == path]
+        if not passes:
+            raise CaptureError(f"module {path!r} finished without having started")
+        return self.editor.edit_module_output(path, passes[-1], out_template, value)
 
     def enter_module(self, path: str) -> int:
         """Open a new pass of module ``path``; returns its pass number."""
@@ -174,6 +221,8 @@ class TraceBuilder:
                 mp.trace_ref = ref
         if self.policy.active:
             self.policy.finish(trace)
+        if self.editor is not None:
+            self.editor.check(trace)
         return trace
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from torchlens_core.backend.manager import hook
+from torchlens_core.capture.edits import Intervention, interventions
 from torchlens_core.capture.selectors import (
     AllOf,
     AnyOf,
@@ -81,6 +82,8 @@ class CaptureOptions:
     lookback: int = 0
     lookback_payload_policy: str = "metadata_only"
     record: bool = False  # tl.record: hand back a Recording, finished only when read
+    # tl.when(...) interventions, applied as the forward runs (capture/edits.py)
+    intervene: tuple[Intervention, ...] = attrs.field(default=(), converter=interventions)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.lookback, int) or self.lookback < 0:
@@ -248,5 +251,5 @@ class Policy:
 
 
 def drop(op: OpRecord) -> None:
-    op.out = None
+    op.out = op.pre_edit = None
     op.saved = False

@@ -49,6 +49,10 @@ class ExtractError(TorchLensError, ValueError):
     """The dataset, or the store at ``output_dir``, cannot be extracted as asked."""
 
 
+class InterventionError(TorchLensError, ValueError):
+    """An intervention helper returned something its site cannot take (another shape, dtype or device)."""
+
+
 class MissingDependencyError(TorchLensError, ImportError):
     """An optional feature needs a package that is not installed; the message names the extra to install."""
 

@@ -47,6 +47,45 @@ class CodeLocation(NamedTuple):
         return f"{self.file}:{self.line_number} in {self.func_name}"
 
 
+@attrs.frozen(slots=True)
+class EditRecord:
+    """One intervention applied to an op's output: where, and the helpers that ran, in order.
+
+    ``site`` is the key of the site (``"relu_1_2:1"`` for an op, ``"layer3:1"``
+    for a module pass's output), ``path`` the leaf of the op's output it
+    edited (``()``: the whole output). ``where`` is the site the helpers were
+    given (a :class:`torchlens_core.capture.edits.Site`, which runs them and
+    checks what they return): with it, :meth:`apply` does the edit again,
+    which is how replay reproduces an edited run.
+    """
+
+    site: str
+    kind: str  # "op" or "module"
+    path: tuple[Any, ...]
+    helpers: tuple[Any, ...]
+    where: Any = attrs.field(default=None, repr=False)
+
+    def apply(self, value: Any) -> Any:
+        """``value`` (the op's whole output) with the helpers applied to the leaf at ``path``."""
+        return _set_at(value, self.path, self.where.run(self.helpers, tree.get(value, self.path)))
+
+    def __repr__(self) -> str:
+        at = self.site + ("".join(f"[{k!r}]" for k in self.path) if self.path else "")
+        return f"<Edit {', '.join(map(_helper_name, self.helpers))} at {at} ({self.kind} site)>"
+
+
+def _helper_name(helper: Any) -> str:
+    return repr(helper) if hasattr(type(helper), "__attrs_attrs__") else getattr(helper, "__name__", repr(helper))
+
+
+def _set_at(obj: Any, path: tuple[Any, ...], leaf: Any) -> Any:
+    """``obj`` rebuilt with the leaf at ``path`` replaced."""
+    if not path:
+        return leaf
+    kids = tree.children(obj) or []
+    return tree.rebuild(obj, [_set_at(v, path[1:], leaf) if k == path[0] else v for k, v in kids])
+
+
 OP_KINDS = ("input", "op", "output")
 SOURCE_KINDS = ("constant", "parameter", "random")
 
@@ -85,6 +124,10 @@ class OpRecord:
     meta: dict[str, Any] = attrs.Factory(dict)
     parent_indices: tuple[int, ...] = ()
     saved: bool = True  # False when save= left this op's value out (``out`` is None then)
+    # Interventions (tl.trace(..., intervene=...)): what was done to this op's output, in order, and the
+    # value before the first edit (None when save= left the op's value out). ``out`` is the edited value.
+    edits: tuple[EditRecord, ...] = ()
+    pre_edit: Any = None
     # Filled as the trace is built and finished:
     label: str = ""
     layer_label: str = ""
@@ -137,6 +180,11 @@ class OpRecord:
     def distances(self) -> Distances:
         """Shortest and longest paths, in edges, from any input and to any output (None: no path)."""
         return self.trace.distances()[self.index]
+
+    @property
+    def edited(self) -> bool:
+        """True if an intervention changed this op's output (``op.edits`` says how)."""
+        return bool(self.edits)
 
     @property
     def in_branch(self) -> bool:

@@ -10,6 +10,7 @@ from torchlens_core.ir import tree
 from torchlens_core.ir.errors import ArgumentTypeError, LabelNotFoundError, closest, shown
 from torchlens_core.ir.records import (
     Distances,
+    EditRecord,
     ModulePass,
     ModuleRecord,
     ModuleTable,
@@ -106,6 +107,11 @@ class Trace:
         from torchlens_core.views.summary import Count
 
         return Count(sum(op.macs or 0.0 for op in self.ops), "MACs")
+
+    @property
+    def interventions(self) -> list[EditRecord]:
+        """Every edit ``intervene=`` made, in op order (``op.edits`` has those of one op)."""
+        return [edit for op in self.ops for edit in op.edits]
 
     @property
     def unknown_flops(self) -> list[OpRecord]:

@@ -48,16 +48,22 @@ def interpret(trace: Trace, run_op: RunOp, observe: Observe | None = None,
             values[op.index] = op.out if copy_input is None else copy_input(op.out)
             continue
         args = tree.map_leaves(resolve, op.args)
-        if op.kind == "output" or op.meta.get("identity"):
+        if op.kind == "output":
             values[op.index] = args[0]
             continue
-        kwargs = tree.map_leaves(resolve, op.kwargs)
-        try:
-            values[op.index] = run_op(op, args, kwargs)
-        except Exception as exc:
-            raise ReplayError(f"replaying {op.label} ({op.func_name}) failed: {exc}") from exc
-        if observe is not None:
-            observe(op, values[op.index])
+        if op.meta.get("identity"):
+            value = args[0]
+        else:
+            kwargs = tree.map_leaves(resolve, op.kwargs)
+            try:
+                value = run_op(op, args, kwargs)
+            except Exception as exc:
+                raise ReplayError(f"replaying {op.label} ({op.func_name}) failed: {exc}") from exc
+        for edit in op.edits:  # what intervene= did to this op's output, done again
+            value = edit.apply(value)
+        values[op.index] = value
+        if observe is not None and (op.edits or not op.meta.get("identity")):
+            observe(op, value)
     return values
 
 
