@@ -12,6 +12,9 @@ import torchlens as tl
 from torchlens_core.backend.arrays import max_error
 from torchlens_core.backend.cases import Case
 from torchlens_core.backend.manager import hook
+from torchlens_core.ir import tree
+from torchlens_core.ir.records import Ref
+from torchlens_core.replay.evaluator import replay_values
 from torchlens_core.store.saving import NOT_REPLAYABLE
 
 
@@ -102,3 +105,83 @@ def test_round_trip(traced: Traced, tmp_path: pathlib.Path) -> None:
     assert replayed <= rtol, f"the loaded trace replays to an output off the model's own by {replayed:.3g}"
     report = loaded.audit(rtol=rtol)
     assert report, str(report)
+
+
+# -- checks that catch lost edges: an array the backend failed to link to its op is a frozen constant, which
+# replay on the recorded inputs cannot tell from a real edge ----------------------------------------------------
+def _other_inputs(traced: Traced) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A second, different set of inputs: the case's own, or the floats nudged and the integers shuffled."""
+    import numpy as np
+
+    if traced.case.other_inputs is not None:
+        return traced.case.other_inputs(traced.args, traced.kwargs)
+    h, backend = hook(), traced.backend
+    rng = np.random.default_rng(0)
+
+    def other(value: Any) -> Any:
+        info = h.torchlens_array_info(backend=backend, value=value)
+        if info is None:
+            return value
+        array = np.asarray(h.torchlens_to_numpy(backend=backend, value=value))
+        if array.dtype.kind == "f" and array.size:
+            scale = float(np.std(array)) or 1.0
+            array = (array + 0.05 * scale * rng.standard_normal(array.shape)).astype(array.dtype)
+        elif array.dtype.kind in "iu" and array.size > 1:
+            array = rng.permutation(array.ravel()).reshape(array.shape)
+        else:
+            return value
+        converted = h.torchlens_from_numpy(backend=backend, array=array, dtype=info[1], device=info[2])
+        return array if converted is None else converted  # None: the backend's arrays are NumPy's
+
+    return tree.map_leaves(other, traced.args), tree.map_leaves(other, traced.kwargs)
+
+
+def test_replay_on_other_inputs(traced: Traced) -> None:
+    args, kwargs = _other_inputs(traced)
+    own = _run(traced.case, lambda: traced.model(*args, **kwargs))
+    values = _run(traced.case, lambda: replay_values(traced.trace, new_inputs=(args, kwargs)))
+    replayed = tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r, traced.trace.output_template)
+    error = max_error(traced.backend, replayed, own)
+    assert error <= traced.case.rtol, f"replayed on other inputs, the output is off the model's own by {error:.3g}"
+    moved = [op for op in traced.trace.ops if op.kind == "op" and op.saved
+             and max_error(traced.backend, values[op.index], op.out) > 0]
+    assert moved, "no op's value changed with the inputs: the check cannot tell an edge from a constant here"
+
+
+def _identity(value: Any, site: Any) -> Any:
+    return value
+
+
+def test_identity_edits_leave_the_output_unchanged(traced: Traced) -> None:
+    """An identity edit at every op: the edit machinery of every op runs, and changes nothing."""
+    everything = tl.when(tl.where(lambda op: True), _identity)
+    edited = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
+                                                 intervene=everything, **traced.kwargs))
+    assert len(edited.interventions) >= edited.num_ops, "some ops were not edited"
+    change = max_error(traced.backend, edited.output, traced.trace.output)
+    assert change == 0.0, f"identity edits changed the traced output by {change:.3g}"
+    report = _run(traced.case, lambda: edited.audit(rtol=traced.case.rtol))
+    assert report, str(report)
+
+
+def test_zero_ablation_live_equals_fork_replay(traced: Traced) -> None:
+    """Zeros at a mid-graph op: captured live, and replayed on a fork of the clean trace, give one output."""
+    ops = [op for op in traced.trace.ops if op.kind == "op" and op.children and op.dtype
+           and any(k in op.dtype for k in ("float", "bfloat", "half", "double"))]
+    if not ops:
+        pytest.skip("no floating-point op with children to ablate")
+    site = ops[len(ops) // 2]
+    where = tl.label(f"{site.layer_label}:{site.pass_num}")
+    live = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
+                                               intervene=tl.when(where, tl.zero_ablate()), **traced.kwargs))
+    assert live[f"{site.layer_label}:{site.pass_num}"].edited
+    fork = traced.trace.fork().when(where, tl.zero_ablate())
+    if [op.func_name for op in live.ops] != [op.func_name for op in traced.trace.ops]:
+        # The zeros changed a value the forward branched or counted on: the recorded graph does not hold,
+        # and replaying the fork must say so rather than give the old graph's answer.
+        with pytest.raises(tl.GraphDoesNotHold):
+            _run(traced.case, fork.replay)
+        return
+    replayed = _run(traced.case, fork.replay)
+    error = max_error(traced.backend, replayed, live.output)
+    assert error <= traced.case.rtol, f"zeros at {site.label}: live and fork().replay() differ by {error:.3g}"

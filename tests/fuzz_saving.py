@@ -228,7 +228,7 @@ class Fuzzer:
             ("extra field", lambda m: m["files"]["trace.json"].update(extra=1)),
             ("format", lambda m: m.update(format="pickle")),
             ("version 0", lambda m: m.update(format_version=0)),
-            ("version 3", lambda m: m.update(format_version=3)),
+            ("version 4", lambda m: m.update(format_version=4)),
             ("version text", lambda m: m.update(format_version="2")),
             ("no arrays entry", lambda m: m["files"].pop("arrays.bin")),
             ("extra file", lambda m: m["files"].update({"evil.py": {"size": 0, "sha256": "0" * 64}})),

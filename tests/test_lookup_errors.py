@@ -127,7 +127,7 @@ def test_save_and_halt_that_match_nothing_both_raise_naming_it(backend: str) -> 
         message = str(caught.value)
         assert message.startswith(role) and "matched no op" in message
         assert "the forward has run to the end" in message and first.label in message  # the closest label
-    with pytest.raises(tl.LabelNotFoundError, match=r"^save= Func\(pattern='\w+x'\); halt= Module"):
+    with pytest.raises(tl.LabelNotFoundError, match=r"^save= tl.func\('\w+x'\); halt= tl.module"):
         tl.trace(double_plus_one, x, backend=backend, save=typo, halt=tl.module("head"))
     # What does match still works, and a halt the forward reaches stops it as before.
     picked = tl.func(first.func_name)

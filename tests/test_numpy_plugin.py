@@ -36,7 +36,7 @@ def test_registered_through_the_entry_point_like_any_third_party_backend() -> No
     listed = {b["name"]: b for b in tl.backends()}
     assert listed["numpy"]["available"] and listed["numpy"]["framework"] == "numpy"
     assert set(listed["numpy"]["capabilities"]) == {"functions", "in_place", "random", "control_flow", "save", "halt",
-                                                      "timing"}
+                                                      "timing", "intervene", "new_inputs"}
 
 
 def test_never_claims_a_call_on_its_own() -> None:

@@ -99,9 +99,34 @@ def test_an_exception_in_the_block_still_restores() -> None:
     with pytest.raises(KeyboardInterrupt), shared_patch(Target, "greet", _shouting).use(str.upper):
         raise KeyboardInterrupt
     assert vars(Target)["greet"] is original
-    assert shared_patch(Target, "greet", _shouting) is shared_patch(Target, "greet", _shouting)
-    with pytest.raises(tl.CaptureError, match="already replaced"):
-        shared_patch(Target, "greet", lambda original, handlers: original)
+    with shared_patch(Target, "greet", _shouting).use(str.upper):  # one maker per attribute while in use
+        with pytest.raises(tl.CaptureError, match="already replaced"), \
+                shared_patch(Target, "greet", lambda original, handlers: original).use(str.lower):
+            pass
+    assert vars(Target)["greet"] is original
+
+
+def test_a_patch_is_forgotten_when_its_last_user_leaves() -> None:
+    import gc
+    import weakref
+
+    from torchlens_core.capture import threads
+
+    class Module:
+        def forward(self, x: str) -> str:
+            return x
+
+    def _through(original, handlers):
+        return lambda x: handlers[threading.get_ident()](original(x))
+
+    module = Module()
+    with shared_patch(module, "forward", _through).use(str.upper):
+        assert module.forward("a") == "A"
+    assert not [key for key in threads._PATCHES if key[0] == id(module)]
+    alive = weakref.ref(module)
+    del module
+    gc.collect()
+    assert alive() is None  # the table kept nothing of it
 
 
 def test_one_capture_at_a_time_refuses_nested_and_concurrent_claims() -> None:

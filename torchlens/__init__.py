@@ -18,10 +18,12 @@ from torchlens_core.capture.selectors import (
     preceded_by,
     where,
 )
+from torchlens_core.compare.bundle import Bundle, bundle
 from torchlens_core.ir.errors import (
     ArchitectureChanged,
     BackendNotFoundError,
     CaptureError,
+    GraphDoesNotHold,
     InterventionError,
     LabelNotFoundError,
     ReplayError,
@@ -56,7 +58,8 @@ hash = structural_hash  # tl.hash(trace): the structural hash of a trace
 __version__ = "0.1.0"
 
 __all__ = [
-    "Activations", "ArchitectureChanged", "AuditReport", "BackendNotFoundError", "CaptureError", "CodeLocation",
+    "Activations", "ArchitectureChanged", "AuditReport", "BackendNotFoundError", "Bundle", "CaptureError",
+    "CodeLocation", "GraphDoesNotHold", "bundle",
     "InterventionError", "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "Recording",
     "ReplayError", "Selector", "TorchLensError", "Trace", "TraceFileError", "UnsupportedError", "__version__",
     "assert_unchanged", "backends", "clamp", "extract_dataset", "followed_by", "func", "hash", "in_module", "label",

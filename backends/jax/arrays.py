@@ -1,16 +1,19 @@
-"""What the core needs to know about JAX arrays: shape, dtype, device, NumPy copies, distance.
+"""What the core needs to know about JAX arrays: shape, dtype, device, NumPy copies, distance, edits.
 
 NumPy arrays count too, because users pass them as inputs and jaxprs carry
-them as constants. Nothing here imports JAX unless JAX is already imported.
+them as constants. Nothing here imports JAX unless JAX is already imported
+(:class:`JaxArrayOps` imports it when an edit first needs it).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from torchlens_core.backend.array_ops import ArrayOps, NumpyArrayOps
 from torchlens_core.backend.arrays import numpy_error
 
 
@@ -63,3 +66,64 @@ def array_error(actual: Any, expected: Any) -> float:
     if tuple(actual.shape) != tuple(expected.shape) or str(actual.dtype) != str(expected.dtype):
         return float("inf")
     return numpy_error(to_numpy(actual), to_numpy(expected), exact_integers=False)
+
+
+class JaxArrayOps(ArrayOps):
+    """ArrayOps on JAX arrays, for interventions (``intervene=``).
+
+    JAX arrays never change in place, so :meth:`copy` returns the array and
+    ``write_into`` keeps the base class's answer (the edited value). A NumPy
+    array (an input a module returned as it was) is edited with NumPy, so
+    that the edit keeps it on the host, where the checks of the edit expect it.
+    """
+
+    def __init__(self) -> None:
+        self.numpy = NumpyArrayOps()
+
+    def zeros_like(self, x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return self.numpy.zeros_like(x)
+        import jax.numpy as jnp
+
+        return jnp.zeros_like(x)
+
+    def mean(self, x: Any, axes: tuple[int, ...]) -> Any:
+        if isinstance(x, np.ndarray):
+            return self.numpy.mean(x, axes)
+        import jax.numpy as jnp
+
+        return jnp.mean(x, axis=axes, keepdims=True).astype(x.dtype)  # an integer mean comes back as float
+
+    def sum(self, x: Any, axis: int) -> Any:
+        if isinstance(x, np.ndarray):
+            return self.numpy.sum(x, axis)
+        import jax.numpy as jnp
+
+        return jnp.sum(x, axis=axis, keepdims=True, dtype=x.dtype)
+
+    def clip(self, x: Any, low: float | None, high: float | None) -> Any:
+        if isinstance(x, np.ndarray):
+            return self.numpy.clip(x, low, high)
+        import jax.numpy as jnp
+
+        return jnp.clip(x, low, high).astype(x.dtype)  # a float bound would promote an integer array
+
+    def take(self, x: Any, indices: Sequence[int], axis: int) -> Any:
+        if isinstance(x, np.ndarray):
+            return self.numpy.take(x, indices, axis)
+        import jax.numpy as jnp
+
+        return jnp.take(x, jnp.asarray(list(indices), dtype=jnp.int32), axis=axis)
+
+    def from_numpy(self, array: Any, like: Any) -> Any:
+        if isinstance(like, np.ndarray):
+            return self.numpy.from_numpy(array, like)
+        import jax
+
+        return jax.device_put(np.asarray(array, dtype=like.dtype), like.sharding)  # like's device(s)
+
+    def copy(self, x: Any) -> Any:
+        return self.numpy.copy(x) if isinstance(x, np.ndarray) else x  # a jax.Array is immutable
+
+
+ARRAY_OPS = JaxArrayOps()

@@ -8,7 +8,8 @@
    equation with ``primitive.bind`` and records each one.
 4. The model is then called once more the ordinary way (jit and all); that
    result is the trace's ``model_output``, so that audit compares two
-   independent computations.
+   independent computations. With ``intervene=`` the walk is the edited
+   forward (a plain call would not edit), so its outputs are ``model_output``.
 
 The user's model is left as it was: an nnx model runs as copies made from the
 same state, so a trace advances no RNG stream and no batch statistics.
@@ -23,6 +24,7 @@ being traced.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from torchlens_core.capture.builder import TraceBuilder
@@ -32,7 +34,7 @@ from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_jax.arrays import array_info, is_array
 from torchlens_jax.modules import owner, submodules, view_model
-from torchlens_jax.scopes import CallScopes, fill, slot_template
+from torchlens_jax.scopes import CallScopes, Splicer, fill, slot_template
 from torchlens_jax.walk import Val, Walker
 
 # Submodule calls are intercepted by wrappers on the modules' classes (nnx, equinox), which every thread
@@ -48,7 +50,9 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     # Array leaves of the arguments become jaxpr inputs; anything else (flags, sizes) stays as given.
     leaves, treedef = jax.tree_util.tree_flatten((args[view.param_args:], kwargs))
     array_at = [i for i, leaf in enumerate(leaves) if is_array(leaf)]
-    scopes = CallScopes()
+    # Made before tracing: tl.splice_module replaces module calls while the jaxpr is traced.
+    builder = TraceBuilder("jax", model_name=view.type_name, options=options)
+    scopes = CallScopes(_splicer(builder))
     out_structure: dict[str, Any] = {}
 
     def traced(param_values: list[Any], input_values: list[Any]) -> list[Any]:
@@ -72,7 +76,6 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
             f"which a jaxpr cannot record; use jax.lax.cond / jax.lax.while_loop for data-dependent "
             f"control flow. JAX said: {str(exc).splitlines()[0]}") from exc
 
-    builder = TraceBuilder("jax", model_name=view.type_name, options=options)
     _declare(builder, view, scopes)
     walker = Walker(builder, scopes)
     param_vals = [Val(p.value, ParamRef(p.name)) for p in view.params]
@@ -84,9 +87,12 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     # An output that no op computed (an input, a parameter, a constant) gets an identity op.
     outs = [x if isinstance(x.ref, Ref) else walker.identity(x) for x in outs]
 
-    model_output = view.call_plain(args, kwargs)
-    if out_structure["flattened"]:  # a container the core cannot look into: its arrays, in order
-        model_output = tuple(slot_template(model_output)[1])
+    if builder.editor is None:
+        model_output = view.call_plain(args, kwargs)
+        if out_structure["flattened"]:  # a container the core cannot look into: its arrays, in order
+            model_output = tuple(slot_template(model_output)[1])
+    else:  # intervene=: the edited forward is the walk itself; a plain call would return the unedited output
+        model_output = fill(out_structure["template"], [x.value for x in outs])
     builder.add_outputs(fill(out_structure["template"], [x.ref for x in outs]), model_output)
     builder.notes.update({
         "capture": "jax.make_jaxpr, then an eager walk binding each primitive",
@@ -95,6 +101,24 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         "output_flattened": out_structure["flattened"],
     })
     return builder.finish()
+
+
+def _splicer(builder: TraceBuilder) -> Splicer | None:
+    """What replaces the n-th traced call of a module (``tl.splice_module``); None when no splice names one.
+
+    A call is replaced where it is traced, which is where JAX lets code run
+    instead of a module's own; the walk then checks, pass by pass, that each
+    traced call ran only as passes the splice names (a loop body runs as many).
+    """
+    editor = builder.editor
+    if editor is None or not editor.splice_targets():
+        return None
+
+    def splicer(path: str, n: int) -> Callable[..., Any] | None:
+        splice = editor.splice_for(path, n)
+        return None if splice is None else splice.replacement
+
+    return splicer
 
 
 def _declare(builder: TraceBuilder, view: Any, scopes: CallScopes) -> None:

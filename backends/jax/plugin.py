@@ -17,9 +17,13 @@ class JaxBackend(Backend):
         # "control_flow": scan/while iterations and the cond branch taken are recorded as they ran.
         # "random": JAX's RNG is explicit (keys are inputs or parameters), so random ops replay exactly.
         # Not "in_place": JAX arrays are immutable, so there is nothing to protect.
+        # "intervene": the walk hands later equations the edited value; "splice": a module call is replaced
+        # while the jaxpr is traced (docs/backend-jax.md, "Interventions").
+        # "new_inputs": a jaxpr turns no traced value into a Python one (make_jaxpr refuses it); the walk does,
+        # for each cond index and each while condition, and reports every one (docs/backend-jax.md).
         return BackendInfo(name=self.name, framework="jax", install="pip install 'torchlens[jax]'",
                            capabilities=frozenset({"modules", "functions", "control_flow", "random", "save", "halt",
-                                                   "branches", "timing"}))
+                                                   "branches", "timing", "intervene", "splice", "new_inputs"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         jax = sys.modules.get("jax")
@@ -39,6 +43,7 @@ class JaxBackend(Backend):
     array_info = lazy("torchlens_jax.arrays:array_info")
     to_numpy = lazy("torchlens_jax.arrays:to_numpy")
     array_error = lazy("torchlens_jax.arrays:array_error")
+    array_ops = lazy("torchlens_jax.arrays:ARRAY_OPS")
     from_numpy = lazy("torchlens_jax.saving:from_numpy")
     encode_call = lazy("torchlens_jax.saving:encode_call")
     decode_call = lazy("torchlens_jax.saving:decode_call")

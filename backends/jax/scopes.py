@@ -7,6 +7,10 @@ stacks then say which call each one ran in (through jit, scan and cond bodies
 too), and the marker says which variables the call returned, and where it
 ended. Module calls are intercepted either by temporary ``__call__`` wrappers
 (flax.nnx, equinox) or by linen's own method interceptor.
+
+``tl.splice_module`` acts here too: a call that a splice names runs the
+replacement instead of the module's own code while the jaxpr is traced, so the
+replacement's equations are what the walk finds in that call's scope.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +33,8 @@ _capture_ids = itertools.count(1)
 
 # hook(module, original __call__, args, kwargs) -> what the call returns
 CallHook = Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+# splicer(module path, how many calls of it have been traced, this one included) -> what replaces the call, or None
+Splicer = Callable[[str, int], Callable[..., Any] | None]
 
 
 class CallScopes:
@@ -38,14 +44,19 @@ class CallScopes:
     the structure of what it returned, ``types[path]`` the module's type name.
     Scope names and markers carry this capture's id, so that leftovers of
     another capture (in a jit cache, say) are told apart and ignored.
+    ``splicer`` (``tl.splice_module``) says which calls run a replacement;
+    ``spliced`` holds those calls.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, splicer: Splicer | None = None) -> None:
         self.capture_id = next(_capture_ids)
         self.paths: dict[int, str] = {}  # id(module object) -> path, for wrapped __call__s
         self.calls: list[str] = []
         self.templates: list[Any] = []
         self.types: dict[str, str] = {}
+        self.splicer = splicer
+        self.spliced: set[int] = set()
+        self._traced_calls: Counter[str] = Counter()
         self._pattern = re.compile(rf"{re.escape(SCOPE_PREFIX)}{self.capture_id}\.(\d+)\b")
 
     def calls_in(self, name_stack: str) -> tuple[int, ...]:
@@ -58,16 +69,24 @@ class CallScopes:
         capture_id, k = params["call"]
         return k if capture_id == self.capture_id else None
 
-    def scoped(self, path: str, type_name: str, call: Callable[[], Any]) -> Any:
-        """Run ``call()`` as a call of module ``path``: in its own scope, its array outputs marked."""
+    def scoped(self, path: str, type_name: str, forward: Callable[..., Any], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Any:
+        """Run ``forward(*args, **kwargs)`` (or the splice's replacement) as a call of module ``path``:
+        in its own scope, its array outputs marked."""
         import jax
 
         k = len(self.calls)
         self.calls.append(path)
         self.templates.append(None)
         self.types.setdefault(path, type_name)
+        if self.splicer is not None:
+            self._traced_calls[path] += 1
+            replacement = self.splicer(path, self._traced_calls[path])
+            if replacement is not None:
+                forward = replacement
+                self.spliced.add(k)
         with jax.named_scope(f"{SCOPE_PREFIX}{self.capture_id}.{k}"):
-            out = call()
+            out = forward(*args, **kwargs)
             template, arrays, flattened = slot_template(out)
             self.templates[k] = template
             marked = marker().bind(*arrays, call=(self.capture_id, k))
@@ -85,7 +104,7 @@ class CallScopes:
         path = self.paths.get(id(module))
         if path is None:  # the root, or a module made during the call
             return original(module, *args, **kwargs)
-        return self.scoped(path, type(module).__name__, lambda: original(module, *args, **kwargs))
+        return self.scoped(path, type(module).__name__, lambda *a, **kw: original(module, *a, **kw), args, kwargs)
 
     def linen_interceptor(self, next_fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                           context: Any) -> Any:
@@ -94,7 +113,7 @@ class CallScopes:
         if context.method_name != "__call__" or module.scope is None or not module.path:
             return next_fun(*args, **kwargs)
         path = ".".join(map(str, module.path))
-        return self.scoped(path, type(module).__name__, lambda: next_fun(*args, **kwargs))
+        return self.scoped(path, type(module).__name__, next_fun, args, kwargs)
 
 
 # -- temporary __call__ wrappers -------------------------------------------------------------

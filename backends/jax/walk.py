@@ -4,8 +4,11 @@ Higher-order primitives are not ops of their own. Call-like ones (jit,
 custom_jvp/vjp calls, closed_call, remat) are expanded into their inner
 equations; ``scan`` and ``while`` run their body once per iteration, each
 iteration's ops being passes of the same layers; ``cond`` runs the branch its
-index picks, and only that branch is recorded. Any other primitive that holds
-a jaxpr is recorded as one op and counted in the trace's notes as opaque.
+index picks, and only that branch is recorded. Those indices, and each while
+iteration's condition, are the only values the walk turns into Python ones:
+each is reported (``TraceBuilder.to_python``), so that replay on new inputs
+checks the graph still holds. Any other primitive that holds a jaxpr is
+recorded as one op and counted in the trace's notes as opaque.
 
 Module scoping comes from the name stack of each equation: a scope made by
 :class:`~torchlens_jax.scopes.CallScopes` opens a pass of that module, and
@@ -14,6 +17,7 @@ the call's output marker closes it, naming what the call returned.
 
 from __future__ import annotations
 
+import operator
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -28,9 +32,11 @@ import torchlens_core
 from torchlens_core.capture import api
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.sites import CONTEXT_FRAMES
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import CodeLocation, ParamRef, Ref
 from torchlens_jax.arrays import array_info
-from torchlens_jax.scopes import MARKER_NAME, CallScopes, fill
+from torchlens_jax.scopes import MARKER_NAME, CallScopes, Slot, fill
 
 # Call-like primitives and the parameter holding the jaxpr they run.
 CALL_JAXPR = {
@@ -144,6 +150,9 @@ class Walker:
             code_context=() if helper else _code_context(eqn),
             layer_key=None if loc is None else ("jax-loop", loc), meta=meta, elapsed=elapsed,
             conditions=self.conditions)
+        if self.builder.editor is not None:  # intervene=: later equations read what the edit made of the value
+            out = self.builder.seen_value(op, outs if prim.multiple_results else out)
+            outs = tuple(out) if prim.multiple_results else (out,)
         if prim.multiple_results:
             return [Val(o, Ref(op.index, (j,))) for j, o in enumerate(outs)]
         return [Val(out, Ref(op.index))]
@@ -152,7 +161,8 @@ class Walker:
         """An explicit pass-through op, so that a module's (or the model's) output is computed where it is returned."""
         b = self.builder
         if isinstance(x.ref, Ref):
-            op = b.identity_op(x.ref, x.value)
+            value = x.value
+            op = b.identity_op(x.ref, value)
         else:
             import jax.numpy as jnp
 
@@ -160,8 +170,8 @@ class Walker:
             shape, dtype, device = array_info(value)
             op = b.identity_op(x.ref if isinstance(x.ref, ParamRef) else value, value,
                                shape=shape, dtype=dtype, device=device)
-            x = Val(value)
-        return Val(x.value, Ref(op.index))
+        # intervene= may select the identity op too: what comes after reads the edited value, as replay does
+        return Val(b.seen_value(op, value), Ref(op.index))
 
     # -- module calls ----------------------------------------------------------------------
     def _calls(self, eqn: Any) -> tuple[int, ...]:
@@ -180,6 +190,27 @@ class Walker:
         for k in chain[n:]:
             self.builder.enter_module(self.scopes.calls[k])
             self.active.append(k)
+            if self.scopes.splicer is not None:
+                self._check_splice(k)
+
+    def _check_splice(self, k: int) -> None:
+        """``tl.splice_module`` replaced traced calls; refuse a pass that the splice judges otherwise.
+
+        The n-th traced call of a module is not always its n-th pass: a call in
+        a loop body runs as several passes, one in a cond branch not taken as
+        none. When a splice names some of those passes and not others, the
+        jaxpr cannot do what it asks: refused, never silently done otherwise.
+        """
+        path, n = self.builder.module_stack[-1]
+        wanted = self.builder.splice_for(path) is not None
+        if wanted != (k in self.scopes.spliced):
+            what = ("names call {c}, whose code was traced as it is" if wanted else
+                    "does not name call {c}, whose code was traced replaced").format(c=f"{path}:{n}")
+            raise UnsupportedError(
+                f"tl.splice_module {what}: on jax a module call is replaced where the forward is traced, and this "
+                f"call's traced code also runs passes the splice judges otherwise (a loop body, a cond branch, a "
+                f"jitted function called again). Splice every call of the module: "
+                f"tl.when(tl.module({path!r}), tl.splice_module(f))")
 
     def _end(self, template: Any) -> None:
         k = self.active.pop()
@@ -192,8 +223,26 @@ class Walker:
         here = self.builder.module_stack[-1]
         outs = [x if isinstance(x.ref, Ref) and here in self.builder.ops[x.ref.index].module_passes
                 else self.identity(x) for x in ins]
-        self._end(fill(self.scopes.templates[k], [x.ref for x in outs]))
+        template = fill(self.scopes.templates[k], [x.ref for x in outs])
+        if self.builder.editor is not None:
+            outs, template = self._edited_output(k, outs, template)
+        self._end(template)
         return outs
+
+    def _edited_output(self, k: int, outs: list[Val], template: Any) -> tuple[list[Val], Any]:
+        """intervene= at a module site: call ``k``'s outputs as the rest of the model reads them, and its template.
+
+        The marker's outputs are what every later equation reads of the call,
+        so handing them the edited leaves edits the call's output for all of
+        them, as a forward hook returning a new value would.
+        """
+        slots = self.scopes.templates[k]
+        value = fill(slots, [x.value for x in outs])
+        value, template = self.builder.edit_module_output(self.scopes.calls[k], template, value)
+        edited = list(outs)
+        for path, slot in tree.leaves(slots, lambda x: isinstance(x, Slot)):
+            edited[slot.index] = Val(tree.get(value, path), tree.get(template, path))
+        return edited, template
 
     # -- control flow ----------------------------------------------------------------------
     def _scan(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
@@ -224,11 +273,14 @@ class Walker:
     def _cond(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
               in_loop: bool) -> list[Val]:
         branches = eqn.params["branches"]
-        b = int(np.clip(np.asarray(ins[0].value), 0, len(branches) - 1))  # lax.cond clamps its index too
+        index = self._decider(ins[0])
+        picked = operator.index(np.asarray(index.value))
+        self._decided(index, "index", picked)
+        b = min(max(picked, 0), len(branches) - 1)  # lax.cond clamps its index too
         self.expanded["cond"] += 1
         outer = self.conditions
-        if isinstance(ins[0].ref, Ref):
-            self.conditions = (*outer, ins[0].ref.index)
+        if isinstance(index.ref, Ref):
+            self.conditions = (*outer, index.ref.index)
         try:
             return self.run_closed(branches[b], ins[1:], chain, (*loc, "branch", b), in_loop)
         finally:
@@ -241,7 +293,10 @@ class Walker:
         cond_consts, body_consts, carry = ins[:nc], ins[nc:nc + nb], ins[nc + nb:]
         while True:
             (pred,) = self.run_closed(p["cond_jaxpr"], cond_consts + carry, chain, (*loc, "cond"), True)
-            if not bool(np.asarray(pred.value)):
+            pred = self._decider(pred)
+            go = bool(np.asarray(pred.value))
+            self._decided(pred, "bool", go)  # every iteration's, the last (False) included: the count is baked in
+            if not go:
                 break
             outer = self.conditions
             if isinstance(pred.ref, Ref):
@@ -252,6 +307,22 @@ class Walker:
                 self.conditions = outer
         self.expanded["while"] += 1
         return carry
+
+    def _decider(self, x: Val) -> Val:
+        """The value that picks a cond branch or keeps a while loop going, as an op's value.
+
+        A parameter read directly gets an identity op holding it: replay can take
+        new parameters (linen's variables), and checks decisions on ops' values.
+        A constant (a jaxpr literal or const) is the same on every replay.
+        """
+        return self.identity(x) if isinstance(x.ref, ParamRef) else x
+
+    def _decided(self, x: Val, how: str, result: bool | int) -> None:
+        """The walk turned ``x`` into the Python value ``result`` (by ``how``, a key of
+        ``torchlens_core.replay.inputs.CONVERSIONS``) to pick a branch or go on looping: the recorded graph
+        holds only while it converts the same, which replay on new inputs (or a fork's edits) checks."""
+        if isinstance(x.ref, Ref):
+            self.builder.to_python(x.ref.index, x.ref.path, how, result)
 
     def _helper(self, fn: Callable[..., Any], ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
                 in_loop: bool) -> list[Val]:

@@ -42,48 +42,45 @@ import numpy as np
 import paddle
 
 from torchlens_core.capture.branches import BranchTracker
-from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.builder import TraceBuilder, returned
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.sites import CallSites
 from torchlens_core.capture.threads import OneCaptureAtATime
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
-from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
+from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
-from torchlens_paddle.arrays import device_name, dtype_name
+from torchlens_paddle.arrays import allocation, device_name, dtype_name, snapshot
 from torchlens_paddle.intercept import STATE, OpInfo, Patches, to_static_enabled
+from torchlens_paddle.splice import spliced
 
 Tensor = paddle.Tensor
-_clone = Tensor.__dict__["clone"]
-_detach = Tensor.__dict__["detach"]
-_data_ptr = Tensor.__dict__["data_ptr"]
-_offset = Tensor.__dict__["_offset"]
 _version = Tensor.__dict__["_inplace_version"]
-
-
-def snapshot(t: Tensor) -> Tensor:
-    """A detached copy of ``t`` (through the original C methods: never recorded)."""
-    copy = _clone(_detach(t))
-    copy.stop_gradient = t.stop_gradient
-    return copy
-
-
-def _allocation(t: Tensor) -> int:
-    """The address of the allocation ``t`` views (0 when it has none)."""
-    try:
-        ptr = _data_ptr(t)
-        return ptr - _offset(t) if ptr else 0
-    except (RuntimeError, ValueError, TypeError):
-        return 0
+_clone = Tensor.__dict__["clone"]
+# The copy a conversion reads when the value was written since its op ran (see Recorder._read_now).
+_READ_NOW = OpInfo("clone", getattr(_clone, "__wrapped__", _clone))
 
 
 # Paddle and the TorchLens packages are never the user's code site.
 _SITES = CallSites(paddle.__file__, __file__, tree.__file__)
 
 
+# A converted tensor with more elements than this is not turned into a list to report it: the
+# builder keeps no larger one (TraceBuilder.to_python), so replay on new inputs refuses it anyway.
+_LARGEST_LIST = 4096
+
+
+
 def drop_scratch(out: Any, scratch: tuple[int, ...]) -> Any:
     """``out`` with the outputs at ``scratch`` (backward-only, maybe uninitialized) replaced by None."""
     return type(out)(None if i in scratch else v for i, v in enumerate(out))
+
+
+def _merged(result: Any, edited: Any, scratch: tuple[int, ...]) -> Any:
+    """What an op of several outputs returns to the model after an edit: ``edited``, scratch outputs put back."""
+    if not scratch:
+        return edited
+    return type(result)(v if i in scratch else edited[i] for i, v in enumerate(result))
 
 
 def _replace(obj: Any, path: tuple[Any, ...], new: Any) -> Any:
@@ -102,7 +99,7 @@ class Recorder:
         self.builder = builder
         self.param_names = param_names
         # allocation -> parameter name, so that a write through a view of a parameter is seen
-        self.param_allocations = {_allocation(p): name for name, p in params.items()}
+        self.param_allocations = {allocation(p): name for name, p in params.items()}
         self.param_allocations.pop(0, None)
         self.params = params
         self.depth = 0  # > 0 while a recorded call (or the recorder itself) runs
@@ -114,13 +111,18 @@ class Recorder:
         # name ops, not tensors: a value save= drops is then really freed (its entries are
         # skipped, as op.out is None).
         self.storages: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
-        # (op index, path, _inplace_version() when recorded), for the tripwire
-        self.versions: list[tuple[int, tuple[Any, ...], int]] = []
+        # (op index, path, id(tensor), _inplace_version() when recorded), for the tripwire
+        self.versions: list[tuple[int, tuple[Any, ...], int, int]] = []
+        # allocation -> ops whose value before an edit (op.pre_edit) lives there, copied before a write too
+        self.pre_edits: dict[int, list[int]] = {}
         self.snapshots: set[tuple[int, tuple[Any, ...]]] = set()  # values already copied before a write
         # id(tensor from outside the trace) -> (weakref, version, its copy)
         self.constants: dict[int, tuple[weakref.ref[Tensor], int, Tensor]] = {}
         self.params_before_write: dict[str, Tensor] = {}
         self.branches = BranchTracker(_SITES.internal)
+        # allocation -> index of the op that last wrote into it (it had not been recorded yet), for conversions
+        self.written_at: dict[int, int] = {}
+        self.reported: set[tuple[Any, ...]] = set()  # conversions reported: ((op index, path), how, with args)
 
     # -- the hot path ------------------------------------------------------------------
     def run(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -148,24 +150,77 @@ class Recorder:
             start = perf_counter()
             out = info.call(*args, **kwargs)
             elapsed = perf_counter() - start
-            self._record(info, a, k, parents, params, out, targets, written, meta, elapsed)
-            return out
+            return self._record(info, a, k, parents, params, out, targets, written, meta, elapsed)
         finally:
             self.depth -= 1
 
-    def decide(self, orig: Any, t: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """``t`` turned into a Python value (``bool(t)``, ``t.item()``...): maybe the test of a branch."""
+    def decide(self, orig: Any, how: str, exact: bool, t: Tensor, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Any:
+        """``t`` turned into a Python value (``bool(t)``, ``t.item()``...): maybe the test of a branch.
+
+        The recorded graph holds the result as fixed, so it is reported to the
+        builder as conversion ``how`` (see ``intercept.DECIDING``), which replay
+        on new inputs repeats on the replayed value and compares.
+        """
         found = self.producer(t)
+        if found is not None and self._written_since(t, found[0]):
+            t = self._read_now(t)  # written through another view since its op ran: read as it is now
+            found = self.producer(t)
         if found is not None:
             self.branches.condition(found[0])
         self.depth += 1  # what the conversion calls inside (numpy(), astype) is part of it, not an op
         try:
-            return orig(t, *args, **kwargs)
+            result = orig(t, *args, **kwargs)
+            if found is not None and (found, how, bool(args)) not in self.reported:
+                self.reported.add((found, how, bool(args)))  # a value converts alike each time: once is enough
+                self._converted(found, how, exact and not args, t, result)
+            return result
         finally:
             self.depth -= 1
 
+    def _written_since(self, t: Tensor, index: int) -> bool:
+        """Was ``t``'s memory written after op ``index`` made it (through another view: its own write moves it)?"""
+        written = self.written_at.get(allocation(t)) if self.written_at else None
+        return written is not None and written > index
+
+    def _read_now(self, t: Tensor) -> Tensor:
+        """A recorded copy of ``t`` as it is now, for the conversion to read.
+
+        Replay checks a converted value where its op computed it, before the
+        write that changed it since; the copy is an op of its own, after the
+        write, so replay computes (and checks) the value that was read. It is
+        what the conversion reads, an edit of it included.
+        """
+        return self.run(_READ_NOW, (t,), {})
+
+    def _converted(self, found: tuple[int, tuple[Any, ...]], how: str, exact: bool, t: Tensor, result: Any) -> None:
+        """Report that op ``found``'s value ``t`` became ``result``, as the conversion ``how`` replay repeats.
+
+        Where the method's result is not what ``how`` gives (a NumPy array,
+        ``complex(t)``, ``t.item(i)`` with an index), ``t`` is converted that way
+        here: ``tolist`` checks every element, ``item`` the one there is. A
+        tensor too large to keep as a list is reported with the array itself,
+        which the builder does not keep: replay on new inputs then refuses.
+        """
+        if not exact:
+            if how == "item" and math.prod(t.shape) != 1:  # t.item(i): the element is one of them
+                how = "tolist"
+            if how == "tolist":
+                result = t.tolist() if math.prod(t.shape) <= _LARGEST_LIST else result
+            else:
+                result = t.item()
+        self.builder.to_python(found[0], found[1], how, result)
+
+    def alias(self, t: Tensor, out: Any) -> None:
+        """``out`` holds ``t``'s data under another Tensor object (intercept.ALIASING): it is the same op's value."""
+        found = self.producer(t)
+        if found is not None and isinstance(out, Tensor) and out is not t:
+            self.producers[id(out)] = (weakref.ref(out), *found)
+
     def _record(self, info: OpInfo, a: tuple[Any, ...], k: dict[str, Any], parents: list[int], params: list[str],
-                out: Any, targets: list[Tensor], written: Any, meta: dict[str, Any], elapsed: float) -> None:
+                out: Any, targets: list[Tensor], written: Any, meta: dict[str, Any], elapsed: float) -> Any:
+        """Record one call that returned ``out``; returns what the forward gets back (``out``, or its edit)."""
+        result = out
         if isinstance(out, Tensor):
             shape, dtype, device = tuple(out.shape), dtype_name(out.dtype), device_name(out.place)
             leaves = None
@@ -176,12 +231,12 @@ class Recorder:
                 leaves = None
             else:
                 if not isinstance(out, (tuple, list)):
-                    return
+                    return result
                 if info.scratch:
                     out = drop_scratch(out, info.scratch)
                 leaves = list(tree.leaves(out, lambda v: isinstance(v, Tensor)))
                 if not leaves:
-                    return
+                    return result
                 shape = tuple(tuple(v.shape) if isinstance(v, Tensor) else None for v in out)
                 first = leaves[0][1]
                 dtype, device = dtype_name(first.dtype), device_name(first.place)
@@ -197,6 +252,19 @@ class Recorder:
             info.name, info.call, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
             device=device, params=tuple(dict.fromkeys(params)), random=info.random, in_place=bool(targets),
             code_context=_SITES.stack(), meta=meta, elapsed=elapsed, conditions=self.branches.current())
+        if leaves is not None:
+            # Replay checks an op's output shape against the recorded one only for ops of one output; an
+            # op of several may have shapes decided by values (paddle.unique), which the forward may read
+            # (u.shape[0]) into ops of fixed shapes: each output's shape is reported as read.
+            for path, t in leaves:
+                self.builder.to_python(op.index, path, "shape", [int(d) for d in t.shape])
+        if self.builder.editor is not None:  # intervene=: later ops see (and link to) the edited value
+            seen = self.builder.seen_value(op, out)  # an in-place op's edit is written into `out` itself
+            if seen is not out:
+                result = seen if leaves is None else _merged(result, seen, info.scratch)
+                out = seen
+                leaves = None if leaves is None else list(tree.leaves(out, lambda v: isinstance(v, Tensor)))
+                self._keep_pre_edit(op)
         if leaves is None:
             self._produced(out, op.index, ())
         else:
@@ -211,10 +279,11 @@ class Recorder:
             # An op of several outputs writing in place (batch norm's running statistics): the written
             # tensor is the output living in its allocation (mean_out, variance_out), which later reads
             # of it (a reused BatchNorm, model code reading ``bn._mean``) then name.
-            key = _allocation(t)
-            path = next((p for p, v in leaves if key and _allocation(v) == key), None)
+            key = allocation(t)
+            path = next((p for p, v in leaves if key and allocation(v) == key), None)
             if path is not None:
                 self._produced(t, op.index, path, alias=True)
+        return result
 
     def _produced(self, t: Tensor, index: int, path: tuple[Any, ...], alias: bool = False) -> None:
         """Note that ``t`` is the value of op ``index`` at ``path``.
@@ -226,11 +295,11 @@ class Recorder:
         self.producers[id(t)] = (weakref.ref(t), index, path)
         if not self.builder.ops[index].saved:  # dropped by save= already: nothing to protect
             return
-        key = _allocation(t)
+        key = allocation(t)
         if key:
             self.storages.setdefault(key, []).append((index, path))
             if not alias:
-                self.versions.append((index, path, _version(t)))
+                self.versions.append((index, path, id(t), _version(t)))
 
     def producer(self, t: Tensor) -> tuple[int, tuple[Any, ...]] | None:
         """(op index, path) of the recorded value ``t`` is, or None (the weakref guards against id reuse)."""
@@ -277,13 +346,17 @@ class Recorder:
         A parameter or buffer written for the first time keeps its value from
         before the forward in its ParamRecord, which is what replay starts from.
         """
-        key = _allocation(target)
+        key = allocation(target)
+        if key:  # what a conversion reads there from now on is not what ops recorded before this one
+            self.written_at[key] = len(self.builder.ops)
         name = self.param_names.get(id(target)) or self.param_allocations.get(key)
         if name is not None and name not in self.params_before_write:
             self.params_before_write[name] = snapshot(self.params[name])
             self.builder.params[name].value = self.params_before_write[name]
         if not key:
             return
+        if self.pre_edits:
+            self._protect_pre_edits(key)
         entries = self.storages.pop(key, None)
         if not entries:
             return
@@ -297,6 +370,43 @@ class Recorder:
             if isinstance(value, Tensor):
                 op.out = _replace(op.out, path, snapshot(value))
             snapshots.add((index, path))
+
+    # -- interventions -------------------------------------------------------------------
+    def _keep_pre_edit(self, op: OpRecord) -> None:
+        """Note where ``op.pre_edit`` lives, so that a later write there (through a view) copies it first.
+
+        The model never sees the value before an edit, but it may hold
+        another view of the same memory (the edited op was a reshape or a
+        slice of a tensor it keeps).
+        """
+        if op.pre_edit is None:
+            return
+        for _, t in tree.leaves(op.pre_edit, lambda v: isinstance(v, Tensor)):
+            key = allocation(t)
+            if key:
+                self.pre_edits.setdefault(key, []).append(op.index)
+
+    def _protect_pre_edits(self, key: int) -> None:
+        for index in self.pre_edits.pop(key, ()):
+            op = self.builder.ops[index]
+            if op.pre_edit is not None:
+                op.pre_edit = tree.map_leaves(
+                    lambda v: snapshot(v) if isinstance(v, Tensor) and allocation(v) == key else v, op.pre_edit)
+
+    def _edit_output(self, path: str, template: Any, output: Any) -> tuple[Any, Any]:
+        """What layer call ``path`` returns to the model after intervene=, and its template (see post_hook)."""
+        self.depth += 1  # the helpers' own Paddle calls are not the model's ops
+        try:
+            edited, template = self.builder.edit_module_output(path, template, output)
+        finally:
+            self.depth -= 1
+        if edited is not output:
+            for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
+                leaf = tree.get(edited, leaf_path)
+                if leaf is not tree.get(output, leaf_path):  # a new tensor: later ops read it as ref's value
+                    self._produced(leaf, ref.index, ref.path)
+                    self._keep_pre_edit(self.builder.ops[ref.index])
+        return edited, template
 
     # -- layer hooks ---------------------------------------------------------------------
     # The hooks sit on the model's layers, which other threads may call meanwhile: those calls are not ours.
@@ -312,42 +422,56 @@ class Recorder:
     def post_hook(self, path: str) -> Any:
         builder, thread = self.builder, self.thread
 
-        def post(layer: Any, inputs: Any, output: Any) -> None:
+        def post(layer: Any, inputs: Any, output: Any) -> Any:
             if get_ident() != thread:
                 return None
             current = builder.module_stack[-1] if builder.module_stack else None
-            template = tree.map_leaves(lambda v: self.as_output(v, current), output)
+            template, edited = self.returned(output, current)
+            if builder.editor is not None:  # intervene=: the layer's output may be edited, as a post-hook would
+                edited, template = self._edit_output(path, template, edited)
             builder.exit_module(path, template)
-            return None  # a post-hook that returns a value replaces the layer's output
+            return None if edited is output else edited  # a post-hook that returns a value replaces the output
 
         return post
 
-    def as_output(self, value: Any, inside: tuple[str, int] | None) -> Any:
-        """A Ref to ``value`` as returned by layer pass ``inside`` (None: by the model)."""
-        if not isinstance(value, Tensor):
-            return value
-        parents: list[int] = []
-        ref = self._template(value, parents, [])
-        if parents and (inside is None or inside in self.builder.ops[ref.index].module_passes):
-            return ref
-        # Returned, not computed, here (nn.Identity, a parameter, a constant): an
-        # explicit pass-through op keeps "every returned array is an op's output"
-        # and "layer outputs are computed inside the layer" true.
-        op = self.builder.identity_op(ref, value, shape=tuple(value.shape), dtype=dtype_name(value.dtype),
-                                      device=device_name(value.place))
-        self._produced(value, op.index, ())
-        return Ref(op.index)
+    def returned(self, output: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:
+        """Refs to what layer pass ``inside`` (None: the model) returned, and what the forward gets back."""
+        return returned(output, lambda v: isinstance(v, Tensor), lambda v: self._as_output(v, inside))
+
+    def _as_output(self, value: Tensor, inside: tuple[str, int] | None) -> tuple[Ref, Tensor | None]:
+        """A Ref to ``value`` as returned by layer pass ``inside``, and what intervene= made of it (None: nothing)."""
+        self.depth += 1  # intervene= helpers may run here (on an identity op): their calls are not the model's ops
+        try:
+            parents: list[int] = []
+            ref = self._template(value, parents, [])
+            if parents and (inside is None or inside in self.builder.ops[ref.index].module_passes):
+                return ref, None
+            # Returned, not computed, here (nn.Identity, a parameter, a constant): an
+            # explicit pass-through op keeps "every returned array is an op's output"
+            # and "layer outputs are computed inside the layer" true.
+            op = self.builder.identity_op(ref, value, shape=tuple(value.shape), dtype=dtype_name(value.dtype),
+                                          device=device_name(value.place))
+            seen = value if self.builder.editor is None else self.builder.seen_value(op, value)
+            self._produced(seen, op.index, ())
+            if seen is value:
+                return Ref(op.index), None
+            self._keep_pre_edit(op)  # edited: the tensor returned keeps the producer it had
+            return Ref(op.index), seen
+        finally:
+            self.depth -= 1
 
     # -- after the forward -----------------------------------------------------------------
     def check_versions(self) -> None:
         """Flag any saved value changed in place after recording without a copy being made."""
         ops = self.builder.ops
         snapshots = self.snapshots
-        for index, path, version in self.versions:
+        for index, path, tensor_id, version in self.versions:
             op = ops[index]
             if op.out is None or (index, path) in snapshots:  # dropped by save=, or copied before the write
                 continue
             value = tree.get(op.out, path)
+            if id(value) != tensor_id:  # intervene= replaced it by a new tensor, registered on its own
+                continue
             if isinstance(value, Tensor) and _version(value) != version:
                 op.meta["mutated_after_recording"] = True
 
@@ -462,7 +586,8 @@ def _capture(model: Any, layers: list[tuple[str, Any]], is_layer: bool, args: tu
             handles.append(layer.register_forward_post_hook(recorder.post_hook(path)))
         patches.install(_defining_modules(model, layers))
         STATE.recorder = recorder
-        output = model(*args, **kwargs)
+        with spliced(layers[1:], builder):  # tl.splice_module: the layers it names run the replacement
+            output = model(*args, **kwargs)
     finally:
         STATE.recorder = None
         recorder.branches.close()
@@ -471,6 +596,6 @@ def _capture(model: Any, layers: list[tuple[str, Any]], is_layer: bool, args: tu
         finally:
             for handle in handles:
                 handle.remove()
-    builder.add_outputs(tree.map_leaves(lambda v: recorder.as_output(v, None), output), output)
+    builder.add_outputs(*recorder.returned(output, None))
     recorder.check_versions()
     return builder.finish()

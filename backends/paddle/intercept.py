@@ -12,9 +12,11 @@ replaced by the same wrapper. Tensor operators (``__add__``, ``__mul__``...)
 and a few Tensor methods (``clone``, ``detach``...) are C methods that bypass
 ``_C_ops``; they are replaced on ``paddle.Tensor`` itself, and so are the methods
 that turn a value into a Python one (``__bool__``, ``item``, ``numpy``...), which
-are no ops but tell the branch tracker. ``StaticFunction.__call__``
-is replaced by a guard that refuses ``paddle.jit.to_static`` code run inside a
-captured forward.
+are no ops but tell the branch tracker and are reported for replay on new inputs,
+and ``_use_gpudnn``, which gives the same data back as a new object (no op
+either: linked to the op whose value it is).
+``StaticFunction.__call__`` is replaced by a guard that refuses
+``paddle.jit.to_static`` code run inside a captured forward.
 
 A wrapper records a call only when no other recorded call is running (the
 recorder keeps a depth counter), so a Python method built from several C ops,
@@ -56,10 +58,11 @@ _WRITES: dict[str, tuple[int | str, ...]] = {
 }
 
 # Outputs kept only for the backward pass, left uninitialized in inference (batch norm's
-# saved statistics and reserve space in eval mode hold whatever memory they got): not
+# saved statistics and reserve space in eval mode hold whatever memory they got), and the
+# RNN layers' dropout state (never initialized on CPU, discarded by their Python code): not
 # recorded, and dropped from the replayed value too.
 SCRATCH: dict[str, tuple[int, ...]] = {
-    "batch_norm": (3, 4, 5), "batch_norm_": (3, 4, 5), "sync_batch_norm_": (3, 4, 5),
+    "batch_norm": (3, 4, 5), "batch_norm_": (3, 4, 5), "sync_batch_norm_": (3, 4, 5), "rnn": (1,),
 }
 
 # Ops whose output holds whatever memory it got (``paddle.empty``): replay gives back the
@@ -87,10 +90,24 @@ TENSOR_METHODS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "_getitem_dygraph": ("getitem", ()), "_setitem_dygraph": ("setitem", (0,)),
 }
 # Tensor methods that turn a tensor's value into a Python value (or a NumPy array), which an
-# ``if`` or ``while`` may test: never ops, but they tell the branch tracker. ``__len__`` is
-# data-dependent after ops such as nonzero, whose output shape depends on values.
-DECIDING = ("__bool__", "item", "__int__", "__float__", "__index__", "__complex__", "__len__", "tolist", "numpy",
-            "__array__")
+# ``if`` or ``while`` may test and the recorded graph then holds as fixed: never ops, but they tell
+# the branch tracker, and are reported to replay (``TraceBuilder.to_python``) as the conversion of
+# ``torchlens_core.replay.inputs.CONVERSIONS`` that checks them: attribute -> (kind, whether the
+# method's own result is what that kind gives; if not, capture converts the tensor that way too).
+# ``__len__`` is data-dependent after ops such as nonzero, whose output shape depends on values. A
+# NumPy array holds every value: checked as ``tolist``; ``complex(t)`` as ``item``, which equals it.
+DECIDING: dict[str, tuple[str, bool]] = {
+    "__bool__": ("bool", True), "__nonzero__": ("bool", True), "item": ("item", True), "__int__": ("int", True),
+    "__long__": ("int", True), "__float__": ("float", True), "__index__": ("index", True),
+    "__complex__": ("item", False), "__len__": ("len", True), "tolist": ("tolist", True),
+    "numpy": ("tolist", False), "__array__": ("tolist", False),
+}
+
+
+# Tensor methods that return the same data under another Tensor object (``x._use_gpudnn(False)``,
+# which adaptive pooling applies to its input): no op, but the new object is linked to the op whose
+# value it is, or the op reading it would see a constant (a lost edge). Replay passes the value on.
+ALIASING = ("_use_gpudnn",)
 
 
 class OpInfo:
@@ -170,14 +187,33 @@ def _make_wrapper(info: OpInfo) -> Callable[..., Any]:
     return wrapper
 
 
-def _make_decider(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _make_alias(orig: Callable[..., Any]) -> Callable[..., Any]:
     state = STATE
+
+    def alias(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        rec = state.recorder
+        if rec is not None and not rec.depth and rec.thread == _get_ident():
+            rec.alias(self, out)
+        return out
+
+    alias.__name__ = getattr(orig, "__name__", "alias")
+    alias.__qualname__ = alias.__name__
+    alias.__doc__ = getattr(orig, "__doc__", None)
+    alias.__wrapped__ = orig  # type: ignore[attr-defined]
+    alias._torchlens_wrapper = True  # type: ignore[attr-defined]
+    return alias
+
+
+def _make_decider(orig: Callable[..., Any], attr: str) -> Callable[..., Any]:
+    state = STATE
+    how, exact = DECIDING[attr]
 
     def decider(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = state.recorder
         if rec is None or rec.depth or rec.thread != _get_ident():
             return orig(self, *args, **kwargs)
-        return rec.decide(orig, self, args, kwargs)
+        return rec.decide(orig, how, exact, self, args, kwargs)
 
     decider.__name__ = getattr(orig, "__name__", "decider")
     decider.__qualname__ = decider.__name__
@@ -236,7 +272,11 @@ def _prepare() -> None:
     for attr in DECIDING:
         orig = tensor.__dict__.get(attr)
         if orig is not None:
-            _SITES.append((tensor, attr, orig, _make_decider(orig)))
+            _SITES.append((tensor, attr, orig, _make_decider(orig, attr)))
+    for attr in ALIASING:
+        orig = tensor.__dict__.get(attr)
+        if orig is not None:
+            _SITES.append((tensor, attr, orig, _make_alias(orig)))
     cls, orig, guard = _static_function_guard()
     _SITES.append((cls, "__call__", orig, guard))
 

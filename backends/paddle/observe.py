@@ -7,7 +7,7 @@ from typing import Any
 import paddle
 
 from torchlens_core.ir import tree
-from torchlens_paddle.capture import snapshot
+from torchlens_paddle.arrays import snapshot
 
 
 def observe_module_outputs(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

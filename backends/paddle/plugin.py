@@ -39,9 +39,14 @@ class PaddleBackend(Backend):
         # "save": side tables name ops by index, never hold tensors: a value save= drops is freed.
         # "halt": HaltCapture goes through the wrappers and hooks; the same finally takes them down.
         # "branches": Tensor.__bool__, item, numpy... on a recorded tensor tell the branch tracker.
+        # "new_inputs": those conversions are each reported (TraceBuilder.to_python), so replay on new inputs or
+        # with a fork's edits checks that they still give what the recorded graph holds.
+        # "intervene": edited values are handed to the model as ops and layer calls return (depth paused for
+        # the helpers); "splice": a layer a splice names gets an instance-level forward for the capture.
         return BackendInfo(name=self.name, framework=_distribution(), install="pip install 'torchlens[paddle]'",
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt", "timing", "branches"}))
+                                                   "save", "halt", "timing", "branches", "intervene", "splice",
+                                                   "new_inputs"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         paddle = sys.modules.get("paddle")
@@ -60,6 +65,7 @@ class PaddleBackend(Backend):
     to_numpy = lazy("torchlens_paddle.arrays:to_numpy")
     detach = lazy("torchlens_paddle.arrays:detach")
     array_error = lazy("torchlens_paddle.arrays:array_error")
+    array_ops = lazy("torchlens_paddle.arrays:ARRAY_OPS")
     flop_formulas = lazy("torchlens_paddle.flops:FORMULAS")
     encode_array = lazy("torchlens_paddle.saving:encode_array")
     from_numpy = lazy("torchlens_paddle.saving:from_numpy")

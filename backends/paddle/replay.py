@@ -20,7 +20,8 @@ from torchlens_core.ir import tree
 from torchlens_core.ir.records import OpRecord, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.evaluator import Observe, interpret
-from torchlens_paddle.capture import drop_scratch, snapshot
+from torchlens_paddle.arrays import snapshot
+from torchlens_paddle.capture import drop_scratch
 
 Tensor = paddle.Tensor
 

@@ -8,10 +8,12 @@ tensor. Nothing here imports TensorFlow unless it is already imported.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from torchlens_core.backend.array_ops import ArrayOps
 from torchlens_core.backend.arrays import numpy_error
 
 _DEVICES: dict[str, str] = {}
@@ -74,3 +76,63 @@ def array_error(actual: Any, expected: Any) -> float:
     if tuple(actual.shape) != tuple(expected.shape) or _dtype_name(actual) != _dtype_name(expected):
         return float("inf")
     return numpy_error(to_numpy(actual), to_numpy(expected), exact_integers=False)
+
+
+class TFArrayOps(ArrayOps):
+    """ArrayOps on eager tensors, for interventions.
+
+    Tensors are immutable, so :meth:`write_into` keeps the default (the edit
+    is a new tensor) and :meth:`copy` needs no copy of the data; an edit of a
+    variable write reaches the variable through the capture, which assigns the
+    edited state to it. Everything runs on the device of the tensor given.
+    Integer and boolean means are taken in float64 and cast back, as NumPy's
+    ``mean(...).astype(dtype)`` does; sums keep the dtype.
+    """
+
+    def zeros_like(self, x: Any) -> Any:
+        return _tf().zeros_like(x)
+
+    def mean(self, x: Any, axes: tuple[int, ...]) -> Any:
+        tf = _tf()
+        if x.dtype.is_floating or x.dtype.is_complex:
+            return tf.reduce_mean(x, axis=list(axes), keepdims=True)
+        return tf.cast(tf.reduce_mean(tf.cast(x, tf.float64), axis=list(axes), keepdims=True), x.dtype)
+
+    def sum(self, x: Any, axis: int) -> Any:
+        tf = _tf()
+        if x.dtype == tf.bool:  # NumPy sums booleans as integers; any is what they cast back to
+            return tf.reduce_any(x, axis=axis, keepdims=True)
+        return tf.reduce_sum(x, axis=axis, keepdims=True)
+
+    def clip(self, x: Any, low: float | None, high: float | None) -> Any:
+        tf = _tf()
+        with tf.device(x.device):
+            if low is not None:
+                x = tf.maximum(x, tf.cast(_in_range(low, x.dtype), x.dtype))
+            if high is not None:
+                x = tf.minimum(x, tf.cast(_in_range(high, x.dtype), x.dtype))
+        return x
+
+    def take(self, x: Any, indices: Sequence[int], axis: int) -> Any:
+        tf = _tf()
+        with tf.device(x.device):
+            return tf.gather(x, tf.constant(list(indices), dtype=tf.int64), axis=axis)
+
+    def from_numpy(self, array: Any, like: Any) -> Any:
+        tf = _tf()
+        with tf.device(like.device):
+            return tf.constant(np.asarray(array).astype(like.dtype.as_numpy_dtype, copy=False))
+
+    def copy(self, x: Any) -> Any:
+        tf = _tf()
+        if isinstance(x, tf.Variable):  # its value now: a later write to the variable does not change it
+            return tf.identity(x.read_value())
+        return x  # a tensor never changes (a variable's read is copied before the variable is written)
+
+
+ARRAY_OPS = TFArrayOps()
+
+
+def _in_range(bound: float, dtype: Any) -> float:
+    """A clip bound an integer dtype can hold (a cast would wrap -1 to 255 for uint8)."""
+    return min(max(bound, dtype.min), dtype.max) if dtype.is_integer else bound

@@ -33,10 +33,12 @@ rather than as one opaque function call; the trace's notes list them. A graph
 function that cannot run eagerly (a concrete function, a SavedModel
 signature) is refused.
 
-Branches. Reading a recorded tensor's value into Python (``bool(t)``,
-``t.numpy()``...) runs no op; the EagerTensor methods doing it are replaced
-for the capture and tell the branch tracker, which marks the ops of the
-``if`` or ``while`` body that value decided.
+Python values. Reading a recorded tensor's value into Python (``bool(t)``,
+``t.numpy()``, ``t.shape``...) runs no op; the EagerTensor methods doing it
+are replaced for the capture (:mod:`torchlens_tf.conversions`): each read is
+reported to the builder (``to_python``), which replay on new inputs checks,
+and tells the branch tracker, which marks the ops of the ``if`` or ``while``
+body that value decided.
 
 Everything installed (the callback, the layer wrapper, the tf.function
 wrapper, the value-reading methods) is removed in a ``finally``, whatever ends
@@ -66,7 +68,7 @@ import attrs
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context, execute
-from tensorflow.python.framework import op_def_registry, ops
+from tensorflow.python.framework import op_def_registry
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from torchlens_core.capture.branches import BranchTracker
@@ -79,6 +81,9 @@ from torchlens_core.ir.errors import CaptureError, UnsupportedError
 from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_tf.arrays import device_name
+from torchlens_tf.conversions import ValueReads
+from torchlens_tf.conversions import patches as value_read_patches
+from torchlens_tf.edits import Handover, gradients_through_edits
 from torchlens_tf.layers import (
     LayerCalls,
     ModelView,
@@ -276,8 +281,13 @@ class Recorder:
         self.tf_functions: list[str] = []
         self.sites = _call_sites()
         self.branches = BranchTracker(self.sites.internal)
+        self.reads = ValueReads(builder)  # Python values made from recorded tensors (torchlens_tf.conversions)
         self.untracked: list[str] = []
         self.other_resources: dict[int, Any] = {}  # resource handles that are not variables, held
+        # intervene=: op outputs replaced by their edits (torchlens_tf.edits); empty without edits
+        self.replaced: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self.editing = builder.editor is not None
+        self.handover = Handover(self)
         # Variables by the buffer of their current value: a tf.Variable handed
         # straight to an op is read inside TensorFlow's C++ fast path, which runs
         # no callback for the read; the op's input then shares the variable's
@@ -330,7 +340,12 @@ class Recorder:
             return None
         self.busy = True
         try:
-            self._record(op_type if type(op_type) is str else op_type.decode(), inputs, attrs, outputs or ())
+            if type(op_type) is str:  # the fast path: the gradient tape has seen the op already
+                self._record(op_type, inputs, attrs, outputs or ())
+            else:  # the Python fallback path, whose caller records the op on the tape after this
+                if self.editing:  # before the helpers run on its outputs (torchlens_tf.edits)
+                    self.handover.record_gradient_first(op_type, inputs, attrs, outputs)
+                self._record(op_type.decode(), inputs, attrs, outputs or ())
         except BaseException as exc:
             if self.error is None:
                 self.error = exc
@@ -387,6 +402,8 @@ class Recorder:
                     implicit.append(var.info.name)  # type: ignore[union-attr]
                     args.append(state)
                     continue
+            if self.replaced:  # an op output whose edit the model should have been handed instead
+                self.handover.check_not_replaced(t)
             args.append(t)  # a constant: tensors are immutable, so this is its value as it ran
         attrs_t = _attrs(raw_attrs)
         n_out = len(outputs)
@@ -429,9 +446,11 @@ class Recorder:
             in_place=bool(writes), code_context=self.sites.stack(), meta=meta, conditions=self.branches.current())
         # From here on, nothing reads op.out: save= may already have dropped it.
         index = op.index
+        if self.editing:  # intervene=: the model gets the edited values, and later ops link to them
+            values = self.handover.op_output(op, out, values, outputs, n_out, var_args, writes)
         if len(values) == 1:
             if n_out:
-                self._produced(out, Ref(index))
+                self._produced(values[0], Ref(index))
         else:
             for k in range(n_out):
                 self._produced(values[k], Ref(index, (k,)))
@@ -504,20 +523,33 @@ class Recorder:
         if self.error is None and any(p == path for p, _ in self.builder.module_stack):
             self._exit(path, None)
 
-    def leave(self, path: str, output: Any) -> None:
+    def leave(self, path: str, output: Any) -> Any:
+        """Close the layer call's pass; returns what the caller gets instead of ``output``, or None."""
         if self.error is not None:
-            return
+            return None
         builder = self.builder
         current = next((p for p in reversed(builder.module_stack) if p[0] == path), None)
-        self.busy = True  # reading values below must not record ops
+        edited = output
+        self.busy = True  # reading values below (and intervene='s helpers) must not record ops
         try:
             template = tree.map_leaves(lambda v: self.as_output(v, current), output)
+            if self.editing:
+                edited, template = self.handover.module_output(path, template, output)
         except HaltCapture as exc:  # an identity op standing for a returned value completed halt=
             self.error = exc
+            raise
+        except Exception as exc:  # a helper's error: the capture fails even if the model catches it
+            if self.editing:
+                self.error = exc
             raise
         finally:
             self.busy = False
         self._exit(path, template)
+        return None if edited is output else edited
+
+    def splice(self, path: str) -> Any:
+        """What runs instead of this call of layer ``path`` (``tl.splice_module``), or None."""
+        return self.builder.splice_for(path) if self.error is None else None
 
     def _exit(self, path: str, template: Any) -> None:
         try:
@@ -540,6 +572,8 @@ class Recorder:
         if not _is_eager_tensor(value):
             return value
         ref = self.producer(value)
+        if ref is None and self.replaced:
+            self.handover.check_not_replaced(value)
         if ref is not None and (inside is None or inside in self.builder.ops[ref.index].module_passes):
             return ref
         # Returned, not computed, here (an input passed through, a constant, a
@@ -551,48 +585,21 @@ class Recorder:
         return Ref(op.index)
 
 
-# EagerTensor methods that turn a tensor's value into a Python value or a NumPy array, which an
-# ``if`` or ``while`` may test. They read the buffer (``_numpy``) without running an op, so the
-# op callback never sees them: for the capture they are replaced on ``_EagerTensorBase``, the
-# Python class that defines them (EagerTensor, its C subclass, follows). ``__len__`` reads the
-# shape, which depends on values after ops such as ``tf.where(x)``.
-_DECIDING = ("__bool__", "__int__", "__float__", "__index__", "__complex__", "__len__", "numpy", "__array__")
-
-
 def _patches() -> list[SharedPatch]:
     """The process-wide replacements a capture uses besides Layer.__call__ and tf.function's __call__.
 
-    Each value-read wrapper serves the Recorder of the calling thread, if it is capturing; other
-    threads get the original.
+    The value reads (:mod:`torchlens_tf.conversions`) serve the Recorder of the calling thread, if it is
+    capturing; other threads get the original.
     """
-    cls = ops._EagerTensorBase
-    found = [shared_patch(cls, name, _value_read) for name in _DECIDING if name in vars(cls)]
     # Op callbacks are thread-local, but the eager fallback path calls them only while
     # ``execute.execute`` is ``execute_with_callbacks``: op_callbacks.add_op_callback switches that
     # module global on and remove_op_callback switches it off, in every thread at once, as soon as
     # the removing thread has no callback left. It is switched here instead, counted.
-    return [*found, shared_patch(execute, "execute", _with_callbacks)]
+    return [*value_read_patches(), shared_patch(execute, "execute", _with_callbacks)]
 
 
 def _with_callbacks(original: Any, handlers: dict[int, Any]) -> Any:
     return execute.execute_with_callbacks
-
-
-def _value_read(original: Any, recorders: dict[int, Recorder]) -> Any:
-    """An EagerTensor value read that tells the capturing thread's branch tracker what was read (``bool(t)``)."""
-    find = recorders.get
-
-    def decider(t: Any, *args: Any, **kwargs: Any) -> Any:
-        recorder = find(get_ident())
-        if recorder is not None and not recorder.busy and recorder.error is None:
-            ref = recorder.producer(t)
-            if ref is not None:
-                recorder.branches.condition(ref.index)
-        return original(t, *args, **kwargs)
-
-    decider.__name__ = decider.__qualname__ = original.__name__
-    decider.__wrapped__ = original  # type: ignore[attr-defined]
-    return decider
 
 
 def eager_functions(names: list[str]) -> contextlib.AbstractContextManager[None]:
@@ -783,7 +790,8 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
     # forward: its return, an exception, a KeyboardInterrupt, a refusal or
     # halt= (HaltCapture, raised from the op callback or a layer call, which
     # propagates to tl.trace: it finishes the trace from the builder).
-    layer_calls = LayerCalls(view.paths, recorder.enter, recorder.leave, recorder.failed)
+    layer_calls = LayerCalls(view.paths, recorder.enter, recorder.leave, recorder.failed,
+                             recorder.splice if recorder.editing else None)
     installed = contextlib.ExitStack()
     error: BaseException | None = None
     try:
@@ -792,6 +800,8 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
         for patch in _patches():
             installed.enter_context(patch.use(recorder))
         installed.enter_context(eager_functions(recorder.tf_functions))
+        if recorder.editing:
+            installed.enter_context(gradients_through_edits(recorder.handover))
         eager = context.context()
         eager.add_op_callback(recorder)  # thread-local: sees this thread's ops only
         installed.callback(eager.remove_op_callback, recorder)

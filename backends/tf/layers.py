@@ -23,7 +23,9 @@ layer with its output, to the :class:`LayerCalls` of the thread making the
 call; other threads' calls go straight to the original. Subclasses that
 override ``__call__`` reach it through ``super()``. Overlapping captures share
 the one replacement, put back by the last one out
-(:func:`torchlens_core.capture.threads.shared_patch`).
+(:func:`torchlens_core.capture.threads.shared_patch`). For ``intervene=``,
+the wrapper returns the caller what ``leave`` edited, and may run a
+replacement instead of the layer's call (``tl.splice_module``).
 """
 
 from __future__ import annotations
@@ -290,13 +292,18 @@ class LayerCalls:
     """Report the calls of known layers made by this thread, from ``install()`` until ``restore()``.
 
     ``enter(path)`` runs before a known layer's call; ``leave(path, output)``
-    after it, with what the layer returned; ``failed(path)`` if it raised.
+    after it, with what the layer returned (what it returns, unless None, is
+    what the caller gets instead: intervene='s edit); ``failed(path)`` if it
+    raised. ``splice(path)``, asked after ``enter``, may give a callable to
+    run instead of the layer's ``__call__``, with the same arguments
+    (``tl.splice_module``).
     """
 
     def __init__(self, paths: dict[int, str], enter: Callable[[str], None] | None,
-                 leave: Callable[[str, Any], None], failed: Callable[[str], None] | None = None) -> None:
+                 leave: Callable[[str, Any], Any], failed: Callable[[str], None] | None = None,
+                 splice: Callable[[str], Callable[..., Any] | None] | None = None) -> None:
         self.paths = paths
-        self.enter, self.leave, self.failed = enter, leave, failed
+        self.enter, self.leave, self.failed, self.splice = enter, leave, failed, splice
         self._installed: contextlib.ExitStack | None = None
 
     def install(self) -> None:
@@ -325,13 +332,14 @@ def _reporting_call(original: Callable[..., Any], handlers: dict[int, LayerCalls
         if calls.enter is not None:
             calls.enter(path)
         try:
-            out = original(layer, *args, **kwargs)
+            replacement = calls.splice(path) if calls.splice is not None else None
+            out = original(layer, *args, **kwargs) if replacement is None else replacement(*args, **kwargs)
         except BaseException:
             if calls.failed is not None:
                 calls.failed(path)
             raise
-        calls.leave(path, out)
-        return out
+        edited = calls.leave(path, out)
+        return out if edited is None else edited
 
     __call__.__wrapped__ = original  # type: ignore[attr-defined]
     __call__.__torchlens__ = True  # type: ignore[attr-defined]

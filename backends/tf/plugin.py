@@ -35,10 +35,15 @@ class TFBackend(Backend):
         # ops (tf.random.normal) replay their recorded values. "save"/"halt": capture holds no tensor the
         # builder dropped, and a halt (from the op callback or a layer call) leaves nothing installed.
         # "branches": EagerTensor.__bool__, numpy()... on a recorded tensor tell the branch tracker.
+        # "intervene": edited outputs go into the list the op callback is given, which the op's call returns;
+        # layer outputs are edited in the Layer.__call__ wrapper. "splice": that wrapper runs the replacement.
+        # "new_inputs": every EagerTensor method that makes a Python value of a recorded tensor reports it
+        # (torchlens_tf.conversions); reads through the buffer protocol (np.asarray(t)) are not seen.
         return BackendInfo(name=self.name, framework=_distribution(), install="pip install 'torchlens[tf]'",
                            aliases=("tensorflow",),
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt", "branches"}))
+                                                   "save", "halt", "branches", "intervene", "splice",
+                                                   "new_inputs"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         tf = sys.modules.get("tensorflow")
@@ -60,6 +65,7 @@ class TFBackend(Backend):
     array_info = lazy("torchlens_tf.arrays:array_info")
     to_numpy = lazy("torchlens_tf.arrays:to_numpy")
     array_error = lazy("torchlens_tf.arrays:array_error")
+    array_ops = lazy("torchlens_tf.arrays:ARRAY_OPS")
     from_numpy = lazy("torchlens_tf.saving:from_numpy")
     encode_value = lazy("torchlens_tf.saving:encode_value")
     decode_value = lazy("torchlens_tf.saving:decode_value")

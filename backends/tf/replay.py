@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context, execute
 
@@ -55,6 +56,18 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return out[0] if len(out) == 1 else tuple(out)
 
 
+def _as_tensor(value: Any) -> Any:
+    """An input node's value for replay: a NumPy array or a variable given as a new input becomes a tensor.
+
+    Ops take neither; a variable given for a tensor input is what the model would have read of it, its value.
+    """
+    if isinstance(value, np.ndarray):
+        return tf.convert_to_tensor(value)
+    if isinstance(value, tf.Variable):
+        return value.read_value()
+    return value
+
+
 def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
     with tf.init_scope():  # eagerly, even when called while a tf.function is being traced
-        return interpret(trace, run_op, observe)
+        return interpret(trace, run_op, observe, copy_input=_as_tensor)

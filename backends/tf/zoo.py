@@ -108,7 +108,9 @@ def _loop_model() -> Any:
         def call(self, x: Any) -> Any:
             h = self.embed(x)
             steps = 0
-            while steps < 6 and float(tf.norm(h)) < 12.0:  # data-dependent Python loop
+            # A data-dependent Python loop: each test turns a recorded tensor into a bool, which replay on
+            # other inputs checks (float(tf.norm(h)) < 12.0 would bake in the norm itself: any change refused).
+            while steps < 6 and tf.norm(h) < 12.0:
                 h = self.block(h) * 2.0 + h
                 steps += 1
             return self.head(h)

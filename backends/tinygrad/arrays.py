@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType, _to_np_dtype
 from tinygrad.uop.ops import Ops
 
+from torchlens_core.backend.array_ops import ArrayOps
 from torchlens_core.backend.arrays import numpy_error
 
 _DTYPE_NAMES: dict[DType, str] = {}
@@ -129,3 +131,47 @@ def isolate_views(target: Tensor) -> list[Tensor]:
         t.replace(copy)  # same value, own buffer
         copies.append(copy)
     return copies
+
+
+class TinygradArrayOps(ArrayOps):
+    """ArrayOps on tinygrad Tensors, for interventions.
+
+    Results are lazy like any tinygrad expression; capture realizes what it
+    hands to the model. tinygrad writes in place through ``assign``, which
+    changes the written Tensor object (what the model holds), so an in-place
+    op's edit is assigned into its output (:meth:`write_into`).
+    """
+
+    def zeros_like(self, x: Tensor) -> Tensor:
+        return x.zeros_like()
+
+    def mean(self, x: Tensor, axes: tuple[int, ...]) -> Tensor:
+        return x.mean(axis=axes, keepdim=True).cast(x.dtype)  # an integer tensor's mean is float: cast back
+
+    def sum(self, x: Tensor, axis: int) -> Tensor:
+        return x.sum(axis=axis, keepdim=True, dtype=x.dtype)  # without dtype=, small ints sum to a wider type
+
+    def clip(self, x: Tensor, low: float | None, high: float | None) -> Tensor:
+        return x.clip(low, high)
+
+    def take(self, x: Tensor, indices: Sequence[int], axis: int) -> Tensor:
+        picks = Tensor(list(indices), dtype=dtypes.int32, device=x.device)
+        return x[(slice(None),) * axis + (picks,)]
+
+    def from_numpy(self, array: Any, like: Tensor) -> Tensor:
+        data = np.asarray(array)
+        if like.dtype == dtypes.bfloat16:  # NumPy has no bfloat16: through float32
+            return Tensor(data.astype(np.float32), device=like.device).cast(like.dtype)
+        return Tensor(data.astype(_to_np_dtype(like.dtype)), device=like.device, dtype=like.dtype)
+
+    def copy(self, x: Tensor) -> Tensor:
+        return snapshot(x)
+
+    def write_into(self, target: Tensor, value: Tensor) -> Tensor:
+        if value is not target:
+            # computed into a buffer of its own first: the edit may read the buffer it is written into
+            target.assign(snapshot(value))
+        return target.realize()
+
+
+ARRAY_OPS = TinygradArrayOps()

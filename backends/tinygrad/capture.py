@@ -39,6 +39,7 @@ thread that overlaps a capture's, plain or not, is only as safe as tinygrad.
 from __future__ import annotations
 
 import inspect
+import math
 import types
 import weakref
 from threading import get_ident
@@ -50,12 +51,12 @@ from tinygrad import Tensor
 from tinygrad.helpers import TRAINING
 
 from torchlens_core.capture.branches import BranchTracker
-from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.builder import TraceBuilder, returned
 from torchlens_core.capture.sites import CallSites
 from torchlens_core.capture.threads import OneCaptureAtATime
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
-from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
+from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_tinygrad.arrays import (
     buffer_key,
@@ -84,8 +85,20 @@ _OPAQUE = frozenset({
     "manual_seed", "_next_counter", "numpy", "tolist", "item", "data", "_data", "_buffer", "as_param",
 })
 # Opaque methods that turn a tensor's value into Python data, which an ``if`` or ``while`` may
-# test: they tell the branch tracker. (``Tensor.__bool__`` raises, and ``len()`` reads a static shape.)
-_DECIDING = frozenset({"item", "tolist", "numpy", "data"})
+# test and the recorded graph then holds as fixed: they tell the branch tracker, and are reported
+# to replay (``TraceBuilder.to_python``) as the conversion of ``torchlens_core.replay.inputs.CONVERSIONS``
+# that checks them: name -> (kind, whether the method's own result is what that kind gives; if not,
+# capture converts the tensor that way too). NumPy arrays, memoryviews and the Buffer hold every value:
+# checked as ``tolist``. (``Tensor.__bool__`` raises, tinygrad has no ``__int__``, ``__float__`` or
+# ``__index__``, and ``len()`` reads a shape, which never depends on values in tinygrad and which
+# replay checks for every op.)
+_DECIDING: dict[str, tuple[str, bool]] = {
+    "item": ("item", True), "tolist": ("tolist", True), "numpy": ("tolist", False), "data": ("tolist", False),
+    "_data": ("tolist", False), "_buffer": ("tolist", False),
+}
+# A converted tensor with more elements than this is not turned into a list to report it: the
+# builder keeps no larger one (TraceBuilder.to_python), so replay on new inputs refuses it anyway.
+_LARGEST_LIST = 4096
 _INPLACE_DUNDERS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "ipow", "iand", "ior", "ixor",
                               "ilshift", "irshift", "imatmul"})
 _INPLACE = frozenset({"assign", "__setitem__", "replace", "to_", "shard_"})
@@ -121,7 +134,7 @@ class OpSpec:
         self.random = name in _RANDOM
         self.opaque = name in _OPAQUE
         self.uninitialized = name in _UNINITIALIZED
-        self.decides = name in _DECIDING
+        self.decides: tuple[str, bool] | None = _DECIDING.get(name)  # (conversion kind, exact), for conversions
 
 
 _SPECS: dict[str, OpSpec] = {}
@@ -199,6 +212,11 @@ class Recorder:
         self.saved: dict[str, Any] = {}  # Tensor attributes replaced by wrappers (None: was inherited)
         self.cells: list[tuple[Any, Any]] = []  # tinygrad metadata wrappers' cells, with what they held
         self.branches = BranchTracker(_SITES.internal)
+        # id(BUFFER node) -> ops whose value before an edit (op.pre_edit) reads it, copied before a write too
+        self.pre_edits: dict[int, list[int]] = {}
+        # id(BUFFER node) -> index of the op that last wrote into it (not recorded yet then), for conversions
+        self.written_at: dict[int, int] = {}
+        self.reported: set[tuple[Any, ...]] = set()  # conversions reported: (op index, path, how)
 
     # -- installing the wrappers -----------------------------------------------------------
     def install(self) -> None:
@@ -252,13 +270,11 @@ class Recorder:
 
     # -- the hot path ----------------------------------------------------------------------
     def call(self, spec: OpSpec, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if spec.decides and args and isinstance(args[0], Tensor):
+            return self.decide(spec.decides, func, args[0], args[1:], kwargs)
         self.depth += 1
         try:
             if spec.opaque:
-                if spec.decides and args:  # a tensor's value turned into Python data: maybe a branch
-                    found = self.producers.get(id(args[0]))
-                    if found is not None and found[0]() is args[0]:
-                        self.branches.condition(found[1])
                 return func(*args, **kwargs)
             target = args[0] if spec.in_place and args and isinstance(args[0], Tensor) else None
             meta: dict[str, Any] = {}
@@ -282,14 +298,73 @@ class Recorder:
                 tensors = [t for t in out if isinstance(t, Tensor)]
             else:
                 return result
-            self._record(spec, func, a, k, parents, params, out, tensors, target, meta, random, start)
+            seen = self._record(spec, func, a, k, parents, params, out, tensors, target, meta, random, start)
+            return result if seen is None else seen
+        finally:
+            self.depth -= 1
+
+    def decide(self, decides: tuple[str, bool], func: Any, t: Tensor, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Any:
+        """``t`` turned into Python data (``t.item()``, ``t.numpy()``...): maybe the test of a branch.
+
+        The recorded graph holds the result as fixed, so it is reported to the
+        builder as the conversion ``decides`` names (see ``_DECIDING``), which
+        replay on new inputs repeats on the replayed value and compares.
+        """
+        found = self.producers.get(id(t))
+        if found is not None and found[0]() is t and self._written_since(t, found[1]):
+            t = t.clone()  # written since its op ran: a recorded copy, read as it is now (and edited, if so)
+            found = self.producers.get(id(t))
+        if found is None or found[0]() is not t:
+            self.depth += 1
+            try:
+                return func(t, *args, **kwargs)
+            finally:
+                self.depth -= 1
+        self.branches.condition(found[1])
+        self.depth += 1  # what the conversion calls inside (data(), cast) is part of it, not an op
+        try:
+            result = func(t, *args, **kwargs)
+            key = (found[1], found[2], decides[0])
+            if key not in self.reported:  # a value converts alike each time: once is enough
+                self.reported.add(key)
+                self._converted(found[1], found[2], decides, t, result)
             return result
         finally:
             self.depth -= 1
 
+    def _written_since(self, t: Tensor, index: int) -> bool:
+        """Was ``t``'s buffer written after op ``index`` made it?
+
+        Only a buffer realized before the capture (an input's) can be: other
+        views of one capture realized get copies before a write (``_protect``),
+        and a write into ``t`` itself makes it the writing op's value.
+        """
+        if not self.written_at:
+            return False
+        key = buffer_key(t)
+        written = self.written_at.get(id(key)) if key is not None else None
+        return written is not None and written > index
+
+    def _converted(self, index: int, path: tuple[Any, ...], decides: tuple[str, bool], t: Tensor,
+                   result: Any) -> None:
+        """Report that op ``index``'s value ``t`` (at ``path``) became ``result``, for replay to check.
+
+        Where the method's result is not what the conversion kind gives (a
+        NumPy array, a memoryview, a Buffer), ``t`` is converted that way
+        here (the wrappers pass through: depth is up). A tensor too large to
+        keep as a list is reported with the raw result, which the builder does
+        not keep: replay on new inputs then refuses.
+        """
+        how, exact = decides
+        if not exact:
+            result = t.tolist() if math.prod(shape_of(t)) <= _LARGEST_LIST else result
+        self.builder.to_python(index, path, how, result)
+
     def _record(self, spec: OpSpec, func: Any, a: tuple[Any, ...], k: dict[str, Any], parents: list[int],
                 params: list[str], out: Any, tensors: list[Tensor], target: Tensor | None, meta: dict[str, Any],
-                random: bool, start: float) -> None:
+                random: bool, start: float) -> Any:
+        """Record one call that returned ``out``; returns what intervene= made of it for the forward, or None."""
         fresh = [t for t in tensors if buffer_key(t) is None]
         realize(tensors)
         elapsed = perf_counter() - start  # tinygrad is lazy: the time includes realizing the output
@@ -309,12 +384,19 @@ class Recorder:
             spec.func_name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
             device=device, params=tuple(dict.fromkeys(params)), random=random, in_place=target is not None,
             code_context=_SITES.stack(), meta=meta or None, elapsed=elapsed, conditions=self.branches.current())
+        seen = None
+        if self.builder.editor is not None:  # intervene=: later ops see (and link to) the edited value
+            edited = self.builder.seen_value(op, out)  # an in-place op's edit is assigned into `out` itself
+            if edited is not out:
+                seen = out = edited
+                self._realize_edit(op, out)
         if isinstance(out, Tensor):
             self.produced(out, op.index, ())
         else:
             for i, t in enumerate(out):
                 if isinstance(t, Tensor):
                     self.produced(t, op.index, (i,))
+        return seen
 
     def produced(self, t: Tensor, index: int, path: tuple[Any, ...]) -> None:
         self.producers[id(t)] = (weakref.ref(t), index, path)
@@ -362,10 +444,14 @@ class Recorder:
         replaced by copies.
         """
         settle_readers(target)
+        key = buffer_key(target)
+        if key is not None:  # what a conversion reads there from now on is not what ops recorded before this one
+            self.written_at[id(key)] = len(self.builder.ops)
+        if self.pre_edits:
+            self._protect_pre_edits(target)
         name = self.param_names.get(id(target))
         if name is not None and name not in self.params_before_write:
             self.params_before_write[name] = self.builder.params[name].value = snapshot(target)
-        key = buffer_key(target)
         isolated = key is not None and id(key) in self.own_buffers
         if isolated:
             for copy in isolate_views(target):
@@ -391,37 +477,92 @@ class Recorder:
             self.snapshots.add((index, path))
         return isolated
 
+    # -- interventions ---------------------------------------------------------------------
+    def _realize_edit(self, op: OpRecord, value: Any) -> None:
+        """Compute the edited ``value`` now, as every recorded value is, and keep ``op.pre_edit`` safe.
+
+        Its buffers are capture's own (a plain run with the same edit made
+        by hand would leave the value lazy), and the value before the edit,
+        which the model never sees, may still read a buffer the model writes
+        into later (the edited op was a view): noted for :meth:`_protect`.
+        """
+        tensors = [t for _, t in tree.leaves(value, lambda v: isinstance(v, Tensor))]
+        fresh = [t for t in tensors if buffer_key(t) is None]
+        realize(tensors)
+        self.own_buffers.update(id(key) for key in map(buffer_key, fresh) if key is not None)
+        if op.pre_edit is None:
+            return
+        for _, t in tree.leaves(op.pre_edit, lambda v: isinstance(v, Tensor)):
+            key = buffer_key(t)
+            if key is not None:
+                self.pre_edits.setdefault(id(key), []).append(op.index)
+
+    def _protect_pre_edits(self, target: Tensor) -> None:
+        key = buffer_key(target)
+        if key is None:
+            return
+        for index in self.pre_edits.pop(id(key), ()):
+            op = self.builder.ops[index]
+            if op.pre_edit is not None:
+                op.pre_edit = tree.map_leaves(
+                    lambda v: snapshot(v) if isinstance(v, Tensor) and buffer_key(v) is key else v, op.pre_edit)
+
+    def _edit_output(self, path: str, template: Any, output: Any) -> tuple[Any, Any]:
+        """What layer call ``path`` returns to the model after intervene=, and its template."""
+        self.depth += 1  # the helpers' own Tensor calls are not the model's ops
+        try:
+            edited, template = self.builder.edit_module_output(path, template, output)
+            if edited is output:
+                return output, template
+            for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
+                leaf = tree.get(edited, leaf_path)
+                if leaf is not tree.get(output, leaf_path):  # a new tensor: later ops read it as ref's value
+                    self._realize_edit(self.builder.ops[ref.index], leaf)
+                    self.produced(leaf, ref.index, ref.path)
+        finally:
+            self.depth -= 1
+        return edited, template
+
     # -- module passes -----------------------------------------------------------------------
     def around_layer(self, path: str, layer: Any, call: Any) -> Any:
         if self.depth or self.thread != get_ident():  # called from inside an op: part of it
             return call()
         builder = self.builder
         n = builder.enter_module(path)
-        out = call()
-        template = tree.map_leaves(lambda v: self.as_output(v, (path, n)), out)
+        # tl.splice_module: the replacement runs on the layer's arguments instead of its own __call__
+        out = call() if builder.editor is None else call(builder.splice_for(path))
+        template, out = self.returned(out, (path, n))
+        if builder.editor is not None:  # intervene=: the layer's output may be edited
+            out, template = self._edit_output(path, template, out)
         builder.exit_module(path, template)
         return out
 
-    def as_output(self, value: Any, inside: tuple[str, int] | None) -> Any:
-        """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model)."""
-        if not isinstance(value, Tensor):
-            return value
-        self.depth += 1
+    def returned(self, output: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:
+        """Refs to what module pass ``inside`` (None: the model) returned, and what the forward gets back."""
+        return returned(output, lambda v: isinstance(v, Tensor), lambda v: self._as_output(v, inside))
+
+    def _as_output(self, value: Tensor, inside: tuple[str, int] | None) -> tuple[Ref, Tensor | None]:
+        """A Ref to ``value`` as returned by pass ``inside``, and what intervene= made of it (None: nothing)."""
+        self.depth += 1  # intervene= helpers may run here (on an identity op): their calls are not the model's ops
         try:
             parents: list[int] = []
             ref = self._template(value, parents, [])
             if parents and (inside is None or inside in self.builder.ops[ref.index].module_passes):
-                return ref
+                return ref, None
             # Returned, not computed, here (an input, a parameter, a constant): an
             # explicit pass-through op keeps "every returned array is an op's
             # output" and "module outputs are computed inside the module" true.
             realize([value])
             op = self.builder.identity_op(ref, value, shape=shape_of(value), dtype=dtype_name(value.dtype),
                                           device=device_name(value))
-            self.produced(value, op.index, ())
-            return Ref(op.index)
+            seen = value if self.builder.editor is None else self.builder.seen_value(op, value)
+            if seen is not value:  # edited: the tensor returned keeps the producer it had
+                self._realize_edit(op, seen)
+            self.produced(seen, op.index, ())
+            return Ref(op.index), None if seen is value else seen
         finally:
             self.depth -= 1
+
 
 
 def _sdpa_dropout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -540,5 +681,5 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
         type.__setattr__(_TinyJit, "__call__", jit_call)
         recorder.branches.close()
         recorder.uninstall()
-    builder.add_outputs(tree.map_leaves(lambda v: recorder.as_output(v, None), output), output)
+    builder.add_outputs(*recorder.returned(output, None))
     return builder.finish()

@@ -111,8 +111,9 @@ def named_tensors(root: Any) -> Iterator[tuple[str, Tensor]]:
 
 
 # A layer wrapper: ``around(path, layer, call)`` runs ``call()`` (the layer's own
-# ``__call__`` with the arguments it was given) and returns its result.
-Around = Callable[[str, Any, Callable[[], Any]], Any]
+# ``__call__`` with the arguments it was given) and returns its result;
+# ``call(replacement)`` runs ``replacement`` on those arguments instead (None: the layer's own).
+Around = Callable[[str, Any, Callable[..., Any]], Any]
 
 
 @contextlib.contextmanager
@@ -143,7 +144,8 @@ def wrapped_layers(paths: dict[int, str], layers: list[Any], around: Around) -> 
                 return original(self, *args, **kwargs)
             running.add(key)
             try:
-                return around(path, self, lambda: original(self, *args, **kwargs))
+                return around(path, self, lambda replacement=None: original(self, *args, **kwargs)
+                              if replacement is None else replacement(*args, **kwargs))
             finally:
                 running.discard(key)
 

@@ -20,9 +20,14 @@ class TinygradBackend(Backend):
         # "save" / "halt": the TraceBuilder applies them; capture keeps no reference to a dropped value and
         # lets HaltCapture through with everything put back.
         # "branches": item, tolist, numpy and data on a recorded tensor tell the branch tracker.
+        # "new_inputs": those conversions are each reported (TraceBuilder.to_python), so replay on new inputs or
+        # with a fork's edits checks that they still give what the recorded graph holds.
+        # "intervene": edited values are realized and handed to the model as ops and layer calls return;
+        # "splice": the layer's __call__ wrapper runs the replacement on its arguments instead.
         return BackendInfo(name=self.name, framework="tinygrad", install="pip install 'torchlens[tinygrad]'",
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt", "timing", "branches"}))
+                                                   "save", "halt", "timing", "branches", "intervene", "splice",
+                                                   "new_inputs"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         tinygrad = sys.modules.get("tinygrad")
@@ -52,6 +57,7 @@ class TinygradBackend(Backend):
 
     to_numpy = lazy("torchlens_tinygrad.arrays:to_numpy")
     array_error = lazy("torchlens_tinygrad.arrays:array_error")
+    array_ops = lazy("torchlens_tinygrad.arrays:ARRAY_OPS")
 
     def stack(self, samples: list[Any]) -> Any:
         """Same-shaped samples stacked along a new leading axis, realized (for ``tl.extract_dataset``)."""

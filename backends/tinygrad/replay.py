@@ -19,7 +19,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.helpers import Context
 
 from torchlens_core.ir import tree
-from torchlens_core.ir.records import OpRecord, ParamRef, Ref
+from torchlens_core.ir.records import OpRecord, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.evaluator import Observe, interpret
 from torchlens_tinygrad.arrays import buffer_key, isolate_views, realize, settle_readers, snapshot
@@ -91,8 +91,8 @@ def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
     for op in trace.ops:
         if op.kind == "input":
             protect(op.out)
-        elif op.kind == "op":
-            protect(tree.map_leaves(lambda v: None if isinstance(v, (Ref, ParamRef)) else v, (op.args, op.kwargs)))
+        elif op.kind == "op":  # constants among the arguments (Refs and ParamRefs are no tensors); read, not rebuilt
+            protect((op.args, op.kwargs))
 
     def run(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return run_op(op, args, kwargs, protected)

@@ -175,9 +175,14 @@ def _models() -> dict[str, Any]:
                 return self.fc2(self.fc1(x).relu().dropout(0.5))
 
     def branch(x: Tensor, w: Tensor) -> Tensor:
-        """A data-dependent Python branch on the sign of x.sum()."""
+        """A data-dependent Python branch on the sign of x.sum().
+
+        The test reads a bool (tinygrad has no ``Tensor.__bool__``), not the sum
+        itself: the graph holds for any input of that sign, as replay on other
+        inputs checks; ``x.sum().item() > 0`` would fix the sum's exact value.
+        """
         h = x @ w
-        if x.sum().item() > 0:
+        if (x.sum() > 0).item():
             return h.relu() * 2
         return h.tanh() - 1
 

@@ -31,7 +31,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchlens_core.capture.branches import BranchTracker
-from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.builder import TraceBuilder, returned
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.sites import CallSites
 from torchlens_core.ir import tree
@@ -189,10 +189,12 @@ class _Recorder(TorchFunctionMode):
         if info.ignored:
             return func(*args, **kwargs)
         if info.decides:  # a tensor's value turned into a Python value: maybe a branch
+            result = func(*args, **kwargs)
             found = self.producers.get(id(args[0])) if args else None
             if found is not None and found[0]() is args[0]:
                 self.branches.condition(found[1])
-            return func(*args, **kwargs)
+                self.builder.to_python(found[1], found[2], info.name, result)
+            return result
         target = kwargs.get("out")
         if target is None and args:
             if info.in_place:
@@ -337,11 +339,10 @@ class _Recorder(TorchFunctionMode):
             if not path:
                 return None
             current = builder.module_stack[-1] if builder.module_stack else None
-            template = tree.map_leaves(lambda v: self.as_output(v, current), output)
-            edited = output
+            template, edited = self.outputs(output, current)
             if builder.editor is not None:  # intervene=: what the module returns may be edited, as a hook would
                 with torch._C.DisableTorchFunction():  # the helpers' own tensor calls are not the model's ops
-                    edited, template = builder.edit_module_output(path, template, output)
+                    edited, template = builder.edit_module_output(path, template, edited)
                 for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
                     leaf = tree.get(edited, leaf_path)
                     if leaf is not tree.get(output, leaf_path):  # a new tensor: later ops read it as ref's
@@ -351,21 +352,31 @@ class _Recorder(TorchFunctionMode):
 
         return post
 
-    def as_output(self, value: Any, inside: tuple[str, int] | None) -> Any:
-        """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model)."""
-        if not isinstance(value, Tensor):
-            return value
+    def as_output(self, value: Tensor, inside: tuple[str, int] | None) -> tuple[Ref, Tensor | None]:
+        """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model), and what
+        intervene= made of it (None: nothing)."""
         parents: list[int] = []
         ref = self._template(value, parents, [])
         if parents and (inside is None or inside in self.builder.ops[ref.index].module_passes):
-            return ref
+            return ref, None
         # Returned, not computed, here (nn.Identity, a parameter, a constant): an
         # explicit pass-through op keeps "every returned array is an op's output"
         # and "module outputs are computed inside the module" true.
         op = self.builder.identity_op(ref, value, shape=tuple(value.shape), dtype=_dtype_name(value.dtype),
                                       device=value.device.type)
-        self._produced(value, op.index, ())
-        return Ref(op.index)
+        seen = self.builder.seen_value(op, value)  # intervene= may edit the pass-through op too
+        self._produced(seen, op.index, ())
+        return Ref(op.index), (None if seen is value else seen)
+
+    def outputs(self, value: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:
+        """``(template, value)`` of what a module pass (None: the model) returned, with intervene='s edits."""
+        def refs() -> tuple[Any, Any]:
+            return returned(value, lambda v: isinstance(v, Tensor), lambda v: self.as_output(v, inside))
+
+        if self.builder.editor is None:
+            return refs()
+        with torch._C.DisableTorchFunction():  # helpers' own tensor calls are not the model's ops
+            return refs()
 
     # -- after the forward --------------------------------------------------------------
     def unalias(self, tensors: list[Tensor]) -> None:
@@ -422,7 +433,8 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
         recorder.branches.close()
         for handle in handles:
             handle.remove()
-    builder.add_outputs(tree.map_leaves(lambda v: recorder.as_output(v, None), output), output)
+    template, output = recorder.outputs(output, None)
+    builder.add_outputs(template, output)
     recorder.check_versions()
     kept = [leaf for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor))]
     if is_module:

@@ -18,7 +18,7 @@ class TorchBackend(Backend):
                            aliases=("pytorch",),
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
                                                    "save", "halt", "branches", "timing", "intervene",
-                                                   "splice"}))
+                                                   "splice", "new_inputs"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         torch = sys.modules.get("torch")

@@ -32,8 +32,10 @@ ENTRY_POINT_GROUP = "torchlens.backends"
 #   "intervene"    honours intervene=: op outputs (and module outputs, with "modules") edited live,
 #                  the edited value what later ops see; answers torchlens_array_ops
 #   "splice"       tl.splice_module: a module call replaced by another callable
+#   "new_inputs"   every conversion of a recorded value to a Python value is reported (TraceBuilder.to_python),
+#                  so trace.replay(*new_inputs) can check the graph still holds
 CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow", "save", "halt", "branches", "timing",
-                "intervene", "splice")
+                "intervene", "splice", "new_inputs")
 
 
 @attrs.frozen

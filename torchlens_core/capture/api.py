@@ -22,7 +22,8 @@ __all__ = ["backends", "pluck", "record", "trace"]
 
 def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
           halt: Selector | None = None, lookback: int = 0, lookback_payload_policy: str = "metadata_only",
-          intervene: Intervention | Sequence[Intervention] | None = None, **kwargs: Any) -> Trace:
+          intervene: Intervention | Sequence[Intervention] | None = None, intervention_ready: bool = False,
+          **kwargs: Any) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every operation it executes.
 
     Positional and keyword inputs go to the model exactly as given. ``backend``
@@ -34,10 +35,27 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
     values with ``lookback_payload_policy="detached_raw"``).
     ``intervene``: ``tl.when(selector, *helpers)`` or a list of them, edits made
     as the forward runs; every later op sees the edited value (docs/intervention_api.md).
+    ``intervention_ready``: the trace is for ``trace.fork()`` and replay with edits:
+    refuse at once what would stop that later (a backend that cannot intervene,
+    ``halt=``, an op the backend could not run again).
     """
     options = CaptureOptions(save=save, halt=halt, lookback=lookback,
                              lookback_payload_policy=lookback_payload_policy, intervene=intervene)
-    return _capture(model, args, kwargs, backend, options)  # type: ignore[return-value]
+    if intervention_ready:
+        if halt is not None:
+            raise UnsupportedError("intervention_ready=True with halt=: a halted trace has no output to replay")
+        info = resolve_backend(backend or claim_backend(model, args, kwargs) or "")
+        if "intervene" not in info.capabilities:
+            raise UnsupportedError(f"intervention_ready=True: the {info.name} backend cannot intervene")
+    captured = _capture(model, args, kwargs, backend, options)
+    if intervention_ready:
+        unrunnable = [op.label for op in captured.ops  # type: ignore[union-attr]
+                      if op.kind == "op" and op.call is None and not op.meta.get("identity")]
+        if unrunnable:
+            raise UnsupportedError(f"intervention_ready=True: the backend recorded no call to run again for "
+                                   f"{', '.join(unrunnable[:5])}, so edits could not be replayed")
+        captured.notes["intervention_ready"] = True  # type: ignore[union-attr]
+    return captured  # type: ignore[return-value]
 
 
 def record(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
@@ -91,7 +109,8 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
         raise CaptureError(f"backend {info.name!r} registered no capture hook")
     _refuse_lazy(result.model_output if isinstance(result, Trace) else result._builder._model_output)
     if isinstance(result, Trace):
-        result.call = remember(model, args, kwargs, result)  # for audit(untraced=True); tl.record keeps none
+        # for audit(untraced=True) and fork().rerun; tl.record keeps none
+        result.call = remember(model, args, kwargs, result, options.intervene)
     return result
 
 

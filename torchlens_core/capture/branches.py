@@ -53,16 +53,20 @@ class BranchTracker:
         # (frame that branched, first line, last line, op index of the deciding value)
         self.open: list[tuple[FrameType, int, int, int]] = []
 
-    def condition(self, op_index: int) -> None:
-        """A recorded value (op ``op_index``) was turned into a Python value by the caller's code."""
+    def condition(self, op_index: int) -> bool:
+        """A recorded value (op ``op_index``) was turned into a Python value by the caller's code.
+
+        Returns True if that opened a branch (the conversion is in the test of an ``if``, ``while``...).
+        """
         frame = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename.startswith(self.internal):
             frame = frame.f_back
         if frame is None:
-            return
+            return False
         region = _regions(frame.f_code.co_filename).get(frame.f_lineno)
         if region is not None:
             self.open.append((frame, region[0], region[1], op_index))
+        return region is not None
 
     def current(self) -> tuple[int, ...]:
         """Op indices of the conditions deciding every open branch the current call runs inside."""

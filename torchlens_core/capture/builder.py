@@ -9,6 +9,7 @@ Everything here is cheap per op; naming happens once at the end.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from torchlens_core.capture.edits import Editor
@@ -89,6 +90,21 @@ class TraceBuilder:
             self.policy.recorded(op)  # may drop op.out, or raise HaltCapture
         return op
 
+    def to_python(self, op_index: int, path: tuple[Any, ...], how: str, result: Any) -> None:
+        """The forward turned op ``op_index``'s value (the leaf at ``path``) into a Python value.
+
+        ``how`` names the conversion (``"bool"``, ``"int"``, ``"float"``,
+        ``"index"``, ``"len"``, ``"item"``, ``"tolist"``: see
+        :data:`torchlens_core.replay.inputs.CONVERSIONS`) and ``result`` is what
+        it gave. The graph has that value baked in (as a branch taken, a loop
+        count, a constant), so replay on new inputs checks that the value
+        converts the same (``op.meta["to_python"]``). A backend declaring the
+        ``new_inputs`` capability reports every such conversion.
+        """
+        op = self.ops[op_index]
+        small = _small_python(result)
+        op.meta.setdefault("to_python", []).append((path, how, result if small else None))
+
     def seen_value(self, op: OpRecord, out: Any) -> Any:
         """What later ops see of ``op``, just recorded with ``out``: ``out``, or what intervene= made of it.
 
@@ -111,7 +127,10 @@ class TraceBuilder:
         if not passes:
             raise CaptureError(f"ask splice_for({path!r}) inside the module's call, after enter_module")
         splice = self.editor.splice_for(path, passes[-1])
-        return None if splice is None else splice.replacement
+        if splice is None:
+            return None
+        self.notes.setdefault("spliced", {})[f"{path}:{passes[-1]}"] = repr(splice)  # what replaced the call
+        return splice.replacement
 
     def edit_module_output(self, path: str, out_template: Any, value: Any) -> tuple[Any, Any]:
         """What the innermost call of ``path`` returns to the model after intervene=, and its template.
@@ -251,6 +270,50 @@ class Recording:
 
     def __repr__(self) -> str:
         return f"<Recording of {self.num_ops} ops{' (halted)' if self._halted else ''}: .to_trace() to read it>"
+
+
+def returned(output: Any, is_array: Callable[[Any], bool],
+             as_output: Callable[[Any], tuple[Ref, Any]]) -> tuple[Any, Any]:
+    """Refs to what a module pass (or the model) returned, and what the forward gets back instead.
+
+    ``as_output(array)`` gives the array's Ref and what intervene= made of it
+    (None: nothing; the backend may have recorded an identity op for it, which
+    an intervention can edit). An array returned twice is asked about once.
+    The value handed back differs from ``output`` only where an edit was made.
+    """
+    made: dict[int, tuple[Ref, Any]] = {}
+
+    def ref_of(value: Any) -> Any:
+        if not is_array(value):
+            return value
+        found = made.get(id(value))
+        if found is None:
+            found = made[id(value)] = as_output(value)
+        return found[0]
+
+    template = tree.map_leaves(ref_of, output)
+    if any(edited is not None for _, edited in made.values()):
+        def edited_or(value: Any) -> Any:
+            edited = made[id(value)][1] if is_array(value) else None
+            return value if edited is None else edited
+
+        output = tree.map_leaves(edited_or, output)
+    return template, output
+
+
+def _small_python(value: Any, budget: int = 4096) -> bool:
+    """A plain number, bool, None or a (nested) list of them with at most ``budget`` items: kept as data."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > budget:
+            return False
+        if isinstance(item, list):
+            stack.extend(item)
+        elif not (item is None or isinstance(item, (bool, int, float))):
+            return False
+    return True
 
 
 def _replace_at(template: Any, new: dict[tuple[Any, ...], Any], path: tuple[Any, ...] = ()) -> Any:

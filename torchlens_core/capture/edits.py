@@ -44,7 +44,7 @@ from torchlens_core.ir.errors import (
     UnsupportedError,
     shown,
 )
-from torchlens_core.ir.records import EditRecord, OpRecord, Ref
+from torchlens_core.ir.records import EditRecord, OpRecord, Ref, refs_in
 
 if TYPE_CHECKING:
     from torchlens_core.backend.array_ops import ArrayOps
@@ -164,6 +164,57 @@ def _verdict(selector: Selector, op: OpRecord, builder: TraceBuilder) -> bool:
         raise UnsupportedError(f"{shown(selector, 120)} cannot be judged while the op runs, so it cannot pick "
                                f"intervention sites")
     return verdict
+
+
+def judged_on_trace(item: Intervention, trace: Trace) -> list[tuple[OpRecord, str, str, tuple[Any, ...], str | None]]:
+    """The sites ``item`` picks in a finished trace: ``(op edited, kind, site key, path in its output, module)``.
+
+    For a module site the op is the one that computed the returned leaf. An
+    edit there must not reach ops inside the module that read the leaf
+    before the module returned (a hook on the module would not reach them):
+    such a site is refused, with the op to edit instead.
+    """
+    op_part, modules = _module_parts(item.selector)
+    found: list[tuple[OpRecord, str, str, tuple[Any, ...], str | None]] = []
+    if op_part is not None:
+        for op in trace.ops:
+            if op.kind == "op" and op_part.test(op, trace):
+                module = "{}:{}".format(*op.module_passes[-1]) if op.module_passes else None
+                for path in _leaf_paths(op.shape):
+                    found.append((op, "op", f"{op.layer_label}:{op.pass_num}", path, module))
+    for selector in modules:
+        for path, module in trace.modules.items():
+            for mp in module.passes:
+                if not _names(selector, path, mp.pass_num):
+                    continue
+                inside = {trace[label].index for label in mp.ops}
+                for ref in refs_in(mp.out_template):
+                    source = trace.ops[ref.index]
+                    readers = [op.label for op in trace.ops[ref.index + 1:]
+                               if op.index in inside and ref.index in op.parent_indices]
+                    if readers:
+                        raise UnsupportedError(
+                            f"{mp.label} returns {source.label}, which {readers[0]} inside the module also read: "
+                            f"edited on the recorded graph, {readers[0]} would see the edit, which a hook on the "
+                            f"module would not give it. Edit {source.label} itself (tl.label), or use rerun")
+                    found.append((source, "module", mp.label, ref.path, mp.label))
+    return found
+
+
+def _leaf_paths(shape: Any) -> list[tuple[Any, ...]]:
+    """The paths of the arrays in an op's output, from its recorded shape (one array: ``[()]``)."""
+    if shape is None or all(isinstance(d, int) for d in shape):
+        return [()]
+    return [(i,) for i, s in enumerate(shape) if isinstance(s, tuple)]
+
+
+def site_keys(trace: Trace, selector: Selector) -> list[str]:
+    """``trace.find_sites(selector)``: the keys of the sites an intervention with ``selector`` would edit."""
+    return list(dict.fromkeys(key for _, _, key, _, _ in judged_on_trace(Intervention(selector, (_keep,)), trace)))
+
+
+def _keep(value: Any, site: Site) -> Any:
+    return value
 
 
 @attrs.frozen(eq=False)

@@ -35,6 +35,7 @@ class RecordedCall:
     model_name: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    intervene: tuple[Any, ...] = ()  # the interventions the capture applied (fork().rerun repeats them)
 
     def model(self) -> Any:
         model = self.model_ref()
@@ -59,7 +60,8 @@ class RecordedCall:
         return tree.map_leaves(value, self.args), tree.map_leaves(value, self.kwargs)
 
 
-def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: Trace) -> RecordedCall | str:
+def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: Trace,
+             intervene: tuple[Any, ...] = ()) -> RecordedCall | str:
     """The call that produced ``trace``, or why it cannot be remembered.
 
     Each array argument is matched to its input node: by identity first (the
@@ -94,7 +96,8 @@ def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: T
         return found.get(id(leaf), leaf)
 
     name = getattr(model, "__name__", None) or type(model).__name__
-    return RecordedCall(_weakly(model), str(name), tree.map_leaves(template, args), tree.map_leaves(template, kwargs))
+    return RecordedCall(_weakly(model), str(name), tree.map_leaves(template, args), tree.map_leaves(template, kwargs),
+                        intervene)
 
 
 def _weakly(model: Any) -> Callable[[], Any]:

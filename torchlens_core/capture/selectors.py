@@ -69,12 +69,15 @@ def split_pass(path: str) -> tuple[str, int | None]:
     return (base, int(n)) if sep and n.isdigit() else (path, None)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class Func(Selector):
     """Ops whose function name matches ``pattern`` (a name or a regex; ``relu`` also matches ``relu_``)."""
 
     pattern: str
     _regex: re.Pattern[str] = attrs.field(init=False, repr=False, eq=False)
+
+    def __repr__(self) -> str:
+        return f"tl.func({self.pattern!r})"
 
     def __attrs_post_init__(self) -> None:
         _name(self.pattern, "tl.func", "relu")
@@ -92,11 +95,14 @@ class Func(Selector):
         return self.test(op, builder)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class Module(Selector):
     """The op(s) a module returned: ``"layer3"`` (every pass) or ``"layer3:2"``."""
 
     path: str
+
+    def __repr__(self) -> str:
+        return f"tl.module({self.path!r})"
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
         base, n = split_pass(self.path)
@@ -116,11 +122,14 @@ class Module(Selector):
         return None  # its module is still running: it may yet be returned
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class InModule(Selector):
     """Every op that ran inside a module: ``"layer2"`` (every pass) or ``"layer2:1"``."""
 
     path: str
+
+    def __repr__(self) -> str:
+        return f"tl.in_module({self.path!r})"
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
         base, n = split_pass(self.path)
@@ -130,12 +139,15 @@ class InModule(Selector):
         return self.test(op, builder)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class Label(Selector):
     """Ops with these labels: ``"relu_1_2"``, ``"conv2d_3"``, ``"linear_1:2"`` (a label without a pass
     matches every pass of its layer)."""
 
     keys: tuple[str, ...]
+
+    def __repr__(self) -> str:
+        return f"tl.label({', '.join(map(repr, self.keys))})"
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
         keys = op_keys(op)
@@ -145,22 +157,28 @@ class Label(Selector):
         return self.test(op, builder)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class FollowedBy(Selector):
     """Ops with at least one child matching ``inner``."""
 
     inner: Selector
+
+    def __repr__(self) -> str:
+        return f"tl.followed_by({self.inner!r})"
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return any(self.inner.test(child, trace) for child in map(trace.__getitem__, op.children)
                    if child.kind == "op")
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class PrecededBy(Selector):
     """Ops with at least one parent matching ``inner``."""
 
     inner: Selector
+
+    def __repr__(self) -> str:
+        return f"tl.preceded_by({self.inner!r})"
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return any(self.inner.test(trace.ops[i], trace) for i in op.parent_indices if trace.ops[i].kind == "op")
@@ -171,19 +189,25 @@ class PrecededBy(Selector):
         return True if True in verdicts else (None if None in verdicts else False)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class Where(Selector):
     """Ops for which ``predicate(op)`` is true."""
 
     predicate: Callable[[OpRecord], bool]
 
+    def __repr__(self) -> str:
+        return f"tl.where({getattr(self.predicate, '__name__', 'predicate')})"
+
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return bool(self.predicate(op))
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class AllOf(Selector):
     parts: tuple[Selector, ...]
+
+    def __repr__(self) -> str:
+        return "(" + " & ".join(map(repr, self.parts)) + ")"
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return all(part.test(op, trace) for part in self.parts)
@@ -193,9 +217,12 @@ class AllOf(Selector):
         return False if False in verdicts else (None if None in verdicts else True)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class AnyOf(Selector):
     parts: tuple[Selector, ...]
+
+    def __repr__(self) -> str:
+        return "(" + " | ".join(map(repr, self.parts)) + ")"
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return any(part.test(op, trace) for part in self.parts)
@@ -205,9 +232,12 @@ class AnyOf(Selector):
         return True if True in verdicts else (None if None in verdicts else False)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class Not(Selector):
     inner: Selector
+
+    def __repr__(self) -> str:
+        return f"~{self.inner!r}"
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
         return not self.inner.test(op, trace)

@@ -92,19 +92,48 @@ _PATCHES: dict[tuple[int, str], SharedPatch] = {}
 _PATCHES_LOCK = threading.Lock()
 
 
-def shared_patch(owner: Any, name: str, make: MakeReplacement) -> SharedPatch:
-    """The one :class:`SharedPatch` of ``owner.<name>`` in this process, made on first use.
+class SharedPatchUse:
+    """The one :class:`SharedPatch` of ``owner.<name>`` in this process, found (or made) as a thread uses it.
 
     Two objects patching one attribute would put each other's originals back
-    out of order: every capture asks here instead, under a lock.
+    out of order, so every capture goes through the process-wide table; the
+    table holds a patch only while some thread uses it (a patch of one
+    module instance must not keep the module alive after its captures).
     """
-    with _PATCHES_LOCK:
-        patch = _PATCHES.get((id(owner), name))
-        if patch is None:
-            patch = _PATCHES[id(owner), name] = SharedPatch(owner, name, make)
-        elif patch.make is not make:
-            raise CaptureError(f"{name} of {owner!r} is already replaced for captures by {patch.make!r}")
-        return patch
+
+    def __init__(self, owner: Any, name: str, make: MakeReplacement) -> None:
+        self.owner, self.name, self.make = owner, name, make
+
+    @contextlib.contextmanager
+    def use(self, handler: Any) -> Iterator[None]:
+        """Route this thread's calls to ``handler`` while the block runs."""
+        key = (id(self.owner), self.name)
+        with _PATCHES_LOCK:  # found and entered at once: a patch is never dropped between the two
+            patch = _PATCHES.get(key)
+            if patch is None:
+                patch = _PATCHES[key] = SharedPatch(self.owner, self.name, self.make)
+            elif patch.make is not self.make:
+                raise CaptureError(f"{self.name} of {self.owner!r} is already replaced for captures by "
+                                   f"{patch.make!r}")
+            entered = patch.use(handler)
+            entered.__enter__()
+        try:
+            yield
+        finally:
+            with _PATCHES_LOCK:
+                entered.__exit__(None, None, None)
+                if not patch.installed and _PATCHES.get(key) is patch:
+                    del _PATCHES[key]
+
+
+def shared_patch(owner: Any, name: str, make: MakeReplacement) -> SharedPatchUse:
+    """``shared_patch(owner, name, make).use(handler)``: this thread's calls of ``owner.<name>`` go to ``handler``.
+
+    Every capture that patches an attribute asks here: the first user
+    installs the replacement ``make(original, handlers)`` and the last puts
+    the original back, whatever the interleaving.
+    """
+    return SharedPatchUse(owner, name, make)
 
 
 class OneCaptureAtATime:

@@ -37,6 +37,10 @@ class ReplayError(TorchLensError, RuntimeError):
     """An op could not be re-executed."""
 
 
+class GraphDoesNotHold(ReplayError):
+    """Replay on new inputs: the recorded graph took a value as fixed (a branch, a count) that these inputs change."""
+
+
 class ArchitectureChanged(TorchLensError, AssertionError):
     """The traced structure differs from the pinned one."""
 

@@ -193,6 +193,22 @@ class Trace:
 
         return find(self, selector)
 
+    def find_sites(self, selector: Any) -> list[str]:
+        """The sites an intervention with ``selector`` edits here: ``"relu_1_2:1"`` (an op), ``"layer3:1"``."""
+        from torchlens_core.capture.edits import site_keys
+
+        return site_keys(self, selector)
+
+    def fork(self) -> Any:
+        """An independent set of edits on this trace: ``trace.fork().when(selector, *helpers).replay(x)``.
+
+        The fork shares the recorded values read-only; nothing it does changes
+        this trace. See :class:`torchlens_core.steer.fork.Fork`.
+        """
+        from torchlens_core.steer.fork import Fork
+
+        return Fork(self)
+
     # -- reports --------------------------------------------------------------------
     def to_pandas(self) -> Any:
         """One row per op (input and output nodes included); columns in docs/tables.md."""
@@ -206,11 +222,18 @@ class Trace:
 
         return summary(self)
 
-    def replay(self) -> Any:
-        """Run the recorded graph again, op by op, and return its output."""
+    def replay(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the recorded graph again, op by op (with its edits), and return its output.
+
+        With arguments, run it on those inputs instead of the recorded ones:
+        ``trace.replay(x2)`` takes what the model took. Where the recorded
+        forward turned a value into a Python one (a branch, a loop count) and
+        the new inputs would change it, :class:`GraphDoesNotHold` is raised,
+        naming the op.
+        """
         from torchlens_core.replay.evaluator import replay_values
 
-        values = replay_values(self)
+        values = replay_values(self, new_inputs=(args, kwargs) if args or kwargs else None)
         return tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r,
                                self.output_template)
 

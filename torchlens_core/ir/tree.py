@@ -40,8 +40,12 @@ def rebuild(obj: Any, values: list[Any]) -> Any:
             return type(obj)(**items) if type(obj) is not dict else items
         except TypeError:
             return type(obj)(items)
-    fields = [f.name for f in dataclasses.fields(obj)]
-    return dataclasses.replace(obj, **dict(zip(fields, values)))
+    fields = dataclasses.fields(obj)
+    if all(getattr(obj, f.name) is v for f, v in zip(fields, values)):
+        # Unchanged: the object itself. Some dataclasses cannot be rebuilt by keyword (tinygrad's DType
+        # takes its fields positionally), and a value object (a dtype, a config) needs no copy.
+        return obj
+    return dataclasses.replace(obj, **{f.name: v for f, v in zip(fields, values)})
 
 
 def map_leaves(fn: Callable[[Any], Any], obj: Any) -> Any:

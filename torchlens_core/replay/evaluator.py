@@ -62,19 +62,35 @@ def interpret(trace: Trace, run_op: RunOp, observe: Observe | None = None,
         for edit in op.edits:  # what intervene= did to this op's output, done again
             value = edit.apply(value)
         values[op.index] = value
-        if observe is not None and (op.edits or not op.meta.get("identity")):
+        if observe is not None:
             observe(op, value)
     return values
 
 
-def replay_values(trace: Trace, observe: Observe | None = None) -> list[Any]:
-    """Replay through the trace's backend; the value of every op, by index."""
+def replay_values(trace: Trace, observe: Observe | None = None,
+                  new_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None, check: bool = False) -> list[Any]:
+    """Replay through the trace's backend; the value of every op, by index.
+
+    ``new_inputs``: ``(args, kwargs)`` to run the graph on instead of the
+    recorded inputs (none given: the recorded ones). ``check``: the values
+    may differ from the recorded forward's for another reason (a fork's
+    edits), so check them as for new inputs (see :mod:`torchlens_core.replay.inputs`).
+    """
     missing = trace.notes.get("not_replayable")  # set by tl.load for ops it could not rebuild
     if missing:
         shown = "; ".join(f"{label}: {why}" for label, why in list(missing.items())[:5])
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise UnsupportedError(f"this loaded trace cannot be replayed: {len(missing)} ops were not rebuilt "
                                f"({shown}{more})")
+    if new_inputs is not None and (new_inputs[0] or new_inputs[1]):
+        from torchlens_core.replay.inputs import with_inputs
+
+        trace, check = with_inputs(trace, *new_inputs), True
+    if check:
+        from torchlens_core.replay.inputs import check_convertible, checking_conversions
+
+        check_convertible(trace)
+        observe = checking_conversions(trace, observe)
     if trace.notes.get("loaded_from_file"):  # set by tl.load: stop at a value that disagrees with its record
         from torchlens_core.replay.checked import agreeing
 

@@ -39,6 +39,9 @@ def untraced_parity(trace: Trace, rtol: float) -> list[Finding]:
     call = _call_of(trace)
     if trace.halted:
         return [Finding(NAME, True, "not compared: halt= stopped the traced forward before it returned")]
+    if trace.interventions or trace.notes.get("spliced"):
+        return [Finding(NAME, True, "not compared: intervene= edited the traced forward, and an untraced run "
+                                    "cannot make the same edits")]
     recorded = [trace.ops[r.index].out for r in refs_in(trace.output_template)]
     model = call.model()  # raises, typed, if it has been freed
     try:

@@ -74,7 +74,13 @@ class _Helper:
     """Shared printing: helpers print as the call that made them (``scale(0.5)``)."""
 
     def __repr__(self) -> str:
-        shown_args = [_short(getattr(self, a.name)) for a in attrs.fields(type(self)) if a.repr]
+        shown_args = []
+        for a in attrs.fields(type(self)):
+            value = getattr(self, a.name)
+            if a.default is attrs.NOTHING:  # required: as written positionally
+                shown_args.append(_short(value))
+            elif value != a.default if not hasattr(value, "shape") else True:
+                shown_args.append(f"{a.name}={_short(value)}")
         return f"{_NAMES[type(self)]}({', '.join(shown_args)})"
 
 
@@ -113,7 +119,10 @@ class ResampleAblate(_Helper):
         import numpy as np
 
         source = site.value_in(self.reference)
-        rows, have = _shape(site, value)[0], _shape(site, source)[0]
+        shape, source_shape = _shape(site, value), _shape(site, source)
+        if not shape or not source_shape:
+            raise InterventionError(f"resample_ablate draws batch rows, and the value at {site.key} has no axes")
+        rows, have = shape[0], source_shape[0]
         rng = np.random.default_rng(self.seed)
         picks = rng.permutation(have)[:rows] if have >= rows else rng.choice(have, size=rows, replace=True)
         return site.ops.take(source, [int(i) for i in picks], 0)
@@ -202,7 +211,8 @@ class SwapWith(_Helper):
     other: Any
 
     def __call__(self, value: Any, site: Site) -> Any:
-        return site.value_in(self.other)
+        # A copy: the model may write into what it is given, and the other trace must keep its values.
+        return site.ops.copy(site.value_in(self.other))
 
 
 @attrs.frozen(repr=False)
@@ -278,3 +288,57 @@ def swap_with(other_trace: Any) -> SwapWith:
 def splice_module(replacement: Callable[..., Any]) -> SpliceModule:
     """At a module site: ``replacement(*args, **kwargs)`` runs instead of the module's own forward."""
     return SpliceModule(replacement)
+
+
+# -- saved with a trace (tl.save): the built-in helpers whose arguments are data ----------------
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _maybe_number(value: Any) -> float | None:
+    return None if value is None else _number(value)
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _array(value: Any) -> Any:
+    if not hasattr(value, "shape"):
+        raise TypeError(f"expected an array, got {type(value).__name__}")
+    return value
+
+
+# name -> (argument names, how each is checked), for helpers that hold no trace and no code
+_SAVED: dict[str, tuple[Callable[..., Any], dict[str, Callable[[Any], Any]]]] = {
+    "zero_ablate": (ZeroAblate, {}),
+    "mean_ablate": (MeanAblate, {"dims": lambda v: tuple(_int(d) for d in v)}),
+    "steer": (Steer, {"vector": _array, "scale": _number}),
+    "scale": (Scale, {"factor": _number}),
+    "clamp": (Clamp, {"min": _maybe_number, "max": _maybe_number}),
+    "noise": (Noise, {"std": _number, "seed": _int}),
+    "project_onto": (ProjectOnto, {"direction": _array, "dim": _int}),
+    "project_off": (ProjectOff, {"direction": _array, "dim": _int}),
+}
+
+
+def saved_form(helper: Any) -> tuple[str, dict[str, Any]] | None:
+    """``(name, arguments)`` of a built-in helper that can be saved; None for one that holds a trace or code."""
+    name = _NAMES.get(type(helper))
+    if name not in _SAVED or (isinstance(helper, MeanAblate) and helper.reference is not None):
+        return None
+    return name, {field: getattr(helper, field) for field in _SAVED[name][1]}  # type: ignore[index]
+
+
+def from_saved(name: str, arguments: dict[str, Any]) -> Any:
+    """The helper :func:`saved_form` described; ValueError or TypeError for anything else."""
+    if name not in _SAVED:
+        raise ValueError(f"{name!r} is not a built-in helper that a trace file can hold")
+    make, checks = _SAVED[name]
+    if set(arguments) != set(checks):
+        raise ValueError(f"{name} takes the arguments {sorted(checks)}, not {sorted(arguments)}")
+    return make(**{field: check(arguments[field]) for field, check in checks.items()})

@@ -23,6 +23,7 @@ from torchlens_core.ir.records import (
     OP_KINDS,
     SOURCE_KINDS,
     CodeLocation,
+    EditRecord,
     ModulePass,
     ModuleRecord,
     OpRecord,
@@ -44,14 +45,16 @@ OP_KEYS = frozenset({"kind", "func_name", "label", "layer_label", "func_ordinal"
                      "parent_indices", "condition_indices", "module_passes", "module_outputs", "params", "shape",
                      "dtype", "device", "source", "in_place", "saved", "elapsed", "code_context", "cost",
                      "arg_names", "layer_key", "call", "args", "kwargs", "meta", "out", "not_replayable"})
+EDIT_OP_KEYS = OP_KEYS | {"edits", "pre_edit"}  # format version 3 on
+EDIT_KEYS = frozenset({"site", "kind", "path", "helpers", "text", "func_name", "module", "in_place"})
 MAX_COUNT = 1 << 62  # counts, sizes and ordinals above this only overflow the tables' int64 columns
 MAX_ELEMENTS = 1 << 56  # elements of one op's output(s): times 16 bytes still fits an int64
 MAX_LINE = 1 << 31
 UNSAVED_PARAMS = "the values of parameters it reads were not saved (tl.save(..., params=False)): "
 
 
-def build(records: Any, blob: bytearray) -> Trace:
-    """The Trace ``records`` (parsed trace.json) and ``blob`` (arrays.bin) describe."""
+def build(records: Any, blob: bytearray, version: int) -> Trace:
+    """The Trace ``records`` (parsed trace.json of format ``version``) and ``blob`` (arrays.bin) describe."""
     if not isinstance(records, dict) or set(records) != TRACE_KEYS:
         found = sorted(records) if isinstance(records, dict) else type(records).__name__
         raise TraceFileError(f"trace.json should hold the fields {sorted(TRACE_KEYS)}, not {found}")
@@ -66,7 +69,7 @@ def build(records: Any, blob: bytearray) -> Trace:
     why_not: dict[str, str] = {}
     labels: set[str] = set()
     for i, o in enumerate(_get(records, "ops", list, "trace")):
-        op, why = _op(i, o, ops, dec, h, backend, modules, params, unsaved)
+        op, why = _op(i, o, ops, dec, h, backend, modules, params, unsaved, version)
         if op.label in labels:
             raise TraceFileError(f"op {i}: label {op.label!r} is used twice")
         labels.add(op.label)
@@ -139,9 +142,9 @@ def _modules(records: dict[str, Any], dec: Decoder, params: dict[str, ParamRecor
 
 
 def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str, modules: dict[str, ModuleRecord],
-        params: dict[str, ParamRecord], unsaved: dict[str, str]) -> tuple[OpRecord, str | None]:
+        params: dict[str, ParamRecord], unsaved: dict[str, str], version: int) -> tuple[OpRecord, str | None]:
     where = f"op {i}"
-    _fields(o, OP_KEYS, where)
+    _fields(o, EDIT_OP_KEYS if version >= 3 else OP_KEYS, where)
     kind = _get(o, "kind", str, where)
     if kind not in OP_KINDS:
         raise TraceFileError(f"{where}: unknown kind {kind!r}")
@@ -203,6 +206,7 @@ def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str,
         module_outputs=[_check(n, str, where) for n in _get(o, "module_outputs", list, where)],
         cost=(_amount(cost[0], "flops", where), _amount(cost[1], "macs", where)))
     _known_passes(op, modules, where)
+    edits_why = _edits(op, o, dec, h, backend, where) if version >= 3 else None
     # What the call reads must be what the record says it reads (an argument removed or moved shows here).
     if {r.index for r in refs_in((args, kwargs))} != set(op.parent_indices) or used != set(op.params):
         raise TraceFileError(f"{where}: its arguments read other ops or parameters than its record lists")
@@ -213,6 +217,7 @@ def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str,
     if why is None and missing:
         why = (UNSAVED_PARAMS + ", ".join(missing) if all(unsaved[n] == "saved without its value" for n in missing)
                else f"it reads parameters that could not be rebuilt here: {missing}")
+    why = why or edits_why
     if kind != "op" or identity:
         return op, why
     if why is None and lossy:
@@ -229,6 +234,54 @@ def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str,
     elif why is None and data is None:
         why = f"the {backend} backend could not save its call"
     return op, why
+
+
+def _edits(op: OpRecord, o: dict[str, Any], dec: Decoder, h: Any, backend: str, where: str) -> str | None:
+    """Fill ``op.edits`` and ``op.pre_edit``; why the op cannot be replayed with its edits, if it cannot."""
+    from torchlens_core.capture.edits import Site
+    from torchlens_core.steer.helpers import from_saved
+
+    entries = _get(o, "edits", list, where)
+    pre_edit = dec.decode(o["pre_edit"])
+    if (pre_edit is not None) and not (entries and op.saved):
+        raise TraceFileError(f"{where}: a value before edits is stored for an op that is not saved and edited")
+    if entries and op.kind != "op":
+        raise TraceFileError(f"{where}: only ops are edited, not {op.kind} nodes")
+    array_ops = h.torchlens_array_ops(backend=backend) if dec.framework and entries else None
+    records, why = [], None
+    for e in entries:
+        _fields(e, EDIT_KEYS, f"{where} edit")
+        kind, text = _get(e, "kind", str, where), _get(e, "text", str, where)
+        if kind not in ("op", "module"):
+            raise TraceFileError(f"{where}: unknown edit kind {kind!r}")
+        path = dec.decode(e["path"])
+        if not (isinstance(path, tuple) and all(isinstance(k, (int, str)) for k in path)):
+            raise TraceFileError(f"{where}: an edit's path should be a list of keys")
+        helpers = []
+        for data in _get(e, "helpers", list, where):
+            if data is None:
+                helpers.append(None)
+                continue
+            _fields(data, frozenset({"name", "arguments"}), f"{where} edit helper")
+            arguments = _check(data["arguments"], dict, where)
+            try:
+                helpers.append(from_saved(_get(data, "name", str, where),
+                                          {k: dec.decode(v) for k, v in arguments.items()}))
+            except (TypeError, ValueError) as exc:
+                raise TraceFileError(f"{where}: an edit helper does not load: {exc}") from None
+        if not helpers:
+            raise TraceFileError(f"{where}: an edit with no helper")
+        site = None
+        if array_ops is not None:
+            site = Site(_name(e, "site", where), kind, _get(e, "func_name", str, where),
+                        _opt(e, "module", str, where), path, backend, array_ops,
+                        in_place=_get(e, "in_place", bool, where))
+        if None in helpers and why is None:
+            why = f"it was edited by {text[:120]}, whose helper a file cannot hold (a custom callable or one " \
+                  f"holding another trace)"
+        records.append(EditRecord(_name(e, "site", where), kind, path, tuple(helpers), site))
+    op.edits, op.pre_edit = tuple(records), pre_edit
+    return why
 
 
 def _values_agree(backend: str, ops: list[OpRecord], params: dict[str, ParamRecord]) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from torchlens_core.backend.manager import backend_infos, hook
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, TraceFileError
-from torchlens_core.ir.records import ModuleRecord, OpRecord, ParamRecord, ParamRef
+from torchlens_core.ir.records import EditRecord, ModuleRecord, OpRecord, ParamRecord, ParamRef
 from torchlens_core.ir.trace import Trace
 
 if TYPE_CHECKING:
@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 # torchlens_core.store.encoding (and with it NumPy) is imported on the first save or load, not with TorchLens.
 FORMAT = "torchlens-trace"
 # Bump on any change a reader of the old version would misread. 2: a parameter's value may be null (not saved).
-FORMAT_VERSION = 2
-READS_VERSIONS = (1, 2)  # version 1 files are version 2 files with every parameter value present
+# 3: ops carry the edits intervene= made (``edits``, ``pre_edit``).
+FORMAT_VERSION = 3
+READS_VERSIONS = (1, 2, 3)  # 1: every parameter value present; 1 and 2: no op edited
 MANIFEST, RECORDS, ARRAYS = "manifest.json", "trace.json", "arrays.bin"
 NOT_REPLAYABLE = "not_replayable"  # trace.notes key: {op label: why it cannot be replayed}
 
@@ -140,7 +141,7 @@ def load(path: str | os.PathLike[str]) -> Trace:
     from torchlens_core.store.loading import build
 
     try:
-        return build(records, blob)
+        return build(records, blob, version)
     except TorchLensError:
         raise
     except Exception as exc:  # noqa: BLE001 - anything a well-formed file cannot cause
@@ -218,10 +219,26 @@ def _op_json(op: OpRecord, enc: Encoder, h: Any, backend: str) -> dict[str, Any]
         "call": call, "args": enc.encode(op.args), "kwargs": enc.encode(op.kwargs), "meta": enc.encode(op.meta),
     }
     entry["out"] = enc.encode(op.out)
+    entry["pre_edit"] = enc.encode(op.pre_edit)
+    entry["edits"] = [_edit_json(edit, enc) for edit in op.edits]
     if why is None and enc.unsaved != before and op.kind == "op":
         why = "some of its arguments or metadata could not be saved"
     entry["not_replayable"] = why
     return entry
+
+
+def _edit_json(edit: EditRecord, enc: Encoder) -> dict[str, Any]:
+    """An edit as data: where, and each helper by name and arguments (None: not a helper a file can hold)."""
+    from torchlens_core.steer.helpers import saved_form
+
+    site = edit.where
+    helpers = []
+    for helper in edit.helpers:
+        form = saved_form(helper)
+        helpers.append(None if form is None else {"name": form[0], "arguments": {k: enc.encode(v) for k, v in
+                                                                                  form[1].items()}})
+    return {"site": edit.site, "kind": edit.kind, "path": enc.encode(edit.path), "helpers": helpers,
+            "text": repr(edit), "func_name": site.func_name, "module": site.module, "in_place": site.in_place}
 
 
 def _encode_call(op: OpRecord, h: Any, backend: str) -> tuple[Any, str | None]:

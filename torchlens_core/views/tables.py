@@ -46,7 +46,7 @@ def _pandas() -> Any:
     return pandas
 
 
-def _frame(rows: list[dict[str, Any]], columns: dict[str, str]) -> Any:
+def frame(rows: list[dict[str, Any]], columns: dict[str, str]) -> Any:
     pandas = _pandas()
     frame = pandas.DataFrame(rows, columns=list(columns))
     return frame.astype(columns)
@@ -73,11 +73,11 @@ def ops_frame(trace: Trace) -> Any:
             "min_distance_to_output": d.min_to_output, "max_distance_to_output": d.max_to_output,
             "conditions": tuple(op.conditions), "config": op.config,
         })
-    return _frame(rows, OP_COLUMNS)
+    return frame(rows, OP_COLUMNS)
 
 
 def params_frame(params: dict[str, ParamRecord]) -> Any:
-    return _frame([{"name": p.name, "module": p.module, "shape": p.shape, "dtype": p.dtype, "numel": p.numel,
+    return frame([{"name": p.name, "module": p.module, "shape": p.shape, "dtype": p.dtype, "numel": p.numel,
                     "trainable": p.trainable, "is_buffer": p.is_buffer} for p in params.values()], PARAM_COLUMNS)
 
 
@@ -90,4 +90,4 @@ def modules_frame(modules: dict[str, ModuleRecord]) -> Any:
             "num_params": m.num_params,
             "output_shapes": tuple(m.passes[-1].output_shapes) if m.passes else (),
         })
-    return _frame(rows, MODULE_COLUMNS)
+    return frame(rows, MODULE_COLUMNS)

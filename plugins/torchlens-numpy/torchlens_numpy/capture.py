@@ -25,6 +25,15 @@ as plain NumPy.
 
 Saved values are the values that ran: before an op writes into an array, every
 recorded value living in the same memory (the same base owner) is copied.
+
+intervene=: each op is handed to the builder's editor as it is recorded, with
+recording paused (the helpers' own NumPy calls are not the function's ops), and
+the function gets the value that comes back (``Recorder.edited``). Without
+``intervene=`` the builder has no editor and this costs one test per op.
+
+Python values: every conversion of a Tracked array into a Python value
+(``bool(x)``, ``x.item()``, ``len(x)``...) is reported to the builder, so that
+replay on new inputs can check the graph still holds (``conversions.py``).
 """
 
 from __future__ import annotations
@@ -45,8 +54,10 @@ from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import CaptureError, UnsupportedError
-from torchlens_core.ir.records import CodeLocation, Ref
+from torchlens_core.ir.records import CodeLocation, OpRecord, Ref
 from torchlens_core.ir.trace import Trace
+from torchlens_core.replay.inputs import CONVERSIONS
+from torchlens_numpy.conversions import SHAPE_READS, VALUE_FREE, Conversions, PythonValue, python_conversion
 
 NAME = "numpy"
 
@@ -79,8 +90,8 @@ class _Link(NamedTuple):
     scalar: bool
 
 
-class Tracked(np.ndarray):
-    """An ndarray whose NumPy calls are recorded while its capture runs.
+class Tracked(Conversions, np.ndarray):
+    """An ndarray whose NumPy calls, and conversions into Python values, are recorded while its capture runs.
 
     After the capture (or for an array the capture did not produce) calls run
     as plain NumPy and return plain arrays.
@@ -133,7 +144,7 @@ class Tracked(np.ndarray):
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return np.ndarray.shape.__get__(self)
+        return self._tl_read_shape(np.ndarray.shape.__get__(self))  # a shape can depend on values: x[x > 0]
 
     @shape.setter
     def shape(self, value: Any) -> None:
@@ -142,17 +153,15 @@ class Tracked(np.ndarray):
 
     # Printing must not record ops, and must look as it does outside a capture.
     def __repr__(self) -> str:
-        return repr(_plain_leaf(self))
+        return repr(plain_leaf(self))
 
     def __str__(self) -> str:
-        return str(_plain_leaf(self))
+        return str(plain_leaf(self))
 
-    def __hash__(self) -> int:
-        # What NumPy gave as a scalar stays usable as a dict key, as the scalar is.
-        link = self._tl
-        if link is not None and link.scalar:
-            return hash(link.plain)
-        raise TypeError("unhashable type: 'numpy.ndarray'")
+    @property
+    def size(self) -> int:
+        self._tl_read_shape(np.ndarray.shape.__get__(self))
+        return np.ndarray.size.__get__(self)
 
     def __copy__(self) -> Any:
         return self.copy()
@@ -198,7 +207,8 @@ def _out_targets(kwargs: dict[str, Any]) -> list[Any]:
 
 
 # -- turning arguments into plain arrays and into templates ---------------------------------
-def _plain_leaf(v: Any) -> Any:
+def plain_leaf(v: Any) -> Any:
+    """The plain value a Tracked array stands for (anything else as it is)."""
     if isinstance(v, Tracked):
         link = v._tl
         return link.plain if link is not None else np.ndarray.view(v, np.ndarray)
@@ -206,7 +216,7 @@ def _plain_leaf(v: Any) -> Any:
 
 
 def _plain(x: Any) -> Any:
-    return tree.map_leaves(_plain_leaf, x)
+    return tree.map_leaves(plain_leaf, x)
 
 
 def _recorder_in(x: Any) -> Recorder | None:
@@ -261,6 +271,7 @@ def _has_arrays(v: Any) -> bool:
 
 
 _NUMPY_DIR = os.path.dirname(np.__file__)
+_OWN_FILES = frozenset({__file__, sys.modules[Conversions.__module__].__file__})  # never the user's code
 
 
 def _code_context() -> tuple[CodeLocation, ...]:
@@ -268,7 +279,7 @@ def _code_context() -> tuple[CodeLocation, ...]:
     frame: Any = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not (filename == __file__ or filename.startswith(_NUMPY_DIR) or filename.startswith("<frozen")):
+        if not (filename in _OWN_FILES or filename.startswith(_NUMPY_DIR) or filename.startswith("<frozen")):
             return (CodeLocation(filename, frame.f_lineno, frame.f_code.co_name),)
         frame = frame.f_back
     return ()
@@ -286,6 +297,10 @@ class Recorder:
         # id(constant array) -> (that array, its copy): a closure weight read by every step of
         # a loop is copied once, unless it changed in between.
         self.constants: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # intervene=: id(memory owner) -> (op index, path) of op.pre_edit values living there
+        self.pre_edits: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
+        # (op index, path, conversion) reported to the builder: a value converts alike every time
+        self.reported: set[tuple[int, tuple[Any, ...], str]] = set()
 
     # -- the hot path ----------------------------------------------------------------------
     def call(self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], targets: list[Any],
@@ -293,7 +308,7 @@ class Recorder:
         parents: list[int] = []
         a = self.template(args, parents)
         k = self.template(kwargs, parents) if kwargs else {}
-        plain_targets = [_plain_leaf(t) for t in targets]
+        plain_targets = [plain_leaf(t) for t in targets]
         for t in plain_targets:
             self.protect(t)
         meta = None
@@ -305,12 +320,17 @@ class Recorder:
             result = fn(*plain_args, **plain_kwargs)
             elapsed = time.perf_counter() - start
         value = plain_targets[0] if result is None and targets else result
-        if not _has_arrays(value):  # np.shape, np.allclose, x.item()...: nothing to record
+        if not _has_arrays(value):  # np.shape, np.allclose...: a Python value, or None
+            if parents and result is not None:
+                return self.python_value(name, fn, args, a, k, parents, result, elapsed)
             return result
         shape, dtype = _info(value)
-        op = self.builder.add_op(name, fn, a, k, tuple(dict.fromkeys(parents)), value, shape=shape, dtype=dtype,
-                                 device="cpu", random=random, in_place=bool(targets), code_context=_code_context(),
-                                 meta=meta, elapsed=elapsed)
+        editing = self.builder.editor is not None  # intervene=; otherwise this one test is all it costs
+        add_op = self.add_op_editing if editing else self.builder.add_op
+        op = add_op(name, fn, a, k, tuple(dict.fromkeys(parents)), value, shape=shape, dtype=dtype, device="cpu",
+                    random=random, in_place=bool(targets), code_context=_code_context(), meta=meta, elapsed=elapsed)
+        if editing:
+            value = self.edited(op, value)
         wrapped = self.wrap(value, op.index)
         if not targets:
             return wrapped
@@ -334,7 +354,7 @@ class Recorder:
                 if link is not None and link.recorder is self:
                     parents.append(link.ref.index)
                     return link.ref
-                return self.constant(_plain_leaf(v))
+                return self.constant(plain_leaf(v))
             if isinstance(v, np.ndarray):
                 return self.constant(v)
             if isinstance(v, slice) and any(isinstance(b, np.ndarray) for b in (v.start, v.stop, v.step)):
@@ -344,6 +364,8 @@ class Recorder:
         return tree.map_leaves(leaf, x)
 
     def constant(self, a: np.ndarray) -> np.ndarray:
+        if id(_owner(a)) in self.by_owner:
+            self.leaked(a)
         seen = self.constants.get(id(a))
         if seen is not None and seen[0] is a:
             try:
@@ -354,6 +376,109 @@ class Recorder:
         copy = np.array(a, copy=True)
         self.constants[id(a)] = (a, copy)
         return copy
+
+    # -- intervene= -------------------------------------------------------------------------
+    def add_op_editing(self, *args: Any, **kwargs: Any) -> OpRecord:
+        """``builder.add_op`` with recording paused: the editor runs the helpers in it, on NumPy arrays.
+
+        A helper's own NumPy calls (on a Tracked array it closes over, or a
+        draw from np.random) are not the function's ops: while ``active`` is
+        False they run as plain NumPy, as calls in another thread do.
+        """
+        self.active = False
+        try:
+            return self.builder.add_op(*args, **kwargs)
+        finally:
+            self.active = True
+
+    def edited(self, op: OpRecord, value: Any) -> Any:
+        """What the function gets of ``op``, just recorded with ``value``: ``value``, or its edit.
+
+        An edit of an op that wrote in place is already written into
+        ``value`` (``op.pre_edit`` is a copy). Any other edit is a new value
+        and ``op.pre_edit`` is ``value`` itself, which may live in memory the
+        function still writes (``x[0]`` is a view of ``x``): it is registered
+        so that such a write copies it first, as recorded outputs are.
+        """
+        seen = self.builder.seen_value(op, value)
+        if op.edits and op.pre_edit is value:
+            for path, v in _paths(value):
+                if isinstance(v, np.ndarray):
+                    self.pre_edits.setdefault(id(_owner(v)), []).append((op.index, path))
+        return seen
+
+    # -- Python values (conversions.py) ------------------------------------------------------
+    def reading(self, tracked: Tracked, values: bool = True) -> Tracked | None:
+        """The array to convert and report for ``tracked`` (None: not recording this thread: convert unreported).
+
+        ``tracked`` itself, unless its memory was written (through another
+        view) since its op ran: replay checks a value as its op computed it,
+        so the value read now is recorded first, as a copy, and reported.
+        ``values=False``: only the shape is read, which no write changes.
+        """
+        link = tracked._tl
+        if not self.active or self.thread != threading.get_ident() or link is None:
+            return None
+        if values and not link.scalar:  # a NumPy scalar is immutable
+            ref = link.ref
+            if (ref.index, ref.path) not in self.by_owner.get(id(_owner(link.plain)), ()):
+                return self.call("copy", _method_call("copy"), (tracked,), {}, [])
+        return tracked
+
+    def converted(self, tracked: Tracked, how: str, result: Any) -> None:
+        """The function got ``result`` from ``tracked`` (as :meth:`reading` gave it) by the conversion ``how``."""
+        ref = tracked._tl.ref  # type: ignore[union-attr]
+        self.report(ref.index, ref.path, how, result)
+
+    def report(self, index: int, path: tuple[Any, ...], how: str, result: Any) -> None:
+        """Report a conversion of op ``index``'s value at ``path`` to the builder, once: it converts alike each time."""
+        key = (index, path, how)
+        if key not in self.reported:
+            self.reported.add(key)
+            self.builder.to_python(index, path, how, result)
+
+    def python_value(self, name: str, fn: Any, args: tuple[Any, ...], a: Any, k: Any, parents: list[int],
+                     result: Any, elapsed: float) -> Any:
+        """A NumPy call on recorded arrays answered with a Python value (``np.allclose``): what the function gets.
+
+        A shape, dtype or memory question is no op; a shape read is reported
+        as one. A number (or a tuple of them) is recorded as an op whose value
+        is the number as an array, and reported, so replay checks it.
+        """
+        if name in VALUE_FREE:
+            if name in SHAPE_READS and args and isinstance(args[0], Tracked):
+                args[0]._tl_read_shape(np.ndarray.shape.__get__(args[0]))
+            return result
+        how = python_conversion(result)
+        if how is None:  # a string or an object: printing and the like decide nothing
+            return result
+        call = PythonValue(fn)
+        value = np.asarray(result)
+        editing = self.builder.editor is not None
+        add_op = self.add_op_editing if editing else self.builder.add_op
+        op = add_op(name, call, a, k, tuple(dict.fromkeys(parents)), value, shape=value.shape,
+                    dtype=value.dtype.name, device="cpu", code_context=_code_context(), elapsed=elapsed)
+        seen = self.edited(op, value) if editing else value
+        got = CONVERSIONS[how](np.asarray(seen))
+        if seen is not value:  # an edit: the function gets the edited answer, of the type it had
+            result = type(result)(got) if isinstance(result, tuple) else got
+        self.report(op.index, (), how, got)
+        return result
+
+    def leaked(self, a: np.ndarray) -> None:
+        """``a``, about to enter the graph as a constant, lives in recorded memory: report what it was read from.
+
+        NumPy calls that do not dispatch (``np.asarray(x)``) hand the function
+        a plain view of a recorded value; the graph keeps its contents as they
+        were. Reported as ``tolist`` of every recorded value living in that
+        memory now, so new inputs (or edits) that change them are refused.
+        """
+        ops = self.builder.ops
+        for index, path in self.by_owner.get(id(_owner(a)), ()):
+            if (index, path, "tolist") not in self.reported:
+                out = ops[index].out
+                # dropped by save=: nothing to compare with, and the core refuses a conversion it cannot check
+                self.report(index, path, "tolist", a if out is None else tree.get(out, path).tolist())
 
     # -- values -----------------------------------------------------------------------------
     def wrap(self, value: Any, index: int) -> Any:
@@ -375,22 +500,30 @@ class Recorder:
         """Copy every recorded value sharing ``target``'s memory, before it is written."""
         if not isinstance(target, np.ndarray):
             return
-        entries = self.by_owner.pop(id(_owner(target)), None)
+        owner = id(_owner(target))
+        entries = self.by_owner.pop(owner, None)
         ops = self.builder.ops
         for index, path in entries or ():
             op = ops[index]
-            if op.out is None:  # dropped by save=: nothing to keep
-                continue
-            if not path:
-                op.out = np.array(op.out, copy=True)
-            else:
-                op.out = tree.rebuild(op.out, [np.array(v, copy=True) if i == path[0] else v
-                                               for i, v in enumerate(op.out)])
+            if op.out is not None:  # None: dropped by save=, nothing to keep
+                op.out = _copied_at(op.out, path)
+        if self.pre_edits:  # values from before an edit (intervene=), kept in the same memory
+            for index, path in self.pre_edits.pop(owner, ()):
+                op = ops[index]
+                if op.pre_edit is not None:
+                    op.pre_edit = _copied_at(op.pre_edit, path)
 
     # -- random draws -----------------------------------------------------------------------
     def draw(self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         targets = [args[0]] if name in _INPLACE_FUNCS and args else []
         return self.call(name, fn, args, kwargs, targets, random=True)
+
+
+def _copied_at(value: Any, path: tuple[Any, ...]) -> Any:
+    """``value`` (one array, or a tuple/list of them) with its array at ``path`` replaced by a copy."""
+    if not path:
+        return np.array(value, copy=True)
+    return tree.rebuild(value, [np.array(v, copy=True) if i == path[0] else v for i, v in enumerate(value)])
 
 
 def _paths(value: Any) -> Iterator[tuple[tuple[Any, ...], Any]]:
@@ -489,12 +622,19 @@ def capture(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Cap
     inputs: dict[int, Tracked] = {}
 
     def track(v: Any) -> Any:
+        # A NumPy number passed in (``eps=np.float32(1e-5)``) is an input too: replay on new inputs takes a
+        # new one there, as it takes an array (a Python number stays a constant of the call).
+        if isinstance(v, np.generic) and v.dtype.kind in "biufc":
+            if id(v) not in inputs:
+                op = builder.add_input(v, shape=(), dtype=v.dtype.name, device="cpu")
+                inputs[id(v)] = recorder._wrap_leaf(v, op.index, ())
+            return inputs[id(v)]
         if not isinstance(v, np.ndarray):
             return v
         if isinstance(v, (np.matrix, np.ma.MaskedArray)):
             raise UnsupportedError(f"torchlens-numpy traces plain ndarrays; {type(v).__name__} inputs change "
                                    "what operators mean: pass np.asarray(x) or the masked array's .data")
-        plain = _plain_leaf(v)
+        plain = plain_leaf(v)
         if id(plain) not in inputs:  # the same array passed twice is one input
             op = builder.add_input(plain, shape=tuple(plain.shape), dtype=plain.dtype.name, device="cpu")
             inputs[id(plain)] = recorder._wrap_leaf(plain, op.index, ())
@@ -506,8 +646,16 @@ def capture(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Cap
             output = fn(*tracked_args, **tracked_kwargs)
     finally:
         recorder.active = False  # arrays that escape now behave as plain NumPy
-    template = tree.map_leaves(lambda v: _output_ref(recorder, v), output)
-    builder.add_outputs(template, _plain(output))
+    returned: list[Any] = []  # what the caller gets, leaf by leaf (an edited constant, with intervene=)
+
+    def output_ref(v: Any) -> Any:
+        ref, value = _output_ref(recorder, v)
+        returned.append(value)
+        return ref
+
+    template = tree.map_leaves(output_ref, output)
+    leaves = iter(returned)
+    builder.add_outputs(template, tree.map_leaves(lambda _: next(leaves), output))
     return builder.finish()
 
 
@@ -516,17 +664,19 @@ def constant(value: Any) -> Any:
     return value.copy()
 
 
-def _output_ref(recorder: Recorder, v: Any) -> Any:
+def _output_ref(recorder: Recorder, v: Any) -> tuple[Any, Any]:
+    """One leaf of what the function returned: (its template leaf, the value the caller gets)."""
     link = v._tl if isinstance(v, Tracked) else None
     if link is not None and link.recorder is recorder:
-        return link.ref
+        return link.ref, link.plain
     if not _is_value(v):
-        return v
+        return v, v
     # Returned but not computed from the inputs: a constant source op, so the trace's
     # outputs are all nodes of the graph and audit can compare them with what was returned.
-    value = _plain_leaf(v)
+    value = plain_leaf(v)
     stored = np.array(value, copy=True) if isinstance(value, np.ndarray) else value
     shape, dtype = _info(stored)
-    op = recorder.builder.add_op("constant", constant, (stored,), {}, (), value, shape=shape, dtype=dtype,
-                                 device="cpu")
-    return Ref(op.index)
+    builder = recorder.builder
+    op = builder.add_op("constant", constant, (stored,), {}, (), value, shape=shape, dtype=dtype, device="cpu")
+    # intervene= may pick it too: the caller is the one "later op" to see the edit
+    return Ref(op.index), builder.seen_value(op, value)

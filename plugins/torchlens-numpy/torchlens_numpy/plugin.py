@@ -18,8 +18,10 @@ NAME = "numpy"
 def torchlens_backend_info() -> BackendInfo:
     # NumPy is a dependency of torchlens itself; this plugin is its own distribution.
     return BackendInfo(name=NAME, framework="numpy", install="pip install torchlens-numpy",
+                       # "intervene" at op sites; no "splice": plain functions have no module calls to replace.
+                       # "new_inputs": every conversion of a Tracked array to a Python value is reported.
                        capabilities=frozenset({"functions", "in_place", "random", "control_flow", "save", "halt",
-                                               "timing"}))
+                                               "timing", "intervene", "new_inputs"}))
 
 
 @hookimpl
@@ -92,6 +94,15 @@ def torchlens_array_error(backend: str, actual: Any, expected: Any) -> float | N
     from torchlens_numpy.arrays import array_error
 
     return array_error(actual, expected)
+
+
+@hookimpl
+def torchlens_array_ops(backend: str) -> Any:
+    if backend != NAME:
+        return None
+    from torchlens_numpy.arrays import ARRAY_OPS
+
+    return ARRAY_OPS
 
 
 @hookimpl

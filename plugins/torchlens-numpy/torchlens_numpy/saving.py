@@ -5,7 +5,9 @@ NumPy itself: a ufunc (``{"ufunc": "add"}``, with ``"method": "reduce"`` for
 its methods), a ``__array_function__`` function of an allow-listed namespace
 (``{"function": "numpy.linalg:norm"}``), an ndarray method (``{"method": "sum"}``),
 indexing (``{"operator": "getitem"}``), a draw from the global RNG
-(``{"random": "normal"}``) or a returned constant (``{"constant": 0}``).
+(``{"random": "normal"}``), a returned constant (``{"constant": 0}``), or a
+function that answered with a Python number, saved as that function
+(``{"python_value": {"function": "numpy:allclose"}}``).
 Anything else in a file, ``os:system`` say, raises TraceFileError: nothing
 outside NumPy is ever looked up, and file readers and writers (``np.save``...)
 are refused even though NumPy has them.
@@ -20,6 +22,7 @@ import numpy as np
 
 from torchlens_core.ir.errors import TraceFileError
 from torchlens_numpy import capture
+from torchlens_numpy.conversions import PythonValue
 
 NAMESPACES = {"numpy": np, "numpy.linalg": np.linalg, "numpy.fft": np.fft,
               "numpy.lib.stride_tricks": np.lib.stride_tricks}
@@ -29,6 +32,9 @@ _REFUSED_PARTS = ("save", "load", "file", "txt")  # functions that touch the fil
 
 
 def encode_call(call: Any) -> Any:
+    if isinstance(call, PythonValue):
+        inner = encode_call(call.function)
+        return None if inner is None else {"python_value": inner}
     if isinstance(call, np.ufunc):
         return {"ufunc": call.__name__}
     owner = getattr(call, "__self__", None)
@@ -66,6 +72,10 @@ def decode_call(data: Any) -> Any:
     if len(data) != 1:
         raise TraceFileError(f"not a NumPy call: {data!r}")
     (kind, value), = data.items()
+    if kind == "python_value":
+        if isinstance(value, dict) and "python_value" in value:
+            raise TraceFileError(f"a Python value of a Python value: {data!r}")
+        return PythonValue(decode_call(value))
     if kind == "method" and value in capture._METHODS:
         return capture._method_call(value)
     if kind == "operator" and value in _OPERATORS:

@@ -1,0 +1,618 @@
+"""Interventions on the Paddle backend (``intervene=``, ``tl.splice_module``), checked against edits made by hand.
+
+The references never go through TorchLens: a module site (and an op that is a
+layer's output, such as ReLU's) is checked against Paddle's own forward
+post-hooks returning the edited value, computed in NumPy; an op site that is
+no layer's output against the model's code run with the edit written in (the
+models take a ``tap`` that the hand-made run uses); a splice against the
+model with the layer swapped by hand. Every edited trace must also audit
+clean: replay redoes the edits and must land on the recorded values.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+paddle = pytest.importorskip("paddle")
+import paddle.nn.functional as F  # noqa: E402
+from paddle import nn  # noqa: E402
+from paddle.vision.models import resnet18  # noqa: E402
+
+import torchlens as tl  # noqa: E402
+from torchlens_core.backend.array_ops import NumpyArrayOps  # noqa: E402
+from torchlens_paddle.arrays import ARRAY_OPS  # noqa: E402
+
+TOL = 1e-5
+
+
+def np_(t: Any) -> np.ndarray:
+    return np.array(t.numpy()) if isinstance(t, paddle.Tensor) else np.asarray(t)
+
+
+def close(actual: Any, expected: Any, tol: float = TOL) -> None:
+    np.testing.assert_allclose(np_(actual), np_(expected), rtol=tol, atol=tol)
+
+
+def audited(trace: Any) -> Any:
+    report = trace.audit()
+    assert report, str(report)
+    return trace
+
+
+def tensor(a: np.ndarray) -> Any:
+    return paddle.to_tensor(np.asarray(a, dtype=np.float32))
+
+
+@pytest.fixture(scope="module")
+def resnet() -> Any:
+    paddle.seed(0)
+    model = resnet18(num_classes=10)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def inputs() -> tuple[Any, Any]:
+    paddle.seed(1)
+    return paddle.randn([2, 3, 32, 32]), paddle.randn([2, 3, 32, 32])  # the run, and the reference run
+
+
+def hooked(model: Any, x: Any, layer: Any, edit: Callable[[np.ndarray, int], np.ndarray] | None = None) -> tuple:
+    """A plain forward with a post-hook on ``layer``: what each call returned (before any edit), and the output.
+
+    With ``edit(value, call)``, the hook returns the edited value instead
+    (Paddle's own way of replacing a layer's output).
+    """
+    seen: list[np.ndarray] = []
+
+    def hook(layer: Any, args: Any, out: Any) -> Any:
+        seen.append(np_(out))
+        return None if edit is None else tensor(edit(seen[-1], len(seen) - 1))
+
+    handle = layer.register_forward_post_hook(hook)
+    try:
+        out = model(x)
+    finally:
+        handle.remove()
+    return seen, out
+
+
+# -- the edits by hand, in NumPy -------------------------------------------------------------
+def _unit(d: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+    return (d / np.linalg.norm(d)).reshape([-1 if i == axis else 1 for i in range(ndim)])
+
+
+def _along(v: np.ndarray, d: np.ndarray) -> np.ndarray:
+    u = _unit(d, 1, v.ndim)
+    return (v * u).sum(axis=1, keepdims=True) * u
+
+
+def _vector(channels: int) -> np.ndarray:
+    return np.linspace(-1.0, 1.0, channels).reshape(channels, 1, 1)
+
+
+def _direction(channels: int) -> np.ndarray:
+    return np.cos(np.arange(float(channels)))
+
+
+# name -> (helpers given the reference trace and the site's channel count,
+#          the same edit by hand: (value, the site's value in the reference run))
+HELPERS: dict[str, tuple[Callable[[Any, int], tuple], Callable[[np.ndarray, np.ndarray], np.ndarray]]] = {
+    "zero_ablate": (lambda ref, c: (tl.zero_ablate(),), lambda v, r: np.zeros_like(v)),
+    "mean_ablate": (lambda ref, c: (tl.mean_ablate(),),
+                    lambda v, r: np.broadcast_to(v.mean(0, keepdims=True), v.shape)),
+    "mean_ablate_reference_dims": (lambda ref, c: (tl.mean_ablate(reference=ref, dims=(0, -1)),),
+                                   lambda v, r: np.broadcast_to(r.mean((0, 3), keepdims=True), v.shape)),
+    "resample_ablate": (lambda ref, c: (tl.resample_ablate(ref, seed=3),),
+                        lambda v, r: r[np.random.default_rng(3).permutation(r.shape[0])]),
+    "steer": (lambda ref, c: (tl.steer(_vector(c), 2.0),), lambda v, r: v + 2.0 * _vector(v.shape[1])),
+    "steer_paddle_vector": (lambda ref, c: (tl.steer(tensor(_vector(c)), -0.5),),
+                            lambda v, r: v - 0.5 * _vector(v.shape[1])),
+    "scale": (lambda ref, c: (tl.scale(0.25),), lambda v, r: v * 0.25),
+    "clamp": (lambda ref, c: (tl.clamp(min=-0.2, max=0.3),), lambda v, r: np.clip(v, -0.2, 0.3)),
+    "clamp_max_only": (lambda ref, c: (tl.clamp(max=0.1),), lambda v, r: np.minimum(v, 0.1)),
+    "noise": (lambda ref, c: (tl.noise(0.1, seed=7),),
+              lambda v, r: v + 0.1 * np.random.default_rng(7).standard_normal(v.shape)),
+    "project_onto": (lambda ref, c: (tl.project_onto(_direction(c), dim=1),),
+                     lambda v, r: _along(v, _direction(v.shape[1]))),
+    "project_off": (lambda ref, c: (tl.project_off(_direction(c), dim=1),),
+                    lambda v, r: v - _along(v, _direction(v.shape[1]))),
+    "swap_with": (lambda ref, c: (tl.swap_with(ref),), lambda v, r: r),
+    "chained": (lambda ref, c: (tl.scale(-3.0), tl.clamp(min=0.0)), lambda v, r: np.maximum(v * -3.0, 0.0)),
+}
+
+
+# -- every helper at op sites ------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(HELPERS))
+def test_every_helper_at_op_sites_equals_a_post_hook_doing_it(resnet: Any, inputs: Any, name: str) -> None:
+    # layer1.0's ReLU layer runs twice: its relu ops are the sites, the layer's post-hook the reference
+    x, x2 = inputs
+    make, by_hand = HELPERS[name]
+    reference = tl.trace(resnet, x2)
+    selector = tl.func("relu") & tl.in_module("layer1.0")
+    trace = audited(tl.trace(resnet, x, intervene=tl.when(selector, *make(reference, 64))))
+    relu = resnet.layer1[0].relu
+    others, _ = hooked(resnet, x2, relu)
+    before, expected = hooked(resnet, x, relu, lambda v, i: by_hand(v, others[i]))
+    close(trace.output, expected)
+    close(trace.replay(), expected)
+    edited = [op for op in trace.ops if op.edited]
+    assert [op.label for op in edited] == ["relu_2_7:1", "relu_2_7:2"]
+    assert [(e.site, e.kind) for e in trace.interventions] == [("relu_2_7:1", "op"), ("relu_2_7:2", "op")]
+    for op, value, other in zip(edited, before, others):
+        close(op.pre_edit, value)  # the value before the edit, as the model computed it
+        close(op.out, by_hand(value, other))  # the value every later op saw
+    # every later op reads the edited value as the op's output: the graph is the unedited one
+    plain = tl.trace(resnet, x)
+    assert [(op.label, op.parents) for op in trace.ops] == [(op.label, op.parents) for op in plain.ops]
+
+
+# -- every helper at module sites ----------------------------------------------------------------
+@pytest.mark.parametrize("name", list(HELPERS))
+def test_every_helper_at_a_module_site_equals_a_post_hook_doing_it(resnet: Any, inputs: Any, name: str) -> None:
+    x, x2 = inputs
+    make, by_hand = HELPERS[name]
+    reference = tl.trace(resnet, x2)
+    trace = audited(tl.trace(resnet, x, intervene=tl.when(tl.module("layer2"), *make(reference, 128))))
+    (other,), _ = hooked(resnet, x2, resnet.layer2)
+    (value,), expected = hooked(resnet, x, resnet.layer2, lambda v, i: by_hand(v, other))
+    close(trace.output, expected)
+    close(trace.replay(), expected)
+    (edit,) = trace.interventions
+    assert (edit.site, edit.kind) == ("layer2:1", "module")
+    close(trace.modules["layer2"].passes[0].out, by_hand(value, other))
+    (op,) = [op for op in trace.ops if op.edited]
+    close(op.pre_edit, value)
+    assert trace[trace.modules["layer3"].passes[0].ops[0]].parents == [op.label]  # layer3 reads the edit
+
+
+def test_one_call_of_a_layer_called_twice(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    trace = audited(tl.trace(resnet, x, intervene=tl.when(tl.module("layer1.0.relu:2"), tl.scale(-1.0))))
+    _, expected = hooked(resnet, x, resnet.layer1[0].relu, lambda v, i: -v if i == 1 else v)
+    close(trace.output, expected)
+    assert [e.site for e in trace.interventions] == ["layer1.0.relu:2"]
+
+
+def test_a_module_site_and_an_op_site_together(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    trace = audited(tl.trace(resnet, x, intervene=[tl.when(tl.module("layer3"), tl.scale(-1.0)),
+                                                   tl.when(tl.func("relu") & tl.in_module("layer4"),
+                                                           tl.clamp(max=0.5))]))
+    hooks = [resnet.layer3.register_forward_post_hook(lambda layer, a, out: -out)]
+    hooks += [block.relu.register_forward_post_hook(lambda layer, a, out: paddle.minimum(out, paddle.to_tensor(0.5)))
+              for block in resnet.layer4]
+    try:
+        expected = resnet(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    close(trace.output, expected)
+    assert len(trace.interventions) == 1 + 4  # layer3, and two relu calls in each of layer4's two blocks
+
+
+def test_every_recorded_output_of_an_op_of_several_is_edited(resnet: Any, inputs: Any) -> None:
+    # batch_norm returns six tensors: the normalized value, the statistics, and three backward-only
+    # scratch outputs that capture does not record (and so does not edit)
+    x, _ = inputs
+    bn = resnet.layer1[0].bn1
+    trace = audited(tl.trace(resnet, x, intervene=tl.when(tl.func("batch_norm") & tl.in_module("layer1.0.bn1"),
+                                                          tl.scale(0.5))))
+    (before,), expected = hooked(resnet, x, bn, lambda v, i: v * 0.5)
+    close(trace.output, expected)
+    (op,) = [op for op in trace.ops if op.edited]
+    assert op.func_name == "batch_norm"
+    assert [e.path for e in op.edits] == [(0,), (1,), (2,)]  # every recorded output is edited
+    close(op.out[0], before * 0.5)
+    close(op.pre_edit[0], before)
+
+
+# -- op sites that are no layer's output: the model's code, with the edit written in -------------
+class Taps(nn.Layer):
+    """A residual block whose functional ops can be edited by hand: ``tap(name, value)`` sees each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.fc2 = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: Any, tap: Callable[[str, Any], Any] = lambda name, v: v) -> Any:
+        h = tap("gelu", F.gelu(self.fc1(x)))
+        a, b = tap("split", paddle.split(h, 2, axis=1))
+        h = tap("add", self.fc2(h) + h)
+        return self.head(h * paddle.concat([b, a], axis=1))
+
+
+def test_functional_op_sites_equal_the_model_with_the_edit_written_in() -> None:
+    paddle.seed(2)
+    model, x = Taps(), paddle.randn([4, 6])
+    direction = np.cos(np.arange(8.0))
+    trace = audited(tl.trace(model, x, intervene=[
+        tl.when(tl.func("gelu"), tl.project_off(direction)),
+        tl.when(tl.func("split"), tl.zero_ablate()),  # a list of two tensors: each edited
+        tl.when(tl.func("add"), tl.steer(np.linspace(0, 1, 8), 3.0))]))
+
+    def by_hand(name: str, v: Any) -> Any:
+        if name == "gelu":
+            u = tensor(direction / np.linalg.norm(direction))
+            return v - (v * u).sum(axis=-1, keepdim=True) * u
+        if name == "split":
+            return [paddle.zeros_like(t) for t in v]
+        return v + 3.0 * tensor(np.linspace(0, 1, 8))
+
+    close(trace.output, model(x, by_hand))
+    assert [e.site for e in trace.interventions] == ["gelu_1_2:1", "split_1_3:1", "split_1_3:1", "add_1_5:1"]
+    assert [e.path for e in trace.interventions] == [(), (0,), (1,), ()]
+
+
+def branching(x: Any, tap: Callable[[Any], Any] = lambda v: v) -> Any:
+    """A Python branch on the value of an op the interventions edit."""
+    h = tap(F.relu(x))
+    if h.mean() > 0.3:
+        out = paddle.tanh(h) * 2.0
+    else:
+        out = h - 1.0
+    return out
+
+
+def test_an_edit_that_flips_a_python_branch_is_recorded_as_the_branch_taken() -> None:
+    x = paddle.to_tensor(np.linspace(-1.0, 2.0, 12, dtype=np.float32).reshape(3, 4))
+    plain = tl.trace(branching, x)
+    assert {op.func_name for op in plain.ops} >= {"tanh"}  # unedited: mean 0.54, the first branch
+    trace = audited(tl.trace(branching, x, intervene=tl.when(tl.func("relu"), tl.scale(0.25))))
+    close(trace.output, branching(x, lambda v: v * 0.25))  # mean 0.14: the other branch
+    assert "tanh" not in {op.func_name for op in trace.ops}
+    (mean,) = [op for op in trace.ops if op.func_name == "mean"]
+    (gt,) = [op for op in trace.ops if op.func_name == "gt"]
+    assert mean.parents == ["relu_1_1"] and trace["relu_1_1"].edited  # the test read the edited value
+    (sub,) = [op for op in trace.ops if op.func_name == "sub"]
+    assert sub.conditions == [gt.label]  # the branch taken, on the test of the edited value
+
+
+# -- in-place ops --------------------------------------------------------------------------------
+class InPlace(nn.Layer):
+    """``add_`` on a layer's output, with views of it taken before and after the write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 6)
+        self.fc2 = nn.Linear(6, 6)
+
+    def forward(self, x: Any, y: Any, tap: Callable[[Any], None] = lambda h: None) -> Any:
+        h = self.fc1(x)
+        col = h.transpose([1, 0]).sum(axis=1)  # reads h's memory before the write
+        flat = h.reshape([-1])  # a view of h, recorded before the write, read again after it
+        h.add_(y)
+        tap(h)  # the hand-made edit, written into h as the capture must write it
+        first = h[:, 0:3]  # a view taken after the write
+        return self.fc2(h) + col + flat.reshape(h.shape) + first.sum()
+
+
+def test_an_in_place_edit_is_seen_by_every_alias_and_leaves_other_recorded_values_intact() -> None:
+    paddle.seed(3)
+    model, x, y = InPlace(), paddle.randn([4, 6]), paddle.randn([4, 6])
+    trace = audited(tl.trace(model, x, y, intervene=tl.when(tl.func("add_"), tl.scale(-2.0))))
+    expected = model(x, y, lambda h: paddle.assign(h * -2.0, output=h))
+    close(trace.output, expected)
+    h0 = model.fc1(x)  # by hand, step by step
+    (op,) = [op for op in trace.ops if op.edited]
+    assert op.func_name == "add_" and op.in_place
+    close(op.pre_edit, h0 + y)
+    close(op.out, (h0 + y) * -2.0)
+    # the values recorded before the write are those that ran, untouched by the write or the edit
+    close(trace["linear_1_2"].out, h0)
+    close(trace["transpose_1_3"].out, h0.T)
+    close(trace["sum_1_4"].out, h0.sum(axis=0))
+    close(trace["reshape_1_5"].out, h0.reshape([-1]))
+    # and the view taken after it holds the edited value
+    close(trace["getitem_1_7"].out, ((h0 + y) * -2.0)[:, 0:3])
+
+
+def test_the_value_before_an_edit_of_a_view_survives_a_later_write_into_its_base() -> None:
+    class ViewThenWrite(nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x: Any, tap: Callable[[Any], Any] = lambda v: v) -> Any:
+            h = self.fc(x)
+            flat = tap(h.reshape([-1]))  # the edited op: a view of h
+            h.add_(paddle.ones_like(h))  # writes the memory the unedited view lives in
+            return h.sum() + flat.sum() * 2.0
+
+    paddle.seed(4)
+    model, x = ViewThenWrite(), paddle.randn([3, 6])
+    trace = audited(tl.trace(model, x, intervene=tl.when(tl.func("reshape"), tl.steer(np.ones(18), 5.0))))
+    close(trace.output, model(x, lambda v: v + 5.0))
+    (op,) = [op for op in trace.ops if op.edited]
+    close(op.pre_edit, model.fc(x).reshape([-1]))  # as computed, not as h became after add_
+    close(op.out, model.fc(x).reshape([-1]) + 5.0)
+
+
+# -- layer outputs read inside the layer, and structured outputs ------------------------------
+class ReadsItsOutput(nn.Layer):
+    """Returns ``h`` after an op inside it has read ``h``: that op must see the unedited value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(5, 5)
+
+    def forward(self, x: Any) -> Any:
+        h = F.relu(self.fc(x))
+        self.last_mean = h.mean()
+        return h
+
+
+class Outer(nn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = ReadsItsOutput()
+        self.lstm = nn.LSTM(5, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: Any) -> Any:
+        h = self.inner(x)
+        out, (hidden, cell) = self.lstm(h)
+        return self.head(out[:, -1] + hidden[-1] + cell[-1]) + self.inner.last_mean
+
+
+def test_a_layer_output_its_own_ops_read_is_edited_only_for_what_follows() -> None:
+    paddle.seed(5)
+    model, x = Outer(), paddle.randn([2, 3, 5])
+    trace = audited(tl.trace(model, x, intervene=tl.when(tl.module("inner"), tl.scale(3.0))))
+    (before,), expected = hooked(model, x, model.inner, lambda v, i: v * 3.0)
+    close(trace.output, expected)
+    close(trace["mean_1_3"].out, before.mean())  # read inside the layer: unedited, as with a hook
+    close(trace.modules["inner"].passes[0].out, before * 3.0)
+    edited = [op for op in trace.ops if op.edited]
+    assert [op.func_name for op in edited] == ["identity"]  # the edit sits at the layer's exit
+
+
+def test_every_leaf_of_a_structured_layer_output_is_edited() -> None:
+    paddle.seed(6)
+    model, x = Outer(), paddle.randn([2, 3, 5])
+    trace = audited(tl.trace(model, x, intervene=tl.when(tl.module("lstm"), tl.scale(-0.5))))
+    seen: list[Any] = []
+
+    def hook(layer: Any, args: Any, out: Any) -> Any:
+        seen.append(out)
+        seq, (hidden, cell) = out
+        return seq * -0.5, (hidden * -0.5, cell * -0.5)
+
+    handle = model.lstm.register_forward_post_hook(hook)
+    try:
+        expected = model(x)
+    finally:
+        handle.remove()
+    close(trace.output, expected)
+    assert [e.site for e in trace.interventions] == ["lstm:1"] * 3  # the sequence, the hidden and cell states
+    recorded = trace.modules["lstm"].passes[0].out
+    close(recorded[0], np_(seen[0][0]) * -0.5)
+    close(recorded[1][1], np_(seen[0][1][1]) * -0.5)
+
+
+def test_an_op_of_several_outputs_with_an_uninitialized_one_is_edited_where_it_has_values() -> None:
+    # the rnn op also returns the layer's dropout state, never initialized on CPU: it is not an edit site
+    paddle.seed(6)
+    model, x = Outer(), paddle.randn([2, 3, 5])
+    trace = audited(tl.trace(model, x, intervene=tl.when(tl.func("rnn"), tl.scale(-0.5))))
+    handle = model.lstm.register_forward_post_hook(
+        lambda layer, args, out: (out[0] * -0.5, (out[1][0] * -0.5, out[1][1] * -0.5)))
+    try:
+        expected = model(x)
+    finally:
+        handle.remove()
+    close(trace.output, expected)
+    assert [e.path for e in trace.interventions] == [(0,), (2, 0), (2, 1)]  # the sequence, hidden and cell
+
+
+class ReturnsItsInput(nn.Layer):
+    """Returns the tensor it was given (as nn.Identity does): its output is an explicit identity op."""
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class PassesThrough(nn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.same = ReturnsItsInput()
+
+    def forward(self, x: Any) -> Any:
+        h = self.fc(x)
+        return self.same(h) + h, self.fc.bias  # h read again by the model, unedited; a parameter returned
+
+
+def test_identity_ops_of_returned_tensors_are_edited_for_what_follows() -> None:
+    paddle.seed(9)
+    model, x = PassesThrough(), paddle.randn([3, 4])
+    trace = audited(tl.trace(model, x, intervene=tl.when(tl.func("identity"), tl.steer(np.ones(4), 10.0))))
+    handle = model.same.register_forward_post_hook(lambda layer, args, out: out + 10.0)
+    try:
+        summed, _ = model(x)
+    finally:
+        handle.remove()
+    close(trace.output[0], summed)
+    bias = np_(model.fc.bias)
+    close(trace.output[1], bias + 10.0)  # returned by the model, not computed: an identity op, edited too
+    close(model.fc.bias, bias)  # and the parameter itself is left as it was
+    assert [op.func_name for op in trace.ops if op.edited] == ["identity", "identity"]
+    assert not any(op.func_name == "full_like" for op in trace.ops)  # the helper's calls are not recorded
+    (add,) = [op for op in trace.ops if op.func_name == "add"]
+    assert add.parents == ["identity_1_2", "linear_1_1"]  # the edit, and h as the model kept it
+
+
+# -- tl.splice_module ----------------------------------------------------------------------------
+def test_splice_module_runs_the_replacement_instead(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    paddle.seed(7)
+    replacement = nn.Sequential(nn.Conv2D(64, 128, 3, stride=2, padding=1), nn.ReLU())
+    replacement.eval()
+    trace = audited(tl.trace(resnet, x, intervene=tl.when(tl.module("layer2"), tl.splice_module(replacement))))
+    original = resnet.layer2
+    resnet.layer2 = replacement  # the layer swapped by hand
+    try:
+        expected = resnet(x)
+    finally:
+        resnet.layer2 = original
+    close(trace.output, expected)
+    inside = [op for op in trace.ops if op.modules and op.modules[0] == "layer2:1"]
+    assert [op.func_name for op in inside] == ["conv2d", "reshape", "add", "relu"]  # the replacement's ops
+    assert not any(p.startswith("layer2.") for op in trace.ops for p in op.params)  # layer2 never ran
+    assert "forward" not in vars(original)
+
+
+def test_splice_one_call_then_edit_what_the_replacement_returned(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    trace = audited(tl.trace(resnet, x, intervene=tl.when(tl.module("layer1.0.relu:2"), tl.splice_module(F.sigmoid),
+                                                          tl.scale(2.0))))
+
+    def hook_sigmoid(layer: Any, args: Any, out: Any) -> Any:
+        hook_sigmoid.calls += 1
+        return F.sigmoid(args[0]) * 2.0 if hook_sigmoid.calls == 2 else None
+
+    hook_sigmoid.calls = 0
+    handle = resnet.layer1[0].relu.register_forward_post_hook(hook_sigmoid)
+    try:
+        expected = resnet(x)
+    finally:
+        handle.remove()
+    close(trace.output, expected)
+    assert [op.func_name for op in trace.ops if op.modules[-1:] == ["layer1.0.relu:2"]] == ["sigmoid"]
+
+
+def test_a_replacement_may_call_the_layer_it_replaces(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    layer = resnet.layer3
+    trace = audited(tl.trace(resnet, x, intervene=tl.when(tl.module("layer3:1"),
+                                                          tl.splice_module(lambda h: layer(h) * 0.5))))
+    (_, expected) = hooked(resnet, x, layer, lambda v, i: v * 0.5)
+    close(trace.output, expected)
+    assert "forward" not in vars(layer)
+
+
+# -- save=, and gradients ------------------------------------------------------------------------
+def test_edits_apply_to_ops_that_save_leaves_out(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    trace = audited(tl.trace(resnet, x, save=tl.func("conv2d"), intervene=tl.when(tl.module("layer2"),
+                                                                                   tl.zero_ablate())))
+    _, expected = hooked(resnet, x, resnet.layer2, lambda v, i: np.zeros_like(v))
+    close(trace.output, expected)
+    (op,) = [op for op in trace.ops if op.edited]
+    assert op.out is None and op.pre_edit is None  # not saved: neither value kept
+
+
+def test_gradients_flow_through_an_edit_as_through_a_post_hook() -> None:
+    paddle.seed(8)
+    model = Taps()
+    x = paddle.randn([4, 6])
+    x.stop_gradient = False
+    trace = tl.trace(model, x, intervene=tl.when(tl.module("fc2"), tl.steer(np.ones(8), 1.0), tl.scale(3.0)))
+    (grad_traced,) = paddle.grad(trace.output.sum(), x)
+    handle = model.fc2.register_forward_post_hook(lambda layer, a, out: (out + 1.0) * 3.0)
+    try:
+        expected = model(x)
+    finally:
+        handle.remove()
+    (grad_hooked,) = paddle.grad(expected.sum(), x)
+    close(trace.output, expected)
+    close(grad_traced, grad_hooked)
+
+
+# -- refusals and cleanup --------------------------------------------------------------------------
+def is_wrapper(value: Any) -> bool:
+    return isinstance(value, types.FunctionType) and value.__dict__.get("_torchlens_wrapper") is True
+
+
+def assert_nothing_installed(model: Any) -> None:
+    from torchlens_paddle.intercept import STATE
+
+    assert STATE.recorder is None
+    assert paddle._C_ops.relu.__class__.__name__ == "builtin_function_or_method"
+    assert not any(is_wrapper(v) for v in vars(paddle.Tensor).values())
+    for name, module in list(sys.modules.items()):
+        if name.startswith("paddle") and module is not None:
+            assert not any(is_wrapper(v) for v in list(vars(module).values())), name
+    for layer in model.sublayers(include_self=True):
+        assert not layer._forward_pre_hooks and not layer._forward_post_hooks
+        assert "forward" not in vars(layer)
+
+
+def test_an_edit_that_changes_the_shape_or_dtype_is_refused_naming_the_site(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    with pytest.raises(tl.InterventionError, match=r"relu_1_3:1.*\[2, 64, 16, 16\].*\[2, 1, 16, 16\]"):
+        tl.trace(resnet, x, intervene=tl.when(tl.func("relu"), lambda v, site: v[:, :1]))
+    with pytest.raises(tl.InterventionError, match=r"layer2:1.*float32.*float64"):
+        tl.trace(resnet, x, intervene=tl.when(tl.module("layer2"), lambda v, site: v.astype("float64")))
+    assert_nothing_installed(resnet)
+
+
+def test_selectors_that_pick_nothing_are_refused(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    with pytest.raises(tl.LabelNotFoundError, match="picked no site"):
+        tl.trace(resnet, x, intervene=tl.when(tl.func("gelu"), tl.zero_ablate()))
+    with pytest.raises(tl.TorchLensError, match="picked no site"):
+        tl.trace(resnet, x, intervene=tl.when(tl.module("layer1.0.relu:3"), tl.zero_ablate()))
+    assert_nothing_installed(resnet)
+
+
+def _raises(value: Any, site: Any) -> Any:
+    raise RuntimeError("helper failed")
+
+
+def _interrupts(value: Any, site: Any) -> Any:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("intervention", [
+    tl.when(tl.func("relu"), _raises),
+    tl.when(tl.module("layer2"), _raises),
+    tl.when(tl.module("layer2"), tl.splice_module(lambda h: _raises(h, None))),
+    tl.when(tl.func("add") & tl.in_module("layer3"), _interrupts),
+], ids=["op_site", "module_site", "splice", "interrupt"])
+def test_an_error_in_a_helper_leaves_nothing_installed(resnet: Any, inputs: Any, intervention: Any) -> None:
+    x, _ = inputs
+    plain = resnet(x)
+    with pytest.raises((RuntimeError, KeyboardInterrupt)):
+        tl.trace(resnet, x, intervene=intervention)
+    assert_nothing_installed(resnet)
+    close(resnet(x), plain)  # the model runs as before
+    assert tl.trace(resnet, x).audit()  # and the next capture works
+
+
+def test_array_ops_match_the_numpy_reference() -> None:
+    reference = NumpyArrayOps()
+    for dtype in ("float32", "int32"):
+        data = (np.arange(24).reshape(2, 3, 4) - 7).astype(dtype)
+        x = paddle.to_tensor(data)
+        pairs = [
+            (ARRAY_OPS.zeros_like(x), reference.zeros_like(data)),
+            (ARRAY_OPS.mean(x, (0, 2)), reference.mean(data, (0, 2))),
+            (ARRAY_OPS.sum(x, 1), reference.sum(data, 1)),
+            (ARRAY_OPS.clip(x, -2, 5), reference.clip(data, -2, 5)),
+            (ARRAY_OPS.clip(x, None, 0), reference.clip(data, None, 0)),
+            (ARRAY_OPS.take(x, [2, 0, 2], 2), reference.take(data, [2, 0, 2], 2)),
+            (ARRAY_OPS.from_numpy(np.ones((3, 4)), x), reference.from_numpy(np.ones((3, 4)), data)),
+            (ARRAY_OPS.copy(x), reference.copy(data)),
+        ]
+        for got, want in pairs:
+            assert np_(got).dtype == want.dtype
+            np.testing.assert_array_equal(np_(got), want)
+        copy = ARRAY_OPS.copy(x)
+        written = ARRAY_OPS.write_into(x, x * 2)
+        assert written is x
+        np.testing.assert_array_equal(np_(x), data * 2)
+        np.testing.assert_array_equal(np_(copy), data)  # the copy is not the array
+
+
+def test_backend_declares_intervene_and_splice() -> None:
+    (listed,) = [b for b in tl.backends() if b["name"] == "paddle"]
+    assert {"intervene", "splice"} <= set(listed["capabilities"])

@@ -1,0 +1,330 @@
+"""Interventions on torch, each checked against the same edit made by hand with forward hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+
+import torchlens as tl  # noqa: E402
+
+nn = torch.nn
+
+
+@pytest.fixture(scope="module")
+def resnet() -> Any:
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(weights=None).eval()
+
+
+@pytest.fixture(scope="module")
+def inputs() -> tuple[Any, Any]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(2, 3, 64, 64, generator=g), torch.randn(2, 3, 64, 64, generator=g)
+
+
+def _with_hooks(model: Any, modules: list[Any], edit: Callable[[Any], Any], *args: Any) -> Any:
+    """The model's output with ``edit`` applied to every listed module's output by forward hooks."""
+    handles = [m.register_forward_hook(lambda m, a, out: edit(out)) for m in modules]
+    try:
+        with torch.no_grad():
+            return model(*args)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _layer1_relus(model: Any) -> list[Any]:
+    return [block.relu for block in model.layer1]
+
+
+RELUS_IN_LAYER1 = tl.func("relu") & tl.in_module("layer1")
+
+
+def _unit(d: Any, dim: int, ndim: int) -> Any:
+    shape = [1] * ndim
+    shape[dim] = -1
+    return (d / d.norm()).reshape(shape)
+
+
+def _hand_made(name: str, reference: Any, site_value: Callable[[Any], Any]) -> tuple[Any, Callable[[Any], Any]]:
+    """(helper, the same edit written by hand on a tensor); ``site_value(out)`` is the reference's value there."""
+    vector = torch.linspace(-1, 1, 64).reshape(64, 1, 1)
+    direction = torch.linspace(0.5, 2.0, 64)
+    if name == "zero_ablate":
+        return tl.zero_ablate(), torch.zeros_like
+    if name == "mean_ablate":
+        return tl.mean_ablate(), lambda v: v.mean(dim=0, keepdim=True).expand_as(v).clone()
+    if name == "mean_ablate_reference":
+        return tl.mean_ablate(reference, dims=(0, 2)), \
+            lambda v: site_value(v).mean(dim=(0, 2), keepdim=True).expand_as(v).clone()
+    if name == "resample_ablate":
+        rows = np.random.default_rng(5).permutation(2)[:2]
+        return tl.resample_ablate(reference, seed=5), lambda v: site_value(v)[torch.as_tensor(rows)]
+    if name == "steer":
+        return tl.steer(vector, scale=2.5), lambda v: v + 2.5 * vector
+    if name == "scale":
+        return tl.scale(0.5), lambda v: v * 0.5
+    if name == "clamp":
+        return tl.clamp(min=0.1, max=0.4), lambda v: v.clamp(0.1, 0.4)
+    if name == "noise":
+        return tl.noise(0.3, seed=7), \
+            lambda v: v + torch.as_tensor(np.random.default_rng(7).standard_normal(tuple(v.shape)) * 0.3,
+                                          dtype=v.dtype)
+    if name == "project_onto":
+        return tl.project_onto(direction, dim=1), \
+            lambda v: (v * _unit(direction, 1, v.dim())).sum(1, keepdim=True) * _unit(direction, 1, v.dim())
+    if name == "project_off":
+        return tl.project_off(direction, dim=1), \
+            lambda v: v - (v * _unit(direction, 1, v.dim())).sum(1, keepdim=True) * _unit(direction, 1, v.dim())
+    if name == "swap_with":
+        return tl.swap_with(reference), site_value
+    raise AssertionError(name)
+
+
+HELPERS = ["zero_ablate", "mean_ablate", "mean_ablate_reference", "resample_ablate", "steer", "scale", "clamp",
+           "noise", "project_onto", "project_off", "swap_with"]
+
+
+@pytest.mark.parametrize("name", HELPERS)
+def test_every_helper_at_op_sites_equals_hooks_doing_it(resnet: Any, inputs: Any, name: str) -> None:
+    x, other = inputs
+    reference = tl.trace(resnet, other)
+    # layer1 runs its ReLU module twice per block: the k-th call of block b is relu op k of that pass
+    calls: dict[int, int] = {}
+    ref_values = {}
+    for block_index, block in enumerate(resnet.layer1):
+        ops = [op for op in reference.ops if op.func_name == "relu" and op.module == f"layer1.{block_index}.relu"]
+        ref_values[id(block.relu)] = [op.out for op in ops]
+
+    def site_value(module: Any) -> Callable[[Any], Any]:
+        def value(v: Any) -> Any:
+            k = calls[id(module)] - 1
+            return ref_values[id(module)][k]
+        return value
+
+    helper, _ = _hand_made(name, reference, lambda v: v)
+    traced = tl.trace(resnet, x, intervene=tl.when(RELUS_IN_LAYER1, helper))
+
+    def hooked(module: Any) -> Callable[[Any, Any, Any], Any]:
+        def hook(m: Any, a: Any, out: Any) -> Any:
+            calls[id(module)] = calls.get(id(module), 0) + 1
+            return _hand_made(name, reference, site_value(module))[1](out)
+        return hook
+
+    handles = [m.register_forward_hook(hooked(m)) for m in _layer1_relus(resnet)]
+    try:
+        with torch.no_grad():
+            expected = resnet(x)
+    finally:
+        for h in handles:
+            h.remove()
+    assert torch.allclose(traced.output, expected, rtol=1e-5, atol=1e-5), (traced.output - expected).abs().max()
+    assert len(traced.interventions) == 4 and all(op.edited for op in traced.find(RELUS_IN_LAYER1))
+    report = traced.audit()
+    assert report, str(report)
+
+
+@pytest.mark.parametrize("name", HELPERS)
+def test_every_helper_at_a_module_site_equals_a_hook_on_it(resnet: Any, inputs: Any, name: str) -> None:
+    x, other = inputs
+    reference = tl.trace(resnet, other)
+    # layer1's output has 64 channels, as the vector and direction do
+    helper, by_hand = _hand_made(name, reference, lambda v: reference["layer1"].out)
+    traced = tl.trace(resnet, x, intervene=tl.when(tl.module("layer1"), helper))
+    expected = _with_hooks(resnet, [resnet.layer1], by_hand, x)
+    assert torch.allclose(traced.output, expected, rtol=1e-5, atol=1e-5), (traced.output - expected).abs().max()
+    edit, = traced.interventions
+    assert (edit.site, edit.kind) == ("layer1:1", "module")
+    report = traced.audit()
+    assert report, str(report)
+
+
+def test_the_seed_interventions_section_runs_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    import torchvision.models as models
+
+    model = models.alexnet(weights=None)
+    x = torch.randn(1, 3, 224, 224)
+
+    ablated = tl.trace(model, x, save=tl.func('relu'),
+                       intervene=tl.when(tl.func('relu'), tl.zero_ablate()))
+    print(ablated['relu_1_2'].out.abs().max())  # tensor(0.)
+    scaled = tl.trace(model, x, save=tl.func('relu'), intervene=tl.when(tl.func('relu'), tl.scale(0.5)))
+    assert len(scaled.interventions) == 7
+
+    clean_log = tl.trace(model, x, save=tl.func('relu'))
+    patched_log = tl.trace(model, x, save=tl.func('relu'),
+                           intervene=tl.when(tl.func('relu'), tl.zero_ablate()))
+    bundle = tl.bundle({'clean': clean_log, 'patched': patched_log}, baseline='clean')
+    comparison = bundle.compare_at('relu_1_2')   # one site; a multi-site selector must resolve uniquely
+
+    assert capsys.readouterr().out.startswith("tensor(0.")
+    assert float(ablated['relu_1_2'].out.detach().abs().max()) == 0.0
+    # AlexNet in training mode draws dropout masks: the same draws, by seed, for the hand-made runs
+    relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
+    for helper, by_hand in ((tl.scale(0.5), lambda o: o * 0.5), (tl.zero_ablate(), torch.zeros_like)):
+        torch.manual_seed(11)
+        traced = tl.trace(model, x, intervene=tl.when(tl.func('relu'), helper))
+        torch.manual_seed(11)
+        assert torch.equal(traced.output, _with_hooks(model, relus, by_hand, x))
+        assert traced.audit()
+    clean, patched = comparison.rows
+    assert clean.difference.max_abs == 0 and patched.difference.norm == 0 and patched.edited
+    assert patched.difference.max_abs == pytest.approx(float(clean_log['relu_1_2'].out.detach().abs().max()))
+    assert "patched" in str(comparison) and list(comparison.to_pandas()["run"]) == ["clean", "patched"]
+    with pytest.raises(tl.LabelNotFoundError, match="picks 7 sites"):
+        bundle.compare_at(tl.func('relu'))
+    assert bundle.compare_at(tl.label('relu_1_2')).site == comparison.site
+
+
+def test_an_in_place_edit_leaves_every_other_recorded_value_intact(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    plain = tl.trace(resnet, x)
+    traced = tl.trace(resnet, x, intervene=tl.when(tl.label("relu_1_3"), tl.scale(-1.0)))
+    edited = traced["relu_1_3"]
+    assert edited.in_place and edited.edited
+    assert torch.equal(edited.pre_edit, plain["relu_1_3"].out)  # the value before, kept apart
+    assert torch.equal(edited.out, -plain["relu_1_3"].out)
+    # the ops before the edit are untouched, in particular the batch norm whose output relu_ wrote into
+    for op in traced.ops[:edited.index]:
+        if op.kind == "op":
+            assert torch.equal(op.out, plain[op.label].out), op.label
+    assert torch.equal(traced.output, _with_hooks(resnet, [resnet.relu], lambda o: -o, x))
+    assert traced.audit()
+
+
+def _gpt2() -> tuple[Any, Any, Any]:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(use_cache=False)  # GPT-2 small: 12 layers, 768 wide, random weights
+    model = transformers.GPT2LMHeadModel(config).eval()
+    clean = torch.randint(0, config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    corrupted = clean.clone()
+    corrupted[0, 3] = (corrupted[0, 3] + 17) % config.vocab_size
+    return model, clean, corrupted
+
+
+def test_activation_patching_a_gpt2_block_equals_hooks_doing_it() -> None:
+    model, clean_ids, corrupted_ids = _gpt2()
+    clean = tl.trace(model, input_ids=clean_ids, save=tl.module("transformer.h.6"))
+    patched = tl.trace(model, input_ids=corrupted_ids,
+                       intervene=tl.when(tl.module("transformer.h.6"), tl.swap_with(clean)))
+
+    with torch.no_grad():
+        seen = {}
+        h = model.transformer.h[6].register_forward_hook(lambda m, a, out: seen.update(out=out))
+        model(input_ids=clean_ids)
+        h.remove()
+        h = model.transformer.h[6].register_forward_hook(lambda m, a, out: seen["out"])
+        expected = model(input_ids=corrupted_ids).logits
+        h.remove()
+        corrupted = model(input_ids=corrupted_ids).logits
+    assert torch.equal(patched.output.logits, expected)
+    assert not torch.equal(expected, corrupted)  # the patch did something
+    assert patched.audit()
+    comparison = tl.bundle({"clean": clean, "patched": patched}, baseline="clean").compare_at("transformer.h.6")
+    assert comparison.rows[1].difference.max_abs == 0 and comparison.rows[1].edited
+
+
+def test_an_edit_that_changes_the_shape_or_dtype_is_refused_naming_the_site(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    with pytest.raises(tl.InterventionError, match=r"relu_1_3:1.*\[2, 64, 32, 32\].*\[2, 1, 32, 32\]"):
+        tl.trace(resnet, x, intervene=tl.when(tl.label("relu_1_3"), lambda v, site: v[:, :1]))
+    with pytest.raises(tl.InterventionError, match="float64"):
+        tl.trace(resnet, x, intervene=tl.when(tl.module("layer1"), lambda v, site: v.double()))
+
+
+def test_selectors_that_pick_nothing_or_cannot_pick_live_are_refused(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    with pytest.raises(tl.LabelNotFoundError, match=r"tl.func\('rellu'\) picked no site.*'relu"):
+        tl.trace(resnet, x, intervene=tl.when(tl.func("rellu"), tl.zero_ablate()))
+    with pytest.raises(tl.UnsupportedError, match="followed_by"):
+        tl.when(tl.followed_by(tl.func("relu")), tl.zero_ablate())
+    with pytest.raises(tl.UnsupportedError, match="combine it"):
+        tl.when(tl.module("layer1") & tl.func("relu"), tl.zero_ablate())
+    with pytest.raises(TypeError, match="intervene="):
+        tl.trace(resnet, x, intervene=tl.zero_ablate())
+
+
+def test_an_error_in_a_helper_leaves_nothing_installed(resnet: Any, inputs: Any) -> None:
+    from torch.nn.modules import module as nn_module
+
+    x, _ = inputs
+
+    def broken(value: Any, site: Any) -> Any:
+        raise RuntimeError("helper failed")
+
+    for selector in (tl.func("relu"), tl.module("layer2")):
+        with pytest.raises(RuntimeError, match="helper failed"):
+            tl.trace(resnet, x, intervene=tl.when(selector, broken))
+        assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
+        assert torch._C._get_torch_function_mode() is None if hasattr(torch._C, "_get_torch_function_mode") \
+            else not torch.overrides._get_current_function_mode_stack()
+    with torch.no_grad():
+        assert torch.equal(resnet(x), tl.trace(resnet, x).output)
+
+
+def test_splice_module_runs_the_replacement_instead(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    torch.manual_seed(3)
+    replacement = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU())
+    calls = []
+    original = resnet.layer1
+    hook = original.register_forward_pre_hook(lambda m, a: calls.append("layer1 ran"))
+    try:
+        traced = tl.trace(resnet, x, intervene=tl.when(tl.module("layer1"), tl.splice_module(replacement)))
+    finally:
+        hook.remove()
+    resnet.layer1 = replacement
+    try:
+        with torch.no_grad():
+            expected = resnet(x)
+    finally:
+        resnet.layer1 = original
+    assert torch.equal(traced.output, expected)
+    assert "forward" not in vars(original)
+    inside = [op.func_name for op in traced.ops if op.module_passes and op.module_passes[0][0] == "layer1"]
+    assert inside == ["conv2d", "relu"]
+    assert traced.audit()
+
+
+def test_save_and_halt_keep_working_with_edits(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    traced = tl.trace(resnet, x, save=tl.func("linear"), intervene=tl.when(tl.module("layer4"), tl.scale(2.0)))
+    layer4 = traced["layer4"]
+    assert layer4.out is None and layer4.pre_edit is None and layer4.edited  # not saved, still edited
+    assert torch.equal(traced.output, _with_hooks(resnet, [resnet.layer4], lambda o: o * 2.0, x))
+    steer = tl.steer(torch.ones(64, 1, 1))
+    halted = tl.trace(resnet, x, halt=tl.module("layer2"), intervene=tl.when(tl.module("layer1"), steer))
+    assert halted.halted and halted["layer1"].edited
+    seen = {}
+    hooks = [resnet.layer1.register_forward_hook(lambda m, a, out: out + 1),
+             resnet.layer2.register_forward_hook(lambda m, a, out: seen.update(out=out))]
+    try:
+        with torch.no_grad():
+            resnet(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert torch.equal(halted["layer2"].out, seen["out"])
+
+
+def test_gradients_flow_through_an_edit_as_through_a_hook(resnet: Any, inputs: Any) -> None:
+    x, _ = inputs
+    vector = torch.randn(64, 1, 1)
+    helper = tl.steer(vector, scale=0.5)
+    a = x.clone().requires_grad_(True)
+    traced = tl.trace(resnet, a, intervene=tl.when(tl.module("layer1"), helper))
+    traced.output.sum().backward()
+    b = x.clone().requires_grad_(True)
+    h = resnet.layer1.register_forward_hook(lambda m, args, out: out + 0.5 * vector)
+    try:
+        resnet(b).sum().backward()
+    finally:
+        h.remove()
+    assert torch.allclose(a.grad, b.grad, atol=1e-6)
