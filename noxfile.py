@@ -66,7 +66,7 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Capture overhead (ResNet-18, GPT-2 small), selective capture, dataset extraction, metadata, save/load."""
+    """Capture overhead (ResNet-18, GPT-2 small), selective capture, extraction, metadata, save/load, patching."""
     # zoo: GPT-2 (transformers); extract: zarr, tqdm; tables: pandas (metadata_cost times trace.to_pandas()).
     session.install("-e", ".[torch,zoo,extract,tables]")
     session.run("python", "bench/capture_overhead.py", *session.posargs)
@@ -74,3 +74,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/extract_dataset.py")
     session.run("python", "bench/metadata_cost.py")
     session.run("python", "bench/save_load.py")
+    session.run("python", "bench/intervene_cost.py")
