@@ -185,3 +185,32 @@ def test_zero_ablation_live_equals_fork_replay(traced: Traced) -> None:
     replayed = _run(traced.case, fork.replay)
     error = max_error(traced.backend, replayed, live.output)
     assert error <= traced.case.rtol, f"zeros at {site.label}: live and fork().replay() differ by {error:.3g}"
+
+
+# -- gradients: checked against the framework's own, for backends with the "gradients" capability ----------------
+def test_gradients_match_the_framework(traced: Traced) -> None:
+    from torchlens_core.backend.manager import resolve_backend
+    from torchlens_core.grads.backward import total
+
+    if "gradients" not in resolve_backend(traced.backend).capabilities:
+        pytest.skip(f"the {traced.backend} backend does not declare the 'gradients' capability")
+    h = hook()
+    try:
+        reference = _run(traced.case, lambda: h.torchlens_reference_grads(
+            backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
+    except tl.UnsupportedError as exc:
+        pytest.skip(str(exc))
+    if not reference:
+        pytest.skip("no floating-point input to differentiate with respect to")
+    t = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, save_grads=True,
+                                            **traced.kwargs))
+    t.log_backward(total(traced.backend))
+    template = (t.call.args, t.call.kwargs)
+    tolerance = max(traced.case.rtol, 1e-4)
+    for path, expected in reference.items():
+        ref = tree.get(template, path)
+        assert isinstance(ref, Ref), f"argument {path} is not an input node of the trace"
+        got = t.ops[ref.index].grad
+        assert got is not None, f"no gradient at {t.ops[ref.index].label} ({t.ops[ref.index].grad_status})"
+        error = max_error(traced.backend, got, expected)
+        assert error <= tolerance, f"the gradient at {t.ops[ref.index].label} is off the framework's by {error:.3g}"

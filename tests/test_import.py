@@ -40,7 +40,7 @@ def test_public_api() -> None:
         "OpRecord", "ParamRecord", "Recording", "ReplayError", "Selector", "TorchLensError", "Trace",
         "TraceFileError", "UnsupportedError", "__version__", "assert_unchanged", "backends", "bundle", "clamp",
         "extract_dataset", "followed_by", "func", "hash", "in_module", "label", "load", "mean_ablate", "module",
-        "noise", "pluck", "preceded_by", "project_off", "project_onto", "record", "register_flops",
+        "noise", "options", "pluck", "preceded_by", "project_off", "project_onto", "record", "register_flops",
         "resample_ablate", "save", "scale", "splice_module", "steer", "swap_with", "trace", "when", "where",
         "zero_ablate",
     ])

@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 CORE = pathlib.Path(__file__).resolve().parent.parent / "torchlens_core"
-LAYERS = ["ir", "backend", "capture", "replay", "steer", "views", "compare", "store"]  # bottom to top
+LAYERS = ["ir", "backend", "capture", "replay", "steer", "grads", "views", "compare", "store"]  # bottom to top
 
 
 def _upward_imports(path: pathlib.Path) -> list[tuple[int, str, bool]]:

@@ -5,6 +5,7 @@
     trace["layer3"].out, trace.summary(), trace.audit()
 """
 
+from torchlens import options  # tl.options.CaptureOptions
 from torchlens_core.backend.manager import backends
 from torchlens_core.capture.api import pluck, record, trace
 from torchlens_core.capture.builder import Recording
@@ -63,7 +64,7 @@ __all__ = [
     "InterventionError", "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "Recording",
     "ReplayError", "Selector", "TorchLensError", "Trace", "TraceFileError", "UnsupportedError", "__version__",
     "assert_unchanged", "backends", "clamp", "extract_dataset", "followed_by", "func", "hash", "in_module", "label",
-    "load", "mean_ablate", "module", "noise", "pluck", "preceded_by", "project_off", "project_onto", "record",
-    "register_flops", "resample_ablate", "save", "scale", "splice_module", "steer", "swap_with", "trace", "when",
-    "where", "zero_ablate",
+    "load", "mean_ablate", "module", "options", "noise", "pluck", "preceded_by", "project_off", "project_onto",
+    "record", "register_flops", "resample_ablate", "save", "scale", "splice_module", "steer", "swap_with", "trace",
+    "when", "where", "zero_ablate",
 ]

@@ -57,6 +57,9 @@ class TorchArrayOps(ArrayOps):
     def clip(self, x: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
         return x.clamp(min=low, max=high)
 
+    def total(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum()
+
     def take(self, x: torch.Tensor, indices: Sequence[int], axis: int) -> torch.Tensor:
         return x.index_select(axis, torch.tensor(list(indices), dtype=torch.long, device=x.device))
 

@@ -39,6 +39,7 @@ from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_torch.fastpath import recorded_as_run
+from torchlens_torch.grads import hook_grads
 from torchlens_torch.splice import spliced
 
 Tensor = torch.Tensor
@@ -179,6 +180,7 @@ class _Recorder(TorchFunctionMode):
         self.params_before_write: dict[str, Tensor] = {}
         self.branches = BranchTracker(_SITES.internal)
         self.thread = get_ident()  # the module hooks are global: other threads' calls are not this capture's
+        self.grads = builder.options.save_grads is not False  # save_grads=: hook each wanted output's gradient
 
     # -- the hot path ------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -244,11 +246,15 @@ class _Recorder(TorchFunctionMode):
             code_context=_SITES.stack(), meta=meta, elapsed=elapsed, conditions=self.branches.current())
         out = self.builder.seen_value(op, out)  # an edit made in place is already in `out`
         if isinstance(out, Tensor):
+            if out.grad_fn is not None:  # what autograd will run backward for this op
+                op.meta["grad_fn"] = out.grad_fn.name()
             self._produced(out, op.index, ())
         else:
             for i, t in enumerate(out):
                 if isinstance(t, Tensor):
                     self._produced(t, op.index, (i,))
+        if self.grads and self.builder.grad_wanted(op):
+            hook_grads(op, out)
         return out
 
     def _produced(self, t: Tensor, index: int, path: tuple[Any, ...]) -> None:
@@ -366,6 +372,8 @@ class _Recorder(TorchFunctionMode):
                                       device=value.device.type)
         seen = self.builder.seen_value(op, value)  # intervene= may edit the pass-through op too
         self._produced(seen, op.index, ())
+        if self.grads and self.builder.grad_wanted(op):
+            hook_grads(op, seen)
         return Ref(op.index), (None if seen is value else seen)
 
     def outputs(self, value: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:

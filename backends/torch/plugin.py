@@ -18,7 +18,7 @@ class TorchBackend(Backend):
                            aliases=("pytorch",),
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
                                                    "save", "halt", "branches", "timing", "intervene",
-                                                   "splice", "new_inputs"}))
+                                                   "splice", "new_inputs", "gradients"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         torch = sys.modules.get("torch")
@@ -46,6 +46,8 @@ class TorchBackend(Backend):
 
     array_error = lazy("torchlens_torch.arrays:array_error")
     array_ops = lazy("torchlens_torch.arrays:ARRAY_OPS")
+    backward = lazy("torchlens_torch.grads:backward")
+    reference_grads = lazy("torchlens_torch.grads:reference_grads")
     flop_formulas = lazy("torchlens_torch.flops:FORMULAS")
     encode_array = lazy("torchlens_torch.saving:encode_array")
     from_numpy = lazy("torchlens_torch.saving:from_numpy")

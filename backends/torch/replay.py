@@ -10,6 +10,7 @@ into it, so neither the trace nor the model changes.
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import torch
@@ -46,14 +47,23 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return out
 
 
+# Replay runs without autograd, except for the backward of a trace whose graph is gone (grads.py).
+AUTOGRAD = contextvars.ContextVar("torchlens_torch_replay_autograd", default=False)
+
+
 def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
     # Some kernels update buffers inside C++ (batch_norm's running statistics in
     # training mode): put the model's buffers back as they were after replay.
+    if AUTOGRAD.get():  # a backward's replay: its buffers are copies of its own, and its graph needs their versions
+        with torch.enable_grad():
+            return interpret(trace, run_op, observe, copy_input=_copy_tensors)
     buffers = [p.value for p in trace.params.values() if p.is_buffer and isinstance(p.value, torch.Tensor)]
     with torch.no_grad():
         saved = [b.clone() for b in buffers]
-        try:
+    try:
+        with torch.no_grad():
             return interpret(trace, run_op, observe, copy_input=_copy_tensors)
-        finally:
+    finally:
+        with torch.no_grad():
             for buffer, value in zip(buffers, saved):
                 buffer.copy_(value)

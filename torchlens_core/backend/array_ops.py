@@ -37,6 +37,10 @@ class ArrayOps:
         """``x`` clamped to ``[low, high]``; None leaves that side open."""
         raise NotImplementedError
 
+    def total(self, x: Any) -> Any:
+        """The sum of every element, as a scalar array (differentiable where the framework differentiates)."""
+        raise NotImplementedError
+
     def take(self, x: Any, indices: Sequence[int], axis: int) -> Any:
         """The slices of ``x`` at ``indices`` along ``axis``, in that order."""
         raise NotImplementedError
@@ -77,6 +81,9 @@ class NumpyArrayOps(ArrayOps):
 
     def clip(self, x: Any, low: float | None, high: float | None) -> Any:
         return self.np.clip(x, low, high).astype(x.dtype, copy=False)
+
+    def total(self, x: Any) -> Any:
+        return self.np.sum(x)
 
     def take(self, x: Any, indices: Sequence[int], axis: int) -> Any:
         return self.np.take(x, list(indices), axis=axis)

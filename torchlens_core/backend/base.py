@@ -125,6 +125,14 @@ class Backend:
         """The :class:`~torchlens_core.backend.array_ops.ArrayOps` interventions use; None: cannot intervene."""
         return None
 
+    def backward(self, trace: Trace, loss: Any, wanted: list[int]) -> Any:
+        """Gradients for ``trace.log_backward`` (see the ``torchlens_backward`` hook); None: not supported."""
+        return None
+
+    def reference_grads(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The framework's own input gradients of the summed float outputs (conformance)."""
+        return None
+
     def flop_formulas(self) -> dict[str, Any]:
         """``{func_name: formula}`` for this backend's ops (see :mod:`torchlens_core.views.flops`)."""
         return {}
@@ -204,6 +212,15 @@ class Backend:
     @hookimpl
     def torchlens_array_ops(self, backend: str) -> Any:
         return self.array_ops() if backend == self.name else None
+
+    @hookimpl
+    def torchlens_backward(self, backend: str, trace: Any, loss: Any, wanted: list[int]) -> Any:
+        return self.backward(trace, loss, wanted) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_reference_grads(self, backend: str, target: Any, args: tuple[Any, ...],
+                                  kwargs: dict[str, Any]) -> Any:
+        return self.reference_grads(target, args, kwargs) if backend == self.name else None
 
     @hookimpl
     def torchlens_flop_formulas(self, backend: str) -> dict[str, Any] | None:

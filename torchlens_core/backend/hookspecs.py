@@ -137,6 +137,37 @@ def torchlens_array_ops(backend: str) -> Any:
     """
 
 
+# -- gradients (save_grads=, trace.log_backward; see docs/backward.md) -----------------------
+@hookspec(firstresult=True)
+def torchlens_backward(backend: str, trace: Any, loss: Any, wanted: list[int]) -> Any:
+    """The gradients of ``loss`` for ``trace.log_backward(loss)``.
+
+    ``loss`` is a function of the trace's output (``lambda out: out.sum()``),
+    which every backend must accept, or a scalar array the backend may accept
+    (torch: computed from the trace's own values). ``wanted`` holds the
+    indices of the ops (and input nodes) whose gradients to return. Return
+    ``{"ops": {index: gradient}, "params": {name: gradient}}``: the gradient
+    of the loss with respect to each wanted op's output (the output's
+    structure for several outputs) and to each parameter; leave out an op or
+    parameter the loss does not depend on. A backend that records the
+    backward live (torch's tensor hooks) may compute them so; the others
+    replay the recorded graph under their framework's autodiff (see
+    :func:`torchlens_core.replay.evaluator.interpret`). Declare the
+    ``gradients`` capability.
+    """
+
+
+@hookspec(firstresult=True)
+def torchlens_reference_grads(backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The conformance suite's reference: gradients computed by the framework alone, without TorchLens.
+
+    The loss is the sum of every element of every floating-point array in
+    ``target(*args, **kwargs)``'s output; return ``{path: gradient}`` for
+    each floating-point array among the arguments, ``path`` locating it in
+    ``(args, kwargs)`` as :func:`torchlens_core.ir.tree.leaves` does.
+    """
+
+
 # -- saving and loading (tl.save / tl.load; see docs/saving.md) ---------------------------
 @hookspec(firstresult=True)
 def torchlens_encode_array(backend: str, value: Any) -> tuple[Any, str] | None:

@@ -34,8 +34,10 @@ ENTRY_POINT_GROUP = "torchlens.backends"
 #   "splice"       tl.splice_module: a module call replaced by another callable
 #   "new_inputs"   every conversion of a recorded value to a Python value is reported (TraceBuilder.to_python),
 #                  so trace.replay(*new_inputs) can check the graph still holds
+#   "gradients"    honours save_grads= and answers torchlens_backward: trace.log_backward(loss) gives the loss's
+#                  gradient at each selected op's output, the inputs and the parameters
 CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow", "save", "halt", "branches", "timing",
-                "intervene", "splice", "new_inputs")
+                "intervene", "splice", "new_inputs", "gradients")
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ __all__ = ["backends", "pluck", "record", "trace"]
 def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
           halt: Selector | None = None, lookback: int = 0, lookback_payload_policy: str = "metadata_only",
           intervene: Intervention | Sequence[Intervention] | None = None, intervention_ready: bool = False,
-          **kwargs: Any) -> Trace:
+          save_grads: bool | Selector = False, capture: CaptureOptions | None = None, **kwargs: Any) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every operation it executes.
 
     Positional and keyword inputs go to the model exactly as given. ``backend``
@@ -38,11 +38,23 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
     ``intervention_ready``: the trace is for ``trace.fork()`` and replay with edits:
     refuse at once what would stop that later (a backend that cannot intervene,
     ``halt=``, an op the backend could not run again).
+    ``save_grads``: ``True`` or a selector: keep the gradients of these ops (and of
+    the inputs) when ``trace.log_backward(loss)`` runs (docs/backward.md).
+    ``capture``: all of these options at once, as a ``tl.options.CaptureOptions``.
     """
-    options = CaptureOptions(save=save, halt=halt, lookback=lookback,
-                             lookback_payload_policy=lookback_payload_policy, intervene=intervene)
+    given = CaptureOptions(save=save, halt=halt, lookback=lookback, lookback_payload_policy=lookback_payload_policy,
+                           intervene=intervene, save_grads=save_grads)
+    if capture is None:
+        options = given
+    elif not isinstance(capture, CaptureOptions):
+        raise ArgumentTypeError(f"capture= takes a tl.options.CaptureOptions, not {type(capture).__name__}")
+    elif given != CaptureOptions():
+        raise ArgumentTypeError("give the capture options either as capture=tl.options.CaptureOptions(...) or as "
+                                "keywords (save=, halt=, save_grads=...), not both")
+    else:
+        options = capture
     if intervention_ready:
-        if halt is not None:
+        if options.halt is not None:
             raise UnsupportedError("intervention_ready=True with halt=: a halted trace has no output to replay")
         info = resolve_backend(backend or claim_backend(model, args, kwargs) or "")
         if "intervene" not in info.capabilities:
@@ -91,6 +103,9 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
                                f"capability): intervene= would be ignored, so the capture is refused")
     if any(item.splice is not None for item in options.intervene) and "splice" not in info.capabilities:
         raise UnsupportedError(f"the {info.name} backend cannot replace module calls (tl.splice_module)")
+    if options.save_grads is not False and "gradients" not in info.capabilities:
+        raise UnsupportedError(f"the {info.name} backend cannot compute gradients (it does not declare the "
+                               f"'gradients' capability): save_grads= would give none, so the capture is refused")
     # Capture allocates many small, acyclic records; the cyclic GC walking the
     # whole heap over and over while they pile up cost more than the capture.
     # Process-wide, so counted: overlapping captures in other threads switch it back on once.

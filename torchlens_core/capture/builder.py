@@ -17,6 +17,8 @@ from torchlens_core.capture.policy import CaptureOptions, Policy
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import CaptureError
 from torchlens_core.ir.records import (
+    GRAD_NOT_SELECTED,
+    GRAD_WAITING,
     ModulePass,
     ModuleRecord,
     OpRecord,
@@ -104,6 +106,18 @@ class TraceBuilder:
         op = self.ops[op_index]
         small = _small_python(result)
         op.meta.setdefault("to_python", []).append((path, how, result if small else None))
+
+    def grad_wanted(self, op: OpRecord) -> bool:
+        """Does ``save_grads=`` want this op's gradient? Ask after :meth:`add_op`, to hook the backward.
+
+        Input nodes are always wanted when gradients are: the gradient at the
+        inputs is what a user checks first. A selector that cannot judge the
+        op yet says yes here; :meth:`finish` settles it on the finished trace.
+        """
+        wanted = self.options.save_grads
+        if isinstance(wanted, bool) or op.kind == "input":
+            return wanted is not False
+        return wanted.decide(op, self) is not False
 
     def seen_value(self, op: OpRecord, out: Any) -> Any:
         """What later ops see of ``op``, just recorded with ``out``: ``out``, or what intervene= made of it.
@@ -240,6 +254,13 @@ class TraceBuilder:
                 mp.trace_ref = ref
         if self.policy.active:
             self.policy.finish(trace)
+        if self.options.save_grads is not False:
+            wanted = self.options.save_grads
+            for op in ops:
+                if op.kind == "input" or (op.kind == "op" and (wanted is True or wanted.test(op, trace))):
+                    op.grad_status = GRAD_WAITING
+                elif op.kind == "op":
+                    op.grad_status = GRAD_NOT_SELECTED
         if self.editor is not None:
             self.editor.check(trace)
         return trace

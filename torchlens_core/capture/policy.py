@@ -70,6 +70,13 @@ def _selector(value: Any, name: str) -> Selector | None:
                             f"not {type(value).__name__} ({shown(value)})")
 
 
+def _grads(value: Any) -> bool | Selector:
+    if isinstance(value, (bool, Selector)):
+        return value
+    raise ArgumentTypeError(f"save_grads= takes True, False or a selector such as tl.func('relu'), "
+                            f"not {type(value).__name__} ({shown(value)})")
+
+
 LOOKBACK_POLICIES = ("metadata_only", "detached_raw")
 
 
@@ -84,6 +91,8 @@ class CaptureOptions:
     record: bool = False  # tl.record: hand back a Recording, finished only when read
     # tl.when(...) interventions, applied as the forward runs (capture/edits.py)
     intervene: tuple[Intervention, ...] = attrs.field(default=(), converter=interventions)
+    # gradients to keep when trace.log_backward runs: True (every op), False, or a selector
+    save_grads: bool | Selector = attrs.field(default=False, converter=lambda v: _grads(v))
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.lookback, int) or self.lookback < 0:
@@ -96,6 +105,8 @@ class CaptureOptions:
         if self.halt is not None and _has(self.halt, Not):
             raise UnsupportedError("halt= cannot use ~: 'stop once everything except X has run' never comes "
                                    "before the end of the forward")
+        if self.halt is not None and self.save_grads is not False:
+            raise UnsupportedError("save_grads= with halt=: a halted forward has no output to take a loss of")
         if self.halt is not None and _has(self.halt, (Where, FollowedBy), deep=True):
             raise UnsupportedError("halt= cannot use tl.where or tl.followed_by: they judge finished records (an "
                                    "op's children run after it), so they could never stop the forward early; "

@@ -36,6 +36,14 @@ class RecordedCall:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     intervene: tuple[Any, ...] = ()  # the interventions the capture applied (fork().rerun repeats them)
+    # input node -> a weak reference to the very array the model was given (a backend's live backward
+    # needs it: the node may hold a copy); absent for arrays that take no weak reference
+    given: dict[int, Callable[[], Any]] = attrs.Factory(dict)
+
+    def given_array(self, index: int) -> Any:
+        """The array passed as input node ``index``, if it is still alive; else None."""
+        ref = self.given.get(index)
+        return ref() if ref is not None else None
 
     def model(self) -> Any:
         model = self.model_ref()
@@ -96,8 +104,16 @@ def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: T
         return found.get(id(leaf), leaf)
 
     name = getattr(model, "__name__", None) or type(model).__name__
+    given = {}
+    for leaf in arrays:
+        ref = found[id(leaf)]
+        if isinstance(ref, Ref):
+            try:
+                given[ref.index] = weakref.ref(leaf)
+            except TypeError:  # arrays without weak references (NumPy scalars): no live handle
+                pass
     return RecordedCall(_weakly(model), str(name), tree.map_leaves(template, args), tree.map_leaves(template, kwargs),
-                        intervene)
+                        intervene, given)
 
 
 def _weakly(model: Any) -> Callable[[], Any]:

@@ -86,6 +86,13 @@ def _set_at(obj: Any, path: tuple[Any, ...], leaf: Any) -> Any:
     return tree.rebuild(obj, [_set_at(v, path[1:], leaf) if k == path[0] else v for k, v in kids])
 
 
+# op.grad_status, after save_grads= and trace.log_backward:
+GRAD_WAITING = "waiting for trace.log_backward(loss)"
+GRAD_SAVED = "saved"
+GRAD_NOT_SELECTED = "not selected by save_grads="
+GRAD_NO_DEPENDENCE = "the loss does not depend on this value"
+GRAD_NOT_DIFFERENTIABLE = "not differentiable (an integer or boolean value, or computed without gradients)"
+
 OP_KINDS = ("input", "op", "output")
 SOURCE_KINDS = ("constant", "parameter", "random")
 
@@ -128,6 +135,10 @@ class OpRecord:
     # value before the first edit (None when save= left the op's value out). ``out`` is the edited value.
     edits: tuple[EditRecord, ...] = ()
     pre_edit: Any = None
+    # save_grads=: the gradient of the loss given to trace.log_backward with respect to this op's output
+    # (the structure of the output for several), and why there is none (GRAD_STATUSES).
+    grad: Any = None
+    grad_status: str | None = None
     # Filled as the trace is built and finished:
     label: str = ""
     layer_label: str = ""
@@ -180,6 +191,17 @@ class OpRecord:
     def distances(self) -> Distances:
         """Shortest and longest paths, in edges, from any input and to any output (None: no path)."""
         return self.trace.distances()[self.index]
+
+    def set_grad(self, path: tuple[Any, ...], value: Any) -> None:
+        """Store the gradient of one output (``path`` into a structured output; ``()`` for a plain one)."""
+        if not path:
+            self.grad = value
+        else:
+            grads = list(self.grad) if isinstance(self.grad, (list, tuple)) else [None] * (path[0] + 1)
+            grads += [None] * (path[0] + 1 - len(grads))
+            grads[path[0]] = value
+            self.grad = tuple(grads)
+        self.grad_status = GRAD_SAVED
 
     @property
     def edited(self) -> bool:
@@ -249,6 +271,17 @@ class ModulePass:
         return self.trace.resolve(self.out_template)
 
     @property
+    def grad(self) -> Any:
+        """The gradients at what the module returned, with the structure it returned (save_grads=)."""
+        def grad_of(leaf: Any) -> Any:
+            if not isinstance(leaf, Ref):
+                return None
+            grad = self.trace.ops[leaf.index].grad
+            return tree.get(grad, leaf.path) if grad is not None and leaf.path else grad
+
+        return tree.map_leaves(grad_of, self.out_template)
+
+    @property
     def output_ops(self) -> list[OpRecord]:
         return [self.trace.ops[r.index] for r in refs_in(self.out_template)]
 
@@ -291,6 +324,7 @@ class ParamRecord:
     module: str
     is_buffer: bool = False
     value: Any = None
+    grad: Any = None  # after trace.log_backward: the loss's gradient with respect to this parameter
 
     def __repr__(self) -> str:
         kind = "buffer" if self.is_buffer else "param"

@@ -75,6 +75,11 @@ class Trace:
         return [op.label for op in self.ops if op.kind == "output"]
 
     @property
+    def output_layers(self) -> list[str]:
+        """The labels of the output nodes (the seed's name for :attr:`output_labels`)."""
+        return self.output_labels
+
+    @property
     def num_ops(self) -> int:
         """Operations executed, not counting input and output nodes."""
         return sum(op.kind == "op" for op in self.ops)
@@ -192,6 +197,17 @@ class Trace:
         from torchlens_core.capture.selectors import find
 
         return find(self, selector)
+
+    def log_backward(self, loss: Any) -> Trace:
+        """Go back from ``loss`` and keep the gradients ``save_grads=`` asked for (``op.grad``, ``params[n].grad``).
+
+        ``loss`` is a function of the output (``lambda out: out.sum()``), on every
+        backend, or on torch a scalar computed from the trace's own values
+        (``trace.log_backward(trace.output.sum())``). Returns the trace.
+        """
+        from torchlens_core.grads.backward import log_backward
+
+        return log_backward(self, loss)
 
     def find_sites(self, selector: Any) -> list[str]:
         """The sites an intervention with ``selector`` edits here: ``"relu_1_2:1"`` (an op), ``"layer3:1"``."""

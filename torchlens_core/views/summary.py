@@ -155,8 +155,9 @@ def describe(op: OpRecord) -> str:
         lines.append(f"    Buffers: reads buffers with shape {', '.join(_tuple(p.shape) for p in buffers)}; "
                      f"{_numel(buffers):,} values ({_bytes(_nbytes(buffers))}), not counted as params")
     if op.kind == "op":
-        lines.append(f"    Function: {op.func_name}" + (f" (source: {op.source})" if op.source else "")
-                     + (" (in place)" if op.in_place else ""))
+        grad_fn = op.meta.get("grad_fn")
+        lines.append(f"    Function: {op.func_name}" + (f" (grad_fn_handle: {grad_fn})" if grad_fn else "")
+                     + (f" (source: {op.source})" if op.source else "") + (" (in place)" if op.in_place else ""))
         lines.append(f"    Computed inside module: {op.modules[-1] if op.module_passes else '(top level)'}")
         if op.module_outputs:
             lines.append(f"    Output of module: {', '.join(op.module_outputs)}")
@@ -173,6 +174,12 @@ def describe(op: OpRecord) -> str:
             lines.append("    Random: the RNG state before the call is recorded, so replay draws the same numbers")
         if op.conditions:
             lines.append(f"    Inside a data-dependent branch decided by: {', '.join(op.conditions)}")
+    if op.grad_status is not None:
+        if op.grad is not None:
+            shapes = [list(getattr(g, "shape", ())) for _, g in _array_leaves(op.grad)]
+            lines.append(f"    Gradient: shape={shapes[0] if len(shapes) == 1 else shapes} ({op.grad_status})")
+        else:
+            lines.append(f"    Gradient: none ({op.grad_status})")
     if trace is not None:
         d = op.distances
         lines.append(f"    Distance from input: {_range(d.min_from_input, d.max_from_input)}; "
@@ -183,6 +190,12 @@ def describe(op: OpRecord) -> str:
         position = [str(op.index - len(trace.ops)), str(op.index)]
         lines.append(f"    Lookup keys: {', '.join(position + sorted(trace.keys_of(op)))}")
     return "\n".join(lines)
+
+
+def _array_leaves(value: Any) -> list[tuple[Any, Any]]:
+    from torchlens_core.ir import tree
+
+    return [(p, v) for p, v in tree.leaves(value, lambda v: v is not None and hasattr(v, "shape"))]
 
 
 def _numel(records: list[ParamRecord]) -> int:
