@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pathlib
 import shutil
 
 import nox
 
 nox.options.default_venv_backend = "virtualenv"  # pip-based: takes wheels from the local cache
-nox.options.sessions = ["lint", "core", "torch", "jax", "tf", "paddle", "tinygrad"]
+nox.options.sessions = ["lint", "core", "torch", "jax", "tf", "paddle", "tinygrad", "compare"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = "3.11"
@@ -52,6 +53,32 @@ def _backend_session(name: str, extras: str, needs: tuple[str, str] | None) -> N
 for _name, (_extras, _needs) in BACKENDS.items():
     _backend_session(_name, _extras, _needs)
 
+# port builder (tests/ports/build_<name>.py) -> the backend session whose virtualenv runs it
+PORT_BUILDERS = {"torch": "torch", "jax": "jax", "paddle": "paddle", "keras": "tf"}
+
+
+@nox.session(python=PYTHON)
+def compare(session: nox.Session) -> None:
+    """tl.compare on real ports with injected porting bugs (tests/ports), compared where no framework is installed.
+
+    Each builder runs in its backend session's virtualenv (TensorFlow and Paddle cannot share a process) and
+    saves its traces; the tests load and compare them in this session's, which has NumPy and no framework.
+    """
+    session.install("-e", ".[test]")
+    envs = pathlib.Path(session.virtualenv.location).parent
+    traces = pathlib.Path(session.create_tmp()) / "port_traces"
+    shutil.rmtree(traces, ignore_errors=True)  # a variant no longer built must not linger from an earlier run
+    for builder, backend in PORT_BUILDERS.items():
+        python = envs / backend / "bin" / "python"
+        if not python.exists():
+            session.error(f"the {builder} port is built with the {backend} session's virtualenv, which is missing: "
+                          f"run `nox -s {backend}` first")
+        session.run(str(python), f"tests/ports/build_{builder}.py", str(traces), external=True)
+    # docs/compare.md's worked port runs its torch and JAX sides in those sessions' virtualenvs
+    pythons = {f"TORCHLENS_PYTHON_{name.upper()}": str(envs / name / "bin" / "python") for name in ("torch", "jax")}
+    session.run("pytest", "tests/test_compare_ports.py", "tests/test_docs_compare.py", "-q", *session.posargs,
+                env={"TORCHLENS_PORT_TRACES": str(traces), **pythons})
+
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
@@ -66,7 +93,8 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Capture overhead (ResNet-18, GPT-2 small), selective capture, extraction, metadata, save/load, patching."""
+    """Capture overhead (ResNet-18, GPT-2 small), selective capture, extraction, metadata, save/load, patching,
+    comparison."""
     # zoo: GPT-2 (transformers); extract: zarr, tqdm; tables: pandas (metadata_cost times trace.to_pandas()).
     session.install("-e", ".[torch,zoo,extract,tables]")
     session.run("python", "bench/capture_overhead.py", *session.posargs)
@@ -75,3 +103,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/metadata_cost.py")
     session.run("python", "bench/save_load.py")
     session.run("python", "bench/intervene_cost.py")
+    session.run("python", "bench/compare_cost.py")

@@ -32,6 +32,7 @@ from typing import Any
 
 import torchlens as tl
 from torchlens_core.ir.errors import TorchLensError
+from torchlens_core.store import saving
 
 # Small zoo models with modules, parameters and several outputs: the folders mutated.
 SEEDS = {
@@ -228,7 +229,8 @@ class Fuzzer:
             ("extra field", lambda m: m["files"]["trace.json"].update(extra=1)),
             ("format", lambda m: m.update(format="pickle")),
             ("version 0", lambda m: m.update(format_version=0)),
-            ("version 4", lambda m: m.update(format_version=4)),
+            ("a newer version", lambda m: m.update(format_version=saving.FORMAT_VERSION + 1)),
+            ("an older version", lambda m: m.update(format_version=saving.FORMAT_VERSION - 1)),
             ("version text", lambda m: m.update(format_version="2")),
             ("no arrays entry", lambda m: m["files"].pop("arrays.bin")),
             ("extra file", lambda m: m["files"].update({"evil.py": {"size": 0, "sha256": "0" * 64}})),

@@ -35,7 +35,8 @@ def test_core_never_imports_a_framework() -> None:
 
 def test_public_api() -> None:
     assert sorted(tl.__all__) == sorted([
-        "Activations", "ArchitectureChanged", "AuditReport", "BackendNotFoundError", "Bundle", "CaptureError",
+        "Activations", "AlignedPair", "ArchitectureChanged", "AuditReport", "Comparison", "compare",
+        "register_equivalence", "BackendNotFoundError", "Bundle", "CaptureError",
         "CodeLocation", "GraphDoesNotHold", "InterventionError", "LabelNotFoundError", "ModulePass", "ModuleRecord",
         "OpRecord", "ParamRecord", "Recording", "ReplayError", "Selector", "TorchLensError", "Trace",
         "TraceFileError", "UnsupportedError", "__version__", "assert_unchanged", "backends", "bundle", "clamp",

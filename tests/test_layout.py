@@ -12,7 +12,8 @@ import warnings
 import pytest
 
 CORE = pathlib.Path(__file__).resolve().parent.parent / "torchlens_core"
-LAYERS = ["ir", "backend", "capture", "replay", "steer", "grads", "views", "compare", "store"]  # bottom to top
+# bottom to top
+LAYERS = ["ir", "backend", "capture", "replay", "steer", "grads", "fields", "views", "compare", "store"]
 
 
 def _upward_imports(path: pathlib.Path) -> list[tuple[int, str, bool]]:
@@ -89,3 +90,14 @@ def test_third_party_imports_of_the_old_layout_still_work() -> None:
             "assert TraceBuilder is torchlens_core.capture.TraceBuilder is torchlens_core.TraceBuilder\n"
             "assert Backend is torchlens_core.Backend and tree.map_leaves and Ref(0).index == 0\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_package_is_installed() -> None:
+    """A non-editable install ships only the packages pyproject.toml lists: each package of the tree is there."""
+    import tomllib
+
+    listed = set(tomllib.loads((CORE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.relative_to(CORE.parent).parts[:-1]) for p in CORE.rglob("__init__.py")}
+    found |= {"torchlens"}
+    missing = sorted(found - listed)
+    assert not missing, f"add these packages to [tool.setuptools] packages in pyproject.toml: {missing}"

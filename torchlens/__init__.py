@@ -20,6 +20,8 @@ from torchlens_core.capture.selectors import (
     where,
 )
 from torchlens_core.compare.bundle import Bundle, bundle
+from torchlens_core.compare.classes import register_equivalence
+from torchlens_core.compare.report import AlignedPair, Comparison, compare
 from torchlens_core.ir.errors import (
     ArchitectureChanged,
     BackendNotFoundError,
@@ -59,7 +61,8 @@ hash = structural_hash  # tl.hash(trace): the structural hash of a trace
 __version__ = "0.1.0"
 
 __all__ = [
-    "Activations", "ArchitectureChanged", "AuditReport", "BackendNotFoundError", "Bundle", "CaptureError",
+    "Activations", "AlignedPair", "ArchitectureChanged", "Comparison", "compare", "register_equivalence",
+    "AuditReport", "BackendNotFoundError", "Bundle", "CaptureError",
     "CodeLocation", "GraphDoesNotHold", "bundle",
     "InterventionError", "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "Recording",
     "ReplayError", "Selector", "TorchLensError", "Trace", "TraceFileError", "UnsupportedError", "__version__",

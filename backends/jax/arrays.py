@@ -101,6 +101,11 @@ class JaxArrayOps(ArrayOps):
 
         return jnp.sum(x, axis=axis, keepdims=True, dtype=x.dtype)
 
+    def total(self, x: Any) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.sum(x)  # a NumPy array too: a loss is a JAX scalar, which jax.grad differentiates
+
     def clip(self, x: Any, low: float | None, high: float | None) -> Any:
         if isinstance(x, np.ndarray):
             return self.numpy.clip(x, low, high)

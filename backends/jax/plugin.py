@@ -21,9 +21,11 @@ class JaxBackend(Backend):
         # while the jaxpr is traced (docs/backend-jax.md, "Interventions").
         # "new_inputs": a jaxpr turns no traced value into a Python one (make_jaxpr refuses it); the walk does,
         # for each cond index and each while condition, and reports every one (docs/backend-jax.md).
+        # "gradients": one jax.grad over the replayed graph, a zero added at each wanted op (torchlens_jax.grads).
         return BackendInfo(name=self.name, framework="jax", install="pip install 'torchlens[jax]'",
                            capabilities=frozenset({"modules", "functions", "control_flow", "random", "save", "halt",
-                                                   "branches", "timing", "intervene", "splice", "new_inputs"}))
+                                                   "branches", "timing", "intervene", "splice", "new_inputs",
+                                                   "gradients"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         jax = sys.modules.get("jax")
@@ -52,6 +54,9 @@ class JaxBackend(Backend):
     conformance_cases = lazy("torchlens_jax.zoo:cases")
     observe_module_outputs = lazy("torchlens_jax.modules:observe_module_outputs")
     flop_formulas = lazy("torchlens_jax.flops:FORMULAS")
+    geometry = lazy("torchlens_jax.fields:geometry")
+    backward = lazy("torchlens_jax.grads:backward")
+    reference_grads = lazy("torchlens_jax.grads:reference_grads")
 
 
 backend = JaxBackend()

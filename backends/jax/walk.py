@@ -36,6 +36,7 @@ from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import CodeLocation, ParamRef, Ref
 from torchlens_jax.arrays import array_info
+from torchlens_jax.custom_rules import CustomRule, keep
 from torchlens_jax.scopes import MARKER_NAME, CallScopes, Slot, fill
 
 # Call-like primitives and the parameter holding the jaxpr they run.
@@ -44,6 +45,8 @@ CALL_JAXPR = {
     "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
 }
+# Those whose derivative is a rule of their own, not their equations' (see torchlens_jax.custom_rules).
+CUSTOM_RULES = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 
 
 @attrs.define(slots=True)
@@ -115,6 +118,8 @@ class Walker:
         if isinstance(sub, (Jaxpr, ClosedJaxpr)):
             self.expanded[name] += 1
             closed = sub if isinstance(sub, ClosedJaxpr) else ClosedJaxpr(sub, ())
+            if name in CUSTOM_RULES:
+                return self._custom_rule(eqn, closed, ins, chain, loc, in_loop, helper)
             return self.run_closed(closed, ins, chain, loc, in_loop, helper)
         if name == "scan":
             return self._scan(eqn, ins, chain, loc, in_loop)
@@ -140,6 +145,8 @@ class Walker:
         infos = [array_info(o) for o in outs]
         shapes = [i[0] if i else None for i in infos]
         first = next((i for i in infos if i), None)
+        if prim.multiple_results:  # the record's dtype is the first output's; gradients need each one's
+            meta = {**meta, "out_dtypes": tuple(i[1] if i else None for i in infos)}
         op = self.builder.add_op(
             prim.name, (prim, params), tuple(x.arg for x in ins), _config(params),
             tuple(dict.fromkeys(x.ref.index for x in ins if isinstance(x.ref, Ref))),
@@ -172,6 +179,24 @@ class Walker:
                                shape=shape, dtype=dtype, device=device)
         # intervene= may select the identity op too: what comes after reads the edited value, as replay does
         return Val(b.seen_value(op, value), Ref(op.index))
+
+    def _custom_rule(self, eqn: Any, closed: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
+                     in_loop: bool, helper: bool) -> list[Val]:
+        """A custom_jvp / custom_vjp function: its equations are ops, and its rule is kept for gradients.
+
+        Each output gets an op inside the call (an identity op for an operand
+        or constant returned as it is), so that the backward can tell a reader
+        of the output, which JAX differentiates through the rule, from a
+        reader of the operand itself.
+        """
+        start = len(self.builder.ops)
+        outs = self.run_closed(closed, ins, chain, loc, in_loop, helper)
+        outs = [x if isinstance(x.ref, Ref) and x.ref.index >= start else self.identity(x) for x in outs]
+        info = getattr(closed.jaxpr, "debug_info", None)
+        name = str(getattr(info, "func_name", "") or eqn.params.get("name", "") or eqn.primitive.name)
+        keep(self.builder.ops, CustomRule(name, (eqn.primitive, eqn.params), tuple(x.arg for x in ins),
+                                          tuple(x.ref for x in outs), start, len(self.builder.ops)))
+        return outs
 
     # -- module calls ----------------------------------------------------------------------
     def _calls(self, eqn: Any) -> tuple[int, ...]:

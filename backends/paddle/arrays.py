@@ -48,6 +48,11 @@ def snapshot(t: Tensor) -> Tensor:
     return copy
 
 
+def attached_copy(t: Tensor) -> Tensor:
+    """A copy of ``t`` in memory of its own that stays in the autograd graph (its gradient reaches ``t``)."""
+    return _clone(t)
+
+
 def allocation(t: Tensor) -> int:
     """The address of the allocation ``t`` views (0 when it has none): views of one tensor share it."""
     try:
@@ -107,6 +112,9 @@ class PaddleArrayOps(ArrayOps):
 
     def clip(self, x: Tensor, low: float | None, high: float | None) -> Tensor:
         return paddle.clip(x, low, high)
+
+    def total(self, x: Tensor) -> Tensor:
+        return x.sum()
 
     def take(self, x: Tensor, indices: Sequence[int], axis: int) -> Tensor:
         return paddle.index_select(x, paddle.to_tensor(list(indices), dtype="int64", place=x.place), axis=axis)

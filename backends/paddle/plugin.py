@@ -43,10 +43,11 @@ class PaddleBackend(Backend):
         # with a fork's edits checks that they still give what the recorded graph holds.
         # "intervene": edited values are handed to the model as ops and layer calls return (depth paused for
         # the helpers); "splice": a layer a splice names gets an instance-level forward for the capture.
+        # "gradients": trace.log_backward replays the graph under autograd, hooking each wanted op (grads.py).
         return BackendInfo(name=self.name, framework=_distribution(), install="pip install 'torchlens[paddle]'",
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
                                                    "save", "halt", "timing", "branches", "intervene", "splice",
-                                                   "new_inputs"}))
+                                                   "new_inputs", "gradients"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         paddle = sys.modules.get("paddle")
@@ -66,6 +67,8 @@ class PaddleBackend(Backend):
     detach = lazy("torchlens_paddle.arrays:detach")
     array_error = lazy("torchlens_paddle.arrays:array_error")
     array_ops = lazy("torchlens_paddle.arrays:ARRAY_OPS")
+    backward = lazy("torchlens_paddle.grads:backward")
+    reference_grads = lazy("torchlens_paddle.grads:reference_grads")
     flop_formulas = lazy("torchlens_paddle.flops:FORMULAS")
     encode_array = lazy("torchlens_paddle.saving:encode_array")
     from_numpy = lazy("torchlens_paddle.saving:from_numpy")

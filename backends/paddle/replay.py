@@ -8,10 +8,18 @@ a view reaches its base; replay starts from copies of the inputs and copies a
 parameter, buffer or constant before writing into it, so neither the trace nor
 the model changes. ``paddle.empty`` gives back its recorded (uninitialized)
 value, and batch norm's backward-only outputs are dropped as in capture.
+
+Under :data:`AUTOGRAD` (the replay of ``trace.log_backward``, see
+:mod:`torchlens_paddle.grads`) replay runs with gradients on, those copies are
+clones that stay in the autograd graph (the gradient reaches the inputs and
+parameters they were taken from), and each op's output passes through the
+backward's ``lift`` before anything reads it.
 """
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Callable
 from typing import Any
 
 import paddle
@@ -20,14 +28,21 @@ from torchlens_core.ir import tree
 from torchlens_core.ir.records import OpRecord, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.evaluator import Observe, interpret
-from torchlens_paddle.arrays import snapshot
+from torchlens_paddle.arrays import attached_copy, snapshot
 from torchlens_paddle.capture import drop_scratch
 
 Tensor = paddle.Tensor
 
+# Replay runs without autograd, except for the backward of trace.log_backward (grads.py), which sets
+# this to its ``lift(op, args, kwargs, out)``: what later ops read of op's output ``out``.
+Lift = Callable[[OpRecord, tuple[Any, ...], dict[str, Any], Any], Any]
+AUTOGRAD: contextvars.ContextVar[Lift | None] = contextvars.ContextVar("torchlens_paddle_replay_autograd",
+                                                                       default=None)
+
 
 def _copy_tensors(value: Any) -> Any:
-    return tree.map_leaves(lambda v: snapshot(v) if isinstance(v, Tensor) else v, value)
+    copy = snapshot if AUTOGRAD.get() is None else attached_copy
+    return tree.map_leaves(lambda v: copy(v) if isinstance(v, Tensor) else v, value)
 
 
 def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -63,5 +78,12 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
+    lift = AUTOGRAD.get()
+    if lift is not None:
+        def run(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return lift(op, args, kwargs, run_op(op, args, kwargs))
+
+        with paddle.enable_grad():
+            return interpret(trace, run, observe, copy_input=_copy_tensors)
     with paddle.no_grad():
         return interpret(trace, run_op, observe, copy_input=_copy_tensors)

@@ -104,6 +104,9 @@ class TFArrayOps(ArrayOps):
             return tf.reduce_any(x, axis=axis, keepdims=True)
         return tf.reduce_sum(x, axis=axis, keepdims=True)
 
+    def total(self, x: Any) -> Any:
+        return _tf().reduce_sum(x)
+
     def clip(self, x: Any, low: float | None, high: float | None) -> Any:
         tf = _tf()
         with tf.device(x.device):

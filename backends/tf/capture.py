@@ -83,6 +83,7 @@ from torchlens_core.ir.trace import Trace
 from torchlens_tf.arrays import device_name
 from torchlens_tf.conversions import ValueReads
 from torchlens_tf.conversions import patches as value_read_patches
+from torchlens_tf.custom_grads import noting_custom_gradients
 from torchlens_tf.edits import Handover, gradients_through_edits
 from torchlens_tf.layers import (
     LayerCalls,
@@ -802,6 +803,8 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
         installed.enter_context(eager_functions(recorder.tf_functions))
         if recorder.editing:
             installed.enter_context(gradients_through_edits(recorder.handover))
+        if builder.options.save_grads is not False:  # the gradient replay needs them (torchlens_tf.custom_grads)
+            installed.enter_context(noting_custom_gradients(recorder))
         eager = context.context()
         eager.add_op_callback(recorder)  # thread-local: sees this thread's ops only
         installed.callback(eager.remove_op_callback, recorder)

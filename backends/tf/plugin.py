@@ -39,11 +39,12 @@ class TFBackend(Backend):
         # layer outputs are edited in the Layer.__call__ wrapper. "splice": that wrapper runs the replacement.
         # "new_inputs": every EagerTensor method that makes a Python value of a recorded tensor reports it
         # (torchlens_tf.conversions); reads through the buffer protocol (np.asarray(t)) are not seen.
+        # "gradients": the graph replayed under a GradientTape, a zero added at each wanted op (torchlens_tf.grads).
         return BackendInfo(name=self.name, framework=_distribution(), install="pip install 'torchlens[tf]'",
                            aliases=("tensorflow",),
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
                                                    "save", "halt", "branches", "intervene", "splice",
-                                                   "new_inputs"}))
+                                                   "new_inputs", "gradients"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         tf = sys.modules.get("tensorflow")
@@ -74,6 +75,8 @@ class TFBackend(Backend):
     conformance_cases = lazy("torchlens_tf.zoo:cases")
     observe_module_outputs = lazy("torchlens_tf.observe:observe_module_outputs")
     flop_formulas = lazy("torchlens_tf.flops:FORMULAS")
+    backward = lazy("torchlens_tf.grads:backward")
+    reference_grads = lazy("torchlens_tf.grads:reference_grads")
 
 
 backend = TFBackend()

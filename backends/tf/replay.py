@@ -19,6 +19,7 @@ numbers; their recorded values are replayed.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -27,8 +28,12 @@ from tensorflow.python.eager import context, execute
 
 from torchlens_core.ir.records import OpRecord
 from torchlens_core.ir.trace import Trace
-from torchlens_core.replay.evaluator import Observe, interpret
+from torchlens_core.replay.evaluator import Observe, RunOp, interpret
 from torchlens_tf.saving import input_count
+
+# Set by torchlens_tf.grads while it replays under its GradientTape: the run_op that records each op on the
+# tape (quick_execute records nothing), used instead of init_scope, which would stop the tape recording.
+DIFFERENTIATING: ContextVar[RunOp | None] = ContextVar("torchlens_tf_differentiating", default=None)
 
 
 def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -69,5 +74,8 @@ def _as_tensor(value: Any) -> Any:
 
 
 def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
+    differentiating = DIFFERENTIATING.get()
+    if differentiating is not None:  # torchlens_tf.grads, which checked that it runs eagerly
+        return interpret(trace, differentiating, observe, copy_input=_as_tensor)
     with tf.init_scope():  # eagerly, even when called while a tf.function is being traced
         return interpret(trace, run_op, observe, copy_input=_as_tensor)

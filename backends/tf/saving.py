@@ -186,6 +186,31 @@ def input_count(call: Any) -> int | None:
     return None if inputs is None or isinstance(inputs, str) else len(inputs)
 
 
+def output_dtypes(call: Any) -> list[Any] | None:
+    """The dtype of each output the op's definition gives with the call's attributes (None: cannot be told).
+
+    A multi-output op's record keeps the first output's dtype only; the
+    gradient replay (``torchlens_tf.grads``) needs each one's."""
+    import tensorflow as tf
+    from tensorflow.python.framework import op_def_registry
+
+    op_def = op_def_registry.get(call.op_type)
+    attrs = None if op_def is None else _attr_map(call.attrs, op_def)
+    if attrs is None or isinstance(attrs, str):
+        return None
+    found: list[Any] = []
+    for arg in op_def.output_arg:
+        if arg.type_list_attr:
+            found += [tf.as_dtype(t) for t in attrs.get(arg.type_list_attr) or ()]
+            continue
+        dtype = arg.type or attrs.get(arg.type_attr)
+        count = attrs.get(arg.number_attr) if arg.number_attr else 1
+        if dtype is None or type(count) is not int:
+            return None
+        found += [tf.as_dtype(dtype)] * count
+    return found
+
+
 @functools.cache
 def _family(op_type: str) -> str | None:
     """The ``gen_*`` module TensorFlow files ``tf.raw_ops.<op_type>`` under ("math_ops"...), if any."""
@@ -219,6 +244,8 @@ def _attr_map(flat: tuple[Any, ...], op_def: Any) -> dict[str, Any] | str:
             which = attr.default_value.WhichOneof("value")
             if which == "i":
                 attrs[name] = attr.default_value.i
+            elif which == "type":
+                attrs[name] = tf.as_dtype(attr.default_value.type)
             elif which == "list" and attr.type == "list(type)":
                 attrs[name] = [tf.as_dtype(t) for t in attr.default_value.list.type]
     return attrs

@@ -154,6 +154,9 @@ class TinygradArrayOps(ArrayOps):
     def clip(self, x: Tensor, low: float | None, high: float | None) -> Tensor:
         return x.clip(low, high)
 
+    def total(self, x: Tensor) -> Tensor:
+        return x.sum()
+
     def take(self, x: Tensor, indices: Sequence[int], axis: int) -> Tensor:
         picks = Tensor(list(indices), dtype=dtypes.int32, device=x.device)
         return x[(slice(None),) * axis + (picks,)]

@@ -24,10 +24,11 @@ class TinygradBackend(Backend):
         # with a fork's edits checks that they still give what the recorded graph holds.
         # "intervene": edited values are realized and handed to the model as ops and layer calls return;
         # "splice": the layer's __call__ wrapper runs the replacement on its arguments instead.
+        # "gradients": trace.log_backward replays the graph lazily with a zero added at each wanted op (grads.py).
         return BackendInfo(name=self.name, framework="tinygrad", install="pip install 'torchlens[tinygrad]'",
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
                                                    "save", "halt", "timing", "branches", "intervene", "splice",
-                                                   "new_inputs"}))
+                                                   "new_inputs", "gradients"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         tinygrad = sys.modules.get("tinygrad")
@@ -58,6 +59,8 @@ class TinygradBackend(Backend):
     to_numpy = lazy("torchlens_tinygrad.arrays:to_numpy")
     array_error = lazy("torchlens_tinygrad.arrays:array_error")
     array_ops = lazy("torchlens_tinygrad.arrays:ARRAY_OPS")
+    backward = lazy("torchlens_tinygrad.grads:backward")
+    reference_grads = lazy("torchlens_tinygrad.grads:reference_grads")
 
     def stack(self, samples: list[Any]) -> Any:
         """Same-shaped samples stacked along a new leading axis, realized (for ``tl.extract_dataset``)."""

@@ -9,10 +9,17 @@ state is put back afterwards. ``Tensor.empty`` gives back the bytes it held.
 In-place ops write into the replayed values (a write through a view reaches
 its base, as it did in the model), but a write aimed at a parameter, a
 constant or a recorded input goes to a copy.
+
+Under :data:`AUTOGRAD` (the replay of ``trace.log_backward``, see
+:mod:`torchlens_tinygrad.grads`) nothing is realized: realizing a tensor
+turns its graph into a buffer, which no gradient goes back through. The
+replay builds one lazy graph, as a plain tinygrad forward does, and copies
+are lazy clones the gradient passes through.
 """
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 from tinygrad import Tensor, dtypes
@@ -22,11 +29,19 @@ from torchlens_core.ir import tree
 from torchlens_core.ir.records import OpRecord, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.evaluator import Observe, interpret
-from torchlens_tinygrad.arrays import buffer_key, isolate_views, realize, settle_readers, snapshot
+from torchlens_tinygrad.arrays import buffer_key, is_weak, isolate_views, realize, settle_readers, snapshot
+
+# Replay realizes each op's output, except for the backward of trace.log_backward (grads.py).
+AUTOGRAD = contextvars.ContextVar("torchlens_tinygrad_replay_autograd", default=False)
 
 
 def _copy_tensors(value: Any) -> Any:
     return tree.map_leaves(lambda v: snapshot(v) if isinstance(v, Tensor) else v, value)
+
+
+def _lazy_copy(t: Tensor) -> Tensor:
+    """A copy in a buffer of its own once computed; the gradient flows through it to ``t``."""
+    return t if is_weak(t) else t.clone()
 
 
 def _tensors(value: Any) -> list[Tensor]:
@@ -55,11 +70,12 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any], protecte
     """Run one recorded op; ``protected`` holds the ids of BUFFER nodes no replayed write may reach."""
     if "uninitialized" in op.meta:
         return snapshot(op.meta["uninitialized"])
+    lazy = AUTOGRAD.get()
     if op.in_place and args and isinstance(args[0], Tensor):
         key = buffer_key(args[0])
         if not isinstance(op.args[0], Ref) or (protected is not None and key is not None and id(key) in protected):
-            args = (snapshot(args[0]), *args[1:])
-        else:
+            args = ((_lazy_copy if lazy else snapshot)(args[0]), *args[1:])
+        elif not lazy:  # nothing is realized in a lazy replay: the writes have a plain run's semantics already
             settle_readers(args[0])
             if op.meta.get("isolate"):  # as capture did: the write changes its target alone
                 isolate_views(args[0])
@@ -71,7 +87,8 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any], protecte
             out = op.call(*args, **kwargs)
     if out is None and op.in_place:  # __setitem__ returns None
         out = args[0]
-    realize(_tensors(out))
+    if not lazy:
+        realize(_tensors(out))
     return out
 
 
@@ -97,5 +114,7 @@ def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
     def run(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return run_op(op, args, kwargs, protected)
 
+    # A lazy replay starts from the inputs as given: the backward's own copies, protected from writes above.
+    copy_input = None if AUTOGRAD.get() else _copy_tensors
     with Context(TRAINING=trace.notes.get("training", 0)):
-        return interpret(trace, run, observe, copy_input=_copy_tensors)
+        return interpret(trace, run, observe, copy_input=copy_input)

@@ -182,7 +182,7 @@ def reference_grads(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     copies = {path: leaf.detach().clone().requires_grad_(True) for path, leaf in leaves}
     if not copies:
         return {}
-    new_args, new_kwargs = _replace((args, kwargs), copies)
+    new_args, new_kwargs = tree.replace_at((args, kwargs), copies)
     with torch.enable_grad():
         out = target(*new_args, **new_kwargs)
         parts = [t.sum() for _, t in tree.leaves(out, lambda v: isinstance(v, torch.Tensor)) if t.is_floating_point()]
@@ -194,12 +194,3 @@ def reference_grads(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         except RuntimeError as exc:  # e.g. an in-place write over a value its backward needs
             raise UnsupportedError(f"torch itself cannot differentiate this model: {exc}") from exc
     return {path: g for path, g in zip(copies, grads) if g is not None}
-
-
-def _replace(obj: Any, new: dict[tuple[Any, ...], Any], path: tuple[Any, ...] = ()) -> Any:
-    if path in new:
-        return new[path]
-    kids = tree.children(obj)
-    if kids is None:
-        return obj
-    return tree.rebuild(obj, [_replace(v, new, (*path, k)) for k, v in kids])

@@ -49,6 +49,7 @@ class TorchBackend(Backend):
     backward = lazy("torchlens_torch.grads:backward")
     reference_grads = lazy("torchlens_torch.grads:reference_grads")
     flop_formulas = lazy("torchlens_torch.flops:FORMULAS")
+    geometry = lazy("torchlens_torch.fields:geometry")
     encode_array = lazy("torchlens_torch.saving:encode_array")
     from_numpy = lazy("torchlens_torch.saving:from_numpy")
 

@@ -137,6 +137,14 @@ class Backend:
         """``{func_name: formula}`` for this backend's ops (see :mod:`torchlens_core.views.flops`)."""
         return {}
 
+    def geometry(self, trace: Trace, op: OpRecord) -> Any:
+        """The op's :class:`~torchlens_core.fields.geometry.Geometry` (see ``torchlens_geometry``); None: no rule."""
+        return None
+
+    def op_classes(self) -> dict[str, list[str]]:
+        """``{class: [func_name, ...]}`` for tl.compare's equivalence table (see ``torchlens_op_classes``)."""
+        return {}
+
     def conformance_cases(self) -> list[Case]:
         return []
 
@@ -225,6 +233,14 @@ class Backend:
     @hookimpl
     def torchlens_flop_formulas(self, backend: str) -> dict[str, Any] | None:
         return self.flop_formulas() if backend == self.name else None
+
+    @hookimpl
+    def torchlens_geometry(self, backend: str, trace: Any, op: Any) -> Any:
+        return self.geometry(trace, op) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_op_classes(self, backend: str) -> dict[str, list[str]] | None:
+        return self.op_classes() if backend == self.name else None
 
     @hookimpl
     def torchlens_conformance_cases(self, backend: str) -> list[Any] | None:

@@ -168,6 +168,38 @@ def torchlens_reference_grads(backend: str, target: Any, args: tuple[Any, ...], 
     """
 
 
+# -- influence geometry (op.receptive_field, op.projective_field; see docs/fields.md) ------
+@hookspec(firstresult=True)
+def torchlens_geometry(backend: str, trace: Any, op: Any) -> Any:
+    """How each position of ``op``'s output relates to positions of its parents, for receptive fields.
+
+    Return a :class:`torchlens_core.fields.geometry.Geometry` built with that
+    module's builders (``windowed`` for a convolution or pooling, with its
+    kernel, stride, padding and dilation per spatial dim and the layout's
+    spatial dims; ``transposed`` windows; ``pointwise``; ``reshape``;
+    ``permute``; ``concat``; ``reduce``...), reading the parents' shapes
+    from ``trace.ops[ref.index].shape``. Return None for an op the backend
+    has no rule for: every parent is then read whole and a field through it
+    is ``not_windowed``, never a wrong box. A rule must be exact or say it is
+    not (``Link.exact=False``).
+    """
+
+
+# -- comparison (tl.compare; see docs/compare.md) ------------------------------------------
+@hookspec(firstresult=True)
+def torchlens_op_classes(backend: str) -> dict[str, list[str]] | None:
+    """This backend's op names for the comparison's equivalence table: ``{class: [func_name, ...]}``.
+
+    ``tl.compare`` reads an op's class as evidence that two ops of different
+    frameworks compute the same thing (``torchlens_core/compare/classes.py``
+    ships the table for the built-in backends: ``matmul``, ``conv``,
+    ``layer_norm``, ``relu``...). Name the classes of your framework's ops
+    that the table does not know; a new class name starts a class. Asked
+    once per comparison for each compared trace's backend, also when the
+    trace was loaded without the framework (so answer without importing it).
+    """
+
+
 # -- saving and loading (tl.save / tl.load; see docs/saving.md) ---------------------------
 @hookspec(firstresult=True)
 def torchlens_encode_array(backend: str, value: Any) -> tuple[Any, str] | None:

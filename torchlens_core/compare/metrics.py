@@ -76,3 +76,98 @@ def difference(actual: Any, expected: Any) -> Difference:
     if norm_a > 0 and norm_e > 0 and math.isfinite(norm_a) and math.isfinite(norm_e):
         cosine = float(np.real(np.vdot(e.ravel(), a.ravel())) / (norm_a * norm_e))
     return Difference(max_abs, rel, cosine, norm_a, norm_e)
+
+
+# dtype -> (mantissa bits, rtol, atol): the precision a value of that dtype holds, and how far apart two values
+# may be and still agree. bfloat16 keeps 8 bits of precision, so it agrees far more loosely than float32.
+PRECISION = {"float64": (52, 1e-9, 1e-12), "float32": (23, 1e-4, 1e-6), "float16": (10, 2e-3, 1e-4),
+             "bfloat16": (7, 2e-2, 1e-3)}
+
+
+@attrs.frozen
+class Tolerance:
+    """Elements agree when ``|a - b| <= atol + rtol * (|b| + rms(b))``: relative, and to ``b``'s own scale near 0."""
+
+    rtol: float
+    atol: float
+
+
+def dtype_name(dtype: Any) -> str | None:
+    """``float32`` for ``torch.float32``, ``<dtype: 'float32'>``, ``paddle.float32``...; None when not a float."""
+    text = str(dtype).lower()
+    for name in ("bfloat16", "float16", "float64", "float32"):
+        if name in text:
+            return name
+    if "half" in text:
+        return "float16"
+    if "double" in text:
+        return "float64"
+    return None
+
+
+def tolerance_for(*dtypes: Any, rtol: float | None = None, atol: float | None = None) -> Tolerance:
+    """The tolerance of the least precise of ``dtypes`` (float32's when none is a float); overrides win."""
+    names = [n for n in map(dtype_name, dtypes) if n is not None] or ["float32"]
+    loosest = min(names, key=lambda n: PRECISION[n][0])
+    _, default_rtol, default_atol = PRECISION[loosest]
+    return Tolerance(default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
+
+
+@attrs.frozen
+class Agreement:
+    """How ``a`` (put in ``b``'s layout) agrees with ``b``.
+
+    ``max_rel`` is the largest ``|a - b| / |b|`` over elements where ``b`` is
+    not 0; ``ulp`` the largest distance in units in the last place of the
+    least precise dtype; ``within`` the fraction of elements inside the
+    tolerance. ``ok`` is True when every element is.
+    """
+
+    max_abs: float
+    max_rel: float
+    mean_abs: float
+    cosine: float | None
+    ulp: float
+    within: float
+    tolerance: Tolerance
+    scale: float = 0.0  # the largest magnitude of b's value
+
+    @property
+    def ok(self) -> bool:
+        return self.within == 1.0
+
+
+def agreement(a: Any, b: Any, tolerance: Tolerance, ulp_dtype: str | None = None) -> Agreement:
+    """The :class:`Agreement` of two float64 NumPy arrays of one shape."""
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    if a.size == 0:
+        return Agreement(0.0, 0.0, 0.0, None, 0.0, 1.0, tolerance)
+    diff = np.abs(a - b)
+    largest = float(np.max(np.abs(b)))
+    if not np.isfinite(diff).all():  # equal infinities and NaN against NaN agree; NaN on one side is worst
+        agree = (np.isnan(a) & np.isnan(b)) | ((a == b) & np.isinf(a))
+        diff = np.where(agree, 0.0, np.where(np.isnan(diff), np.inf, diff))
+    magnitude = np.abs(b)
+    finite = magnitude[np.isfinite(magnitude)] if not np.isfinite(magnitude).all() else magnitude
+    # sums, not BLAS dot products: those start a thread pool per call, slow on a busy machine
+    scale = float(np.sqrt(np.sum(finite * finite) / finite.size)) if finite.size else 0.0
+    inside = diff <= tolerance.atol + tolerance.rtol * (magnitude + scale)
+    max_abs = float(diff.max())
+    if max_abs == 0.0:
+        max_rel = ulp = 0.0
+    else:
+        nonzero = magnitude > 0
+        max_rel = float(np.max(diff[nonzero] / magnitude[nonzero])) if nonzero.any() else math.inf
+        bits = PRECISION[ulp_dtype or "float32"][0]
+        smallest = -1022 if bits == 52 else (-126 if bits in (23, 7) else -14)  # below it spacing is constant
+        _, exponent = np.frexp(magnitude)
+        spacing = np.ldexp(1.0, np.maximum(exponent - 1, smallest) - bits)
+        ulp = float(np.max(diff / spacing))
+    norm_a, norm_b = math.sqrt(float(np.sum(a * a))), math.sqrt(float(np.sum(b * b)))
+    cosine = None
+    if norm_a > 0 and norm_b > 0 and math.isfinite(norm_a) and math.isfinite(norm_b):
+        cosine = float(np.sum(a * b)) / (norm_a * norm_b)
+    return Agreement(max_abs, max_rel, float(diff.mean()), cosine, ulp, float(np.count_nonzero(inside)) / a.size,
+                     tolerance, largest)

@@ -69,6 +69,10 @@ class PatternError(TorchLensError, ValueError):
     """A selector's regular expression does not compile; the message names the pattern and why."""
 
 
+class FieldError(TorchLensError, ValueError):
+    """A receptive or projective field asked of the wrong thing: a position off the grid, an op with no path."""
+
+
 def shown(key: object, limit: int = 60) -> str:
     """``repr(key)`` cut to a readable length: messages repeat user keys, which may be megabytes long."""
     if isinstance(key, str) and len(key) > limit:

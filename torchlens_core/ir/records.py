@@ -67,7 +67,7 @@ class EditRecord:
 
     def apply(self, value: Any) -> Any:
         """``value`` (the op's whole output) with the helpers applied to the leaf at ``path``."""
-        return _set_at(value, self.path, self.where.run(self.helpers, tree.get(value, self.path)))
+        return tree.replace_at(value, {self.path: self.where.run(self.helpers, tree.get(value, self.path))})
 
     def __repr__(self) -> str:
         at = self.site + ("".join(f"[{k!r}]" for k in self.path) if self.path else "")
@@ -78,20 +78,13 @@ def _helper_name(helper: Any) -> str:
     return repr(helper) if hasattr(type(helper), "__attrs_attrs__") else getattr(helper, "__name__", repr(helper))
 
 
-def _set_at(obj: Any, path: tuple[Any, ...], leaf: Any) -> Any:
-    """``obj`` rebuilt with the leaf at ``path`` replaced."""
-    if not path:
-        return leaf
-    kids = tree.children(obj) or []
-    return tree.rebuild(obj, [_set_at(v, path[1:], leaf) if k == path[0] else v for k, v in kids])
-
-
 # op.grad_status, after save_grads= and trace.log_backward:
 GRAD_WAITING = "waiting for trace.log_backward(loss)"
 GRAD_SAVED = "saved"
 GRAD_NOT_SELECTED = "not selected by save_grads="
 GRAD_NO_DEPENDENCE = "the loss does not depend on this value"
 GRAD_NOT_DIFFERENTIABLE = "not differentiable (an integer or boolean value, or computed without gradients)"
+GRAD_STATUSES = (GRAD_WAITING, GRAD_SAVED, GRAD_NOT_SELECTED, GRAD_NO_DEPENDENCE, GRAD_NOT_DIFFERENTIABLE)
 
 OP_KINDS = ("input", "op", "output")
 SOURCE_KINDS = ("constant", "parameter", "random")
@@ -192,6 +185,20 @@ class OpRecord:
         """Shortest and longest paths, in edges, from any input and to any output (None: no path)."""
         return self.trace.distances()[self.index]
 
+    @property
+    def receptive_field(self) -> Any:
+        """The input positions each position of this op reads, over every executed path (docs/fields.md)."""
+        from torchlens_core.fields import receptive_field
+
+        return receptive_field(self)
+
+    @property
+    def projective_field(self) -> Any:
+        """The later ops' positions each position of this op reaches (``.at(position, target=op)``)."""
+        from torchlens_core.fields import projective_field
+
+        return projective_field(self)
+
     def set_grad(self, path: tuple[Any, ...], value: Any) -> None:
         """Store the gradient of one output (``path`` into a structured output; ``()`` for a plain one)."""
         if not path:
@@ -284,6 +291,20 @@ class ModulePass:
     @property
     def output_ops(self) -> list[OpRecord]:
         return [self.trace.ops[r.index] for r in refs_in(self.out_template)]
+
+    @property
+    def receptive_field(self) -> Any:
+        """The receptive field of the pass's one output op (docs/fields.md)."""
+        from torchlens_core.fields import receptive_field
+
+        return receptive_field(self)
+
+    @property
+    def projective_field(self) -> Any:
+        """The projective field of the pass's one output op (docs/fields.md)."""
+        from torchlens_core.fields import projective_field
+
+        return projective_field(self)
 
     @property
     def output_shapes(self) -> list[Any]:

@@ -232,6 +232,12 @@ class Trace:
 
         return ops_frame(self)
 
+    def to_networkx(self) -> Any:
+        """The op graph as a ``networkx.DiGraph`` (labels as nodes, with each op's metadata as attributes)."""
+        from torchlens_core.views.graph import to_networkx
+
+        return to_networkx(self)
+
     def summary(self) -> str:
         """The module table: name and type, output shape, parameters, trainable; then totals."""
         from torchlens_core.views.summary import summary

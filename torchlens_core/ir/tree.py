@@ -73,3 +73,21 @@ def get(obj: Any, path: Path) -> Any:
     for key in path:
         obj = getattr(obj, key) if isinstance(key, str) and not isinstance(obj, dict) else obj[key]
     return obj
+
+
+def replace_at(obj: Any, new: dict[Path, Any], path: Path = ()) -> Any:
+    """``obj`` with the value at each path of ``new`` replaced (paths as :func:`leaves` gives them)."""
+    if path in new:
+        return new[path]
+    kids = children(obj)
+    if kids is None:
+        return obj
+    return rebuild(obj, [replace_at(v, new, (*path, k)) for k, v in kids])
+
+
+def leaves_from(obj: Any, at: dict[Path, Any], path: Path = ()) -> Any:
+    """``obj``'s structure with each leaf replaced by ``at[its path]`` (None where ``at`` has no entry)."""
+    kids = children(obj)
+    if kids is None:
+        return at.get(path)
+    return rebuild(obj, [leaves_from(v, at, (*path, k)) for k, v in kids])

@@ -20,6 +20,8 @@ from torchlens_core.backend.manager import backend_infos, hook
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TraceFileError
 from torchlens_core.ir.records import (
+    GRAD_SAVED,
+    GRAD_STATUSES,
     OP_KINDS,
     SOURCE_KINDS,
     CodeLocation,
@@ -46,6 +48,7 @@ OP_KEYS = frozenset({"kind", "func_name", "label", "layer_label", "func_ordinal"
                      "dtype", "device", "source", "in_place", "saved", "elapsed", "code_context", "cost",
                      "arg_names", "layer_key", "call", "args", "kwargs", "meta", "out", "not_replayable"})
 EDIT_OP_KEYS = OP_KEYS | {"edits", "pre_edit"}  # format version 3 on
+GRAD_OP_KEYS = EDIT_OP_KEYS | {"grad_status", "grad"}  # format version 4 on
 EDIT_KEYS = frozenset({"site", "kind", "path", "helpers", "text", "func_name", "module", "in_place"})
 MAX_COUNT = 1 << 62  # counts, sizes and ordinals above this only overflow the tables' int64 columns
 MAX_ELEMENTS = 1 << 56  # elements of one op's output(s): times 16 bytes still fits an int64
@@ -144,7 +147,7 @@ def _modules(records: dict[str, Any], dec: Decoder, params: dict[str, ParamRecor
 def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str, modules: dict[str, ModuleRecord],
         params: dict[str, ParamRecord], unsaved: dict[str, str], version: int) -> tuple[OpRecord, str | None]:
     where = f"op {i}"
-    _fields(o, EDIT_OP_KEYS if version >= 3 else OP_KEYS, where)
+    _fields(o, GRAD_OP_KEYS if version >= 4 else EDIT_OP_KEYS if version >= 3 else OP_KEYS, where)
     kind = _get(o, "kind", str, where)
     if kind not in OP_KINDS:
         raise TraceFileError(f"{where}: unknown kind {kind!r}")
@@ -207,6 +210,8 @@ def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str,
         cost=(_amount(cost[0], "flops", where), _amount(cost[1], "macs", where)))
     _known_passes(op, modules, where)
     edits_why = _edits(op, o, dec, h, backend, where) if version >= 3 else None
+    if version >= 4:
+        _grads(op, o, dec, where)
     # What the call reads must be what the record says it reads (an argument removed or moved shows here).
     if {r.index for r in refs_in((args, kwargs))} != set(op.parent_indices) or used != set(op.params):
         raise TraceFileError(f"{where}: its arguments read other ops or parameters than its record lists")
@@ -372,6 +377,17 @@ def _link(trace: Trace) -> None:
 
 
 # -- strict readers: anything unexpected is a TraceFileError naming the record and field ----------
+def _grads(op: OpRecord, o: dict[str, Any], dec: Decoder, where: str) -> None:
+    """Fill ``op.grad_status`` and ``op.grad``: what save_grads= picked, and the gradient log_backward kept."""
+    status = _opt(o, "grad_status", str, where)
+    if status is not None and status not in GRAD_STATUSES:
+        raise TraceFileError(f"{where}: unknown gradient status {status[:80]!r}")
+    grad = dec.decode(o["grad"])
+    if grad is not None and status != GRAD_SAVED:
+        raise TraceFileError(f"{where}: it holds a gradient but its status is {status!r}")
+    op.grad_status, op.grad = status, grad
+
+
 def _fields(d: Any, keys: frozenset[str], where: str) -> None:
     if not isinstance(d, dict) or set(d) != keys:
         found = sorted(d) if isinstance(d, dict) else type(d).__name__

@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 # torchlens_core.store.encoding (and with it NumPy) is imported on the first save or load, not with TorchLens.
 FORMAT = "torchlens-trace"
 # Bump on any change a reader of the old version would misread. 2: a parameter's value may be null (not saved).
-# 3: ops carry the edits intervene= made (``edits``, ``pre_edit``).
-FORMAT_VERSION = 3
-READS_VERSIONS = (1, 2, 3)  # 1: every parameter value present; 1 and 2: no op edited
+# 3: ops carry the edits intervene= made (``edits``, ``pre_edit``). 4: ops carry save_grads= (``grad_status``,
+# ``grad``), so that a loaded trace runs log_backward as the one saved did.
+FORMAT_VERSION = 4
+READS_VERSIONS = (1, 2, 3, 4)  # 1: every parameter value present; 1 and 2: no op edited; 1 to 3: no gradients
 MANIFEST, RECORDS, ARRAYS = "manifest.json", "trace.json", "arrays.bin"
 NOT_REPLAYABLE = "not_replayable"  # trace.notes key: {op label: why it cannot be replayed}
 
@@ -221,6 +222,8 @@ def _op_json(op: OpRecord, enc: Encoder, h: Any, backend: str) -> dict[str, Any]
     entry["out"] = enc.encode(op.out)
     entry["pre_edit"] = enc.encode(op.pre_edit)
     entry["edits"] = [_edit_json(edit, enc) for edit in op.edits]
+    entry["grad_status"] = op.grad_status
+    entry["grad"] = enc.encode(op.grad)
     if why is None and enc.unsaved != before and op.kind == "op":
         why = "some of its arguments or metadata could not be saved"
     entry["not_replayable"] = why

@@ -10,6 +10,7 @@ writes the DOT source; ``draw`` runs Graphviz's ``dot`` on it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -213,8 +214,13 @@ _STYLE = {
 }
 
 
-def to_dot(trace: Trace, vis_mode: str = "unrolled", collapse: Collapse = None, module: str | None = None) -> str:
-    """The DOT source of the drawing (no Graphviz needed)."""
+def to_dot(trace: Trace, vis_mode: str = "unrolled", collapse: Collapse = None, module: str | None = None,
+           colors: dict[str, str] | None = None) -> str:
+    """The DOT source of the drawing (no Graphviz needed).
+
+    ``colors`` maps op labels to fill colours (``"#rrggbb"``), for drawings that
+    show something per op (``tl.compare(...).draw()`` colours ops by error).
+    """
     v = view(trace, vis_mode, collapse, module)
     title = f"{trace.model_name or 'function'} ({trace.backend})" + (f", module {module}" if module else "")
     out = ["digraph trace {", f'  graph [rankdir=TB, fontname="Helvetica", label="{_esc(title)}", labelloc=t];',
@@ -225,13 +231,18 @@ def to_dot(trace: Trace, vis_mode: str = "unrolled", collapse: Collapse = None, 
         for cluster in node.chain:
             level = level.setdefault(cluster, {})
         level.setdefault(None, []).append(node)
-    out += _emit(tree, v, 1)
+    node_colors = {}
+    for op in trace.ops:  # op labels -> the drawing's node ids
+        if colors and op.label in colors:
+            node_colors[f"layer {op.layer_label}" if v.rolled and op.kind == "op" else f"op {op.index}"] = \
+                colors[op.label]
+    out += _emit(tree, v, 1, node_colors)
     out += [f'  "{_esc(a)}" -> "{_esc(b)}";' for a, b in v.edges]
     out.append("}")
     return "\n".join(out) + "\n"
 
 
-def _emit(level: dict[Any, Any], v: View, indent: int) -> list[str]:
+def _emit(level: dict[Any, Any], v: View, indent: int, colors: dict[str, str]) -> list[str]:
     pad = "  " * indent
     lines = []
     for node in level.get(None, []):
@@ -240,6 +251,9 @@ def _emit(level: dict[Any, Any], v: View, indent: int) -> list[str]:
             style += ", peripheries=2"
         if node.has_params:
             style = style.replace('fillcolor="#ffffff"', 'fillcolor="#eeeeee"')
+        if node.id in colors:
+            style = re.sub(r'fillcolor="[^"]*"', f'fillcolor="{colors[node.id]}"', style)
+            style = style if "filled" in style else style + ", style=filled"
         lines.append(f'{pad}"{_esc(node.id)}" [label="{_esc_label(node.label)}", {style}];')
     for cluster, inner in level.items():
         if cluster is None:
@@ -252,13 +266,13 @@ def _emit(level: dict[Any, Any], v: View, indent: int) -> list[str]:
         if len(inner) == 1 and len(only) == 1 and only[0].module_output:
             # A module that is one op (Conv2d, ReLU...): the op's box names it, no cluster.
             node = only[0]
-            lines += _emit({None: [attrs.evolve(node, label=f"{title}\\n{node.label}")]}, v, indent)
+            lines += _emit({None: [attrs.evolve(node, label=f"{title}\\n{node.label}")]}, v, indent, colors)
             continue
         name = f"cluster {path}" + ("" if n is None else f":{n}")
         lines.append(f'{pad}subgraph "{_esc(name)}" {{')
         lines.append(f'{pad}  label="{_esc(title)}"; '
                      'style="rounded,dashed"; color="#7a869a"; fontsize=10;')
-        lines += _emit(inner, v, indent + 1)
+        lines += _emit(inner, v, indent + 1, colors)
         lines.append(f"{pad}}}")
     return lines
 
@@ -274,11 +288,12 @@ def _esc_label(text: str) -> str:
 
 # -- rendering -----------------------------------------------------------------------------
 def draw(trace: Trace, path: str | os.PathLike[str] | None = None, file_format: str = "pdf",
-         vis_mode: str = "unrolled", collapse: Collapse = None, module: str | None = None) -> str:
+         vis_mode: str = "unrolled", collapse: Collapse = None, module: str | None = None,
+         colors: dict[str, str] | None = None) -> str:
     """Render with Graphviz and return the path written."""
     if file_format not in FORMATS:
         raise UnsupportedError(f"file_format must be one of {FORMATS}, not {file_format!r}")
-    source = to_dot(trace, vis_mode, collapse, module)
+    source = to_dot(trace, vis_mode, collapse, module, colors)
     if path is None:
         path = f"{trace.model_name or 'trace'}{'_' + module if module else ''}_{vis_mode}.{file_format}"
     path = os.fspath(path)

@@ -155,7 +155,8 @@ def describe(op: OpRecord) -> str:
         lines.append(f"    Buffers: reads buffers with shape {', '.join(_tuple(p.shape) for p in buffers)}; "
                      f"{_numel(buffers):,} values ({_bytes(_nbytes(buffers))}), not counted as params")
     if op.kind == "op":
-        grad_fn = op.meta.get("grad_fn")
+        grad_fn = op.meta.get("grad_fn")  # torch's autograd node name; anything else (a loaded file's) is not shown
+        grad_fn = grad_fn if isinstance(grad_fn, str) else None
         lines.append(f"    Function: {op.func_name}" + (f" (grad_fn_handle: {grad_fn})" if grad_fn else "")
                      + (f" (source: {op.source})" if op.source else "") + (" (in place)" if op.in_place else ""))
         lines.append(f"    Computed inside module: {op.modules[-1] if op.module_passes else '(top level)'}")

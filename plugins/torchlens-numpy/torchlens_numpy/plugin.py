@@ -25,6 +25,14 @@ def torchlens_backend_info() -> BackendInfo:
 
 
 @hookimpl
+def torchlens_op_classes(backend: str) -> dict[str, list[str]] | None:
+    # NumPy's names that tl.compare's built-in equivalence table does not know.
+    if backend != NAME:
+        return None
+    return {"matmul": ["vdot", "inner"], "concat": ["hstack", "vstack", "dstack"]}
+
+
+@hookimpl
 def torchlens_claim(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     # Never: every framework's users pass NumPy arrays around, so owning a call because
     # its inputs are ndarrays would steal it from the backend that should trace it.
