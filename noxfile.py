@@ -74,8 +74,9 @@ def compare(session: nox.Session) -> None:
             session.error(f"the {builder} port is built with the {backend} session's virtualenv, which is missing: "
                           f"run `nox -s {backend}` first")
         session.run(str(python), f"tests/ports/build_{builder}.py", str(traces), external=True)
-    # docs/compare.md's worked port runs its torch and JAX sides in those sessions' virtualenvs
-    pythons = {f"TORCHLENS_PYTHON_{name.upper()}": str(envs / name / "bin" / "python") for name in ("torch", "jax")}
+    # docs/compare.md's worked port and teacher forcing run ops in those sessions' virtualenvs
+    pythons = {f"TORCHLENS_PYTHON_{name.upper()}": str(envs / name / "bin" / "python")
+               for name in ("torch", "jax", "paddle")}
     session.run("pytest", "tests/test_compare_ports.py", "tests/test_docs_compare.py", "-q", *session.posargs,
                 env={"TORCHLENS_PORT_TRACES": str(traces), **pythons})
 

@@ -270,3 +270,45 @@ def test_comparing_two_500_op_traces(root: pathlib.Path) -> None:
         # Every torch op is paired: one block in 29 is not left out for speed.
         grouped = {label for p in cmp.pairs for label in p.a_group}
         assert [op.label for op in a.ops if op.source is None and op.label not in grouped] == []
+
+
+TEACHER_FORCING = """
+    import json
+    import torchlens as tl
+
+    root = {root!r}
+    found = {{}}
+    for framework, arch, variant in {cases!r}:
+        a = tl.load(f"{{root}}/torch/{{arch}}/correct")
+        cmp = tl.compare(a, tl.load(f"{{root}}/{{framework}}/{{arch}}/{{variant}}"), teacher_forcing=True)
+        first = cmp.first_divergence
+        after = [p.origin for p in cmp.pairs[cmp.pairs.index(first) + 1:] if p.diverges]
+        found[variant] = {{"first": [first.a, first.origin], "after": after, "roots": [r.a for r in cmp.roots],
+                          "local_ok_before": all(p.local is None or p.local.ok
+                                                 for p in cmp.pairs[:cmp.pairs.index(first)])}}
+    print(json.dumps(found))
+"""
+
+
+@pytest.mark.parametrize("framework", ["jax", "paddle"])
+def test_teacher_forcing_across_frameworks_finds_the_op_that_introduced_the_error(root: pathlib.Path,
+                                                                                 framework: str) -> None:
+    """Runs where the port's framework is installed (its session's python): each of its groups on torch's values."""
+    python = os.environ.get(f"TORCHLENS_PYTHON_{framework.upper()}")
+    if not python:
+        pytest.skip(f"teacher forcing runs the {framework} ops again: nox -s compare sets TORCHLENS_PYTHON_"
+                    f"{framework.upper()}")
+    variants = [v for v in ("gelu_tanh", "ln_eps") if v in WEIGHTS.variants(framework, "block")]
+    cases = [(framework, "block", v) for v in variants]
+    for case in cases:
+        _load(root, *case)
+    code = textwrap.dedent(TEACHER_FORCING).format(root=str(root), cases=cases)
+    result = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    for variant in variants:
+        label = BUG_AT[variant][0]
+        report = found[variant]
+        assert report["first"] == [label, "introduced"], report
+        assert report["after"] and all(origin == "inherited" for origin in report["after"]), report
+        assert report["roots"] == [label] and report["local_ok_before"], report

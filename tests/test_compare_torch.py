@@ -138,3 +138,35 @@ def test_teacher_forcing_on_torch_finds_one_introduced_error_and_inherited_ones_
     head = next(p for p in cmp.pairs if p.a == "linear_1_9")
     assert head.local.max_abs == 0.0 and head.forced
     assert cmp.roots == [first]
+
+
+def test_match_maps_module_paths_that_the_two_sides_name_differently():
+    torch.manual_seed(0)
+    a = nn.Sequential()
+    a.add_module("features", nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()))
+    a.add_module("head", nn.Flatten())
+    b = nn.Sequential()
+    b.add_module("body", nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()))
+    b.add_module("out", nn.Flatten())
+    b.body.load_state_dict(a.features.state_dict())
+    ta, tb = tl.trace(a, X), tl.trace(b, X)
+    plain = tl.compare(ta, tb)
+    mapped = tl.compare(ta, tb, match={"features": "body", "head": "out"})
+    conv_plain = next(p for p in plain.pairs if p.a == "conv2d_1_1")
+    conv_mapped = next(p for p in mapped.pairs if p.a == "conv2d_1_1")
+    assert "module output" not in conv_plain.evidence and "module output" in conv_mapped.evidence
+    assert conv_mapped.confidence > conv_plain.confidence
+    assert mapped.first_divergence is None and [p.b for p in mapped.pairs] == [p.b for p in plain.pairs]
+
+
+def test_bfloat16_against_float32_agrees_within_bfloat16_tolerance_only():
+    a, _ = pair()
+    b = Block().eval()
+    b.load_state_dict(a.state_dict())
+    b = b.to(torch.bfloat16)
+    ta, tb = tl.trace(a, X), tl.trace(b, X.to(torch.bfloat16))
+    cmp = tl.compare(ta, tb)
+    assert cmp.first_divergence is None, str(cmp)
+    assert cmp.pairs[1].agreement.tolerance.rtol == 2e-2  # bfloat16's
+    strict = tl.compare(ta, tb, rtol=1e-4, atol=1e-6)  # held to float32's tolerance, bfloat16 rounding shows
+    assert strict.first_divergence is not None and strict.first_divergence.a == "input_1"

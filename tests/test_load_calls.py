@@ -189,9 +189,15 @@ def test_paddle_ops_that_read_unchecked_positions_check_their_count_first() -> N
     x, w = paddle.ones([1, 1, 4, 4]), paddle.ones([1, 1, 3, 3])
     full = [x, w, [1, 1], [0, 0], "EXPLICIT", [1, 1], 1, "NCHW"]
     assert conv2d(*full).shape == [1, 1, 2, 2]
-    with pytest.raises(TypeError, match="reads 8 positional arguments"):
+    with pytest.raises(TypeError, match="reads 8 arguments .*data_format not given"):
         conv2d(*full[:-1])
+    assert conv2d(*full[:-1], data_format="NCHW").shape == [1, 1, 2, 2]  # by name
     assert decode("paddle", {"ns": "paddle._C_ops", "name": "relu"}) is not None
+    # gelu's approximate, recorded as a keyword; the binding reads it even though the stub gives a default
+    gelu = decode("paddle", {"ns": "paddle._C_ops", "name": "gelu"})
+    assert gelu(x, approximate=True).shape == [1, 1, 4, 4] and gelu(x, True).shape == [1, 1, 4, 4]
+    with pytest.raises(TypeError, match="approximate not given"):
+        gelu(x)
 
 
 # -- tinygrad --------------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ that touch files or print; so communication, scope and stream ops, file
 readers and ``print`` are never run from a file. Tensor operators and methods
 are replayed only among those capture records.
 
-A C op whose binding reads a fixed number of positional arguments without
+A C op whose binding reads a fixed list of positional arguments without
 counting them (``pool2d`` or ``conv2d`` given fewer crash the process) loads
-wrapped in a check of that number, as Paddle's own type stub declares it
-(:func:`arities`).
+wrapped in a check that each is given, by position or by name (then passed at
+its position), as Paddle's own type stub declares them (:func:`arities`).
 
 The RNG state a random op ran with (a ``GeneratorState`` from
 ``paddle.get_rng_state()``) is saved as the plain data of its own
@@ -132,40 +132,53 @@ def decode_call(data: Any) -> Any:
         fn = getattr(module, name, None)
         if fn is not None and callable(fn) and not isinstance(fn, type):
             fn = _original(fn)
-            least = arities().get(name) if ns == "paddle._C_ops" else None
-            return fn if least is None else _counted(fn, least)
+            needed = arities().get(name) if ns == "paddle._C_ops" else None
+            return fn if needed is None else _counted(fn, needed)
         return None
     raise TraceFileError(f"{ns}:{name} is not a Paddle op a trace can replay; the file was not written by "
                          "tl.save or was changed")
 
 
-def _counted(fn: Any, least: int) -> Any:
-    """``fn``, refusing calls with fewer positional arguments than its binding reads (it would crash)."""
+def _counted(fn: Any, needed: tuple[str, ...]) -> Any:
+    """``fn``, refusing a call that leaves out an argument its binding reads (it would crash).
+
+    ``needed`` are the binding's arguments in order. The capture records some
+    by name (``gelu(x, approximate=True)``); bindings do not all read names
+    (``conv2d`` given ``data_format=`` by name reads an empty position and
+    crashes), so a needed argument given by name is passed at its position.
+    """
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if len(args) < least:
-            raise TypeError(f"paddle._C_ops.{fn.__name__} reads {least} positional arguments, it was given "
-                            f"{len(args)}")
-        return fn(*args, **kwargs)
+        missing = [n for n in needed[len(args):] if n not in kwargs]
+        if missing:
+            raise TypeError(f"paddle._C_ops.{fn.__name__} reads {len(needed)} arguments ({', '.join(needed)}); "
+                            f"{', '.join(missing)} not given")
+        rest = needed[len(args):]
+        args = (*args, *(kwargs[n] for n in rest))
+        return fn(*args, **{k: v for k, v in kwargs.items() if k not in rest})
 
     return call
 
 
-@functools.cache
-def arities() -> dict[str, int]:
-    """C op name -> how many positional arguments its binding reads, as Paddle's type stub declares it.
+def arities() -> dict[str, tuple[str, ...]]:
+    """C op name -> the arguments its binding reads, in order, as Paddle's type stub declares them.
 
-    Read with ``ast``, never run. Ops the stub declares ``(*args, **kwargs)``
-    parse and check their arguments themselves and are left out."""
+    Read with ``ast``, never run. The bindings do not apply the stub's
+    defaults (``gelu(x)`` reads a second argument that is not there), so every
+    argument is needed but the trailing ``name`` of the Python convention. Ops
+    the stub declares ``(*args, **kwargs)`` parse and check their arguments
+    themselves and are left out."""
     import paddle
 
     stub = pathlib.Path(paddle.__file__).parent / "_typing" / "libs" / "libpaddle" / "eager" / "ops" / "__init__.pyi"
-    least: dict[str, int] = {}
+    needed: dict[str, tuple[str, ...]] = {}
     for node in _parsed(stub):
         if isinstance(node, ast.FunctionDef) and not (node.args.vararg or node.args.kwarg or node.args.kwonlyargs):
-            n = len(node.args.posonlyargs) + len(node.args.args)
-            least[node.name] = min(n, least.get(node.name, n))
-    return least
+            names = tuple(a.arg for a in (*node.args.posonlyargs, *node.args.args))
+            names = names[:-1] if names and names[-1] == "name" else names
+            if node.name not in needed or len(names) < len(needed[node.name]):  # overloads: the shortest
+                needed[node.name] = names
+    return needed
 
 
 def _parsed(file: pathlib.Path) -> list[ast.AST]:

@@ -18,7 +18,10 @@ def array_info(value: Any) -> tuple[tuple[int, ...], str, str] | None:
 
 
 def to_numpy(value: torch.Tensor) -> Any:
-    return value.detach().cpu().resolve_conj().resolve_neg().numpy().copy()
+    value = value.detach().cpu().resolve_conj().resolve_neg()
+    if value.is_floating_point() and value.dtype not in (torch.float16, torch.float32, torch.float64):
+        value = value.float()  # bfloat16, float8: NumPy has no such dtype; float32 holds each value exactly
+    return value.numpy().copy()
 
 
 def array_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

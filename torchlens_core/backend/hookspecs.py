@@ -91,7 +91,13 @@ def torchlens_array_info(backend: str, value: Any) -> tuple[tuple[int, ...], str
 
 @hookspec(firstresult=True)
 def torchlens_to_numpy(backend: str, value: Any) -> Any:
-    """A NumPy copy of one array of this backend."""
+    """A NumPy copy of one array of this backend.
+
+    A dtype NumPy lacks comes back as a NumPy dtype that holds every value
+    exactly (bfloat16 and the float8 types as float32), so that comparisons
+    and metrics read the values that ran; ``torchlens_encode_array`` is what
+    keeps the raw bits for ``tl.save``.
+    """
 
 
 @hookspec(firstresult=True)
