@@ -1,7 +1,10 @@
 """Full-capture time as a ratio to a plain forward (median of interleaved repeats, one thread).
 
     python bench/capture_overhead.py                                  # torch: ResNet-18, GPT-2 small
-    python bench/capture_overhead.py --backend jax --cases nnx_cnn nnx_attention
+    python bench/capture_overhead.py --backend jax --cases nnx_cnn nnx_attention linen_mlp eqx_cnn
+
+For JAX the table also gives the jitted call (``nnx.jit``, or equinox's ``filter_jit``) and the first
+capture of the model, which compiles the capture's executable; "trace ms" is a repeat capture.
 
 Without --cases, the torch backend measures the two reference models below;
 any backend can measure cases of its own conformance zoo by name.
@@ -77,7 +80,49 @@ def measure(backend: str, build: Callable[[], Built], repeats: int) -> dict[str,
         traced.append(t2 - t1)
         del trace
     p, t = statistics.median(plain), statistics.median(traced)
-    return {"plain_ms": p * 1e3, "trace_ms": t * 1e3, "ratio": t / p}
+    result = {"plain_ms": p * 1e3, "trace_ms": t * 1e3, "ratio": t / p}
+    if backend == "jax":
+        result.update(measure_jax(model, args, kwargs, repeats))
+    return result
+
+
+def measure_jax(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int) -> dict[str, float]:
+    """JAX: the jitted call of the same model (nnx.jit, or equinox's filter_jit, which takes any
+    function or module), and the first capture (compiled-executable cache empty) against the repeat."""
+    import torchlens as tl
+    from torchlens_jax import compiled
+
+    jitted = _jitted(model)
+    for _ in range(3):
+        _block(jitted(*args, **kwargs))
+    fast: list[float] = []
+    first: list[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _block(jitted(*args, **kwargs))
+        t1 = time.perf_counter()
+        fast.append(t1 - t0)
+    for _ in range(max(3, repeats // 5)):  # each one compiles: fewer
+        compiled.CACHE.clear()
+        t0 = time.perf_counter()
+        tl.trace(model, *args, backend="jax", **kwargs)
+        first.append(time.perf_counter() - t0)
+    trace = tl.trace(model, *args, backend="jax", **kwargs)
+    return {"jit_ms": statistics.median(fast) * 1e3, "first_ms": statistics.median(first) * 1e3,
+            "path": "compiled" if "compiled" in trace.notes else "per-equation"}
+
+
+def _jitted(model: Any) -> Callable[..., Any]:
+    from torchlens_jax.modules import framework_of
+
+    if framework_of(getattr(model, "__self__", model)) == "nnx" and not hasattr(model, "__self__"):
+        from flax import nnx
+
+        step = nnx.jit(lambda m, *a, **k: m(*a, **k))
+        return lambda *a, **k: step(model, *a, **k)
+    import equinox as eqx
+
+    return eqx.filter_jit(model)  # arrays traced, everything else (flags, a linen apply's module) static
 
 
 def _block(value: Any) -> None:
@@ -102,7 +147,10 @@ def main() -> None:
         torch.set_num_threads(1)
     models = builders(info.name, options.cases)
     print(f"{info.name} {info.framework_version}, 1 thread, median of {options.repeats} interleaved runs")
-    print(f"{'model':<24} {'plain ms':>10} {'trace ms':>10} {'ratio':>7}")
+    print(f"{'model':<24} {'plain ms':>10} {'trace ms':>10} {'ratio':>7}", end="")
+    if info.name == "jax":  # against the jitted call too, and the first capture (it compiles) against the repeat
+        print(f" {'jit ms':>8} {'vs jit':>7} {'first ms':>9} {'1st/jit':>8}  path", end="")
+    print()
     for name, build in models.items():
         if info.name == "torch":
             import torch
@@ -111,7 +159,11 @@ def main() -> None:
                 r = measure(info.name, build, options.repeats)
         else:
             r = measure(info.name, build, options.repeats)
-        print(f"{name:<24} {r['plain_ms']:>10.1f} {r['trace_ms']:>10.1f} {r['ratio']:>6.2f}x")
+        print(f"{name:<24} {r['plain_ms']:>10.1f} {r['trace_ms']:>10.1f} {r['ratio']:>6.2f}x", end="")
+        if info.name == "jax":
+            print(f" {r['jit_ms']:>8.2f} {r['trace_ms'] / r['jit_ms']:>6.1f}x {r['first_ms']:>9.1f} "
+                  f"{r['first_ms'] / r['jit_ms']:>7.1f}x  {r['path']}", end="")
+        print()
 
 
 if __name__ == "__main__":

@@ -4,12 +4,18 @@
    (:mod:`torchlens_jax.modules`); the array leaves of the arguments are the inputs.
 2. ``jax.make_jaxpr`` traces ``rebuild(params)(*inputs)`` with submodule calls
    scoped and their outputs marked (:mod:`torchlens_jax.scopes`).
-3. The walker (:mod:`torchlens_jax.walk`) evaluates the jaxpr equation by
-   equation with ``primitive.bind`` and records each one.
-4. The model is then called once more the ordinary way (jit and all); that
-   result is the trace's ``model_output``, so that audit compares two
-   independent computations. With ``intervene=`` the walk is the edited
-   forward (a plain call would not edit), so its outputs are ``model_output``.
+3. The walker (:mod:`torchlens_jax.walk`) visits the jaxpr equation by
+   equation and records each one. Where the values come from
+   (:mod:`torchlens_jax.compiled`, docs/backend-jax.md): a straight-line jaxpr
+   is recorded first and then computed as one program, eagerly the first time
+   it is captured and by one cached XLA executable after that; a jaxpr whose
+   values the walk must read as it goes (loops, cond, ``intervene=``...) is
+   evaluated by the walk itself, ``primitive.bind`` per equation.
+4. Unless the executable computed the outputs, the model is then called once
+   more the ordinary way (jit and all); that result is the trace's
+   ``model_output``, so that audit compares two independent computations.
+   With ``intervene=`` the walk is the edited forward (a plain call would not
+   edit), so its outputs are ``model_output``.
 
 The user's model is left as it was: an nnx model runs as copies made from the
 same state, so a trace advances no RNG stream and no batch statistics.
@@ -28,11 +34,12 @@ from collections.abc import Callable
 from typing import Any
 
 from torchlens_core.capture.builder import TraceBuilder
-from torchlens_core.capture.policy import CaptureOptions
+from torchlens_core.capture.policy import CaptureOptions, HaltCapture
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_jax.arrays import array_info, is_array
+from torchlens_jax.compiled import DeferredWalker, device_of, execute, fast_path_refusal
 from torchlens_jax.modules import owner, submodules, view_model
 from torchlens_jax.scopes import CallScopes, Splicer, fill, slot_template
 from torchlens_jax.walk import Val, Walker
@@ -77,25 +84,48 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
             f"control flow. JAX said: {str(exc).splitlines()[0]}") from exc
 
     _declare(builder, view, scopes)
-    walker = Walker(builder, scopes)
+    refusal = fast_path_refusal(closed, builder)
+    param_values = [p.value for p in view.params]
+    input_values = [leaves[i] for i in array_at]
+    walker = (Walker(builder, scopes) if refusal is not None
+              else DeferredWalker(builder, scopes, device_of(param_values + input_values)))
     param_vals = [Val(p.value, ParamRef(p.name)) for p in view.params]
     input_vals = []
-    for i in array_at:
-        shape, dtype, device = array_info(leaves[i])
-        input_vals.append(Val(leaves[i], Ref(builder.add_input(leaves[i], shape, dtype, device).index)))
-    outs = walker.run_closed(closed, param_vals + input_vals, (), (), False)
-    # An output that no op computed (an input, a parameter, a constant) gets an identity op.
-    outs = [x if isinstance(x.ref, Ref) else walker.identity(x) for x in outs]
-
-    if builder.editor is None:
+    for value in input_values:
+        shape, dtype, device = array_info(value)
+        input_vals.append(Val(value, Ref(builder.add_input(value, shape, dtype, device).index)))
+    try:
+        outs = walker.run_closed(closed, param_vals + input_vals, (), (), False)
+        # An output that no op computed (an input, a parameter, a constant) gets an identity op.
+        outs = [x if isinstance(x.ref, Ref) else walker.identity(x) for x in outs]
+    except HaltCapture:  # halt=: the program ends where the forward stopped; compute what it recorded
+        if isinstance(walker, DeferredWalker):
+            ran = execute(walker, [])
+            if ran is not None:
+                builder.notes["compiled"] = ran
+        raise
+    ran = execute(walker, outs) if isinstance(walker, DeferredWalker) else None
+    if ran is not None:
+        # One executable computed every kept value and the outputs: those are the model's output (no second,
+        # plain call; audit() replays eagerly op by op, and audit(untraced=True) runs the model on demand).
+        builder.notes["compiled"] = ran
+        model_output = fill(out_structure["template"], [x.value for x in outs])
+        how = "jax.make_jaxpr, a walk recording each primitive, then one compiled call computing the values"
+    elif builder.editor is None:
+        # Each value came from its own dispatch (the per-equation path, or the program's first, eager run); the
+        # plain (jitted) call is the model's output, an independent computation audit compares with the ops.
         model_output = view.call_plain(args, kwargs)
         if out_structure["flattened"]:  # a container the core cannot look into: its arrays, in order
             model_output = tuple(slot_template(model_output)[1])
+        how = (f"jax.make_jaxpr, then an eager walk binding each primitive ({refusal})" if refusal else
+               "jax.make_jaxpr, a walk recording each primitive, then an eager run of them (compiled when the "
+               "same program is captured again)")
     else:  # intervene=: the edited forward is the walk itself; a plain call would return the unedited output
         model_output = fill(out_structure["template"], [x.value for x in outs])
+        how = f"jax.make_jaxpr, then an eager walk binding each primitive ({refusal})"
     builder.add_outputs(fill(out_structure["template"], [x.ref for x in outs]), model_output)
     builder.notes.update({
-        "capture": "jax.make_jaxpr, then an eager walk binding each primitive",
+        "capture": how,
         "expanded": dict(walker.expanded),  # higher-order primitives replaced by their inner ops
         "opaque": dict(walker.opaque),  # higher-order primitives recorded as one op
         "output_flattened": out_structure["flattened"],

@@ -1,5 +1,8 @@
 """The evaluator: walk a jaxpr eagerly, binding each primitive equation once and recording it as an op.
 
+(:class:`torchlens_jax.compiled.DeferredWalker` is this walk with the binding
+deferred: it records the same ops and computes their values afterwards.)
+
 Higher-order primitives are not ops of their own. Call-like ones (jit,
 custom_jvp/vjp calls, closed_call, remat) are expanded into their inner
 equations; ``scan`` and ``while`` run their body once per iteration, each
@@ -138,11 +141,8 @@ class Walker:
     def _record(self, eqn: Any, ins: list[Val], loc: tuple[Any, ...] | None, helper: bool,
                 meta: dict[str, Any]) -> list[Val]:
         prim, params = eqn.primitive, eqn.params
-        start = perf_counter()
-        out = jax.block_until_ready(prim.bind(*[x.value for x in ins], **params))  # dispatch is async
-        elapsed = perf_counter() - start
+        out, infos, elapsed = self._evaluate(eqn, ins)
         outs = tuple(out) if prim.multiple_results else (out,)
-        infos = [array_info(o) for o in outs]
         shapes = [i[0] if i else None for i in infos]
         first = next((i for i in infos if i), None)
         if prim.multiple_results:  # the record's dtype is the first output's; gradients need each one's
@@ -163,6 +163,15 @@ class Walker:
         if prim.multiple_results:
             return [Val(o, Ref(op.index, (j,))) for j, o in enumerate(outs)]
         return [Val(out, Ref(op.index))]
+
+    def _evaluate(self, eqn: Any, ins: list[Val]) -> tuple[Any, list[Any], float | None]:
+        """Run one equation now: its output (a tuple for a multiple-result primitive), each output's
+        ``array_info``, and the seconds it took. :mod:`torchlens_jax.compiled` defers this instead."""
+        prim = eqn.primitive
+        start = perf_counter()
+        out = jax.block_until_ready(prim.bind(*[x.value for x in ins], **eqn.params))  # dispatch is async
+        elapsed = perf_counter() - start
+        return out, [array_info(o) for o in (tuple(out) if prim.multiple_results else (out,))], elapsed
 
     def identity(self, x: Val) -> Val:
         """An explicit pass-through op, so that a module's (or the model's) output is computed where it is returned."""

@@ -1,0 +1,334 @@
+"""The compiled path: record the walk without running it, then compute every recorded value in one XLA call.
+
+The per-equation walk (:class:`torchlens_jax.walk.Walker`) binds each
+primitive eagerly, one Python dispatch per equation. Here the same walk runs
+with :meth:`DeferredWalker._evaluate` replaced: instead of computing an
+equation it appends it to a straight-line :class:`Program` and hands the
+builder a :class:`Pending` placeholder (shape, dtype and device come from the
+equation's abstract values). Every record (labels, arguments as Refs, module
+passes, code context, custom-rule regions) is made by the very same code as on
+the per-equation path; only the values differ in where they come from.
+
+Once the walk is over (or halted: ``halt=`` cuts the program where the
+forward stopped), the program runs. The first time a program is captured it
+runs eagerly, equation by equation (each op timed, no compile: a one-off
+capture costs what the per-equation walk costs). From the second time
+(:data:`COMPILE_ON_SIGHTING`) it is compiled with ``jax.jit`` into one
+executable whose outputs are exactly the values the trace keeps: the ops whose
+value ``save=`` kept (or has not decided yet) and the model's outputs. Each
+placeholder is then replaced by its value. All the values of one trace come
+from that one executable, so no op mixes two computations; XLA computes each
+returned intermediate as a value of its own, which may differ from an eager
+bind of the same op in the last bits (``trace.audit()`` replays eagerly and
+compares within its tolerance).
+
+Executables are cached (:data:`CACHE`, bounded, least recently used out) by
+the program itself: every primitive with its parameters, where each input
+comes from, the shapes, dtypes and devices of the arguments, and which values
+are returned. Parameters, inputs and constants are arguments of the
+executable, never baked in, so a model whose weights change value reuses it,
+while one whose structure or input shapes change makes another program, and
+compiles. A program with a parameter that cannot be a key (an array, an inner jaxpr with
+constants) always runs eagerly: it would otherwise compile again on every capture.
+
+Which path a capture takes is :func:`fast_path_refusal`: the compiled path
+needs a straight-line jaxpr whose values nothing in the walk reads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from time import perf_counter
+from typing import Any
+
+import attrs
+
+from torchlens_core.capture.builder import TraceBuilder
+from torchlens_jax.arrays import device_name, is_jax_array
+from torchlens_jax.walk import CALL_JAXPR, Val, Walker
+
+# Switch for the compiled path; False sends every capture down the per-equation path.
+COMPILED_CAPTURE = True
+# Primitives whose value the walk itself must read as it goes (a cond's branch, each while/scan iteration), or
+# whose result depends on state outside their arguments: any of them sends the whole capture down the
+# per-equation path.
+PER_EQUATION_PRIMITIVES = frozenset({"scan", "while", "cond", "rng_uniform"})
+CACHE_SIZE = 64
+# A program is compiled the n-th time it is captured; before, it runs eagerly, equation by equation (no
+# compile: a one-off capture costs what the per-equation walk costs). 1 compiles at once.
+COMPILE_ON_SIGHTING = 2
+
+_ARG, _SLOT, _LIT = 0, 1, 2
+
+
+@attrs.define(slots=True, eq=False)
+class Pending:
+    """The value of program slot ``slot``, not computed yet."""
+
+    slot: int
+
+
+@attrs.define(slots=True)
+class Program:
+    """Equations in the order the walk recorded them. Each step: primitive, parameters, its inputs as
+    ``(_ARG, argument index)``, ``(_SLOT, slot)`` or ``(_LIT, type, Python scalar)``, and its output slots."""
+
+    steps: list[tuple[Any, dict[str, Any], tuple[tuple[Any, ...], ...], tuple[int, ...]]] = attrs.Factory(list)
+    args: list[Any] = attrs.Factory(list)  # the arrays it reads: parameters, inputs, constants
+    arg_at: dict[int, int] = attrs.Factory(dict)  # id(array) -> argument index
+    slots: int = 0
+
+    def source(self, value: Any) -> tuple[Any, ...]:
+        if isinstance(value, Pending):
+            return (_SLOT, value.slot)
+        if hasattr(value, "shape") and hasattr(value, "dtype") and not _is_scalar(value):
+            at = self.arg_at.get(id(value))
+            if at is None:
+                at = self.arg_at[id(value)] = len(self.args)
+                self.args.append(value)
+            return (_ARG, at)
+        return (_LIT, type(value), value)  # a jaxpr literal: part of the program (and of its cache key)
+
+    def run(self, args: list[Any], wanted: tuple[int, ...]) -> list[Any]:
+        """Evaluate the program (under ``jax.jit`` this traces it); the values of slots ``wanted``."""
+        env: list[Any] = [None] * self.slots
+        for prim, params, sources, outs in self.steps:
+            vals = [args[s[1]] if s[0] == _ARG else env[s[1]] if s[0] == _SLOT else s[2] for s in sources]
+            out = prim.bind(*vals, **params)
+            for slot, o in zip(outs, out if prim.multiple_results else (out,)):
+                env[slot] = o
+        return [env[k] for k in wanted]
+
+
+class DeferredWalker(Walker):
+    """The walk, recording every op as the per-equation walk does, with values left for the program."""
+
+    def __init__(self, builder: TraceBuilder, scopes: Any, device: str) -> None:
+        super().__init__(builder, scopes)
+        self.program = Program()
+        self.step_ops: list[int] = []  # the op each step of the program is
+        self.device = device
+
+    def _evaluate(self, eqn: Any, ins: list[Val]) -> tuple[Any, list[Any], float | None]:
+        prim, p = eqn.primitive, self.program
+        outs = tuple(Pending(p.slots + j) for j in range(len(eqn.outvars)))
+        p.steps.append((prim, eqn.params, tuple(p.source(x.value) for x in ins), tuple(o.slot for o in outs)))
+        self.step_ops.append(len(self.builder.ops))  # the op the builder records next, from this equation
+        p.slots += len(outs)
+        infos = [(tuple(int(d) for d in v.aval.shape), str(v.aval.dtype), self.device) for v in eqn.outvars]
+        return (outs if prim.multiple_results else outs[0]), infos, None  # timed by the eager run, if one runs
+
+
+def fast_path_refusal(closed: Any, builder: TraceBuilder) -> str | None:
+    """Why this capture must take the per-equation path, or None when the compiled path gives the same trace."""
+    if not COMPILED_CAPTURE:
+        return "compiled capture switched off (torchlens_jax.compiled.COMPILED_CAPTURE)"
+    options = builder.options
+    if builder.editor is not None:
+        return "intervene=: later equations read the edited values as the walk goes"
+    if options.save_grads is not False:
+        return "save_grads=: the backward replays the per-equation walk's records"
+    if options.lookback and options.lookback_payload_policy != "metadata_only":
+        return "lookback values are detached as they are recorded"
+    if closed.effects:
+        return f"effects ({', '.join(sorted(map(str, closed.effects)))}): callbacks run in order, as they ran"
+    found = _per_equation(closed.jaxpr)
+    if found:
+        return f"{found}: the walk reads its values as it goes (branch taken, iterations recorded one by one)"
+    return None
+
+
+def _per_equation(jaxpr: Any) -> str | None:
+    """The first primitive in ``jaxpr`` (call-like primitives expanded, as the walk expands them) that needs
+    values during the walk."""
+    from jax.extend.core import ClosedJaxpr
+
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in PER_EQUATION_PRIMITIVES:
+            return name
+        sub = eqn.params.get(CALL_JAXPR.get(name, ""))
+        if sub is not None:
+            found = _per_equation(sub.jaxpr if isinstance(sub, ClosedJaxpr) else sub)
+            if found:
+                return found
+    return None
+
+
+def device_of(arrays: list[Any]) -> str:
+    """Where the executable runs, hence where its outputs live: the first committed JAX array's device."""
+    import jax
+
+    for a in arrays:
+        if is_jax_array(a) and getattr(a, "committed", False):
+            return device_name(a)
+    return device_name(jax.device_put(0))
+
+
+# -- executing and caching ---------------------------------------------------------------------
+@attrs.define(slots=True)
+class Compiled:
+    executable: Any
+    n_outputs: int
+
+
+class ExecutableCache:
+    """Compiled programs by :func:`program_key`, bounded, least recently used evicted; ``compiles`` counts
+    every compilation, for tests and the bench. A program is compiled the second time it is met: the first
+    capture of a model runs its program eagerly (what the per-equation path costs, no compile)."""
+
+    def __init__(self, size: int = CACHE_SIZE) -> None:
+        self.size = size
+        self.entries: OrderedDict[Any, Compiled] = OrderedDict()
+        self.seen: OrderedDict[Any, int] = OrderedDict()  # programs run eagerly so far, and how often
+        self.compiles = 0
+        self.lock = threading.Lock()
+
+    def get(self, program: Program, wanted: tuple[int, ...]) -> tuple[Compiled | None, bool]:
+        """The executable for ``program`` returning slots ``wanted`` and whether it came from the cache; None
+        (run the program eagerly) the first time a program is seen, or when it has no key."""
+        key = program_key(program, wanted)
+        if key is None:
+            return None, False
+        with self.lock:
+            try:
+                found = self.entries.get(key)
+            except Exception:  # a parameter whose == is not a plain bool (an array): never compiled
+                return None, False
+            if found is not None:
+                self.entries.move_to_end(key)
+                return found, True
+            sightings = self.seen.get(key, 0) + 1
+            if sightings < COMPILE_ON_SIGHTING:  # a one-off capture must not pay for XLA compiling the model
+                self.seen[key] = sightings
+                self.seen.move_to_end(key)
+                while len(self.seen) > self.size:
+                    self.seen.popitem(last=False)
+                return None, False
+        compiled = _compile(program, wanted)
+        with self.lock:
+            self.compiles += 1
+            self.seen.pop(key, None)
+            self.entries[key] = compiled
+            while len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        return compiled, False
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+            self.seen.clear()
+
+
+CACHE = ExecutableCache()
+
+
+def _compile(program: Program, wanted: tuple[int, ...]) -> Compiled:
+    import jax
+
+    # Traced once, here. The cached executable must not keep this capture's arrays (weights, inputs) alive:
+    # it closes over the steps alone, and every array is an argument.
+    steps = Program(steps=program.steps, slots=program.slots)
+    fn = jax.jit(lambda args: steps.run(args, wanted))
+    return Compiled(fn.lower(program.args).compile(), len(wanted))
+
+
+def program_key(program: Program, wanted: tuple[int, ...]) -> Any:
+    """A hashable description of everything the executable depends on; None when a parameter is unhashable."""
+    try:
+        steps = tuple((prim, tuple((k, _param_key(v)) for k, v in params.items()), sources, outs)
+                      for prim, params, sources, outs in program.steps)
+        args = tuple((tuple(a.shape), str(a.dtype), bool(getattr(a, "weak_type", False)), type(a).__name__,
+                      device_name(a)) for a in program.args)
+        key = (steps, args, wanted)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _param_key(value: Any) -> Any:
+    """An equation parameter as a key: an inner jaxpr by its text (its constants too, unless it has none,
+    by identity: a program holding them is then compiled again for every capture, never reused wrongly)."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    if isinstance(value, Jaxpr):
+        return ("jaxpr", str(value))
+    if isinstance(value, ClosedJaxpr):
+        return ("closed_jaxpr", str(value.jaxpr), tuple(map(id, value.consts)) if value.consts else ())
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_param_key(v) for v in value))
+    return value
+
+
+def execute(walker: DeferredWalker, extra: list[Val]) -> dict[str, Any] | None:
+    """Run the walker's program once and put every value where its placeholder is: the ops' outputs,
+    and the values of ``extra`` (the model's outputs, replaced in place).
+
+    What ran, for trace.notes: the compiled executable (its output count, whether it was cached), or
+    None when the program was run eagerly, equation by equation (its first capture: see ExecutableCache).
+    """
+    import jax
+
+    ops = walker.builder.ops
+    wanted = dict.fromkeys(s for op in ops for s in _slots(op.out))
+    for x in extra:
+        wanted.update(dict.fromkeys(_slots(x.value)))
+    order = tuple(wanted)
+    program = walker.program
+    compiled, cached = CACHE.get(program, order)
+    if compiled is None:
+        values = _run_eagerly(program, order, walker.step_ops, ops)
+    else:
+        start = perf_counter()
+        values = jax.block_until_ready(compiled.executable(program.args))
+        elapsed = perf_counter() - start
+    by_slot = dict(zip(order, values))
+    for op in ops:
+        if _slots(op.out):
+            op.out = _filled(op.out, by_slot)
+    for x in extra:
+        if _slots(x.value):  # an output returned as it came in (an input, a parameter) needs no filling
+            x.value = _filled(x.value, by_slot)
+    if compiled is None:
+        return None
+    return {"outputs": compiled.n_outputs, "slots": program.slots, "steps": len(program.steps),
+            "cached": cached, "seconds": elapsed}
+
+
+def _run_eagerly(program: Program, wanted: tuple[int, ...], step_ops: list[int], ops: list[Any]) -> list[Any]:
+    """The program bound equation by equation, as the per-equation walk binds it, each op timed."""
+    import jax
+
+    env: list[Any] = [None] * program.slots
+    args = program.args
+    for (prim, params, sources, outs), at in zip(program.steps, step_ops):
+        vals = [args[s[1]] if s[0] == _ARG else env[s[1]] if s[0] == _SLOT else s[2] for s in sources]
+        start = perf_counter()
+        out = jax.block_until_ready(prim.bind(*vals, **params))  # dispatch is async
+        ops[at].elapsed = perf_counter() - start
+        for slot, o in zip(outs, out if prim.multiple_results else (out,)):
+            env[slot] = o
+    return [env[k] for k in wanted]
+
+
+def _slots(value: Any) -> list[int]:
+    """The placeholders in an op's output (one, or a tuple of them for a multiple-result primitive)."""
+    if isinstance(value, Pending):
+        return [value.slot]
+    if isinstance(value, tuple):
+        return [v.slot for v in value if isinstance(v, Pending)]
+    return []
+
+
+def _filled(value: Any, by_slot: dict[int, Any]) -> Any:
+    if isinstance(value, Pending):
+        return by_slot[value.slot]
+    return tuple(by_slot[v.slot] if isinstance(v, Pending) else v for v in value)
+
+
+def _is_scalar(value: Any) -> bool:
+    import numpy as np
+
+    return isinstance(value, np.generic)
