@@ -1,12 +1,12 @@
 """Full-capture time as a ratio to a plain forward (median of interleaved repeats, one thread).
 
-    python bench/capture_overhead.py                                  # torch: ResNet-18, GPT-2 small
+    python bench/capture_overhead.py                                  # torch: ResNet-18, GPT-2 small, ViT-tiny
     python bench/capture_overhead.py --backend jax --cases nnx_cnn nnx_attention linen_mlp eqx_cnn
 
 For JAX the table also gives the jitted call (``nnx.jit``, or equinox's ``filter_jit``) and the first
 capture of the model, which compiles the capture's executable; "trace ms" is a repeat capture.
 
-Without --cases, the torch backend measures the two reference models below;
+Without --cases, the torch backend measures the three reference models below;
 any backend can measure cases of its own conformance zoo by name.
 """
 
@@ -44,7 +44,17 @@ def gpt2() -> Built:
     return model, (), {"input_ids": torch.randint(0, config.vocab_size, (1, 64))}
 
 
-REFERENCE: dict[str, Callable[[], Built]] = {"resnet18": resnet18, "gpt2": gpt2}
+def vit_tiny() -> Built:
+    import torch
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    # ViT-tiny (vit_b_16 is too big for this machine): 12 layers, 3 heads, 192 wide, random weights
+    model = VisionTransformer(image_size=224, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192,
+                              mlp_dim=768).eval()
+    return model, (torch.rand(1, 3, 224, 224),), {}
+
+
+REFERENCE: dict[str, Callable[[], Built]] = {"resnet18": resnet18, "gpt2": gpt2, "vit_tiny": vit_tiny}
 
 
 def builders(backend: str, names: list[str]) -> dict[str, Callable[[], Built]]:

@@ -143,6 +143,13 @@ def _info(func: Any) -> FuncInfo:
     return info
 
 
+def _unique(items: list[Any]) -> tuple[Any, ...]:
+    """``items`` in order, each once (most ops read one or two values: skip the dict for those)."""
+    if len(items) < 2 or (len(items) == 2 and items[0] != items[1]):
+        return tuple(items)
+    return tuple(dict.fromkeys(items))
+
+
 def _dtype_name(dtype: Any) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
@@ -241,8 +248,8 @@ class _Recorder(TorchFunctionMode):
             shape = tuple(tuple(t.shape) if isinstance(t, Tensor) else None for t in out)
             dtype, device = (_dtype_name(leaves[0].dtype), leaves[0].device.type)
         op = self.builder.add_op(
-            info.name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype, device=device,
-            params=tuple(dict.fromkeys(params)), random=info.random, in_place=target is not None,
+            info.name, func, a, k, _unique(parents), out, shape=shape, dtype=dtype, device=device,
+            params=_unique(params), random=info.random, in_place=target is not None,
             code_context=_SITES.stack(), meta=meta, elapsed=elapsed, conditions=self.branches.current())
         out = self.builder.seen_value(op, out)  # an edit made in place is already in `out`
         if isinstance(out, Tensor):
@@ -378,6 +385,11 @@ class _Recorder(TorchFunctionMode):
 
     def outputs(self, value: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:
         """``(template, value)`` of what a module pass (None: the model) returned, with intervene='s edits."""
+        if self.builder.editor is None and isinstance(value, Tensor):
+            # Most passes return one tensor, and without intervene= nothing is edited: what returned()
+            # below would give, without walking a container.
+            return self.as_output(value, inside)[0], value
+
         def refs() -> tuple[Any, Any]:
             return returned(value, lambda v: isinstance(v, Tensor), lambda v: self.as_output(v, inside))
 

@@ -1,0 +1,105 @@
+"""bench/backend_table.py and bench/all_backends.py: the figures they compute are the right ones (no timings)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import all_backends  # noqa: E402 - from bench/, which is not a package
+
+
+def _torch_parts():  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    import backend_table
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = torch.nn.Linear(8, 16)
+            self.second = torch.nn.Linear(16, 3)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            h = torch.relu(self.first(x))
+            flat = h.view(-1)  # a view: shares h's memory, costs no bytes
+            return self.second(flat.view(4, 16))
+
+    torch.manual_seed(0)
+    return torch, backend_table, Net().eval(), torch.rand(4, 8)
+
+
+def test_saved_bytes_counts_each_storage_once() -> None:
+    torch, backend_table, net, x = _torch_parts()
+    import torchlens as tl
+
+    trace = tl.trace(net, x)
+    # by hand: the input's copy (4x8), linear (4x16), relu (4x16), linear (4x3), float32; the views share relu's
+    expected = (4 * 8 + 4 * 16 + 4 * 16 + 4 * 3) * 4
+    assert backend_table.saved_bytes(trace, "torch") == expected
+
+
+def test_halt_at_a_quarter_stops_at_that_op() -> None:
+    torch, backend_table, net, x = _torch_parts()
+    import torchlens as tl
+
+    full = tl.trace(net, x)
+    ops = [op for op in full.ops if op.kind not in ("input", "output")]
+    label, count = backend_table.quarter_label(full)
+    assert count == len(ops) and label == ops[len(ops) // 4].label
+    halted = tl.trace(net, x, halt=tl.label(label))
+    assert [op.label for op in halted.ops if op.kind not in ("input", "output")] == \
+        [op.label for op in ops[:len(ops) // 4 + 1]]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="peak RSS is read from Linux's /proc/self")
+def test_peak_meter_sees_a_transient_allocation() -> None:
+    """32 MiB allocated and freed inside the run: the peak sees them, and a run that allocates nothing adds
+    almost nothing. In a fresh process, since the meter changes glibc's settings for the whole process."""
+    pytest.importorskip("numpy")
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(BENCH)!r})
+        import numpy as np
+        from backend_table import PeakMeter
+        meter = PeakMeter("numpy")
+        big, _ = meter.measure(lambda: float(np.ones(2**22).sum()))  # 4 Mi float64: 32 MiB, freed at once
+        kept, held = meter.measure(lambda: np.ones(2**21))  # 16 MiB, still held when read
+        nothing, _ = meter.measure(lambda: None)
+        print(json.dumps([big, kept, nothing]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    big, kept, nothing = json.loads(done.stdout.splitlines()[-1])
+    mib = 2**20
+    assert 31 * mib <= big <= 40 * mib
+    assert 15 * mib <= kept <= 24 * mib
+    assert nothing <= 2 * mib
+
+
+def test_missing_virtualenv_is_a_row_and_no_goal_is_claimed(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "table.md"
+    subprocess.run([sys.executable, str(BENCH / "all_backends.py"), "--envs", str(tmp_path / "none"),
+                    "--backends", "tf", "paddle", "--out", str(out)], check=True, capture_output=True)
+    table = out.read_text()
+    assert f"| tf | — | | | | | | | | | no virtualenv {tmp_path / 'none' / 'tf'}: run `nox -s tf` first |" in table
+    assert "Not measured: tf, paddle." in table and "goal met" not in table
+    assert json.loads(out.with_suffix(".json").read_text())[1]["backend"] == "paddle"
+
+
+def test_goals_are_checked_against_each_figure() -> None:
+    row = {"plain_ms": 10.0, "trace_ms": 12.5, "ratio": 1.25, "halt_ratio": 0.3, "memory_ratio": 1.2,
+           "peak_ratio": 1.3, "per_op_us": 25.0, "ops": 100, "record_ratio": 1.1}
+    assert all_backends._missed("tf", "m", row) == ["tf m memory 1.20x > 1.1x"]
+    assert all_backends._missed("torch", "m", row) == ["torch m capture 1.25x > 1.2x", "torch m memory 1.20x > 1.1x"]
+    result = {"backend": "jax", "framework": "jax 0", "memory_method": "rss",
+              "models": {"m": {**row, "memory_ratio": 0.9, "vs_jit": 3.0, "jit_ms": 4.0}}}
+    table = all_backends.markdown([result], repeats=3)
+    assert "| jax | m | 10.0 | 12.5 | 1.25x | 0.30x | 0.90x | 1.30x | 25 µs | 100 | jax 0; tl.record 1.10x; " \
+        "3.0x the jitted call (4.00 ms) |" in table
+    assert table.rstrip().endswith("Goals missed: jax m capture 1.25x > 1.2x; jax m 3.0x the jitted call > 2x.")
