@@ -102,3 +102,25 @@ def test_parents_are_listed_once_in_first_use_order():
     assert by_name["add"].parents == [inputs[0]]
     assert by_name["stack"].parents == inputs[::-1]
     torch.testing.assert_close(by_name["cat"].out, torch.cat([x, y, x, y, x]))
+
+
+@pytest.mark.parametrize("options", [{}, {"save": tl.func("relu")}, {"intervene": tl.when(tl.func("relu"),
+                                                                                           tl.scale(1.0))}])
+def test_a_dropped_trace_frees_its_values_without_the_cyclic_gc(options) -> None:
+    """No reference cycle through the capture's builder, policy or editor holds the recorded values."""
+    import gc
+    import weakref
+
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        t = tl.trace(model, x, **options)
+        value = weakref.ref(next(op for op in t.ops if op.func_name == "relu").out)
+        del t
+        assert value() is None, "the trace's values outlived it: a reference cycle holds them"
+    finally:
+        if was_enabled:
+            gc.enable()

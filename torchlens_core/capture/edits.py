@@ -18,6 +18,7 @@ changed (``op.edits``, ``op.pre_edit``), so that replay does it again.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -288,8 +289,14 @@ def _name(helper: Any) -> str:
 class Editor:
     """The interventions of one capture, applied as its ops are recorded."""
 
+    @property
+    def builder(self) -> TraceBuilder:
+        builder = self._builder()
+        assert builder is not None, "a capture's editor outlived its builder"
+        return builder
+
     def __init__(self, items: tuple[Intervention, ...], builder: TraceBuilder) -> None:
-        self.builder = builder
+        self._builder = weakref.ref(builder)  # the builder holds this editor: no cycle (see Policy)
         self.backend = builder.backend
         array_ops = hook().torchlens_array_ops(backend=self.backend)
         if array_ops is None:

@@ -21,6 +21,7 @@ has run; for any other selector, after its first match.
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -123,11 +124,19 @@ def _has(selector: Selector, kinds: type | tuple[type, ...], deep: bool = False)
 
 
 class Policy:
+    @property
+    def builder(self) -> TraceBuilder:
+        builder = self._builder()
+        assert builder is not None, "a capture's policy outlived its builder"
+        return builder
+
     def __init__(self, options: CaptureOptions, builder: TraceBuilder) -> None:
         self.save = options.save
         self.halt = options.halt
         self.active = self.save is not None or self.halt is not None
-        self.builder = builder
+        # Held weakly: the builder holds this policy, and a cycle would keep a dropped trace's values
+        # (the builder's ops) alive until the cyclic GC ran, which captures pause.
+        self._builder = weakref.ref(builder)
         self.pending: list[OpRecord] = []
         # The last `lookback` ops, and those of them whose drop waits to see if a picked op follows.
         self.recent: deque[OpRecord] = deque(maxlen=options.lookback or None)
