@@ -52,9 +52,9 @@ def force(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_a
             tolerance_for(a.ops[a_anchor[n]].dtype, b.ops[b_anchor[n]].dtype, rtol=rtol, atol=atol)
         pair.local = agreement(a_values[n], out, tolerance)
         pair.forced = forced
-        inherited = [_relative(pairs[u]) for u in upstream[n] if pairs[u].agreement is not None]
+        inherited = [pairs[u].agreement.relative for u in upstream[n] if pairs[u].agreement is not None]
         pair.inherited = max(inherited, default=0.0)
-        total = _relative(pair)
+        total = pair.agreement.relative
         pair.amplification = total / pair.inherited if pair.inherited > 0 else (math.inf if total > 0 else 1.0)
         if pair.diverges:
             pair.origin = "introduced" if not pair.local.ok else "inherited"
@@ -99,14 +99,6 @@ def _run_group(h: Any, b: Trace, group: list[int], pair_of_b: dict[int, int],
         for edit in op.edits:
             values[k] = edit.apply(values[k])
     return values, forced
-
-
-def _relative(pair: AlignedPair) -> float:
-    """The pair's largest difference against the largest magnitude of ``b``'s value."""
-    g = pair.agreement
-    if g is None:
-        return 0.0
-    return g.max_abs / g.scale if g.scale > 0 else (0.0 if g.max_abs == 0 else math.inf)
 
 
 def _check_replayable(b: Trace) -> None:

@@ -105,11 +105,15 @@ def dtype_name(dtype: Any) -> str | None:
     return None
 
 
+def least_precise(*dtypes: Any) -> str | None:
+    """The float dtype of ``dtypes`` with the fewest mantissa bits (``PRECISION``'s name); None if none is a float."""
+    names = [n for n in map(dtype_name, dtypes) if n is not None]
+    return min(names, key=lambda n: PRECISION[n][0]) if names else None
+
+
 def tolerance_for(*dtypes: Any, rtol: float | None = None, atol: float | None = None) -> Tolerance:
     """The tolerance of the least precise of ``dtypes`` (float32's when none is a float); overrides win."""
-    names = [n for n in map(dtype_name, dtypes) if n is not None] or ["float32"]
-    loosest = min(names, key=lambda n: PRECISION[n][0])
-    _, default_rtol, default_atol = PRECISION[loosest]
+    _, default_rtol, default_atol = PRECISION[least_precise(*dtypes) or "float32"]
     return Tolerance(default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
 
 
@@ -135,6 +139,11 @@ class Agreement:
     @property
     def ok(self) -> bool:
         return self.within == 1.0
+
+    @property
+    def relative(self) -> float:
+        """The largest difference over the largest magnitude of ``b``'s value."""
+        return self.max_abs / self.scale if self.scale > 0 else (0.0 if self.max_abs == 0 else math.inf)
 
 
 def agreement(a: Any, b: Any, tolerance: Tolerance, ulp_dtype: str | None = None) -> Agreement:

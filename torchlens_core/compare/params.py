@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from torchlens_core.compare.layout import NONE, Layout, candidates
-from torchlens_core.compare.metrics import Agreement, agreement, as_numpy, dtype_name, tolerance_for
+from torchlens_core.compare.metrics import Agreement, agreement, as_numpy, least_precise, tolerance_for
 from torchlens_core.ir.trace import Trace
 
 ROLES = {"weight": "weight", "kernel": "weight", "w": "weight", "scale": "weight", "gamma": "weight",
@@ -108,10 +108,9 @@ def _judge(a: Trace, b: Trace, pair: ParamPair, rtol: float | None, atol: float 
         pair.verdict, pair.note = "shape", f"{tuple(va.shape)} vs {tuple(vb.shape)}"
         return
     tolerance = tolerance_for(ra.dtype, rb.dtype, rtol=rtol, atol=atol)
-    names = [n for n in (dtype_name(ra.dtype), dtype_name(rb.dtype)) if n]
     best: tuple[Layout, Agreement] | None = None
     for layout in options:
-        found = agreement(layout.apply(va), vb, tolerance, names[0] if names else None)
+        found = agreement(layout.apply(va), vb, tolerance, least_precise(ra.dtype, rb.dtype))
         if best is None or (found.ok, -found.max_abs) > (best[1].ok, -best[1].max_abs):
             best = (layout, found)
     assert best is not None

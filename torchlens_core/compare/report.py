@@ -16,7 +16,7 @@ from torchlens_core.backend.manager import hook
 from torchlens_core.compare.align import array_value, best_pairs, groups, points, scores
 from torchlens_core.compare.classes import TABLE_VERSION, register_equivalence
 from torchlens_core.compare.layout import NONE, Layout, candidates
-from torchlens_core.compare.metrics import Agreement, agreement, dtype_name, tolerance_for
+from torchlens_core.compare.metrics import Agreement, agreement, least_precise, tolerance_for
 from torchlens_core.compare.params import ParamPair, compare_params
 from torchlens_core.ir.errors import ArgumentTypeError
 from torchlens_core.ir.trace import Trace
@@ -290,7 +290,7 @@ def _judge(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_
             pair.note = f"{tuple(va.shape)} vs {tuple(vb.shape)}"
             continue
         tolerance = tolerance_for(op_a.dtype, op_b.dtype, rtol=rtol, atol=atol)
-        precision = _least_precise(op_a.dtype, op_b.dtype)
+        precision = least_precise(op_a.dtype, op_b.dtype)
         best: tuple[Layout, Agreement] | None = None
         for layout in options:
             found = agreement(layout.apply(va), vb, tolerance, precision)
@@ -321,13 +321,6 @@ def _carried(pairs: list[AlignedPair], upstream: list[list[int]], n: int) -> lis
             continue  # a flatten's layout is carried from further up; do not carry it twice
         frontier.extend(reversed(upstream[k]))
     return found
-
-
-def _least_precise(*dtypes: Any) -> str | None:
-    from torchlens_core.compare.metrics import PRECISION
-
-    names = [n for n in map(dtype_name, dtypes) if n is not None]
-    return min(names, key=lambda n: PRECISION[n][0]) if names else None
 
 
 def _randomness(a: Trace, b: Trace, pairs: list[AlignedPair], a_groups: list[list[int]],
@@ -367,7 +360,7 @@ def colors(cmp: Comparison, side: str) -> dict[str, str]:
             color = SHAPE
         elif pair.verdict == "diverges":
             g = pair.agreement
-            rel = g.max_abs / g.scale if g is not None and g.scale > 0 else 1.0
+            rel = g.relative if g is not None else 1.0
             color = DIVERGES[0] if rel < 1e-3 else DIVERGES[1] if rel < 1e-1 else DIVERGES[2]
         else:
             color = UNKNOWN
