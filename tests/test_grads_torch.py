@@ -176,8 +176,8 @@ def test_gradients_are_refused_where_they_cannot_be_given() -> None:
         tl.trace(model, x).log_backward(lambda out: out.sum())
     with pytest.raises(TypeError, match="save_grads"):
         tl.trace(model, x, save_grads="relu")
-    with pytest.raises(TypeError, match="not both"):
-        tl.trace(model, x, save=tl.func("relu"), capture=tl.options.CaptureOptions(save_grads=True))
+    with pytest.raises(TypeError, match="given twice"):
+        tl.trace(model, x, save_grads=tl.func("relu"), capture=tl.options.CaptureOptions(save_grads=True))
     log = tl.trace(model, x, save_grads=True)
     log.log_backward(log.output.sum())
     with pytest.raises(tl.UnsupportedError, match="freed"):

@@ -27,12 +27,12 @@ def test_hash_ignores_weights_and_addresses_but_not_structure() -> None:
     a = tl.hash(tl.trace(make(), x))
     torch.manual_seed(1)
     b = tl.hash(tl.trace(make(), torch.randn(3, 4)))  # other weights, other input values, other tensors
-    assert a == b and a.startswith("tl1-")
+    assert a == b and a.startswith("tl2-")
     assert tl.hash(tl.trace(make(width=16), x)) != a
     assert tl.hash(tl.trace(make(act=nn.Tanh), x)) != a
 
 
-def test_hash_without_module_names() -> None:
+def test_hash_ignores_module_names_unless_asked() -> None:
     x = torch.randn(3, 4)
 
     class Named(nn.Module):
@@ -45,8 +45,13 @@ def test_hash_without_module_names() -> None:
             return getattr(self, self.name)(x)
 
     one, other = tl.trace(Named("encoder"), x), tl.trace(Named("proj"), x)
-    assert tl.hash(one) != tl.hash(other)
-    assert tl.hash(one, module_names=False) == tl.hash(other, module_names=False)
+    assert tl.hash(one) == tl.hash(other)  # the seed's promise: module names are not pinned by default
+    assert tl.hash(one, module_names=True) != tl.hash(other, module_names=True)
+    pinned = tl.assert_unchanged(Named("encoder"), x, expected=None)
+    assert tl.assert_unchanged(Named("proj"), x, pinned) == pinned  # a renamed attribute keeps the pin
+    with pytest.raises(tl.ArchitectureChanged):
+        tl.assert_unchanged(Named("proj"), x, tl.assert_unchanged(Named("encoder"), x, module_names=True),
+                            module_names=True)
 
 
 def test_assert_unchanged_pins_and_explains(capsys: pytest.CaptureFixture[str]) -> None:

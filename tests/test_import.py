@@ -44,6 +44,10 @@ def test_public_api() -> None:
         "noise", "options", "pluck", "preceded_by", "project_off", "project_onto", "record", "register_flops",
         "resample_ablate", "save", "scale", "splice_module", "steer", "swap_with", "trace", "when", "where",
         "zero_ablate",
+        "FacetError", "Facets",
+        "Coverage", "PartialCoverage", "compat", "validate",
+        "MergeReport", "RankFinding", "RankMergeError", "distributed", "merge_ranks", "merge_report",
+        "view",
     ])
 
 

@@ -159,7 +159,8 @@ def test_every_step_of_a_loop_edited_and_each_later_step_sees_it() -> None:
 
 def test_one_step_of_a_loop_edited_by_its_label() -> None:
     fn, args, _ = zoo._build_rnn()
-    t = trace(fn, *args, intervene=tl.when(tl.label("tanh_3"), tl.zero_ablate()))
+    # the loop body is one layer of several passes: its third step is pass 3
+    t = trace(fn, *args, intervene=tl.when(tl.label("tanh_1:3"), tl.zero_ablate()))
     assert close(t.output, rnn_by_hand(*args, edit_step=lambda i, h: np.zeros_like(h) if i == 2 else h))
     assert [op.func_name for op in t.ops if op.edited] == ["tanh"]
     clean(t)

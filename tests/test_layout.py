@@ -13,7 +13,8 @@ import pytest
 
 CORE = pathlib.Path(__file__).resolve().parent.parent / "torchlens_core"
 # bottom to top
-LAYERS = ["ir", "backend", "capture", "replay", "steer", "grads", "fields", "views", "compare", "store"]
+LAYERS = ["ir", "backend", "capture", "replay", "steer", "grads", "fields", "views", "compare", "ranks", "store",
+          "viewer"]
 
 
 def _upward_imports(path: pathlib.Path) -> list[tuple[int, str, bool]]:
@@ -98,6 +99,6 @@ def test_every_package_is_installed() -> None:
 
     listed = set(tomllib.loads((CORE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.relative_to(CORE.parent).parts[:-1]) for p in CORE.rglob("__init__.py")}
-    found |= {"torchlens"}
+    found |= {".".join(p.relative_to(CORE.parent).parts[:-1]) for p in (CORE.parent / "torchlens").rglob("__init__.py")}
     missing = sorted(found - listed)
     assert not missing, f"add these packages to [tool.setuptools] packages in pyproject.toml: {missing}"

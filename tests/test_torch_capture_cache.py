@@ -37,7 +37,7 @@ def _sites(trace):
 
 def test_lines_match_the_model_frames_and_repeat_captures_agree():
     model, x = TwoLines(), torch.rand(4)
-    torch_capture._SITES.codes.clear()
+    torch_capture._SITES._forget()
     first = tl.trace(model, x)
     second = tl.trace(model, x)  # every code site now comes from the cache
     assert _sites(first) == _sites(second)
@@ -68,24 +68,25 @@ def test_replaced_code_gets_its_own_lines():
         assert exp.code_context[0].line_number == line
 
 
-def test_an_entry_left_by_another_code_object_is_not_trusted():
-    """A freed code object's id may be reused: the entry must name the very code object it describes."""
+def test_every_judged_code_object_is_held():
+    """Verdicts are keyed by id(code): a freed code object's id may be reused, so each judged one is kept alive."""
     model, x = TwoLines(), torch.rand(4)
-    honest = _sites(tl.trace(model, x))
-    code = type(model).forward.__code__
-    stale_code = compile("pass", "<stale>", "exec")
-    lying = {offset: sites.CodeLocation("<stale>", 1, "stale") for offset in range(0, 4096, 2)}
-    torch_capture._SITES.codes[id(code)] = (stale_code, False, False, lying)
-    assert _sites(tl.trace(model, x)) == honest
+    forward, _ = _forward_from_source(3)
+    model.forward = forward.__get__(model)
+    tl.trace(model, x)
+    cache = torch_capture._SITES
+    judged = cache.internal_codes.keys() | cache.user_codes.keys()
+    assert id(forward.__code__) in cache.user_codes
+    assert judged <= cache.held.keys() and all(id(code) == key for key, code in cache.held.items())
 
 
 def test_the_cache_stays_bounded_and_correct(monkeypatch):
     model, x = TwoLines(), torch.rand(4)
     honest = _sites(tl.trace(model, x))
     monkeypatch.setattr(sites, "_MAX_CODES", 2)  # cleared over and over while one capture runs
-    torch_capture._SITES.codes.clear()
+    torch_capture._SITES._forget()
     assert _sites(tl.trace(model, x)) == honest
-    assert len(torch_capture._SITES.codes) <= 2
+    assert len(torch_capture._SITES.held) <= 2
 
 
 class Repeats(torch.nn.Module):

@@ -5,8 +5,9 @@
     trace["layer3"].out, trace.summary(), trace.audit()
 """
 
-from torchlens import options  # tl.options.CaptureOptions
-from torchlens_core.backend.manager import backends
+# tl.backends() (a callable module: torchlens.backends.torch.wrappers lives under it), tl.compat.report(),
+# tl.distributed.arm(), tl.options.CaptureOptions
+from torchlens import backends, compat, distributed, options
 from torchlens_core.capture.api import pluck, record, trace
 from torchlens_core.capture.builder import Recording
 from torchlens_core.capture.selectors import (
@@ -29,6 +30,7 @@ from torchlens_core.ir.errors import (
     GraphDoesNotHold,
     InterventionError,
     LabelNotFoundError,
+    PartialCoverage,
     ReplayError,
     TorchLensError,
     TraceFileError,
@@ -36,6 +38,7 @@ from torchlens_core.ir.errors import (
 )
 from torchlens_core.ir.records import CodeLocation, ModulePass, ModuleRecord, OpRecord, ParamRecord
 from torchlens_core.ir.trace import Trace
+from torchlens_core.ranks import MergeReport, RankFinding, RankMergeError, merge_ranks, merge_report
 from torchlens_core.replay.audit import AuditReport
 from torchlens_core.steer.helpers import (
     clamp,
@@ -53,21 +56,28 @@ from torchlens_core.steer.helpers import (
 )
 from torchlens_core.store.extract import Activations, extract_dataset
 from torchlens_core.store.saving import load, save
+from torchlens_core.viewer import view
+from torchlens_core.views.facets import FacetError, Facets
 from torchlens_core.views.flops import register_flops
 from torchlens_core.views.hashing import assert_unchanged, structural_hash
+from torchlens_core.views.validate import Coverage, validate
 
 hash = structural_hash  # tl.hash(trace): the structural hash of a trace
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Coverage", "PartialCoverage", "compat", "validate",
     "Activations", "AlignedPair", "ArchitectureChanged", "Comparison", "compare", "register_equivalence",
     "AuditReport", "BackendNotFoundError", "Bundle", "CaptureError",
     "CodeLocation", "GraphDoesNotHold", "bundle",
     "InterventionError", "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "Recording",
+    "MergeReport", "RankFinding", "RankMergeError", "distributed", "merge_ranks", "merge_report",
     "ReplayError", "Selector", "TorchLensError", "Trace", "TraceFileError", "UnsupportedError", "__version__",
     "assert_unchanged", "backends", "clamp", "extract_dataset", "followed_by", "func", "hash", "in_module", "label",
     "load", "mean_ablate", "module", "options", "noise", "pluck", "preceded_by", "project_off", "project_onto",
     "record", "register_flops", "resample_ablate", "save", "scale", "splice_module", "steer", "swap_with", "trace",
     "when", "where", "zero_ablate",
+    "FacetError", "Facets",
+    "view",
 ]

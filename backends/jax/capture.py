@@ -3,7 +3,8 @@
 1. The target is split into named parameter arrays and a rebuild function
    (:mod:`torchlens_jax.modules`); the array leaves of the arguments are the inputs.
 2. ``jax.make_jaxpr`` traces ``rebuild(params)(*inputs)`` with submodule calls
-   scoped and their outputs marked (:mod:`torchlens_jax.scopes`).
+   scoped and their outputs marked (:mod:`torchlens_jax.scopes`); for a plain
+   function, the calls of the modules it uses (:mod:`torchlens_jax.function_modules`).
 3. The walker (:mod:`torchlens_jax.walk`) visits the jaxpr equation by
    equation and records each one. Where the values come from
    (:mod:`torchlens_jax.compiled`, docs/backend-jax.md): a straight-line jaxpr
@@ -29,6 +30,7 @@ being traced.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +42,7 @@ from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_jax.arrays import array_info, is_array
 from torchlens_jax.compiled import DeferredWalker, device_of, execute, fast_path_refusal
+from torchlens_jax.function_modules import FunctionScopes, function_interception, named_modules, unjitted
 from torchlens_jax.modules import owner, submodules, view_model
 from torchlens_jax.scopes import CallScopes, Splicer, fill, slot_template
 from torchlens_jax.walk import Val, Walker
@@ -59,29 +62,52 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     array_at = [i for i, leaf in enumerate(leaves) if is_array(leaf)]
     # Made before tracing: tl.splice_module replaces module calls while the jaxpr is traced.
     builder = TraceBuilder("jax", model_name=view.type_name, options=options)
-    scopes = CallScopes(_splicer(builder))
+    splicer = _splicer(builder)
     out_structure: dict[str, Any] = {}
 
-    def traced(param_values: list[Any], input_values: list[Any]) -> list[Any]:
+    def traced(scopes: CallScopes, param_values: list[Any], input_values: list[Any]) -> list[Any]:
         filled = list(leaves)
         for i, v in zip(array_at, input_values):
             filled[i] = v
         a, kw = jax.tree_util.tree_unflatten(treedef, filled)
         fn = view.rebuild(param_values)
-        scopes.paths = {id(m): p for p, m in submodules(fn)}  # the rebuilt model's own objects
+        if isinstance(scopes, FunctionScopes):
+            fn = unjitted(fn)  # JAX reuses a jitted function's trace: its module calls would run no hook
+            scopes.name_arguments(fn, a, kw)  # modules among the arguments, as the function receives them
+        else:
+            scopes.paths = {id(m): p for p, m in submodules(fn)}  # the rebuilt model's own objects
         out = fn(*a, **kw)
         out_structure["template"], arrays, out_structure["flattened"] = slot_template(out)
         return arrays
 
-    try:
-        with _TRACING, view.interception(scopes):
-            closed = jax.make_jaxpr(traced)([p.value for p in view.params], [leaves[i] for i in array_at])
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
-            jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as exc:
-        raise UnsupportedError(
-            f"{view.type_name} branches on array values in Python (or converts them to Python numbers), "
-            f"which a jaxpr cannot record; use jax.lax.cond / jax.lax.while_loop for data-dependent "
-            f"control flow. JAX said: {str(exc).splitlines()[0]}") from exc
+    def trace_jaxpr(scopes: CallScopes) -> Any:
+        interception = (function_interception(scopes) if isinstance(scopes, FunctionScopes)
+                        else view.interception(scopes))
+        try:
+            with _TRACING, interception:
+                return jax.make_jaxpr(functools.partial(traced, scopes))(
+                    [p.value for p in view.params], [leaves[i] for i in array_at])
+        except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+                jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as exc:
+            raise UnsupportedError(
+                f"{view.type_name} branches on array values in Python (or converts them to Python numbers), "
+                f"which a jaxpr cannot record; use jax.lax.cond / jax.lax.while_loop for data-dependent "
+                f"control flow. JAX said: {str(exc).splitlines()[0]}") from exc
+
+    if view.kind == "function":  # modules called inside the function (torchlens_jax.function_modules)
+        named = named_modules(target)
+        expected = None
+        if splicer is not None:  # a splice needs each call's final path as it is traced: learn the modules first
+            probe = FunctionScopes(None, named)
+            trace_jaxpr(probe)
+            expected = probe.used()
+        function_scopes = FunctionScopes(splicer, named, expected)
+        closed = trace_jaxpr(function_scopes)
+        function_scopes.resolve()  # names the calls, now that the function's top-level modules are known
+        scopes: CallScopes = function_scopes
+    else:
+        scopes = CallScopes(splicer)
+        closed = trace_jaxpr(scopes)
 
     _declare(builder, view, scopes)
     refusal = fast_path_refusal(closed, builder)

@@ -13,7 +13,8 @@ class JaxBackend(Backend):
     name = "jax"
 
     def info(self) -> BackendInfo:
-        # "modules": nnx, equinox and linen (model.apply) submodules, by path and pass.
+        # "modules": nnx, equinox and linen (model.apply) submodules, by path and pass; also those a traced function
+        # calls (torchlens_jax.function_modules).
         # "control_flow": scan/while iterations and the cond branch taken are recorded as they ran.
         # "random": JAX's RNG is explicit (keys are inputs or parameters), so random ops replay exactly.
         # Not "in_place": JAX arrays are immutable, so there is nothing to protect.

@@ -124,39 +124,41 @@ def callable_classes(modules: list[Any]) -> list[type]:
 
 
 @contextlib.contextmanager
-def wrapped_calls(classes: list[type], hook: CallHook) -> Iterator[None]:
-    """Route every ``__call__`` of ``classes`` through ``hook(module, original, args, kwargs)``.
+def wrapped_calls(classes: list[type], hook: CallHook, method: str = "__call__") -> Iterator[None]:
+    """Route every ``method`` (``__call__``; linen's ``apply``) of ``classes`` through
+    ``hook(module, original, args, kwargs)``.
 
     The originals are looked up before anything is wrapped, so that a
     subclass's wrapper calls the original method, never its parent's wrapper
     (one call, one scope). Everything is put back on the way out, however it
     is left (an exception in the model, a KeyboardInterrupt).
     """
-    originals = {cls: cls.__call__ for cls in classes}
+    originals = {cls: getattr(cls, method) for cls in classes}
     saved: list[tuple[type, Any]] = []
     try:
         for cls in classes:
-            saved.append((cls, cls.__dict__.get("__call__", _MISSING)))
-            cls.__call__ = _wrapper(originals[cls], hook)  # type: ignore[method-assign]
+            saved.append((cls, cls.__dict__.get(method, _MISSING)))
+            setattr(cls, method, _wrapper(originals[cls], hook, method))
         yield
     finally:
         for cls, old in reversed(saved):
             if old is _MISSING:
-                delattr(cls, "__call__")
+                delattr(cls, method)
             else:
-                cls.__call__ = old  # type: ignore[method-assign]
+                setattr(cls, method, old)
 
 
 _MISSING = object()
 
 
-def _wrapper(original: Callable[..., Any], hook: CallHook) -> Callable[..., Any]:
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _wrapper(original: Callable[..., Any], hook: CallHook, method: str = "__call__") -> Callable[..., Any]:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         return hook(self, original, args, kwargs)
 
-    __call__.__wrapped__ = original  # type: ignore[attr-defined]
-    __call__.__qualname__ = getattr(original, "__qualname__", "__call__")
-    return __call__
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.__name__ = method
+    wrapper.__qualname__ = getattr(original, "__qualname__", method)
+    return wrapper
 
 
 # -- the marker ------------------------------------------------------------------------------

@@ -599,3 +599,12 @@ def _capture(model: Any, layers: list[tuple[str, Any]], is_layer: bool, args: tu
     builder.add_outputs(*recorder.returned(output, None))
     recorder.check_versions()
     return builder.finish()
+
+
+def compat_rows(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """tl.compat.report's rows: the capture's own refusals (static mode, to_static, TranslatedLayer)."""
+    from torchlens_core.views.compat import refusal_row
+
+    layers = [("", model), *model.named_sublayers()] if isinstance(model, paddle.nn.Layer) else []
+    return [refusal_row("wrapper", type(model).__name__, lambda: _refuse_unsupported(model, layers),
+                        "a dynamic-graph Layer or function: recorded as it runs, one capture at a time per process")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import sys
 from typing import Any
@@ -12,18 +13,13 @@ from torchlens_core.ir import tree
 
 # Paddle ships as "paddlepaddle" (CPU, the pinned one) or "paddlepaddle-gpu"; the first installed is the framework.
 _DISTRIBUTIONS = ("paddlepaddle", "paddlepaddle-gpu")
-_found: list[str] = []
-
-
+@functools.cache  # metadata lookups cost about 0.1 ms each, and every tl.trace asks every backend
 def _distribution() -> str:
-    if _found:
-        return _found[0]
     for name in _DISTRIBUTIONS:
         try:
             importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
-        _found.append(name)
         return name
     return _DISTRIBUTIONS[0]
 
@@ -60,6 +56,7 @@ class PaddleBackend(Backend):
         return next(tree.leaves((args, kwargs), lambda v: isinstance(v, paddle.Tensor)), None) is not None
 
     capture = lazy("torchlens_paddle.capture:capture")
+    compat = lazy("torchlens_paddle.capture:compat_rows")
     replay_graph = lazy("torchlens_paddle.replay:replay_graph")
     replay_op = lazy("torchlens_paddle.replay:run_op")
     array_info = lazy("torchlens_paddle.arrays:array_info")

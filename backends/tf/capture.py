@@ -839,3 +839,11 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
     template = tree.map_leaves(lambda v: recorder.as_output(v, None), output)
     builder.add_outputs(template, output)
     return builder.finish()
+
+
+def compat_rows(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """tl.compat.report's rows: the capture's own refusals (graph functions, SavedModels, graph mode)."""
+    from torchlens_core.views.compat import refusal_row
+
+    return [refusal_row("wrapper", type(target).__name__, lambda: _refuse(target),
+                        "eager Python (tf.function bodies run eagerly while captured): recorded as it runs")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import sys
 from typing import Any
@@ -15,6 +16,7 @@ _DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflo
                   "tf-nightly-cpu")
 
 
+@functools.cache  # metadata lookups cost about 0.1 ms each, and every tl.trace asks every backend
 def _distribution() -> str:
     for name in _DISTRIBUTIONS:
         try:
@@ -61,6 +63,7 @@ class TFBackend(Backend):
         return next(found, None) is not None
 
     capture = lazy("torchlens_tf.capture:capture")
+    compat = lazy("torchlens_tf.capture:compat_rows")
     replay_graph = lazy("torchlens_tf.replay:replay_graph")
     replay_op = lazy("torchlens_tf.replay:run_op")
     array_info = lazy("torchlens_tf.arrays:array_info")

@@ -683,3 +683,11 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
         recorder.uninstall()
     builder.add_outputs(*recorder.returned(output, None))
     return builder.finish()
+
+
+def compat_rows(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """tl.compat.report's rows: the capture's own refusals (TinyJit, sharded or symbolic inputs)."""
+    from torchlens_core.views.compat import refusal_row
+
+    return [refusal_row("wrapper", type(target).__name__, lambda: _check_supported(target, args, kwargs),
+                        "a tinygrad function or model on single-device, concrete inputs: recorded as it runs")]

@@ -45,6 +45,7 @@ class TinygradBackend(Backend):
         return next(tree.leaves((args, kwargs), lambda v: isinstance(v, tensor)), None) is not None
 
     capture = lazy("torchlens_tinygrad.capture:capture")
+    compat = lazy("torchlens_tinygrad.capture:compat_rows")
     replay_graph = lazy("torchlens_tinygrad.replay:replay_graph")
     replay_op = lazy("torchlens_tinygrad.replay:run_op")
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from torchlens_core.backend.array_ops import ArrayOps
+from torchlens_core.ir.errors import UnsupportedError
 
 
 def array_info(value: Any) -> tuple[tuple[int, ...], str, str] | None:
@@ -28,11 +29,19 @@ def array_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """max |a - e| / (1 + |e|); inf for a shape or dtype mismatch or NaNs in other places."""
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         return math.inf
+    if actual.is_meta or expected.is_meta:
+        raise UnsupportedError("meta tensors hold no values: values cannot be compared (trace with real tensors "
+                               "to audit, or read shapes and dtypes only)")
     with torch.no_grad():
         a, e = actual.detach(), expected.detach().to(actual.device)
+        if a.layout != torch.strided or e.layout != torch.strided:  # sparse: compare the values they stand for
+            a, e = a.to_dense(), e.to_dense()
         if not (a.is_floating_point() or a.is_complex()):
             return 0.0 if torch.equal(a, e) else math.inf
-        a, e = a.double(), e.double()
+        if a.is_complex():  # both parts: casting to real would drop the imaginary one
+            a, e = torch.view_as_real(a.resolve_conj().cdouble()), torch.view_as_real(e.resolve_conj().cdouble())
+        else:
+            a, e = a.double(), e.double()
         nan_a, nan_e = torch.isnan(a), torch.isnan(e)
         if not torch.equal(nan_a, nan_e):
             return math.inf

@@ -21,7 +21,10 @@ unless the calling thread is the one capturing. Captures in several threads
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import sys
+import warnings
 import weakref
 from threading import get_ident
 from time import perf_counter
@@ -33,11 +36,20 @@ from torch.overrides import TorchFunctionMode
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder, returned
 from torchlens_core.capture.policy import CaptureOptions
-from torchlens_core.capture.sites import CallSites
+from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
-from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
+from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
+from torchlens_torch.compiled import (
+    WRAPPED,
+    check_compiled_support,
+    eager_stance,
+    is_compiled_wrapper,
+    public_path,
+    refuse_unrunnable,
+)
+from torchlens_torch.escapes import ShadowMode
 from torchlens_torch.fastpath import recorded_as_run
 from torchlens_torch.grads import hook_grads
 from torchlens_torch.splice import spliced
@@ -61,15 +73,22 @@ _INPLACE_DUNDERS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "
                               "iand", "ior", "ixor", "ilshift", "irshift"})
 _RENAMED = {"radd": "add", "rmul": "mul", "rand": "and", "ror": "or", "rxor": "xor", "truediv": "div"}
 _DTYPE_NAMES: dict[Any, str] = {}
+UNRECORDED_COLLECTIVES = "unrecorded_collectives"  # trace.notes key: torch.distributed calls seen while unarmed
+# the innermost torch.func transform (vmap, grad...) running now, or None: ops inside one are refused
+_transform_running = torch._C._functorch.peek_interpreter_stack
+_SCALARS = frozenset({int, float, bool, str, type(None)})  # arguments that are never templated
 
 
 class FuncInfo:
     """What capture needs to know about one torch callable, worked out once."""
 
-    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "uninitialized", "decides", "stats")
+    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "uninitialized", "decides", "stats",
+                 "collective", "plain")
 
     def __init__(self, func: Any) -> None:
         raw = getattr(func, "__name__", None) or type(func).__name__
+        if isinstance(func, torch._ops.OpOverload):  # aten.conv2d.default (an exported graph's ops): "conv2d"
+            raw = func.overloadpacket.__name__
         if raw == "__get__":  # property access such as Tensor.T
             raw = getattr(getattr(func, "__self__", None), "__name__", raw)
         if raw.startswith("__") and raw.endswith("__"):
@@ -85,6 +104,12 @@ class FuncInfo:
         self.uninitialized = self.name in _UNINITIALIZED
         self.inplace_pos = _inplace_position(func)
         self.stats = _RUNNING_STATS.get(func)
+        # torch.distributed's collectives reach the mode too (they write in place, or into lists): recorded
+        # only by tl.distributed.arm()'s wrappers, which call them with the mode off
+        self.collective = getattr(func, "__module__", None) == "torch.distributed.distributed_c10d"
+        # Most calls need none of the special handling below: one flag for the hot path.
+        self.plain = not (self.ignored or self.decides or self.in_place or self.random or self.uninitialized
+                          or self.inplace_pos is not None or self.stats is not None or self.collective)
 
 
 def _inplace_position(func: Any) -> int | None:
@@ -157,7 +182,7 @@ def _dtype_name(dtype: Any) -> str:
     return name
 
 
-# torch and this backend are never the user's code site.
+# torch and this backend are never the user's code site (capture() below calls the model: the walk stops there).
 _SITES = CallSites(torch.__file__, __file__)
 
 
@@ -176,9 +201,9 @@ class _Recorder(TorchFunctionMode):
         super().__init__()
         self.builder = builder
         self.param_names = param_names
-        # id(tensor) -> (weakref, op index, path in that op's output). The weakref
+        # id(tensor) -> (weakref, the Ref later ops read it by: op index and path in its output). The weakref
         # guards against a freed tensor's id being reused.
-        self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
+        self.producers: dict[int, tuple[weakref.ref[Tensor], Ref]] = {}
         # storage address -> recorded (op index, path) living there, for copy-before-write. Entries
         # name ops, not tensors: a value save= drops is then really freed.
         self.storages: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
@@ -186,23 +211,35 @@ class _Recorder(TorchFunctionMode):
         self.snapshots: set[tuple[int, tuple[Any, ...]]] = set()
         self.params_before_write: dict[str, Tensor] = {}
         self.branches = BranchTracker(_SITES.internal)
+        self.sites = PassSites(_SITES)  # each op's call-site walk ends at its module call
         self.thread = get_ident()  # the module hooks are global: other threads' calls are not this capture's
         self.grads = builder.options.save_grads is not False  # save_grads=: hook each wanted output's gradient
+        self.depth = 0  # recorded calls (and module hooks) running now: escape_detector's "inside" (escapes.py)
 
     # -- the hot path ------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
+        info = _FUNC_INFO.get(func) or _info(func)
+        if info.plain and (not kwargs or "out" not in kwargs):  # the hot path: most calls
+            start = perf_counter()
+            out = func(*args, **kwargs) if kwargs else func(*args)
+            elapsed = perf_counter() - start
+            if isinstance(out, Tensor) or (isinstance(out, (tuple, list)) and any(isinstance(o, Tensor) for o in out)):
+                return self._record(func, info, args, kwargs or {}, out, None, None, elapsed)
+            return out
         if kwargs is None:
             kwargs = {}
-        info = _FUNC_INFO.get(func) or _info(func)
         if info.ignored:
+            return func(*args, **kwargs)
+        if info.collective:
+            self._unrecorded_collective(info.name)
             return func(*args, **kwargs)
         if info.decides:  # a tensor's value turned into a Python value: maybe a branch
             result = func(*args, **kwargs)
             found = self.producers.get(id(args[0])) if args else None
             if found is not None and found[0]() is args[0]:
-                self.branches.condition(found[1])
-                self.builder.to_python(found[1], found[2], info.name, result)
+                self.branches.condition(found[1].index)
+                self.builder.to_python(found[1].index, found[1].path, info.name, result)
             return result
         target = kwargs.get("out")
         if target is None and args:
@@ -237,43 +274,53 @@ class _Recorder(TorchFunctionMode):
     def _record(self, func: Any, info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                 target: Tensor | None, meta: dict[str, Any] | None, elapsed: float) -> Any:
         """Record one call; returns what the forward gets back (``out``, or what intervene= made of it)."""
+        if _transform_running() is not None:
+            raise UnsupportedError(
+                f"{info.name} ran inside a torch.func transform (vmap, grad, jacrev, jvp...): its tensors are the "
+                f"transform's wrappers (per-sample views, tangents), whose values a trace cannot hold or replay. "
+                f"Trace the function the transform wraps, outside it, or loop over the samples instead")
         parents: list[int] = []
         params: list[str] = []
         a = self._template(args, parents, params)
         k = self._template(kwargs, parents, params) if kwargs else {}
         if isinstance(out, Tensor):
-            shape, dtype, device = tuple(out.shape), _dtype_name(out.dtype), out.device.type
+            shape, dtype = tuple(out.shape), _DTYPE_NAMES.get(out.dtype) or _dtype_name(out.dtype)
+            device = "cpu" if out.is_cpu else out.device.type
         else:
             leaves = [t for t in out if isinstance(t, Tensor)]
             shape = tuple(tuple(t.shape) if isinstance(t, Tensor) else None for t in out)
             dtype, device = (_dtype_name(leaves[0].dtype), leaves[0].device.type)
-        op = self.builder.add_op(
+        builder = self.builder
+        op = builder.add_op(
             info.name, func, a, k, _unique(parents), out, shape=shape, dtype=dtype, device=device,
-            params=_unique(params), random=info.random, in_place=target is not None,
-            code_context=_SITES.stack(), meta=meta, elapsed=elapsed, conditions=self.branches.current())
-        out = self.builder.seen_value(op, out)  # an edit made in place is already in `out`
+            params=_unique(params) if params else (), random=info.random, in_place=target is not None,
+            code_context=self.sites.stack(skip=2), meta=meta, elapsed=elapsed,
+            conditions=self.branches.current() if self.branches.open else ())
+        if builder.edited_values:  # an edit made in place is already in `out`
+            out = builder.seen_value(op, out)
         if isinstance(out, Tensor):
             if out.grad_fn is not None:  # what autograd will run backward for this op
                 op.meta["grad_fn"] = out.grad_fn.name()
-            self._produced(out, op.index, ())
+            self._produced(out, op, ())
         else:
             for i, t in enumerate(out):
                 if isinstance(t, Tensor):
-                    self._produced(t, op.index, (i,))
-        if self.grads and self.builder.grad_wanted(op):
+                    self._produced(t, op, (i,))
+        if self.grads and builder.grad_wanted(op):
             hook_grads(op, out)
         return out
 
-    def _produced(self, t: Tensor, index: int, path: tuple[Any, ...]) -> None:
-        self.producers[id(t)] = (weakref.ref(t), index, path)
-        if not self.builder.ops[index].saved:
+    def _produced(self, t: Tensor, op: OpRecord, path: tuple[Any, ...]) -> None:
+        # The Ref is made once here, and shared by every op that reads this value (Refs are frozen).
+        self.producers[id(t)] = (weakref.ref(t), Ref(op.index, path))
+        if not op.saved:
             return
         try:
             key = t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):  # tensors without storage (meta, sparse...)
             return
-        self.storages.setdefault(key, []).append((index, path))
-        self.versions.append((index, path, id(t), t._version))
+        self.storages.setdefault(key, []).append((op.index, path))
+        self.versions.append((op.index, path, id(t), t._version))
 
     def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
         if isinstance(x, Tensor):
@@ -281,8 +328,9 @@ class _Recorder(TorchFunctionMode):
             # the output of the op that wrote it: look producers up first.
             found = self.producers.get(id(x))
             if found is not None and found[0]() is x:
-                parents.append(found[1])
-                return Ref(found[1], found[2])
+                ref = found[1]
+                parents.append(ref.index)
+                return ref
             name = self.param_names.get(id(x))
             if name is not None:
                 params.append(name)
@@ -291,10 +339,22 @@ class _Recorder(TorchFunctionMode):
                 return x.detach().clone()
         t = type(x)
         if t is tuple or t is list:
-            return t([self._template(v, parents, params) for v in x]) if x else x
+            if not x:
+                return x
+            template = self._template
+            return t([template(v, parents, params) if type(v) not in _SCALARS else v for v in x])
         if t is dict:
             return {key: self._template(v, parents, params) for key, v in x.items()}
         return x
+
+    def _unrecorded_collective(self, name: str) -> None:
+        """A torch.distributed call the capture cannot record (tl.distributed is not armed): say so, once."""
+        unrecorded = self.builder.notes.setdefault(UNRECORDED_COLLECTIVES, [])
+        if not unrecorded:
+            warnings.warn(f"torch.distributed.{name} ran in the forward, and tl.distributed is not armed: what it "
+                          f"writes is not recorded, so replay will not reproduce it. Call tl.distributed.arm() "
+                          f"before capturing (docs/distributed.md)", RuntimeWarning, stacklevel=4)
+        unrecorded.append(name)
 
     def _protect(self, target: Tensor) -> None:
         """Copy every recorded value that shares ``target``'s storage, before it is written.
@@ -329,6 +389,34 @@ class _Recorder(TorchFunctionMode):
                     copy if i == path[0] else v for i, v in enumerate(op.out)])
                 self.snapshots.add((index, path))
 
+    # -- for calls the function mode does not see (tl.distributed's collectives) ---------
+    # These run with the mode on, in the model's code: each turns torch functions off, so that its own
+    # tensor work (copies before a write, constants) is not recorded as the model's.
+    def producer(self, t: Tensor) -> Ref | None:
+        """The Ref later ops read ``t`` by, or None if no recorded op made it."""
+        found = self.producers.get(id(t))
+        return found[1] if found is not None and found[0]() is t else None
+
+    def protect(self, target: Tensor) -> None:
+        """Copy every recorded value sharing ``target``'s memory: something is about to write into it."""
+        with torch._C.DisableTorchFunction():
+            self._protect(target)
+
+    def template(self, value: Any) -> Any:
+        """``value`` with recorded tensors as Refs, parameters as ParamRefs, other tensors copied."""
+        with torch._C.DisableTorchFunction():
+            return self._template(value, [], [])
+
+    def record_call(self, func: Any, args: tuple[Any, ...], out: Any, written: Tensor | None,
+                    meta: dict[str, Any], elapsed: float) -> Any:
+        """Record ``func(*args)``, which returned ``out`` (and wrote into ``written``), as the next op.
+
+        Call :meth:`protect` on ``written`` before the call runs. Returns what
+        the forward gets back (``out``, or what intervene= made of it).
+        """
+        with torch._C.DisableTorchFunction():
+            return self._record(func, _info(func), args, {}, out, written, meta, elapsed)
+
     # -- module hooks -------------------------------------------------------------------
     def module_pre_hook(self, paths: dict[int, str]) -> Any:
         builder, thread = self.builder, self.thread
@@ -339,11 +427,19 @@ class _Recorder(TorchFunctionMode):
             path = paths.get(id(module))
             if path:
                 builder.enter_module(path)
+                self.sites.enter(path, sys._getframe(1))  # torch's frame that runs the hooks calls the forward
 
         return pre
 
     def module_post_hook(self, paths: dict[int, str]) -> Any:
         builder, thread = self.builder, self.thread
+
+        def counted(module: Any, args: Any, output: Any) -> Any:  # escape_detector: the hook's own kernels
+            self.depth += 1
+            try:
+                return post(module, args, output)
+            finally:
+                self.depth -= 1
 
         def post(module: Any, args: Any, output: Any) -> Any:
             if get_ident() != thread:
@@ -353,17 +449,21 @@ class _Recorder(TorchFunctionMode):
                 return None
             current = builder.module_stack[-1] if builder.module_stack else None
             template, edited = self.outputs(output, current)
-            if builder.editor is not None:  # intervene=: what the module returns may be edited, as a hook would
+            editor = builder.editor
+            # intervene=: what a module named by a site returns may be edited, as a hook would
+            if editor is not None and (current is None or current[0] != path or editor.wants_module(*current)):
                 with torch._C.DisableTorchFunction():  # the helpers' own tensor calls are not the model's ops
                     edited, template = builder.edit_module_output(path, template, edited)
+            if edited is not output:
                 for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
                     leaf = tree.get(edited, leaf_path)
                     if leaf is not tree.get(output, leaf_path):  # a new tensor: later ops read it as ref's
-                        self._produced(leaf, ref.index, ref.path)
+                        self._produced(leaf, builder.ops[ref.index], ref.path)
+            self.sites.exit(path)
             builder.exit_module(path, template)
             return None if edited is output else edited
 
-        return post
+        return counted if builder.options.escape_detector else post
 
     def as_output(self, value: Tensor, inside: tuple[str, int] | None) -> tuple[Ref, Tensor | None]:
         """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model), and what
@@ -378,17 +478,19 @@ class _Recorder(TorchFunctionMode):
         op = self.builder.identity_op(ref, value, shape=tuple(value.shape), dtype=_dtype_name(value.dtype),
                                       device=value.device.type)
         seen = self.builder.seen_value(op, value)  # intervene= may edit the pass-through op too
-        self._produced(seen, op.index, ())
+        self._produced(seen, op, ())
         if self.grads and self.builder.grad_wanted(op):
             hook_grads(op, seen)
         return Ref(op.index), (None if seen is value else seen)
 
     def outputs(self, value: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:
         """``(template, value)`` of what a module pass (None: the model) returned, with intervene='s edits."""
-        if self.builder.editor is None and isinstance(value, Tensor):
-            # Most passes return one tensor, and without intervene= nothing is edited: what returned()
-            # below would give, without walking a container.
-            return self.as_output(value, inside)[0], value
+        if isinstance(value, Tensor):  # most passes return one tensor: what returned() below gives, faster
+            if self.builder.editor is None:
+                return self.as_output(value, inside)[0], value
+            with torch._C.DisableTorchFunction():  # helpers' own tensor calls are not the model's ops
+                ref, edited = self.as_output(value, inside)
+            return ref, (value if edited is None else edited)
 
         def refs() -> tuple[Any, Any]:
             return returned(value, lambda v: isinstance(v, Tensor), lambda v: self.as_output(v, inside))
@@ -422,33 +524,48 @@ class _Recorder(TorchFunctionMode):
                 ops[index].meta["mutated_after_recording"] = True
 
 
+class _ShadowedRecorder(_Recorder):
+    """The recorder with escape_detector="shadow": it counts the calls it is inside (escapes.py)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        self.depth += 1
+        try:
+            return super().__torch_function__(func, types, args, kwargs)
+        finally:
+            self.depth -= 1
+
+
 def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace."""
     from torch.nn.modules import module as nn_module
 
     is_module = isinstance(model, torch.nn.Module)
-    if isinstance(model, torch.jit.ScriptModule | torch.jit.ScriptFunction):
-        raise UnsupportedError("TorchScript modules do not run as Python, so their ops cannot be seen: "
-                               "trace the eager nn.Module instead")
-    builder = TraceBuilder("torch", type(model).__name__ if is_module else getattr(model, "__name__", "function"),
+    refuse_unrunnable(model)
+    check_compiled_support(model)
+    named = getattr(model, WRAPPED) if is_compiled_wrapper(model) else model  # torch.compile(m) is traced as m
+    builder = TraceBuilder("torch", type(named).__name__ if is_module else getattr(model, "__name__", "function"),
                            options)
     param_names: dict[int, str] = {}
     paths: dict[int, str] = {}
     if is_module:
         _declare(builder, model, param_names, paths)
-    recorder = _Recorder(builder, param_names)
+    shadow = builder.options.escape_detector == "shadow"
+    recorder = (_ShadowedRecorder if shadow else _Recorder)(builder, param_names)
+    watching = ShadowMode(recorder) if shadow else contextlib.nullcontext()
     for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
         if id(leaf) not in recorder.producers and id(leaf) not in param_names:
             op = builder.add_input(leaf, shape=tuple(leaf.shape), dtype=_dtype_name(leaf.dtype),
                                    device=leaf.device.type)
-            recorder._produced(leaf, op.index, ())
+            recorder._produced(leaf, op, ())
     handles = []
     try:
         handles.append(nn_module.register_module_forward_pre_hook(recorder.module_pre_hook(paths)))
         handles.append(nn_module.register_module_forward_hook(recorder.module_post_hook(paths)))
         # tl.splice_module first: a spliced module is left alone by the fused-path rewriting
-        with spliced(model, builder), recorded_as_run(model, recorder), recorder:  # fused paths, as untraced
-            output = model(*args, **kwargs)
+        # compiled regions run their Python (torchlens_torch.compiled); fused paths run as untraced
+        with eager_stance.held(), spliced(model, builder), recorded_as_run(model, recorder), recorder, watching:
+            output = named(*args, **kwargs)  # under force_eager the wrapper would only call what it wraps
     finally:
         recorder.branches.close()
         for handle in handles:
@@ -460,18 +577,28 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
     if is_module:
         kept += [*model.parameters(), *model.buffers()]
     recorder.unalias(kept)
-    return builder.finish()
+    trace = builder.finish()
+    if shadow:
+        watching.report(trace)
+    return trace
+
+
+_SITES.stop_at(capture)
 
 
 def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[int, str],
              paths: dict[int, str]) -> None:
     """Declare the model's modules, parameters and buffers before the forward."""
-    for name, p in model.named_parameters():
+    # A compile wrapper is not a module of the model: the module it wraps takes its path (compiled.py).
+    modules = [(public_path(path), module) for path, module in model.named_modules()
+               if not is_compiled_wrapper(module)]
+    params, buffers = _members(model, modules)
+    for name, p in params:
         owner = name.rpartition(".")[0]
         builder.add_param(ParamRecord(name=name, shape=tuple(p.shape), dtype=_dtype_name(p.dtype),
                                       numel=p.numel(), trainable=p.requires_grad, module=owner, value=p))
         param_names[id(p)] = name
-    for name, b in model.named_buffers():
+    for name, b in buffers:
         if id(b) in param_names:
             continue
         builder.add_param(ParamRecord(name=name, shape=tuple(b.shape), dtype=_dtype_name(b.dtype),
@@ -483,7 +610,31 @@ def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[in
         parts = name.split(".")
         for depth in range(1, len(parts)):
             under.setdefault(".".join(parts[:depth]), []).append(name)
-    for path, module in model.named_modules():
+    for path, module in modules:
         paths[id(module)] = path
         if path:
             builder.add_module(path, type(module).__name__, under.get(path, []))
+
+
+def _members(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
+             ) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
+    """``named_parameters()`` and ``named_buffers()``, read off one walk of the modules.
+
+    Each of those walks ``named_modules()`` again through nested generators,
+    which costs more than the rest of declaring a large model. A model that
+    overrides them gets its own.
+    """
+    cls, base = type(model), torch.nn.Module
+    if cls.named_parameters is not base.named_parameters or cls.named_buffers is not base.named_buffers:
+        return ([(public_path(name), p) for name, p in model.named_parameters()],
+                [(public_path(name), b) for name, b in model.named_buffers()])
+    found: tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]] = ([], [])
+    for kind, members in zip(("_parameters", "_buffers"), found):
+        seen: set[int] = set()  # each tensor once, under the first name reaching it, as torch does
+        for prefix, module in modules:
+            for key, value in getattr(module, kind).items():
+                if value is None or id(value) in seen:
+                    continue
+                seen.add(id(value))
+                members.append((f"{prefix}.{key}" if prefix else key, value))
+    return found

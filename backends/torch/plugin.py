@@ -18,7 +18,7 @@ class TorchBackend(Backend):
                            aliases=("pytorch",),
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
                                                    "save", "halt", "branches", "timing", "intervene",
-                                                   "splice", "new_inputs", "gradients"}))
+                                                   "splice", "new_inputs", "gradients", "escape_detector"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         torch = sys.modules.get("torch")
@@ -28,7 +28,7 @@ class TorchBackend(Backend):
             return True
         return next(tree.leaves((args, kwargs), lambda v: isinstance(v, torch.Tensor)), None) is not None
 
-    capture = lazy("torchlens_torch.capture:capture")
+    capture = lazy("torchlens_torch.distributed:capture")  # torchlens_torch.capture, with rank notes while armed
     replay_graph = lazy("torchlens_torch.replay:replay_graph")
     replay_op = lazy("torchlens_torch.replay:run_op")
     array_info = lazy("torchlens_torch.arrays:array_info")
@@ -50,6 +50,8 @@ class TorchBackend(Backend):
     reference_grads = lazy("torchlens_torch.grads:reference_grads")
     flop_formulas = lazy("torchlens_torch.flops:FORMULAS")
     geometry = lazy("torchlens_torch.fields:geometry")
+    facets = lazy("torchlens_torch.facets:facets")
+    compat = lazy("torchlens_torch.compat:rows")
     encode_array = lazy("torchlens_torch.saving:encode_array")
     from_numpy = lazy("torchlens_torch.saving:from_numpy")
 
@@ -59,8 +61,9 @@ class TorchBackend(Backend):
         return encode_value(value) if "torch" in sys.modules else None
 
     decode_value = lazy("torchlens_torch.saving:decode_value")
-    encode_call = lazy("torchlens_torch.saving:encode_call")
-    decode_call = lazy("torchlens_torch.saving:decode_call")
+    # torchlens_torch.saving's, and the calls of tl.distributed's boundary nodes
+    encode_call = lazy("torchlens_torch.distributed:encode_call")
+    decode_call = lazy("torchlens_torch.distributed:decode_call")
     conformance_cases = lazy("torchlens_torch.zoo:cases")
     observe_module_outputs = lazy("torchlens_torch.observe:observe_module_outputs")
 

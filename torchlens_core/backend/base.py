@@ -145,6 +145,14 @@ class Backend:
         """``{class: [func_name, ...]}`` for tl.compare's equivalence table (see ``torchlens_op_classes``)."""
         return {}
 
+    def facets(self, trace: Trace, module_pass: Any) -> Any:
+        """A :class:`~torchlens_core.views.facets.FacetPlan` for one module pass (see ``torchlens_facets``); None."""
+        return None
+
+    def compat(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
+        """Rows for tl.compat.report (see ``torchlens_compat``); None: no checks of this backend's own."""
+        return None
+
     def conformance_cases(self) -> list[Case]:
         return []
 
@@ -241,6 +249,14 @@ class Backend:
     @hookimpl
     def torchlens_op_classes(self, backend: str) -> dict[str, list[str]] | None:
         return self.op_classes() if backend == self.name else None
+
+    @hookimpl
+    def torchlens_facets(self, backend: str, trace: Any, module_pass: Any) -> Any:
+        return self.facets(trace, module_pass) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_compat(self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self.compat(target, args, kwargs) if backend == self.name else None
 
     @hookimpl
     def torchlens_conformance_cases(self, backend: str) -> list[Any] | None:

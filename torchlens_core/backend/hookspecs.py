@@ -8,6 +8,11 @@ arguments than its spec declares.
 
 Importing a backend's plugin module must not import its framework: detect
 frameworks through ``sys.modules`` and import them inside the hooks.
+
+docs/writing-a-backend.md is the author's guide: the template plugin
+(``plugins/torchlens-numpy``), the ``TraceBuilder`` reference, a complete
+example backend, and the conformance suite, installed with TorchLens as a
+pytest plugin (``pytest --torchlens-backend NAME``).
 """
 
 from __future__ import annotations
@@ -27,8 +32,13 @@ def torchlens_backend_info() -> Any:
     """Describe this plugin's backend.
 
     Called on every plugin when backends are listed or resolved. Return a
-    :class:`torchlens_core.backend.manager.BackendInfo` (name, aliases, framework
-    distribution, capabilities, the pip extra that installs it).
+    :class:`torchlens_core.backend.manager.BackendInfo`: ``name``, ``framework``
+    (the distribution whose installed version makes the backend available),
+    ``install`` (the command that installs backend and framework, shown when
+    it is missing; there is no ``extra`` field), ``aliases`` and
+    ``capabilities`` (names from ``manager.CAPABILITIES``: ``tl.trace`` refuses
+    an option, such as ``save=`` or ``intervene=``, whose capability the
+    backend does not declare). See docs/writing-a-backend.md.
     """
 
 
@@ -191,6 +201,36 @@ def torchlens_geometry(backend: str, trace: Any, op: Any) -> Any:
     """
 
 
+# -- facets (module.facets['q'], lstm.facets['h_n']; see docs/facets.md) ------------------
+@hookspec(firstresult=True)
+def torchlens_facets(backend: str, trace: Any, module_pass: Any) -> Any:
+    """The named views of one module pass's values: attention ``q``/``k``/``v``/``pattern``, LSTM ``h_n``...
+
+    Called when ``module_pass.facets`` is read. Recognise the module from
+    what the trace recorded (the ops of ``module_pass.ops``, their function
+    names and arguments, the module's type name and submodules) and return a
+    :class:`torchlens_core.views.facets.FacetPlan`: for each facet a
+    ``FacetSpec`` naming the recorded value it is (a ``Ref``), or the recorded
+    values and parameters it is recomputed from with a function that uses
+    the framework's own array operations (an attention pattern a fused
+    kernel never returned). Never run the model. Return None for a module
+    with no facets; a plan may carry ``notes`` saying why a facet is missing.
+    """
+
+
+# -- compatibility (tl.compat.report; see LIMITATIONS.md) ---------------------------------
+@hookspec(firstresult=True)
+def torchlens_compat(backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What this backend knows about tracing ``target(*args, **kwargs)``, before anything runs.
+
+    Return a list of :class:`torchlens_core.views.compat.CompatRow` (area,
+    check, status ``"pass"``, ``"known_broken"``, ``"scope"`` or
+    ``"not_tested"``, and the reason), found by inspecting the model's wrapper,
+    modules, parameters and inputs with the same checks the capture makes.
+    Never run the model.
+    """
+
+
 # -- comparison (tl.compare; see docs/compare.md) ------------------------------------------
 @hookspec(firstresult=True)
 def torchlens_op_classes(backend: str) -> dict[str, list[str]] | None:
@@ -305,8 +345,12 @@ def torchlens_observe_module_outputs(backend: str, target: Any, args: tuple[Any,
                                      kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """Run the model with the framework's own module hooks; return ``{"path:pass": output}``.
 
-    The conformance suite compares these with the trace's module outputs.
-    Outputs must be copies, safe from later in-place changes. A call that ran
+    The conformance suite compares these with the trace's module outputs, so
+    the observer must be independent of the capture: the framework's own
+    module hooks (or module calls wrapped for the purpose), on a run without
+    TorchLens, never a trace or the capture's code path (the check would
+    compare the capture with itself). Outputs must be copies, safe from later
+    in-place changes. A call that ran
     but whose output the framework cannot show concretely (inside a
     vectorizing transform, say) maps to None: it counts as seen, uncompared.
     """

@@ -36,8 +36,10 @@ ENTRY_POINT_GROUP = "torchlens.backends"
 #                  so trace.replay(*new_inputs) can check the graph still holds
 #   "gradients"    honours save_grads= and answers torchlens_backward: trace.log_backward(loss) gives the loss's
 #                  gradient at each selected op's output, the inputs and the parameters
+#   "escape_detector"  honours escape_detector="shadow": the framework's kernels are watched beside the capture,
+#                  and compute no recorded op accounts for is listed in trace.notes["escapes"]
 CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow", "save", "halt", "branches", "timing",
-                "intervene", "splice", "new_inputs", "gradients")
+                "intervene", "splice", "new_inputs", "gradients", "escape_detector")
 
 
 @attrs.frozen

@@ -9,6 +9,13 @@ from typing import Any
 from torchlens_core.backend.manager import backends, claim_backend, hook, resolve_backend
 from torchlens_core.capture.builder import Recording
 from torchlens_core.capture.edits import Intervention
+from torchlens_core.capture.keywords import (
+    PATCH_POLICY,
+    RECORD_OPTIONS,
+    check_model_keywords,
+    merged_options,
+    warn_once,
+)
 from torchlens_core.capture.policy import CaptureOptions, HaltCapture
 from torchlens_core.capture.rerun import remember
 from torchlens_core.capture.selectors import Selector, key_selector
@@ -23,13 +30,16 @@ __all__ = ["backends", "pluck", "record", "trace"]
 def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
           halt: Selector | None = None, lookback: int = 0, lookback_payload_policy: str = "metadata_only",
           intervene: Intervention | Sequence[Intervention] | None = None, intervention_ready: bool = False,
-          save_grads: bool | Selector = False, capture: CaptureOptions | None = None, **kwargs: Any) -> Trace:
+          save_grads: bool | Selector = False, capture: CaptureOptions | None = None,
+          escape_detector: str | None = None, patch_policy: Any = None, **kwargs: Any) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every operation it executes.
 
-    Positional and keyword inputs go to the model exactly as given. ``backend``
-    names the framework (``"torch"``, ``"jax"``, ...); left out, the backend whose
-    framework owns the model or its inputs is used. ``save``: keep only the values
-    of the ops this selector picks (every op's structure is still recorded).
+    Positional and keyword inputs go to the model exactly as given (a keyword
+    the model does not take that looks like one of these options is an
+    error, not a surprise inside the model). ``backend`` names the framework
+    (``"torch"``, ``"jax"``, ...); left out, the backend whose framework owns
+    the model or its inputs is used. ``save``: keep only the values of the ops
+    this selector picks (every op's structure is still recorded).
     ``halt``: stop the forward once every op it picks has run (``trace.halted``).
     ``lookback``: with ``save``, also keep the N ops before each picked op (their
     values with ``lookback_payload_policy="detached_raw"``).
@@ -40,19 +50,18 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
     ``halt=``, an op the backend could not run again).
     ``save_grads``: ``True`` or a selector: keep the gradients of these ops (and of
     the inputs) when ``trace.log_backward(loss)`` runs (docs/backward.md).
-    ``capture``: all of these options at once, as a ``tl.options.CaptureOptions``.
+    ``escape_detector="shadow"``: also watch the framework's kernels, and report
+    compute no recorded op accounts for in ``trace.notes["escapes"]`` (torch).
+    ``capture``: these options as one ``tl.options.CaptureOptions``; keywords given
+    as well are added to it (an option given both ways must agree).
+    ``patch_policy``: accepted for old scripts, and ignored (a DeprecationWarning).
     """
+    check_model_keywords(model, kwargs)
+    if patch_policy is not None:
+        warn_once("patch_policy", PATCH_POLICY)
     given = CaptureOptions(save=save, halt=halt, lookback=lookback, lookback_payload_policy=lookback_payload_policy,
-                           intervene=intervene, save_grads=save_grads)
-    if capture is None:
-        options = given
-    elif not isinstance(capture, CaptureOptions):
-        raise ArgumentTypeError(f"capture= takes a tl.options.CaptureOptions, not {type(capture).__name__}")
-    elif given != CaptureOptions():
-        raise ArgumentTypeError("give the capture options either as capture=tl.options.CaptureOptions(...) or as "
-                                "keywords (save=, halt=, save_grads=...), not both")
-    else:
-        options = capture
+                           intervene=intervene, save_grads=save_grads, escape_detector=escape_detector)
+    options = merged_options(given, capture)
     if intervention_ready:
         if options.halt is not None:
             raise UnsupportedError("intervention_ready=True with halt=: a halted trace has no output to replay")
@@ -78,6 +87,7 @@ def record(model: Any, *args: Any, backend: str | None = None, save: Selector | 
     ``recording.to_trace()`` is called, so captures that are never read cost
     only the forward and the per-op recording.
     """
+    check_model_keywords(model, kwargs, "tl.record", RECORD_OPTIONS)
     options = CaptureOptions(save=save, halt=halt, record=True)
     return _capture(model, args, kwargs, backend, options)  # type: ignore[return-value]
 
@@ -103,6 +113,9 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
                                f"capability): intervene= would be ignored, so the capture is refused")
     if any(item.splice is not None for item in options.intervene) and "splice" not in info.capabilities:
         raise UnsupportedError(f"the {info.name} backend cannot replace module calls (tl.splice_module)")
+    if options.escape_detector is not None and "escape_detector" not in info.capabilities:
+        raise UnsupportedError(f"the {info.name} backend has no escape detector (it does not declare the "
+                               f"'escape_detector' capability): trace without escape_detector=")
     if options.save_grads is not False and "gradients" not in info.capabilities:
         raise UnsupportedError(f"the {info.name} backend cannot compute gradients (it does not declare the "
                                f"'gradients' capability): save_grads= would give none, so the capture is refused")

@@ -178,7 +178,7 @@ class TraceBuilder:
             raise CaptureError(f"module {path!r} finished without having started")
         n = stack[-1][1]
         self.modules[path].passes[n - 1].out_template = out_template
-        for ref in refs_in(out_template):
+        for ref in (out_template,) if type(out_template) is Ref else refs_in(out_template):
             self.ops[ref.index].module_outputs.append(f"{path}:{n}")
         self.module_stack = stack[:-1]
         self.closed_passes.add((path, n))
@@ -352,7 +352,12 @@ class LayerNamer:
 
     Repeated calls of one module are passes of the same layers: the k-th call
     of function f inside a pass of module m is the same layer in every pass of
-    m. A backend may name the layer itself (``layer_key``), e.g. for the
+    m. Outside modules, ops of one function at the same code site whose
+    inputs come from the same layers are passes of one layer (a loop in the
+    forward, ``for _ in range(4): x = fc(x) + 1``); an input from that very
+    code site counts as the layer itself, so ``x = x * 2`` in a loop is one
+    layer from its second iteration on (its first read something else). A
+    backend may name the layer itself (``layer_key``), e.g. for the
     iterations of a scan. Labels read ``{func}_{per-function ordinal}_{index of
     the first pass}``, with ``:{pass}`` appended (at the end, when the number
     of passes is known) for layers of several passes.
@@ -363,19 +368,27 @@ class LayerNamer:
         self.per_pass_counts: dict[tuple[Any, ...], int] = {}
         self.func_layers: dict[str, int] = {}
         self.io_counts = {"input": 0, "output": 0}
+        # op index -> (its layer label, its code site and function: how later ops outside modules see it)
+        self.seen: dict[int, tuple[str, Any]] = {}
 
     def name(self, op: OpRecord) -> None:
         if op.kind != "op":
             self.io_counts[op.kind] += 1
             op.layer_label = op.label = f"{op.kind}_{self.io_counts[op.kind]}"
+            self.seen[op.index] = (op.layer_label, None)
             return
         key = op.layer_key
+        site = None
         if key is None and op.module_passes:
             inner = op.module_passes[-1]
             slot = (inner, op.func_name)
             k = self.per_pass_counts.get(slot, 0)
             self.per_pass_counts[slot] = k + 1
             key = (inner[0], op.func_name, k)
+        elif key is None and op.code_context:
+            site = (op.code_context[0], op.func_name)
+            seen = self.seen
+            key = ("", site, tuple("self" if seen[i][1] == site else seen[i][0] for i in op.parent_indices))
         elif key is None:
             key = ("", op.index)
         passes = self.layers.get(key)
@@ -390,6 +403,7 @@ class LayerNamer:
             passes.append(op)
             op.pass_num = len(passes)
             op.label = f"{op.layer_label}:{op.pass_num}"
+        self.seen[op.index] = (op.layer_label, site)
 
     def finish(self) -> None:
         for passes in self.layers.values():

@@ -434,7 +434,7 @@ class Editor:
 
 
 def _names(selector: Module, path: str, pass_num: int) -> bool:
-    base, n = split_pass(selector.path)
+    base, n = selector.path_pass
     return base == path and (n is None or n == pass_num)
 
 

@@ -79,6 +79,7 @@ def _grads(value: Any) -> bool | Selector:
 
 
 LOOKBACK_POLICIES = ("metadata_only", "detached_raw")
+ESCAPE_DETECTORS = (None, "shadow")
 
 
 @attrs.frozen
@@ -94,8 +95,13 @@ class CaptureOptions:
     intervene: tuple[Intervention, ...] = attrs.field(default=(), converter=interventions)
     # gradients to keep when trace.log_backward runs: True (every op), False, or a selector
     save_grads: bool | Selector = attrs.field(default=False, converter=lambda v: _grads(v))
+    # "shadow": also watch the framework's kernels and report compute that no recorded op accounts for
+    escape_detector: str | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.escape_detector not in ESCAPE_DETECTORS:
+            raise UnsupportedError(f"escape_detector= takes one of {ESCAPE_DETECTORS}, "
+                                   f"not {shown(self.escape_detector)}")
         if not isinstance(self.lookback, int) or self.lookback < 0:
             raise ArgumentTypeError(f"lookback= takes a number of ops >= 0, not {shown(self.lookback)}")
         if self.lookback and self.save is None:

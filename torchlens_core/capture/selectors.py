@@ -100,12 +100,16 @@ class Module(Selector):
     """The op(s) a module returned: ``"layer3"`` (every pass) or ``"layer3:2"``."""
 
     path: str
+    path_pass: tuple[str, int | None] = attrs.field(init=False, repr=False, eq=False)
 
     def __repr__(self) -> str:
         return f"tl.module({self.path!r})"
 
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "path_pass", split_pass(_name(self.path, "tl.module", "layer3")))
+
     def test(self, op: OpRecord, trace: Trace) -> bool:
-        base, n = split_pass(self.path)
+        base, n = self.path_pass
         for returned in op.module_outputs:
             path, k = split_pass(returned)
             if path == base and (n is None or k == n):
@@ -113,10 +117,10 @@ class Module(Selector):
         return False
 
     def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
-        base, n = split_pass(self.path)
+        base, n = self.path_pass
         inside = [(p, k) for p, k in op.module_passes if p == base and (n is None or k == n)]
-        if not inside and not self.test(op, None):  # type: ignore[arg-type]
-            return False
+        if not inside:  # outside the module: picked only if some pass of it returned this op's value
+            return bool(op.module_outputs) and self.test(op, None)  # type: ignore[arg-type]
         if all(entry in builder.closed_passes for entry in inside):
             return self.test(op, builder)
         return None  # its module is still running: it may yet be returned
@@ -127,12 +131,16 @@ class InModule(Selector):
     """Every op that ran inside a module: ``"layer2"`` (every pass) or ``"layer2:1"``."""
 
     path: str
+    path_pass: tuple[str, int | None] = attrs.field(init=False, repr=False, eq=False)
 
     def __repr__(self) -> str:
         return f"tl.in_module({self.path!r})"
 
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "path_pass", split_pass(_name(self.path, "tl.in_module", "layer2")))
+
     def test(self, op: OpRecord, trace: Trace) -> bool:
-        base, n = split_pass(self.path)
+        base, n = self.path_pass
         return any(p == base and (n is None or k == n) for p, k in op.module_passes)
 
     def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:

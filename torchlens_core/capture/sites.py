@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
-from types import CodeType
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any
 
 import pluggy
 
@@ -13,8 +15,9 @@ from torchlens_core.capture import api
 from torchlens_core.ir.records import CodeLocation
 
 _API_FILE = api.__file__
-# User frames kept per op. Each costs about 1.5 us (Python builds a frame object for every
-# frame walked), about 5% of capture at three frames on GPT-2 or a Keras model.
+# User frames kept per op. Walking them costs more than the rest of a call site's lookup on a large
+# model (each frame walked is memory the kernels have pushed out of the cache): PassSites stops each
+# op's walk at its module call.
 CONTEXT_FRAMES = 3
 _MAX_CODES = 1 << 16  # code objects remembered at most
 
@@ -33,39 +36,127 @@ class CallSites:
     def __init__(self, *module_files: str) -> None:
         files = (*module_files, torchlens_core.__file__, pluggy.__file__)  # the core: every layer's folder
         self.internal = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in files)
-        # id(code) -> (code, internal?, stops the walk?, instruction offset -> CodeLocation). The
-        # entry holds the code object, so that its id cannot be reused by another one.
-        self.codes: dict[int, tuple[CodeType, bool, bool, dict[int, CodeLocation]]] = {}
+        # Internal functions that call the model: the walk stops there too, rather than climbing through
+        # pluggy's frames to the API's (a shallow model's ops walk every frame up to the stop).
+        self.stop_codes: frozenset[CodeType] = frozenset()
+        # Verdicts by id(code): internal codes -> whether the walk stops there; user codes -> their
+        # CodeLocations by instruction offset. `held` keeps each judged code object alive, so that its
+        # id cannot be reused by another one.
+        self.internal_codes: dict[int, bool] = {}
+        self.user_codes: dict[int, dict[int, CodeLocation]] = {}
+        self.held: dict[int, CodeType] = {}
 
-    def _judge(self, code: CodeType) -> tuple[CodeType, bool, bool, dict[int, CodeLocation]]:
-        if len(self.codes) >= _MAX_CODES:  # code compiled at run time (exec, generated models): stay bounded
-            self.codes.clear()
+    def stop_at(self, *functions: Callable[..., Any]) -> None:
+        """Stop walks at these functions' frames too (a backend's function that calls the model)."""
+        self.stop_codes |= {f.__code__ for f in functions}
+        self._forget()
+
+    def _forget(self) -> None:
+        self.internal_codes, self.user_codes, self.held = {}, {}, {}
+
+    def _judge(self, code: CodeType) -> None:
+        if len(self.held) >= _MAX_CODES:  # code compiled at run time (exec, generated models): stay bounded
+            self._forget()
         filename = code.co_filename
-        inside = filename.startswith(self.internal) or filename.startswith("<frozen")
-        entry = self.codes[id(code)] = (code, inside, inside and filename == _API_FILE, {})
-        return entry
+        self.held[id(code)] = code
+        if filename.startswith(self.internal) or filename.startswith("<frozen"):
+            self.internal_codes[id(code)] = filename == _API_FILE or code in self.stop_codes
+        else:
+            self.user_codes[id(code)] = {}
 
-    def stack(self, limit: int = CONTEXT_FRAMES) -> tuple[CodeLocation, ...]:
+    def stack(self, limit: int = CONTEXT_FRAMES, skip: int = 0) -> tuple[CodeLocation, ...]:
         """The user's frames leading to the current call, innermost first, at most ``limit``.
 
-        The walk stops at the TorchLens call that started the capture: frames
-        above it (the script calling ``tl.trace``) are the same for every op.
+        ``skip``: frames above the caller known to be internal (the recorder's
+        own), not looked at. The walk stops at the TorchLens call that started
+        the capture: frames above it (the script calling ``tl.trace``) are the
+        same for every op.
         """
-        frame = sys._getframe(1)
-        codes = self.codes
+        if limit <= 0:
+            return ()
+        return tuple(self.walk(sys._getframe(1 + skip), limit, None)[0])
+
+    def walk(self, frame: FrameType | None, limit: int, boundary: FrameType | None
+             ) -> tuple[list[CodeLocation], bool]:
+        """The user's frames from ``frame`` up, at most ``limit``, and whether the walk reached ``boundary``.
+
+        The walk ends at ``limit`` user frames, at a stop (False), or at the
+        ``boundary`` frame (True), the frames above which the caller knows.
+        This runs for every recorded op: it is written for speed.
+        """
+        internal, user = self.internal_codes, self.user_codes
         found: list[CodeLocation] = []
-        while frame is not None and len(found) < limit:
-            code = frame.f_code
-            entry = codes.get(id(code))
-            if entry is None or entry[0] is not code:
-                entry = self._judge(code)
-            if not entry[1]:
-                lines, offset = entry[3], frame.f_lasti
+        while frame is not None:
+            if frame is boundary:
+                return found, True
+            key = id(frame.f_code)
+            stop = internal.get(key)
+            if stop is None:
+                lines = user.get(key)
+                if lines is None:  # not judged yet: judge it, and look at this frame again
+                    self._judge(frame.f_code)
+                    internal, user = self.internal_codes, self.user_codes
+                    continue
+                offset = frame.f_lasti
                 location = lines.get(offset)
                 if location is None:
+                    code = frame.f_code
                     location = lines[offset] = CodeLocation(code.co_filename, frame.f_lineno, code.co_name)
                 found.append(location)
-            elif entry[2]:
+                if len(found) >= limit:
+                    break
+            elif stop:
                 break
             frame = frame.f_back
+        return found, False
+
+
+class PassSites:
+    """Call sites within the module calls open in one capture, each op's walk ending at its module call.
+
+    A deep model's op is called from frames many levels down: its module's
+    forward, the framework's module-call machinery, the parent's forward, and
+    so on. The frames above a module call do not change while it runs, so a
+    backend hands :meth:`enter` a frame the module call runs under (one that
+    calls the module's forward: the frame running the module's hooks); an op's
+    walk stops there, and what lies above is worked out once per call. A
+    frame that is not, after all, above the op's frames is never met: the walk
+    then goes on to the end, as :meth:`CallSites.stack` would. Frames are held
+    only while their module call is open.
+    """
+
+    def __init__(self, sites: CallSites, limit: int = CONTEXT_FRAMES) -> None:
+        self.sites = sites
+        self.limit = limit
+        # per open module call: [its path, the frame it runs under, the user frames above that (None: not yet)]
+        self.open: list[list[Any]] = []
+
+    def enter(self, path: str, frame: FrameType) -> None:
+        self.open.append([path, frame, None])
+
+    def exit(self, path: str) -> None:
+        """Close the innermost call of ``path`` (and any call inside it left open by an exception)."""
+        open_calls = self.open
+        while open_calls:
+            if open_calls.pop()[0] == path:
+                return
+
+    def stack(self, skip: int = 0) -> tuple[CodeLocation, ...]:
+        """:meth:`CallSites.stack` for the caller (``skip`` frames above it left out)."""
+        limit = self.limit
+        if not self.open:
+            return tuple(self.sites.walk(sys._getframe(1 + skip), limit, None)[0]) if limit > 0 else ()
+        found, met = self.sites.walk(sys._getframe(1 + skip), limit, self.open[-1][1])
+        if met and len(found) < limit:
+            found += self._above(len(self.open) - 1)[:limit - len(found)]
         return tuple(found)
+
+    def _above(self, i: int) -> list[CodeLocation]:
+        """The user frames above open call ``i``'s frame, at most ``limit``."""
+        entry = self.open[i]
+        if entry[2] is None:
+            found, met = self.sites.walk(entry[1], self.limit, self.open[i - 1][1] if i else None)
+            if met and len(found) < self.limit:
+                found += self._above(i - 1)[:self.limit - len(found)]
+            entry[2] = found
+        return entry[2]

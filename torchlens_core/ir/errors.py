@@ -41,6 +41,10 @@ class GraphDoesNotHold(ReplayError):
     """Replay on new inputs: the recorded graph took a value as fixed (a branch, a count) that these inputs change."""
 
 
+class PartialCoverage(TorchLensError, AssertionError):
+    """tl.validate: the trace covers only part of the forward (``bool(status)`` raises it, naming why)."""
+
+
 class ArchitectureChanged(TorchLensError, AssertionError):
     """The traced structure differs from the pinned one."""
 

@@ -311,6 +311,13 @@ class ModulePass:
         """The shape of each array the module returned (one element of a multi-output op, say)."""
         return [shape_at(self.trace.ops[r.index].shape, r.path) for r in refs_in(self.out_template)]
 
+    @property
+    def facets(self) -> Any:
+        """Named views of this call's values: attention ``q``, ``pattern``..., LSTM ``h_n`` (docs/facets.md)."""
+        from torchlens_core.views.facets import facets_of
+
+        return facets_of(self)
+
     def __repr__(self) -> str:
         return f"<ModulePass {self.label} ({len(self.ops)} ops)>"
 
@@ -328,6 +335,13 @@ class ModuleRecord:
     @property
     def num_passes(self) -> int:
         return len(self.passes)
+
+    @property
+    def facets(self) -> Any:
+        """The facets of the module's one call (``passes[i].facets`` for a module called several times)."""
+        from torchlens_core.views.facets import module_facets
+
+        return module_facets(self)
 
     def __repr__(self) -> str:
         return f"<ModuleRecord {self.path} ({self.type_name}), {self.num_passes} passes>"

@@ -145,8 +145,12 @@ class Trace:
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and key in self._index()
 
-    def __getitem__(self, key: int | str) -> Any:
+    def __getitem__(self, key: int | str | Any) -> Any:
+        """An op by label (``"relu_1_2"``, ``"linear_1:2"``) or position, a module pass by path; with a
+        selector (``trace[tl.func("conv2d")]``), the list of ops it picks (a list even when one matches)."""
         if not isinstance(key, str):
+            if hasattr(key, "test") and hasattr(key, "decide"):  # a selector (capture layer: not imported here)
+                return self.select(key)
             return self.ops[_position(key, len(self.ops))]
         found = self._index().get(key)
         if found is not None:
@@ -157,6 +161,16 @@ class Trace:
         near = closest(key, self._index())
         hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
         raise LabelNotFoundError(f"no op or module {shown(key)} in this trace{hint}")
+
+    def select(self, selector: Any) -> list[OpRecord]:
+        """The ops ``selector`` picks, in order (input and output nodes are not ops); one that picks
+        none is an error naming the closest labels, as with save=."""
+        picked = [op for op in self.ops if op.kind == "op" and selector.test(op, self)]
+        if not picked:
+            from torchlens_core.capture.selectors import near_names
+
+            raise LabelNotFoundError(f"{shown(selector, 120)} picks no op in this trace{near_names(self, selector)}")
+        return picked
 
     def keys_of(self, op: OpRecord) -> list[str]:
         """Every string key that finds ``op``."""
@@ -289,6 +303,15 @@ class Trace:
         from torchlens_core.views.draw import to_dot
 
         return to_dot(self, vis_mode=vis_mode, collapse=collapse, module=module)
+
+    def show(self, **options: Any) -> str | None:
+        """Open the interactive viewer: inline in a notebook, else in a browser (the HTML file's path returned).
+
+        ``tl.view(trace, "trace.html")`` writes the file; options are its (docs/viewer.md).
+        """
+        from torchlens_core.viewer import show
+
+        return show(self, **options)
 
     def _repr_svg_(self) -> str | None:
         """Notebooks show a trace as its (auto-collapsed) drawing."""

@@ -6,6 +6,7 @@ plain constants; these helpers map over them and rebuild the same structure.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,7 +32,9 @@ def children(obj: Any) -> list[tuple[Any, Any]] | None:
 def rebuild(obj: Any, values: list[Any]) -> Any:
     """A container of the same type as ``obj`` holding ``values`` in ``children`` order."""
     if _is_namedtuple(obj):
-        return type(obj)(*values)
+        # _make, not the constructor: a subclass's __new__ may check or convert its fields (torch's
+        # PackedSequence does), which a template of Refs is not
+        return type(obj)._make(values)
     if isinstance(obj, (tuple, list)):
         return type(obj)(values)
     if isinstance(obj, dict):
@@ -45,7 +48,13 @@ def rebuild(obj: Any, values: list[Any]) -> Any:
         # Unchanged: the object itself. Some dataclasses cannot be rebuilt by keyword (tinygrad's DType
         # takes its fields positionally), and a value object (a dtype, a config) needs no copy.
         return obj
-    return dataclasses.replace(obj, **{f.name: v for f, v in zip(fields, values)})
+    try:
+        return dataclasses.replace(obj, **{f.name: v for f, v in zip(fields, values)})
+    except TypeError:  # an __init__ that takes other arguments than the fields (an equinox module): set them
+        new = copy.copy(obj)
+        for f, v in zip(fields, values):
+            object.__setattr__(new, f.name, v)
+        return new
 
 
 def map_leaves(fn: Callable[[Any], Any], obj: Any) -> Any:

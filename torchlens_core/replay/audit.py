@@ -17,6 +17,7 @@ from torchlens_core.backend.manager import hook
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import SOURCE_KINDS, ParamRef, refs_in
+from torchlens_core.replay.lost_edges import constants_equal_to_outputs
 
 if TYPE_CHECKING:
     from torchlens_core.ir.trace import Trace
@@ -56,9 +57,9 @@ def audit(trace: Trace, rtol: float = 1e-5, untraced: bool = False) -> AuditRepo
     findings: list[Finding] = []
     missing = _framework_missing(trace)  # a trace loaded where its framework is not installed
     for check in (_acyclic_and_ordered, _edges_agree, _sources_declared, _labels_unique,
-                  _passes_consistent, _module_outputs_inside, _shapes_match, _values_intact,
-                  _counts_agree, _metadata_sane):
-        if check is _shapes_match and missing:
+                  _passes_consistent, _module_outputs_inside, _shapes_match, _constants_are_not_earlier_outputs,
+                  _values_intact, _counts_agree, _metadata_sane):
+        if check in (_shapes_match, _constants_are_not_earlier_outputs) and missing:  # they read values
             continue
         try:
             failures = list(check(trace))
@@ -160,6 +161,11 @@ def _sources_declared(trace: Trace) -> Iterator[Finding]:
         elif op.source == "parameter" and not any(
                 True for _ in tree.leaves((op.args, op.kwargs), lambda x: isinstance(x, ParamRef))):
             yield Finding("sources declared", False, "declared a parameter source but reads no parameter", op.label)
+
+
+def _constants_are_not_earlier_outputs(trace: Trace) -> Iterator[Finding]:
+    """An array constant bitwise equal to an earlier op's output is a lost edge (replay/lost_edges.py)."""
+    return constants_equal_to_outputs(trace)
 
 
 def _labels_unique(trace: Trace) -> Iterator[Finding]:

@@ -188,7 +188,8 @@ def checking_conversions(trace: Trace, observe: Observe | None) -> Observe:
                 raise GraphDoesNotHold(
                     f"on these inputs {op.label}'s value converts to {_short(now)} by {how}(), where the recorded "
                     f"forward got {_short(recorded)}: the graph took that value as fixed (a branch, a loop count, "
-                    f"a number), so it does not describe the forward on these inputs; trace the model on them")
+                    f"a number, what a collective sent to other ranks), so it does not describe the forward on "
+                    f"these inputs; trace the model on them")
         if observe is not None:
             observe(op, value)
 

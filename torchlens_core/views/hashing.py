@@ -3,8 +3,9 @@
 The hash covers, op by op in execution order: kind, function, output shape and
 dtype, which earlier ops it read (by position), the module passes it ran in,
 and the shapes of the parameters it used. Values, weights and memory addresses
-never enter it; with ``module_names=False`` module paths are replaced by their
-types, so renaming an attribute keeps the hash.
+never enter it, and neither do module names: each module pass is named by the
+module's type, so renaming an attribute keeps the hash (``module_names=True``
+pins the paths too).
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ from torchlens_core.ir.errors import ArchitectureChanged
 if TYPE_CHECKING:
     from torchlens_core.ir.trace import Trace
 
-PREFIX = "tl1-"  # bump when what the hash covers changes
+PREFIX = "tl2-"  # bump when what the hash covers changes (tl2: module types, not names, by default)
 
 
-
-
-def structure(trace: Trace, module_names: bool = True) -> list[str]:
+def structure(trace: Trace, module_names: bool = False) -> list[str]:
     """The canonical text the hash is taken over, one line per op."""
     lines = []
     for op in trace.ops:
@@ -37,7 +36,7 @@ def structure(trace: Trace, module_names: bool = True) -> list[str]:
     return lines
 
 
-def structural_hash(trace: Trace, module_names: bool = True) -> str:
+def structural_hash(trace: Trace, module_names: bool = False) -> str:
     """A short, stable hash of the trace's structure (see the module docstring)."""
     digest = hashlib.sha256("\n".join(structure(trace, module_names)).encode()).hexdigest()
     return PREFIX + digest[:32]
@@ -58,7 +57,7 @@ def remember(digest: str, lines: list[str]) -> None:
         pass
 
 
-def check(trace: Trace, expected: str | None, module_names: bool = True) -> str:
+def check(trace: Trace, expected: str | None, module_names: bool = False) -> str:
     """The trace's hash; printed when ``expected`` is None, compared with it otherwise."""
     lines = structure(trace, module_names)
     digest = PREFIX + hashlib.sha256("\n".join(lines).encode()).hexdigest()[:32]
@@ -78,7 +77,7 @@ def check(trace: Trace, expected: str | None, module_names: bool = True) -> str:
     raise ArchitectureChanged(f"the architecture changed: pinned {expected}, now {digest}\n{detail}")
 
 
-def assert_unchanged(model: Any, *args: Any, expected: str | None = None, module_names: bool = True,
+def assert_unchanged(model: Any, *args: Any, expected: str | None = None, module_names: bool = False,
                      **kwargs: Any) -> str:
     """Trace ``model`` and compare its structural hash with ``expected``.
 

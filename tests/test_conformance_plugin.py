@@ -1,0 +1,193 @@
+"""The installed conformance suite (``pytest --torchlens-backend NAME``), run as a plugin author runs it.
+
+Each test runs pytest in a subprocess, in a temporary directory, with nothing
+installed: the entry points TorchLens's pyproject.toml declares (``pytest11``)
+and the numpy plugin's ``torchlens.backends`` entry point are written into a
+throwaway ``.dist-info`` on ``PYTHONPATH``, which is how an installed
+distribution announces them. So the suite is found through the very entry
+point a ``pip install torchlens`` registers, not through this checkout's
+``conformance/`` folder.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+from conformance_plugin_checks import NUMPY_PLUGIN, ROOT, counts, make_site, pytest11, run_pytest
+
+
+def test_the_entry_point_names_the_plugin_module() -> None:
+    # The name equals the module, so conformance/conftest.py's pytest_plugins naming the module is a no-op
+    # where the entry point already loaded it (pytest refuses one plugin registered under two names).
+    assert pytest11() == {"torchlens.conformance.plugin": "torchlens.conformance.plugin"}
+
+
+def test_the_installed_suite_runs_from_any_directory(tmp_path: pathlib.Path) -> None:
+    site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
+    work = tmp_path / "my_plugin_repo"
+    work.mkdir()
+    (work / "test_mine.py").write_text("def test_mine():\n    assert True\n")  # the author's own tests
+    package = ROOT / "torchlens" / "conformance"
+    started = time.time()
+    done = run_pytest(work, site, "--torchlens-backend", "numpy", "-rs", write_bytecode=True)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    found = counts(output)
+    # every check of every case of the zoo: 14 cases x 9 checks, those that do not apply skipped with a reason
+    assert found.get("passed", 0) + found.get("skipped", 0) >= 14 * 9, output[-2000:]
+    assert found.get("passed", 0) >= 14 * 6, output[-2000:]
+    assert "test_mine" not in output and "checks.py" in output  # no paths given: the suite alone
+    assert (work / ".pytest_cache").is_dir()  # the rootdir is where pytest ran...
+    written = [p for p in package.rglob("*") if p.stat().st_mtime >= started and "pytest" in p.name]
+    assert not written, f"pytest wrote into TorchLens's package: {written}"  # ...never TorchLens's install
+    # with paths given, the suite runs after them
+    both = run_pytest(work, site, "test_mine.py", "--torchlens-backend", "numpy", "-k", "mine or mlp")
+    assert both.returncode == 0, (both.stdout + both.stderr)[-3000:]
+    assert counts(both.stdout)["passed"] >= 1 + 6, both.stdout[-2000:]
+
+
+def test_the_plugin_is_inert_without_its_option(tmp_path: pathlib.Path) -> None:
+    site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
+    (tmp_path / "test_mine.py").write_text("def test_mine(request):\n"
+                                           "    assert request.config.pluginmanager.has_plugin("
+                                           "'torchlens.conformance.plugin')\n")
+    done = run_pytest(tmp_path, site, "test_mine.py")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert counts(done.stdout) == {"passed": 1}
+
+
+def test_expected_failures_are_strict(tmp_path: pathlib.Path) -> None:
+    site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text("mlp::output_parity  # listed, but it passes: a strict entry fails the run\n")
+    done = run_pytest(tmp_path, site, "--torchlens-backend", "numpy", "--torchlens-expected-failures", str(xfails),
+                      "-k", "output_parity and mlp")
+    assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
+    assert "XPASS(strict)" in done.stdout and "listed, but it passes" in done.stdout
+
+
+# Deliberately broken copies of the numpy plugin. UNLINK: np.maximum's inputs reach the recorder unlinked, as
+# arrays that came back through C++ as new Python objects would, so they enter the graph as constants.
+# UNSEEN: np.tanh runs unrecorded, as a framework function a module bound before the capture would, so
+# the matmul after it reads a constant that is really the tanh of the inputs.
+BREAK = """
+import pytest
+from torchlens_numpy import capture
+
+@pytest.fixture(autouse=True, scope="session")
+def broken():
+    original = capture.Recorder.call
+
+    def call(self, name, fn, args, kwargs, targets, random=False):
+        if name == {unlinked!r}:
+            args = tuple(capture.plain_leaf(a) for a in args)  # the link to the producing op is lost
+        if name == {unseen!r}:
+            return fn(*(capture.plain_leaf(a) for a in args), **kwargs)  # never recorded
+        return original(self, name, fn, args, kwargs, targets, random)
+
+    capture.Recorder.call = call
+    yield
+    capture.Recorder.call = original
+"""
+
+
+def _mlp_label(site: pathlib.Path, func_name: str, nth: int = 1) -> str:
+    """The label of the nth ``func_name`` op in the zoo's mlp, traced by the unbroken plugin in a clean process."""
+    code = ("import torchlens as tl\nfrom torchlens_numpy.zoo import cases\n"
+            "fn, args, kwargs = next(c for c in cases() if c.name == 'mlp').build()\n"
+            "t = tl.trace(fn, *args, backend='numpy', **kwargs)\n"
+            f"print([op.label for op in t.ops if op.func_name == {func_name!r}][{nth - 1}])\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(site), str(NUMPY_PLUGIN)))}
+    label = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           check=True).stdout.strip()
+    assert label.startswith(f"{func_name}_"), label
+    return label
+
+
+def _run_broken(tmp_path: pathlib.Path, unlinked: str = "", unseen: str = "") -> tuple[str, set[str]]:
+    site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
+    work = tmp_path / "broken"
+    work.mkdir()
+    (work / "conftest.py").write_text(BREAK.format(unlinked=unlinked, unseen=unseen))
+    done = run_pytest(work, site, "--torchlens-backend", "numpy", "-k", "mlp")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-4000:]
+    return output, set(re.findall(r"FAILED \S*::test_(\w+)\[numpy-mlp\]", output))
+
+
+def test_a_plugin_that_loses_an_edge_fails_naming_the_op(tmp_path: pathlib.Path) -> None:
+    output, failed = _run_broken(tmp_path, unlinked="maximum")
+    # the audit's tripwire (audit_clean), the lost-edge check and replay on other inputs each catch it
+    assert {"no_lost_edges", "audit_clean", "replay_on_other_inputs"} <= failed, output[-4000:]
+    label = _mlp_label(tmp_path / "site", "maximum")
+    add = _mlp_label(tmp_path / "site", "add", 2)  # h @ w2 + b2, whose output maximum reads
+    assert f"{label}: reads an array constant (args[0], shape (4, 16), float32) bitwise equal to the output of " \
+           f"{add}" in output, output[-4000:]
+    assert f"{label}: reads an array constant (args[0], shape (4, 16), float32) that has other values" in output
+    assert "lost edge" in output
+
+
+def test_a_plugin_that_misses_a_call_fails_naming_the_op_after_it(tmp_path: pathlib.Path) -> None:
+    output, failed = _run_broken(tmp_path, unseen="tanh")
+    # tanh's output equals no recorded value: only running on other inputs can tell it from a constant
+    assert {"no_lost_edges", "replay_on_other_inputs"} <= failed, output[-4000:]
+    # tanh(...) @ w2, reading what tanh gave: the second matmul (its index is one less, tanh being unrecorded)
+    label = _mlp_label(tmp_path / "site", "matmul", 2).rpartition("_")[0]
+    assert re.search(rf"{label}_\d+: reads an array constant \(args\[0\], shape \(4, 16\), float32\) that has other "
+                     "values", output), output[-4000:]
+
+
+def copy_template(where: pathlib.Path, package: str, backend: str) -> pathlib.Path:
+    """The numpy plugin copied as docs/writing-a-backend.md says to start a backend: package and name renamed."""
+    target = where / package
+    for source in (NUMPY_PLUGIN / "torchlens_numpy").glob("*.py"):
+        text = source.read_text().replace("torchlens_numpy", package)
+        text = text.replace('NAME = "numpy"', f'NAME = "{backend}"')
+        (target / source.name).parent.mkdir(parents=True, exist_ok=True)
+        (target / source.name).write_text(text)
+    return where
+
+
+def test_a_plugin_copied_from_the_template_passes_the_installed_suite(tmp_path: pathlib.Path) -> None:
+    code = copy_template(tmp_path / "src", "torchlens_mycopy", "mycopy")
+    site = make_site(tmp_path, {"mycopy": "torchlens_mycopy.plugin"})
+    work = tmp_path / "mycopy_repo"
+    work.mkdir()
+    done = run_pytest(work, site, "--torchlens-backend", "mycopy", extra_path=(code,))
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    found = counts(output)
+    assert found.get("passed", 0) >= 14 * 6 and "failed" not in found, output[-2000:]
+    assert "[mycopy-mlp]" in run_pytest(work, site, "--torchlens-backend", "mycopy", "--collect-only",
+                                        extra_path=(code,)).stdout
+
+
+def test_this_checkouts_conformance_folder_runs_with_the_entry_point_installed(tmp_path: pathlib.Path) -> None:
+    # `pytest conformance --backend NAME` (nox, .ci/run) where the pytest11 entry point has loaded the plugin
+    # already: conftest.py's pytest_plugins must not register it twice, and --backend must still pick the zoo.
+    site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
+    done = run_pytest(ROOT, site, str(ROOT / "conformance"), "--backend", "numpy", "-k", "mlp and parity",
+                      "-p", "no:cacheprovider")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert counts(done.stdout) == {"passed": 1}, done.stdout[-2000:]
+    assert "Module already imported" not in done.stdout + done.stderr
+
+
+def test_a_missing_expected_failures_file_is_a_usage_error(tmp_path: pathlib.Path) -> None:
+    site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
+    done = run_pytest(tmp_path, site, "--torchlens-backend", "numpy", "--torchlens-expected-failures",
+                      str(tmp_path / "nope.txt"))
+    assert done.returncode == 4, (done.stdout + done.stderr)[-2000:]  # pytest's usage error
+    assert "nope.txt: no such file or directory" in done.stderr
+
+
+def test_an_unknown_backend_is_named_with_the_registered_ones(tmp_path: pathlib.Path) -> None:
+    site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
+    done = run_pytest(tmp_path, site, "--torchlens-backend", "mlx")
+    assert done.returncode == 4, (done.stdout + done.stderr)[-2000:]  # pytest's usage error, before collection
+    assert "--torchlens-backend mlx: no backend named 'mlx'" in done.stderr and "numpy (ready)" in done.stderr

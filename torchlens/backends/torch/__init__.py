@@ -1,0 +1,1 @@
+"""``torchlens.backends.torch.wrappers.wrap_torch()``: kept for old scripts (see wrappers.py)."""

@@ -1,0 +1,257 @@
+"""The conformance checks, run against every case of a backend's zoo.
+
+Collected by :mod:`torchlens.conformance.plugin` (``pytest --torchlens-backend
+NAME``) from the installed package, or imported by a checkout's own test module
+(TorchLens's ``conformance/test_conformance.py``). Each check takes the
+``torchlens_case`` parameter (backend name, Case) that the plugin gives it.
+Every assertion carries its own message: the plugin imports this module
+before collection, so pytest does not rewrite it (and writes nothing into
+TorchLens's install).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import attrs
+import pytest
+
+import torchlens as tl
+from torchlens.conformance.plugin import suite_settings
+from torchlens_core.backend.arrays import max_error
+from torchlens_core.backend.cases import Case
+from torchlens_core.backend.manager import hook
+from torchlens_core.ir import tree
+from torchlens_core.ir.records import Ref
+from torchlens_core.replay.evaluator import replay_values
+from torchlens_core.store.saving import NOT_REPLAYABLE
+
+
+@attrs.frozen
+class Traced:
+    backend: str
+    case: Case
+    model: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    trace: tl.Trace
+    own_output: Any
+
+
+def _run(case: Case, fn: Any) -> Any:
+    if case.reset is not None:
+        case.reset()
+    return fn()
+
+
+@pytest.fixture(scope="module")
+def traced(torchlens_case: tuple[str, Case]) -> Traced:
+    backend, case = torchlens_case
+    model, args, kwargs = case.build()
+    own = _run(case, lambda: model(*args, **kwargs))
+    trace = _run(case, lambda: tl.trace(model, *args, backend=backend, **kwargs))
+    return Traced(backend, case, model, args, kwargs, trace, own)
+
+
+def test_output_parity(traced: Traced) -> None:
+    recorded = max_error(traced.backend, traced.trace.output, traced.own_output)
+    assert recorded <= traced.case.rtol, f"trace output differs from the model's own by {recorded:.3g}"
+    replayed = max_error(traced.backend, traced.trace.replay(), traced.own_output)
+    assert replayed <= traced.case.rtol, f"replayed output differs from the model's own by {replayed:.3g}"
+
+
+def test_audit_clean(traced: Traced, request: pytest.FixtureRequest) -> None:
+    # The untraced rerun starts from the case's reset, as the capture did: a forward drawing random
+    # numbers then draws the same ones, and its rerun is compared too.
+    untraced = suite_settings(request.config).untraced
+    report = _run(traced.case, lambda: traced.trace.audit(rtol=traced.case.rtol, untraced=untraced))
+    assert report, str(report)
+    if untraced:
+        found = next(f for f in report.findings if f.check == "untraced parity")
+        assert not found.detail.startswith("not compared: two"), f"the untraced reruns differ: {found.detail}"
+
+
+def _views(t: tl.Trace) -> list[Any]:
+    """What a loaded trace must give as the original did: op records, tables, summary, drawing, hash."""
+    ops = [(o.label, o.kind, o.func_name, o.shape, o.dtype, o.device, o.parents, o.children, o.module_passes,
+            o.module_outputs, o.params, o.source, o.in_place, o.saved, o.code_context, o.elapsed, o.flops,
+            o.macs, repr(o.config), o.conditions, o.pass_num, o.num_passes) for o in t.ops]
+    params = [(p.name, p.module, p.shape, p.dtype, p.numel, p.trainable, p.is_buffer) for p in t.params.values()]
+    modules = [(m.path, m.type_name, m.num_params, [(mp.label, mp.ops, mp.output_shapes) for mp in m.passes])
+               for m in t.modules.values()]
+    return [ops, params, modules, t.output_labels, t.summary(), t.to_dot(), tl.hash(t)]
+
+
+def test_module_outputs(traced: Traced) -> None:
+    if not traced.case.check_modules:
+        pytest.skip("case has no modules to observe")
+    seen = _run(traced.case, lambda: hook().torchlens_observe_module_outputs(
+        backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
+    assert seen, "the framework's module hooks saw no module call"
+    recorded = {mp.label: mp for m in traced.trace.modules.values() for mp in m.passes}
+    missing = sorted(set(seen) - set(recorded))
+    assert not missing, f"module calls not recorded: {missing[:10]}"
+    extra = sorted(set(recorded) - set(seen))
+    assert not extra, f"module calls recorded that the framework did not see: {extra[:10]}"
+    worst = max(((max_error(traced.backend, mp.out, seen[label]), label) for label, mp in recorded.items()
+                 if seen[label] is not None), default=(0.0, None))
+    assert worst[0] <= traced.case.rtol, f"module output {worst[1]} differs by {worst[0]:.3g}"
+
+
+def test_round_trip(traced: Traced, tmp_path: pathlib.Path) -> None:
+    # Runs after test_module_outputs on purpose: the model has run again since the capture (a
+    # training-mode model bumps its BatchNorm counters in place), and the trace must still hold,
+    # and save, the values that ran.
+    trace, backend, rtol = traced.trace, traced.backend, traced.case.rtol
+    loaded = tl.load(tl.save(trace, tmp_path / "trace"))
+    assert _views(loaded) == _views(trace), "the loaded trace's records, tables, summary or drawing differ"
+    for a, b in zip(trace.ops, loaded.ops):
+        assert max_error(backend, b.out, a.out) == 0.0, f"the saved value of {a.label} changed on load"
+    assert max_error(backend, loaded.model_output, trace.model_output) == 0.0, "the model output changed on load"
+    missing = loaded.notes.get(NOT_REPLAYABLE, {})
+    assert not missing, f"ops not replayable after loading: {missing}"
+    replayed = max_error(backend, loaded.replay(), traced.own_output)
+    assert replayed <= rtol, f"the loaded trace replays to an output off the model's own by {replayed:.3g}"
+    report = loaded.audit(rtol=rtol)
+    assert report, str(report)
+
+
+# -- checks that catch lost edges: an array the backend failed to link to its op is a frozen constant, which
+# replay on the recorded inputs cannot tell from a real edge ----------------------------------------------------
+def _other_inputs(traced: Traced) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A second, different set of inputs: the case's own, or the floats nudged and the integers shuffled."""
+    import numpy as np
+
+    if traced.case.other_inputs is not None:
+        return traced.case.other_inputs(traced.args, traced.kwargs)
+    h, backend = hook(), traced.backend
+    rng = np.random.default_rng(0)
+
+    def other(value: Any) -> Any:
+        info = h.torchlens_array_info(backend=backend, value=value)
+        if info is None:
+            return value
+        array = np.asarray(h.torchlens_to_numpy(backend=backend, value=value))
+        if array.dtype.kind == "f" and array.size:
+            scale = float(np.std(array)) or 1.0
+            array = (array + 0.05 * scale * rng.standard_normal(array.shape)).astype(array.dtype)
+        elif array.dtype.kind in "iu" and array.size > 1:
+            array = rng.permutation(array.ravel()).reshape(array.shape)
+        else:
+            return value
+        converted = h.torchlens_from_numpy(backend=backend, array=array, dtype=info[1], device=info[2])
+        return array if converted is None else converted  # None: the backend's arrays are NumPy's
+
+    return tree.map_leaves(other, traced.args), tree.map_leaves(other, traced.kwargs)
+
+
+def test_replay_on_other_inputs(traced: Traced) -> None:
+    args, kwargs = _other_inputs(traced)
+    own = _run(traced.case, lambda: traced.model(*args, **kwargs))
+    values = _run(traced.case, lambda: replay_values(traced.trace, new_inputs=(args, kwargs)))
+    replayed = tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r, traced.trace.output_template)
+    error = max_error(traced.backend, replayed, own)
+    assert error <= traced.case.rtol, f"replayed on other inputs, the output is off the model's own by {error:.3g}"
+    moved = [op for op in traced.trace.ops if op.kind == "op" and op.saved
+             and max_error(traced.backend, values[op.index], op.out) > 0]
+    assert moved, "no op's value changed with the inputs: the check cannot tell an edge from a constant here"
+
+
+def _identity(value: Any, site: Any) -> Any:
+    return value
+
+
+def _needs(traced: Traced, capability: str) -> None:
+    """Skip a check of an option the backend does not declare (tl.trace refuses the option then)."""
+    from torchlens_core.backend.manager import resolve_backend
+
+    if capability not in resolve_backend(traced.backend).capabilities:
+        pytest.skip(f"the {traced.backend} backend does not declare the {capability!r} capability")
+
+
+def test_identity_edits_leave_the_output_unchanged(traced: Traced) -> None:
+    """An identity edit at every op: the edit machinery of every op runs, and changes nothing."""
+    _needs(traced, "intervene")
+    everything = tl.when(tl.where(lambda op: True), _identity)
+    edited = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
+                                                 intervene=everything, **traced.kwargs))
+    assert len(edited.interventions) >= edited.num_ops, "some ops were not edited"
+    change = max_error(traced.backend, edited.output, traced.trace.output)
+    assert change == 0.0, f"identity edits changed the traced output by {change:.3g}"
+    report = _run(traced.case, lambda: edited.audit(rtol=traced.case.rtol))
+    assert report, str(report)
+
+
+def test_zero_ablation_live_equals_fork_replay(traced: Traced) -> None:
+    """Zeros at a mid-graph op: captured live, and replayed on a fork of the clean trace, give one output."""
+    _needs(traced, "intervene")
+    ops = [op for op in traced.trace.ops if op.kind == "op" and op.children and op.dtype
+           and any(k in op.dtype for k in ("float", "bfloat", "half", "double"))]
+    if not ops:
+        pytest.skip("no floating-point op with children to ablate")
+    site = ops[len(ops) // 2]
+    where = tl.label(f"{site.layer_label}:{site.pass_num}")
+    live = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
+                                               intervene=tl.when(where, tl.zero_ablate()), **traced.kwargs))
+    assert live[f"{site.layer_label}:{site.pass_num}"].edited
+    fork = traced.trace.fork().when(where, tl.zero_ablate())
+    if [op.func_name for op in live.ops] != [op.func_name for op in traced.trace.ops]:
+        # The zeros changed a value the forward branched or counted on: the recorded graph does not hold,
+        # and replaying the fork must say so rather than give the old graph's answer.
+        with pytest.raises(tl.GraphDoesNotHold):
+            _run(traced.case, fork.replay)
+        return
+    replayed = _run(traced.case, fork.replay)
+    error = max_error(traced.backend, replayed, live.output)
+    assert error <= traced.case.rtol, f"zeros at {site.label}: live and fork().replay() differ by {error:.3g}"
+
+
+# -- gradients: checked against the framework's own, for backends with the "gradients" capability ----------------
+def test_gradients_match_the_framework(traced: Traced) -> None:
+    from torchlens_core.grads.backward import total
+
+    _needs(traced, "gradients")
+    h = hook()
+    try:
+        reference = _run(traced.case, lambda: h.torchlens_reference_grads(
+            backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
+    except tl.UnsupportedError as exc:
+        pytest.skip(str(exc))
+    if not reference:
+        pytest.skip("no floating-point input to differentiate with respect to")
+    t = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, save_grads=True,
+                                            **traced.kwargs))
+    t.log_backward(total(traced.backend))
+    template = (t.call.args, t.call.kwargs)
+    tolerance = max(traced.case.rtol, 1e-4)
+    for path, expected in reference.items():
+        ref = tree.get(template, path)
+        assert isinstance(ref, Ref), f"argument {path} is not an input node of the trace"
+        got = t.ops[ref.index].grad
+        assert got is not None, f"no gradient at {t.ops[ref.index].label} ({t.ops[ref.index].grad_status})"
+        error = max_error(traced.backend, got, expected)
+        assert error <= tolerance, f"the gradient at {t.ops[ref.index].label} is off the framework's by {error:.3g}"
+
+
+# -- lost edges: arrays the backend did not link to the op that made them (torchlens_core/replay/lost_edges.py) ---
+def test_no_lost_edges(traced: Traced) -> None:
+    """No array constant equals an earlier op's output, nor changes when the model runs on other inputs.
+
+    Traced again on the other inputs of replay_on_other_inputs, every op
+    must read the constants it read before: one that moved is computed from
+    the inputs, so an op's output the backend did not link (or a call it did
+    not see). audit_clean runs the first half too; this check names both.
+    """
+    from torchlens_core.replay.lost_edges import constants_equal_to_outputs, constants_that_moved
+
+    found = list(constants_equal_to_outputs(traced.trace))
+    args, kwargs = _other_inputs(traced)
+    other = _run(traced.case, lambda: tl.trace(traced.model, *args, backend=traced.backend, **kwargs))
+    moved = list(constants_that_moved(traced.trace, other))
+    if moved:  # traced once more on the first inputs: a constant no run gives back alike is not an edge
+        again = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
+                                                    **traced.kwargs))
+        moved = list(constants_that_moved(traced.trace, other, again))
+    found += moved
+    assert not found, "lost edges:\n" + "\n".join(f"  {f.op}: {f.detail}" for f in found[:10])

@@ -1,0 +1,132 @@
+"""The interactive trace viewer: one self-contained HTML file per trace or comparison (docs/viewer.md).
+
+``view(trace, "trace.html")`` writes it; ``show(trace)`` displays it in a
+notebook, or writes it to a temporary file and opens a browser elsewhere.
+Graphviz lays the graph out at export time; the page (vanilla JavaScript,
+inlined) adds pan and zoom, folding modules, search, path highlighting and
+the op panel. Values are pictured from NumPy, so every backend works, and so
+do loaded traces.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+import webbrowser
+from typing import TYPE_CHECKING, Any
+
+from torchlens_core.compare.report import Comparison, colors
+from torchlens_core.ir.errors import ArgumentTypeError
+from torchlens_core.ir.trace import Trace
+from torchlens_core.viewer.data import module_passes, op_records
+from torchlens_core.viewer.layouts import MAX_LAYOUT_NODES, layouts
+from torchlens_core.viewer.page import page
+
+if TYPE_CHECKING:
+    from torchlens_core.compare.report import AlignedPair
+
+__all__ = ["render_html", "show", "view"]
+
+
+def render_html(target: Trace | Comparison, *, side: str = "a", values: bool = True,
+                max_nodes: int = MAX_LAYOUT_NODES) -> str:
+    """The viewer's HTML text for a trace, or for one side of a ``tl.compare`` result.
+
+    A comparison colours each op by its pair's error (as ``Comparison.draw`` does) and opens on the first
+    divergence. ``values=False`` leaves the value pictures out (a smaller file). Layouts with more than
+    ``max_nodes`` nodes are left out (Graphviz is slow on them): the page then cannot expand that far.
+    """
+    trace, comparison = _trace_of(target, side)
+    ops, pictures = op_records(trace, with_values=values)
+    laid_out, start = layouts(trace, colors=colors(comparison, side) if comparison is not None else None,
+                              max_nodes=max_nodes)
+    title = f"{trace.model_name or 'function'} ({trace.backend})"
+    data: dict[str, Any] = {
+        "ops": ops, "modules": module_passes(trace), "start": start, "focus": None,
+        "layouts": [{"depth": item["depth"], "nodes": item["nodes"], "available": item["svg"] is not None}
+                    for item in laid_out],
+        "comparison": None,
+    }
+    if comparison is not None:
+        data["comparison"] = _pairs(comparison, side)
+        first = comparison.first_divergence
+        data["focus"] = None if first is None else (first.a if side == "a" else first.b)
+        title = f"{title} compared with {_name(comparison.b if side == 'a' else comparison.a)}"
+    elif trace.interventions:
+        data["focus"] = next(op.label for op in trace.ops if op.edits)
+    return page(title, data, [item["svg"] for item in laid_out], pictures)
+
+
+def view(target: Trace | Comparison, path: str | os.PathLike[str] | None = None, *, side: str = "a",
+         values: bool = True, max_nodes: int = MAX_LAYOUT_NODES, open_browser: bool = False) -> str:
+    """Write the viewer for ``target`` (a trace or a ``tl.compare`` result) to ``path``; returns the path.
+
+    ``path`` defaults to ``<model name>.html`` in the working directory; ``open_browser=True`` opens it.
+    """
+    trace, _ = _trace_of(target, side)
+    path = os.fspath(path) if path is not None else f"{trace.model_name or 'trace'}.html"
+    text = render_html(target, side=side, values=values, max_nodes=max_nodes)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    if open_browser:
+        webbrowser.open(pathlib.Path(path).resolve().as_uri())
+    return path
+
+
+def show(target: Trace | Comparison, **options: Any) -> str | None:
+    """Show the viewer: inline in a Jupyter notebook, else in a browser from a temporary file (its path returned).
+
+    ``options`` are :func:`view`'s (``side``, ``values``, ``max_nodes``).
+    """
+    if _in_notebook():
+        from IPython.display import HTML, display
+
+        text = render_html(target, **options)
+        # An iframe keeps the page's script and styles apart from the notebook's.
+        srcdoc = text.replace("&", "&amp;").replace('"', "&quot;")
+        display(HTML(f'<iframe srcdoc="{srcdoc}" style="width:100%;height:720px;border:1px solid #ccc"></iframe>'))
+        return None
+    handle, path = tempfile.mkstemp(suffix=".html", prefix="torchlens-")
+    os.close(handle)
+    return view(target, path, open_browser=True, **options)
+
+
+def _trace_of(target: Any, side: str) -> tuple[Trace, Comparison | None]:
+    if isinstance(target, Comparison):
+        if side not in ("a", "b"):
+            raise ArgumentTypeError(f"side= is 'a' or 'b', not {side!r}")
+        return (target.a if side == "a" else target.b), target
+    if isinstance(target, Trace):
+        return target, None
+    raise ArgumentTypeError(f"the viewer shows a Trace (tl.trace, tl.load) or a tl.compare result, not "
+                            f"{type(target).__name__}")
+
+
+def _pairs(comparison: Comparison, side: str) -> dict[str, dict[str, Any]]:
+    """Op label -> how its pair compared: verdict, max |diff|, relative error, the other side's op."""
+    found: dict[str, dict[str, Any]] = {}
+    for pair in comparison.pairs:
+        info = _pair_info(pair, side)
+        for label in (pair.a_group if side == "a" else pair.b_group):
+            found[label] = info
+    return found
+
+
+def _pair_info(pair: AlignedPair, side: str) -> dict[str, Any]:
+    g = pair.agreement
+    return {"verdict": pair.verdict, "partner": pair.b if side == "a" else pair.a,
+            "max_abs": None if g is None else g.max_abs, "relative": None if g is None else g.relative}
+
+
+def _name(trace: Trace) -> str:
+    return f"{trace.model_name or 'function'} ({trace.backend})"
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"

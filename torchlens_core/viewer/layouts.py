@@ -1,0 +1,80 @@
+"""Graphviz layouts of a trace, one per collapse depth, as SVG text for the page.
+
+The page cannot run Graphviz, so every view it can switch to is laid out
+here: ``collapse=d`` for each module depth ``d`` (modules that deep are one
+box; the shallower ones are clusters the page can still fold in place) and the
+fully expanded graph. The DOT is :func:`torchlens_core.views.draw.to_dot`'s, so
+the viewer and ``trace.draw()`` show the same graph; the page finds ops,
+module boxes and clusters by the ``<title>`` Graphviz gives each
+(``op 12``, ``module layer1:1``, ``cluster layer1:1``).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from torchlens_core.ir.errors import GraphvizNotFoundError, TorchLensError
+from torchlens_core.views.draw import AUTO_NODE_BUDGET, to_dot, view
+
+if TYPE_CHECKING:
+    from torchlens_core.ir.trace import Trace
+
+# A layout with more nodes than this is left out (Graphviz takes minutes on tens of thousands); the page then
+# cannot expand that far and says so.
+MAX_LAYOUT_NODES = 20_000
+# Over this many nodes Graphviz gets fewer rounds to untangle crossings (a 5,000-node layout: 10 s, not 40 s).
+QUICK_LAYOUT_NODES = 1_500
+QUICK_LAYOUT = ("-Gnslimit=1", "-Gmclimit=0.3")
+
+
+def layouts(trace: Trace, colors: dict[str, str] | None = None,
+            max_nodes: int = MAX_LAYOUT_NODES) -> tuple[list[dict[str, Any]], int]:
+    """(layouts, index of the one to open with), shallowest first; the last is the expanded graph.
+
+    Each layout is ``{"depth": d, "nodes": n, "svg": text}``: modules ``d`` deep are boxes (``d`` one more
+    than the deepest module: the expanded graph); ``svg`` is None when over ``max_nodes``. A depth whose
+    picture equals a shallower one's is left out: the page takes the deepest layout not deeper than it needs.
+    The first shown is the one ``collapse="auto"`` draws: the deepest within the drawing's node budget.
+    """
+    dot = shutil.which("dot")
+    if dot is None:
+        raise GraphvizNotFoundError(
+            "the viewer lays the graph out with the Graphviz 'dot' program, which is not on PATH: install "
+            "Graphviz (apt-get install graphviz, brew install graphviz, conda install graphviz)")
+    depth = max((len(op.module_passes) for op in trace.ops), default=0)
+    found: list[dict[str, Any]] = []
+    seen: set[frozenset[str]] = set()
+    for d in range(1, depth + 2):
+        collapse = d if d <= depth else None  # one deeper than the deepest module: nothing collapsed
+        nodes = frozenset(view(trace, collapse=collapse).nodes)
+        if nodes in seen:
+            continue  # the same picture as a shallower depth (a depth where every module is one op)
+        seen.add(nodes)
+        found.append({"depth": d, "nodes": len(nodes), "dot": to_dot(trace, collapse=collapse, colors=colors)})
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        svgs = list(pool.map(lambda item: _svg(dot, item["dot"], item["nodes"]) if item["nodes"] <= max_nodes
+                             else None, found))
+    for item, svg in zip(found, svgs):
+        del item["dot"]
+        item["svg"] = svg
+    within = [i for i, item in enumerate(found) if item["nodes"] <= AUTO_NODE_BUDGET and item["svg"] is not None]
+    start = within[-1] if within else 0
+    if found[start]["svg"] is None:
+        raise TorchLensError(f"even the most collapsed layout has {found[start]['nodes']} nodes, over "
+                             f"max_nodes={max_nodes}: raise max_nodes to lay it out")
+    return found, start
+
+
+def _svg(dot: str, source: str, nodes: int) -> str:
+    quick = QUICK_LAYOUT if nodes > QUICK_LAYOUT_NODES else ()
+    result = subprocess.run([dot, "-Tsvg", *quick], input=source.encode(), capture_output=True)
+    if result.returncode != 0:
+        raise TorchLensError(f"Graphviz failed to lay the trace out: {result.stderr.decode(errors='replace').strip()}")
+    text = result.stdout.decode()
+    # The page inlines the <svg> element itself: drop the XML prolog, doctype and comments.
+    text = text[text.index("<svg"):]
+    return re.sub(r"<!--.*?-->\n?", "", text, flags=re.S)
