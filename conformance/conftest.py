@@ -3,7 +3,7 @@
 The checks and their parametrization live in the ``torchlens.conformance``
 package (a pytest plugin: ``pytest --torchlens-backend NAME`` runs them from
 anywhere). This conftest keeps this checkout's spelling of the options and
-adds its expected failures, ``expected_failures/<backend>.txt``.
+adds its expected failures, ``torchlens/conformance/expected_failures/<backend>.txt``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import pathlib
 
 import pytest
 
-HERE = pathlib.Path(__file__).parent
 # Loaded by the pytest11 entry point already when TorchLens is installed with its current metadata; named
 # here too for an install made before the entry point existed (a no-op otherwise: the names are the same).
 pytest_plugins = ["torchlens.conformance.plugin"]
@@ -31,10 +30,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     # imported here, not at the top: pytest imports (and assertion-rewrites) the pytest_plugins above itself
-    from torchlens.conformance.plugin import SuiteSettings, configure_suite
+    from torchlens.conformance.plugin import BUILT_IN_EXPECTED_FAILURES, SuiteSettings, configure_suite
 
     extra = tuple(pathlib.Path(p) for p in config.getoption("--expected-failures"))
     configure_suite(config, SuiteSettings(backends=tuple(config.getoption("--backend")),
-                                          expected_failures=(HERE / "expected_failures", *extra),
+                                          expected_failures=(BUILT_IN_EXPECTED_FAILURES, *extra),
                                           include_slow=config.getoption("--include-slow"),
                                           untraced=not config.getoption("--no-untraced")))

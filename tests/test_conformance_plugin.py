@@ -191,3 +191,17 @@ def test_an_unknown_backend_is_named_with_the_registered_ones(tmp_path: pathlib.
     done = run_pytest(tmp_path, site, "--torchlens-backend", "mlx")
     assert done.returncode == 4, (done.stdout + done.stderr)[-2000:]  # pytest's usage error, before collection
     assert "--torchlens-backend mlx: no backend named 'mlx'" in done.stderr and "numpy (ready)" in done.stderr
+
+
+def test_the_built_in_expected_failures_ship_with_the_suite() -> None:
+    """An installed `pytest --torchlens-backend torch` applies torch's list, as `pytest conformance` does here."""
+    import tomllib
+
+    from torchlens.conformance.plugin import BUILT_IN_EXPECTED_FAILURES, SuiteSettings, _expected_failures
+
+    entries = _expected_failures(SuiteSettings(expected_failures=(BUILT_IN_EXPECTED_FAILURES,)), "torch")
+    assert "self_attention_fused::gradients_match_the_framework" in entries
+    assert _expected_failures(SuiteSettings(expected_failures=(BUILT_IN_EXPECTED_FAILURES,)), "numpy") == {}
+    root = pathlib.Path(__file__).parent.parent
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "expected_failures/*.txt" in data["torchlens.conformance"]  # a wheel carries the lists

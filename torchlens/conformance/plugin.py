@@ -46,6 +46,10 @@ class SuiteSettings:
     untraced: bool = True
 
 
+# The built-in backends' expected failures ('<backend>.txt'), shipped with the suite: an installed run of
+# `pytest --torchlens-backend torch` knows them as a checkout's `pytest conformance --backend torch` does.
+BUILT_IN_EXPECTED_FAILURES = pathlib.Path(__file__).parent / "expected_failures"
+
 _SETTINGS = pytest.StashKey[SuiteSettings]()
 _SUITE_FILE = pytest.StashKey[str]()
 # The suite's node id: its path inside TorchLens, whatever directory pytest runs in (a file outside the
@@ -78,8 +82,8 @@ def suite_settings(config: pytest.Config) -> SuiteSettings:
     if _SETTINGS in config.stash:
         return config.stash[_SETTINGS]
     return SuiteSettings(backends=tuple(config.getoption("torchlens_backend")),
-                         expected_failures=tuple(pathlib.Path(p) for p in
-                                                 config.getoption("torchlens_expected_failures")),
+                         expected_failures=(BUILT_IN_EXPECTED_FAILURES, *(
+                             pathlib.Path(p) for p in config.getoption("torchlens_expected_failures"))),
                          include_slow=config.getoption("torchlens_include_slow"),
                          untraced=not config.getoption("torchlens_no_untraced"))
 
