@@ -152,12 +152,18 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
                 torch.manual_seed(0)
                 _save_case(out_path, "send_recv", rank, SendRecv(), x)
                 results.update(_sharded(rank, world, x))
+        # every rank reaches here before any tears gloo down: a rank that closed its sockets while
+        # another still drained a collective's background work could abort that rank (SIGABRT)
+        dist.barrier()
     except Exception:
         results["error"] = traceback.format_exc()
         raise  # torch.multiprocessing.spawn then stops the other ranks
     finally:
         (out_path / f"results{rank}.json").write_text(json.dumps(results))
-        dist.destroy_process_group()
+    dist.destroy_process_group()
+    # skip interpreter teardown: device meshes and FSDP state still hold process groups whose
+    # destructors run after destroy_process_group, and gloo may abort there; the results are written
+    os._exit(0)
 
 
 def _sharded(rank: int, world: int, x: torch.Tensor) -> dict[str, Any]:

@@ -35,7 +35,11 @@ from torchlens_torch import distributed as torch_distributed  # noqa: E402
 
 
 def _run_job(world: int, out: pathlib.Path) -> list[dict[str, Any]]:
-    mp.spawn(rank_workers.worker, args=(world, rank_workers.free_init_method(), str(out)), nprocs=world)
+    try:
+        mp.spawn(rank_workers.worker, args=(world, rank_workers.free_init_method(), str(out)), nprocs=world)
+    except mp.ProcessExitedException as exc:  # say what each rank had done when one died
+        written = {f.name: f.read_text()[-2000:] for f in sorted(out.glob("results*.json"))}
+        raise AssertionError(f"{exc}; the ranks' results files: {written or 'none written'}") from exc
     results = [json.loads((out / f"results{rank}.json").read_text()) for rank in range(world)]
     errors = [r["error"] for r in results if "error" in r]
     assert not errors, errors[0]
