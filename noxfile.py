@@ -16,10 +16,11 @@ PYTHON = "3.11"
 # backend -> (extras to install, a program its tests need and how to get it)
 BACKENDS = {
     "torch": ("torch,zoo,test,extract,tables", None),
-    "jax": ("jax,test", None),
-    "tf": ("tf,test", None),
-    "paddle": ("paddle,test", None),
-    "tinygrad": ("tinygrad,test", ("clang", "tinygrad's CPU device compiles with clang: apt-get install -y clang")),
+    "jax": ("jax,test,extract", None),
+    "tf": ("tf,test,extract", None),
+    "paddle": ("paddle,test,extract", None),
+    "tinygrad": ("tinygrad,test,extract",
+                 ("clang", "tinygrad's CPU device compiles with clang: apt-get install -y clang")),
 }
 
 
@@ -32,8 +33,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def core(session: nox.Session) -> None:
-    """Core tests with no framework installed, plus the third-party numpy plugin through the shared suite."""
-    session.install("-e", ".[test]", "-e", "plugins/torchlens-numpy")
+    """Core tests with no framework installed, plus the third-party numpy plugin through the shared suite.
+
+    zarr and dask (the `extract` extra) are not frameworks: with them the numpy plugin's extraction runs."""
+    session.install("-e", ".[test,extract]", "-e", "plugins/torchlens-numpy")
     session.run("pytest", "tests", "-q", *session.posargs)
     session.run("pytest", "conformance", "--backend", "numpy", "-q")
 
@@ -109,3 +112,22 @@ def bench(session: nox.Session) -> None:
     envs = pathlib.Path(session.virtualenv.location).parent  # each backend's own: TF and Paddle cannot share one
     table = pathlib.Path(session.create_tmp()) / "performance-table.md"
     session.run("python", "bench/all_backends.py", "--envs", str(envs), "--out", str(table))
+
+
+@nox.session(python=PYTHON)
+def menagerie(session: nox.Session) -> None:
+    """Every architecture the registries list, traced and verified (bench/menagerie/), then docs/menagerie.md.
+
+    `nox -s menagerie -- --backend torch [--shard i/n] [--resume] [--sample]`: runs in that backend session's
+    virtualenv (TensorFlow and Paddle cannot share a process), as `compare` does; not a default session (the
+    full torch run takes about an hour on two cores).
+    """
+    args = list(session.posargs)
+    backend = args[args.index("--backend") + 1] if "--backend" in args else "torch"
+    python = pathlib.Path(session.virtualenv.location).parent / backend / "bin" / "python"
+    if not python.exists():
+        session.error(f"the menagerie runs in the {backend} session's virtualenv, which is missing: "
+                      f"run `nox -s {backend}` first")
+    session.run(str(python), "-m", "bench.menagerie", *args, external=True)
+    if "--sample" not in args and "--list" not in args:
+        session.run(str(python), "-m", "bench.menagerie.report", external=True)

@@ -15,6 +15,14 @@ Three runs, each into its own store:
 
 The dataset is a lazy sequence (sample i is made from seed i when read), so
 the process holds no dataset: what RSS gains is what the extraction holds.
+
+    python bench/extract_dataset.py --backend jax --size 32   # the same conv net in torch, jax, tf or paddle
+
+``--backend`` runs one timed extraction of a small conv net (two 3x3 convs of
+16 and 32 channels, a pool, a dense head; NHWC in JAX and Keras, NCHW in
+torch and Paddle) over NumPy samples, the layers being both convs: throughput
+and peak memory per backend, the model identical in size. Run each backend in
+its own environment (TensorFlow and Paddle do not share a process).
 """
 
 from __future__ import annotations
@@ -64,8 +72,111 @@ class RandomImages:
         return torch.randn(3, self.size, self.size, generator=torch.Generator().manual_seed(i))
 
 
+class NumpyImages:
+    """A map-style dataset of NumPy images, drawn from seed i when read: channels first or last."""
+
+    def __init__(self, n: int, size: int, channels_last: bool) -> None:
+        self.n, self.size, self.channels_last = n, size, channels_last
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import numpy as np
+
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        image = np.random.default_rng(i).standard_normal((3, self.size, self.size), dtype=np.float32)
+        return image.transpose(1, 2, 0).copy() if self.channels_last else image
+
+
+def conv_net(backend: str) -> tuple[Any, list[str], bool]:
+    """(model, its two conv layers' keys, channels last) of the same small conv net in each framework."""
+    if backend == "torch":
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                    torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+                                    torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10)).eval()
+        return model, ["0", "2"], False
+    if backend == "paddle":
+        import paddle
+
+        paddle.seed(0)
+        model = paddle.nn.Sequential(paddle.nn.Conv2D(3, 16, 3, padding=1), paddle.nn.ReLU(),
+                                     paddle.nn.Conv2D(16, 32, 3, padding=1), paddle.nn.ReLU(),
+                                     paddle.nn.AdaptiveAvgPool2D(1), paddle.nn.Flatten(), paddle.nn.Linear(32, 10))
+        model.eval()
+        return model, ["0", "2"], False
+    if backend == "tf":
+        import keras
+
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((None, None, 3)),
+                                  keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="conv1"),
+                                  keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2"),
+                                  keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+        return model, ["conv1", "conv2"], True
+    if backend == "jax":
+        from flax import nnx
+
+        class Net(nnx.Module):
+            def __init__(self, rngs: Any) -> None:
+                self.conv1 = nnx.Conv(3, 16, (3, 3), rngs=rngs)
+                self.conv2 = nnx.Conv(16, 32, (3, 3), rngs=rngs)
+                self.head = nnx.Linear(32, 10, rngs=rngs)
+
+            def __call__(self, x: Any) -> Any:
+                x = nnx.relu(self.conv2(nnx.relu(self.conv1(x))))
+                return self.head(x.mean(axis=(1, 2)))
+
+        return Net(nnx.Rngs(0)), ["conv1", "conv2"], True
+    raise SystemExit(f"--backend takes torch, jax, tf or paddle, not {backend!r}")
+
+
+def per_backend(args: Any) -> dict[str, Any]:
+    """One timed extraction of the small conv net on ``args.backend``: throughput and peak memory."""
+    import numpy as np
+
+    import torchlens as tl
+
+    model, layers, channels_last = conv_net(args.backend)
+    n, size, batch = args.samples, args.size, args.batch_size
+    data = NumpyImages(n, size, channels_last)
+    root = args.out or tempfile.mkdtemp(prefix="tl-extract-bench-")
+    os.makedirs(root, exist_ok=True)
+    store = os.path.join(root, f"net-{args.backend}")
+    # Warm up (imports, kernels, allocator pools) on a store of two batches, outside the measurement.
+    tl.extract_dataset(model, NumpyImages(2 * batch, size, channels_last), layers, batch_size=batch,
+                       output_dir=store, progress=False, overwrite=True)
+    baseline_peak = rss_peak_mib()
+    t0 = time.perf_counter()
+    handle = tl.extract_dataset(model, data, layers, batch_size=batch, output_dir=store, progress=False,
+                                overwrite=True)
+    seconds = time.perf_counter() - t0
+    peak = rss_peak_mib()
+    per_sample = sum(int(np.prod(s)) * np.dtype(handle.dtypes[k]).itemsize for k, s in handle.shapes.items())
+    on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(store) for f in fs)
+    results = {"backend": args.backend, "samples": n, "input": [size, size, 3] if channels_last else [3, size, size],
+               "batch_size": batch, "layers": layers, "shapes": {k: list(v) for k, v in handle.shapes.items()},
+               "seconds": round(seconds, 2), "samples_per_s": round(n / seconds, 1),
+               "rss_peak_growth_mib": round(peak - baseline_peak, 1),
+               "activations_mib": round(per_sample * n / 2**20, 1), "on_disk_mib": round(on_disk / 2**20, 1)}
+    print(f"{args.backend}: conv net, {n} samples of {results['input']}, batch {batch}: {seconds:.2f} s, "
+          f"{n / seconds:.1f} samples/s, peak RSS +{peak - baseline_peak:.1f} MiB; "
+          f"{results['activations_mib']} MiB of activations, {results['on_disk_mib']} MiB on disk")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    if args.out is None:
+        shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default=None, help="torch, jax, tf or paddle: time the small conv net there")
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--size", type=int, default=64, help="input height and width")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -77,6 +188,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default=None, help="folder for the stores (default: a temporary one, removed)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
+    if args.backend is not None:
+        return per_backend(args)
 
     import numpy as np
     import torch

@@ -230,7 +230,9 @@ class Fuzzer:
             ("format", lambda m: m.update(format="pickle")),
             ("version 0", lambda m: m.update(format_version=0)),
             ("a newer version", lambda m: m.update(format_version=saving.FORMAT_VERSION + 1)),
-            ("an older version", lambda m: m.update(format_version=saving.FORMAT_VERSION - 1)),
+            # version 5 only added module inputs: a trace without modules reads the same as version 4, so the
+            # older version claimed is 3, whose ops lack the gradient fields every trace's ops have
+            ("an older version", lambda m: m.update(format_version=saving.FORMAT_VERSION - 2)),
             ("version text", lambda m: m.update(format_version="2")),
             ("no arrays entry", lambda m: m["files"].pop("arrays.bin")),
             ("extra file", lambda m: m["files"].update({"evil.py": {"size": 0, "sha256": "0" * 64}})),

@@ -122,8 +122,9 @@ def _run_broken(tmp_path: pathlib.Path, unlinked: str = "", unseen: str = "") ->
 
 def test_a_plugin_that_loses_an_edge_fails_naming_the_op(tmp_path: pathlib.Path) -> None:
     output, failed = _run_broken(tmp_path, unlinked="maximum")
-    # the audit's tripwire (audit_clean), the lost-edge check and replay on other inputs each catch it
-    assert {"no_lost_edges", "audit_clean", "replay_on_other_inputs"} <= failed, output[-4000:]
+    # the audit's tripwire (audit_clean) and the lost-edge check each catch it; replay on other inputs is skipped:
+    # the broken plugin reads the value through tolist(), which the graph records, so replay refuses other inputs
+    assert {"no_lost_edges", "audit_clean"} <= failed, output[-4000:]
     label = _mlp_label(tmp_path / "site", "maximum")
     add = _mlp_label(tmp_path / "site", "add", 2)  # h @ w2 + b2, whose output maximum reads
     assert f"{label}: reads an array constant (args[0], shape (4, 16), float32) bitwise equal to the output of " \

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from extract_checks import CountingSamples
 
 import torchlens as tl
 
@@ -87,7 +88,8 @@ def test_reads_back_equal_to_pluck_on_the_same_samples(tmp_path: pathlib.Path) -
     model, data = small_model(), samples(10)
     handle = tl.extract_dataset(model, data, LAYERS, batch_size=4, output_dir=tmp_path / "out", progress=False)
     assert len(handle) == 10 and handle.shapes == {"relu_1": (8, 8, 8), "4": (16, 4, 4)}
-    assert handle["relu_1"].chunks == (4, 8, 8, 8)  # one chunk per batch
+    # one shard (file) per batch, one chunk per sample in it
+    assert handle["relu_1"].shards == (4, 8, 8, 8) and handle["relu_1"].chunks == (1, 8, 8, 8)
     for start in range(0, 10, 4):  # exactly what tl.pluck gives on the same batch
         batch = torch.stack(data[start:start + 4])
         for key in LAYERS:
@@ -110,11 +112,17 @@ def test_the_store_is_plain_zarr_that_other_tools_read(tmp_path: pathlib.Path) -
     assert index["complete"] and index["n_samples"] == 6 and index["sample_ids"] == ids
     assert [(entry["key"], entry["shape"], entry["dtype"]) for entry in index["layers"]] == [
         ("relu_1", [8, 8, 8], "float32"), ("4", [16, 4, 4], "float32")]
+    assert [(entry["batch_axis"], entry["layout"]) for entry in index["layers"]] == [(0, "NCHW"), (0, "NCHW")]
     assert json.loads((tmp_path / "out" / "zarr.json").read_text())["attributes"]["torchlens"] == index
     stored = dask_array.from_zarr(str(tmp_path / "out"), component=index["layers"][1]["array"])
     assert np.array_equal(stored.compute(), handle["4"][:])
-    codecs = [codec["name"] for codec in json.loads((tmp_path / "out" / "4" / "zarr.json").read_text())["codecs"]]
-    assert codecs == ["bytes", "zstd"]
+    meta = json.loads((tmp_path / "out" / "4" / "zarr.json").read_text())
+    assert [codec["name"] for codec in meta["codecs"]] == ["sharding_indexed"]
+    assert [codec["name"] for codec in meta["codecs"][0]["configuration"]["codecs"]] == ["bytes", "zstd"]
+    assert meta["attributes"]["torchlens"] == {"dtype": "float32", "batch_axis": 0, "layout": "NCHW",
+                                               "spatial_axes": [2, 3]}
+    # a batch is one file: 2 batches of 6 samples, 2 shard files per layer
+    assert sorted(p.name for p in (tmp_path / "out" / "4" / "c").iterdir()) == ["0", "1"]
 
 
 def test_activations_handle(tmp_path: pathlib.Path) -> None:
@@ -171,20 +179,7 @@ def test_resume_after_an_interruption_computes_only_unfinished_batches(tmp_path:
     assert calls[0] == 0 and len(again) == 22
 
 
-class Images:
-    """A map-style dataset that counts its reads and can break at a given sample."""
-
-    def __init__(self, data: list[Any], fail_at: int | None = None) -> None:
-        self.data, self.fail_at, self.reads = data, fail_at, 0
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> Any:
-        if self.fail_at is not None and i >= self.fail_at:
-            raise KeyboardInterrupt
-        self.reads += 1
-        return self.data[i]
+Images = CountingSamples  # a map-style dataset that counts its reads and can break at a given sample
 
 
 def test_a_sequence_resumes_without_reading_finished_samples(tmp_path: pathlib.Path) -> None:

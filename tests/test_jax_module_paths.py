@@ -370,3 +370,50 @@ def test_another_threads_calls_pass_through_unrecorded() -> None:
     assert list(trace.modules) == ["fc1", "fc2"]
     assert [trace.modules[p].num_passes for p in ("fc1", "fc2")] == [1, 1]
     close(seen["out"], OTHER(X))
+
+
+def test_the_observer_counts_module_calls_under_vmap_as_seen_but_uncompared() -> None:
+    # equinox layers take one example, so models call them under jax.vmap, where even with jit off the
+    # outputs are abstract: the observer must list those calls (None), as the trace records them
+    from torchlens_jax.modules import observe_module_outputs
+
+    class Block(eqx.Module):
+        norm: eqx.nn.LayerNorm
+        fc: eqx.nn.Linear
+
+        def __init__(self, key: Any) -> None:
+            self.norm, self.fc = eqx.nn.LayerNorm(4), eqx.nn.Linear(4, 4, key=key)
+
+        def __call__(self, x: Any) -> Any:
+            return self.fc(jax.vmap(self.norm)(x).sum(axis=0))
+
+    model, x = Block(jax.random.key(0)), jax.random.normal(jax.random.key(1), (3, 4))
+    seen = observe_module_outputs(model, (x,), {})
+    assert set(seen) == {"norm:1", "fc:1"}
+    assert seen["norm:1"] is None  # under vmap: seen, not compared
+    np.testing.assert_allclose(seen["fc:1"], np.asarray(model.fc(jax.vmap(model.norm)(x).sum(axis=0))), rtol=1e-6)
+    trace = tl.trace(model, x)
+    assert {mp.label for m in trace.modules.values() for mp in m.passes} == set(seen)
+
+
+def test_linen_module_calls_inside_a_lifted_scan_are_observed_and_match() -> None:
+    # capture_intermediates does not see nn.RNN's cell (inside nn.scan); linen's interceptor does, per step
+    from torchlens.conformance import checks
+    from torchlens_core.backend.cases import Case
+    from torchlens_jax.modules import observe_module_outputs
+
+    class Recurrent(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            return nn.Dense(3)(nn.RNN(nn.OptimizedLSTMCell(6))(x)[:, -1])
+
+    model, x = Recurrent(), jax.random.normal(jax.random.key(0), (2, 4, 3))
+    variables = model.init(jax.random.key(1), x)
+    seen = observe_module_outputs(model.apply, (variables, x), {})
+    cell = sorted(k for k in seen if k.startswith("OptimizedLSTMCell_0:"))
+    assert len(cell) == 5  # linen's pass over the scan body for its broadcast variables, then one per step
+    assert seen["OptimizedLSTMCell_0:1"] is None and all(seen[k] is not None for k in cell[1:])
+    trace = tl.trace(model.apply, variables, x, backend="jax")
+    case = Case("linen_rnn", lambda: (model.apply, (variables, x), {}), rtol=1e-5)
+    checks.test_module_outputs(checks.Traced("jax", case, model.apply, (variables, x), {}, trace,
+                                             model.apply(variables, x)))

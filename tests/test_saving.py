@@ -124,13 +124,13 @@ def test_save_refuses_to_clobber_other_things(saved, tmp_path: pathlib.Path) -> 
         tl.save(t, tmp_path / "folder")
 
 
-@pytest.mark.parametrize("version", [5, 0, "1", None, True])
+@pytest.mark.parametrize("version", [6, 0, "1", None, True])
 def test_other_format_versions_are_refused_by_name(saved, version) -> None:
     _, path = saved
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["format_version"] = version
     (path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(tl.TraceFileError, match=f"version {version!r}; this TorchLens .* reads versions 1 to 4"):
+    with pytest.raises(tl.TraceFileError, match=f"version {version!r}; this TorchLens .* reads versions 1 to 5"):
         tl.load(path)
 
 
@@ -237,4 +237,4 @@ def test_random_corruption_never_escapes_as_another_error(saved) -> None:
 
 
 def test_the_format_version_is_pinned() -> None:
-    assert saving.FORMAT_VERSION == 4 and saving.READS_VERSIONS == (1, 2, 3, 4)
+    assert saving.FORMAT_VERSION == 5 and saving.READS_VERSIONS == (1, 2, 3, 4, 5)

@@ -41,3 +41,21 @@ def test_a_tampered_rng_state_is_refused(tmp_path: pathlib.Path) -> None:
         rehash(path)
         with pytest.raises(tl.TraceFileError):
             tl.load(path)
+
+
+def test_an_op_called_without_its_trailing_arguments_replays_after_load(tmp_path: pathlib.Path) -> None:
+    # Paddle's F.gelu(x) calls the C binding as gelu(x): the binding fills `approximate` in, and the
+    # loaded call must too (from the type stub's default), not refuse the op.
+    from paddle import nn
+
+    paddle.seed(0)
+    model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, normalize_before=True, activation="gelu")
+    model.eval()
+    x = paddle.randn([2, 5, 16])
+    trace = tl.trace(model, x)
+    gelu = next(op for op in trace.ops if op.func_name == "gelu")
+    assert gelu.args == (gelu.args[0],) and not gelu.kwargs  # recorded as the forward called it
+    loaded = tl.load(tl.save(trace, tmp_path / "t"))
+    assert not loaded.notes.get("not_replayable")
+    assert float((loaded.replay() - model(x)).abs().max()) == 0.0
+    assert loaded.audit()

@@ -103,3 +103,51 @@ def test_seed_save_and_load_lines_run_as_written(tmp_path: pathlib.Path, monkeyp
     assert torch.equal(loaded["features.6"].out, log["features.6"].out)
     assert loaded.audit()  # training mode: the dropouts replay with their saved RNG state
     assert (tmp_path / "my_trace" / "manifest.json").is_file()
+
+
+def test_torchvision_operators_replay_after_load(tmp_path: pathlib.Path) -> None:
+    # detection models call torch.ops.torchvision.nms / roi_align: operators of an allow-listed library whose
+    # schemas write none of their arguments
+    import torchvision
+
+    def detect(boxes: torch.Tensor, scores: torch.Tensor, x: torch.Tensor, rois: torch.Tensor) -> tuple:
+        return torchvision.ops.nms(boxes, scores, 0.5), torchvision.ops.roi_align(x, rois, (2, 2))
+
+    torch.manual_seed(0)
+    boxes = torch.rand(8, 4)
+    boxes[:, 2:] += boxes[:, :2]
+    args = (boxes, torch.rand(8), torch.randn(1, 3, 8, 8), torch.tensor([[0, 0.0, 0.0, 4.0, 4.0]]))
+    loaded = tl.load(tl.save(tl.trace(detect, *args), tmp_path / "t"))
+    assert not loaded.notes.get("not_replayable")
+    for replayed, own in zip(loaded.replay(), detect(*args)):
+        assert torch.equal(replayed, own)
+
+
+@pytest.mark.parametrize("name, overload", [("add_", "Tensor"), ("copy_", "default"), ("no_such_op", "default")])
+def test_dispatcher_ops_that_write_or_do_not_exist_are_not_loaded(tmp_path: pathlib.Path, name: str,
+                                                                  overload: str) -> None:
+    x = torch.randn(3)
+    folder = tl.save(tl.trace(lambda v: torch.ops.aten.relu.default(v), x), tmp_path / "t")
+    assert torch.equal(tl.load(folder).replay(), torch.relu(x))  # an aten overload replays after loading
+    records = json.loads((folder / "trace.json").read_text())
+    op = next(o for o in records["ops"] if o.get("call"))
+    assert op["call"] == {"ns": "torch.ops.aten", "name": "relu", "overload": "default"}
+    op["call"].update(name=name, overload=overload)
+    (folder / "trace.json").write_text(json.dumps(records))
+    rehash(folder)
+    if name == "no_such_op":  # not in this torch: loads, not replayable
+        assert tl.load(folder).notes.get("not_replayable")
+    else:
+        with pytest.raises(tl.TraceFileError, match="writes into its arguments"):
+            tl.load(folder)
+
+
+@pytest.mark.parametrize("forward", [
+    lambda x: x + torch.zeros(1, dtype=int),  # a Python type where torch takes a dtype
+    lambda x: (torch._check_tensor_all(x > -1), x * 2)[1],  # Tensor._is_all_true, an underscore ATen operator
+], ids=["python_type_dtype", "underscore_aten_method"])
+def test_calls_transformers_models_make_replay_after_load(tmp_path: pathlib.Path, forward) -> None:
+    x = torch.ones(2)
+    loaded = tl.load(tl.save(tl.trace(forward, x), tmp_path / "t"))
+    assert not loaded.notes.get("not_replayable")
+    assert torch.equal(loaded.replay(), forward(x))

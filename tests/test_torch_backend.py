@@ -310,3 +310,55 @@ def test_values_survive_later_changes_to_inputs_buffers_and_the_next_forward() -
     assert all(torch.equal(op.out, before[op.label]) for op in trace.ops)
     assert counter.out.item() == 1
     assert trace.audit()
+
+
+def test_a_module_returning_a_tensor_from_an_earlier_call_adds_no_ops_of_its_own() -> None:
+    # the output is no op of this forward: the capture keeps a copy of it, and that copy is not the model's op
+    class Cache(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cached: torch.Tensor | None = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.cached is None:
+                self.cached = torch.ones(2, 3)
+            return self.cached
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cache, self.fc = Cache(), nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) + self.cache(x)
+
+    model, x = Model(), torch.randn(2, 3)
+    model(x)  # fills the cache before the capture
+    trace = tl.trace(model, x)
+    assert [op.func_name for op in trace.ops] == ["input", "linear", "identity", "add", "output"]
+    assert trace.audit()
+    assert torch.equal(trace.modules["cache"].passes[0].out, torch.ones(2, 3))
+
+
+def test_equal_constants_computed_from_constants_alone_are_not_lost_edges() -> None:
+    # torchvision's anchor generator keeps one constant cell-anchor tensor per level; with equal sizes per level
+    # the second level's constant equals the first level's converted copy, an op computed from constants alone
+    torchvision = pytest.importorskip("torchvision")
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+    from torchvision.models.detection.image_list import ImageList
+
+    class Anchors(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.anchors = AnchorGenerator(((32, 64),) * 3, ((0.5, 1.0),) * 3)
+
+        def forward(self, image: torch.Tensor, *features: torch.Tensor) -> list[torch.Tensor]:
+            return self.anchors(ImageList(image, [(64, 64)]), list(features))
+
+    x = (torch.randn(1, 3, 64, 64), torch.randn(1, 4, 8, 8), torch.randn(1, 4, 4, 4), torch.randn(1, 4, 2, 2))
+    model = Anchors()
+    trace = tl.trace(model, *x)
+    report = trace.audit()
+    assert report, str(report)
+    assert all(torch.equal(a, b) for a, b in zip(trace.output, model(*x)))
+    assert torchvision is not None

@@ -219,8 +219,8 @@ def observe_module_outputs(target: Any, args: tuple[Any, ...], kwargs: dict[str,
 
     nnx and equinox: ``__call__`` wrappers keyed by object identity, with jit
     disabled so that loop bodies run once per iteration on concrete values
-    (calls whose outputs are abstract even so, under ``jax.vmap``, are not
-    kept). linen: the framework's own ``capture_intermediates``.
+    (calls whose outputs are abstract even so, under ``jax.vmap``, map to
+    None: seen, not compared). linen: the framework's own ``capture_intermediates``.
     """
     import jax
 
@@ -243,8 +243,10 @@ def observe_module_outputs(target: Any, args: tuple[Any, ...], kwargs: dict[str,
         key = f"{path}:{passes[path]}"
         out = original(module, *a, **kw)
         template, arrays, _ = slot_template(out)
-        if not any(isinstance(x, jax.core.Tracer) for x in arrays):
-            outputs[key] = fill(template, [to_numpy(x) for x in arrays])
+        # under jax.vmap the outputs stay abstract even with jit off: the call was seen, its value cannot be
+        # shown (None: counted, not compared, as the hook's contract says)
+        concrete = not any(isinstance(x, jax.core.Tracer) for x in arrays)
+        outputs[key] = fill(template, [to_numpy(x) for x in arrays]) if concrete else None
         return out
 
     with jax.disable_jit(), wrapped_calls(callable_classes([m for _, m in objects]), hook):
@@ -253,13 +255,37 @@ def observe_module_outputs(target: Any, args: tuple[Any, ...], kwargs: dict[str,
 
 
 def _observe_linen(apply: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """linen's own ``capture_intermediates``, and its method interceptor for the calls that misses.
+
+    ``capture_intermediates`` does not see into lifted transforms (``nn.scan``,
+    so ``nn.RNN``'s cell): their bodies keep the ``intermediates`` collection
+    only when the model declares it among the transform's variable axes. The
+    interceptor sees every ``__call__`` as it runs, jit off, each scan step
+    on concrete values; a call whose output is abstract even so (linen's
+    pass over a scan body for its broadcast variables) maps to None.
+    """
+    import flax.linen as nn
     import jax
 
     kwargs = dict(kwargs)
     mutable = kwargs.pop("mutable", False)  # the caller's own mutable collections, plus ours
     if mutable is False or isinstance(mutable, (str, list, tuple)):
         mutable = [*([mutable] if isinstance(mutable, str) else mutable or []), "intermediates"]
-    with jax.disable_jit():
+    intercepted: dict[str, Any] = {}
+    passes: Counter[str] = Counter()
+
+    def interceptor(next_fun: Callable[..., Any], a: tuple[Any, ...], kw: dict[str, Any], context: Any) -> Any:
+        out = next_fun(*a, **kw)
+        module = context.module
+        if context.method_name == "__call__" and module.scope is not None and module.path:
+            path = ".".join(map(str, module.path))
+            passes[path] += 1
+            template, arrays, _ = slot_template(out)
+            concrete = not any(isinstance(x, jax.core.Tracer) for x in arrays)
+            intercepted[f"{path}:{passes[path]}"] = fill(template, [to_numpy(x) for x in arrays]) if concrete else None
+        return out
+
+    with jax.disable_jit(), nn.intercept_methods(interceptor):
         _, state = apply(*args, capture_intermediates=True, mutable=mutable, **kwargs)
     outputs: dict[str, Any] = {}
 
@@ -273,4 +299,6 @@ def _observe_linen(apply: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
                 walk(value, (*path, key))
 
     walk(state.get("intermediates", {}), ())
+    for key, out in intercepted.items():
+        outputs.setdefault(key, out)
     return outputs

@@ -45,6 +45,13 @@ class JaxBackend(Backend):
     replay_op = lazy("torchlens_jax.replay:replay_op")
     array_info = lazy("torchlens_jax.arrays:array_info")
     to_numpy = lazy("torchlens_jax.arrays:to_numpy")
+
+    def stack(self, samples: list[Any]) -> Any:
+        """Same-shaped samples stacked along a new leading axis (for ``tl.extract_dataset``)."""
+        import jax.numpy as jnp
+
+        return jnp.stack(samples)
+
     array_error = lazy("torchlens_jax.arrays:array_error")
     array_ops = lazy("torchlens_jax.arrays:ARRAY_OPS")
     from_numpy = lazy("torchlens_jax.saving:from_numpy")

@@ -61,6 +61,13 @@ class PaddleBackend(Backend):
     replay_op = lazy("torchlens_paddle.replay:run_op")
     array_info = lazy("torchlens_paddle.arrays:array_info")
     to_numpy = lazy("torchlens_paddle.arrays:to_numpy")
+
+    def stack(self, samples: list[Any]) -> Any:
+        """Same-shaped samples stacked along a new leading axis (for ``tl.extract_dataset``)."""
+        import paddle
+
+        return paddle.stack(samples)
+
     detach = lazy("torchlens_paddle.arrays:detach")
     array_error = lazy("torchlens_paddle.arrays:array_error")
     array_ops = lazy("torchlens_paddle.arrays:ARRAY_OPS")

@@ -139,46 +139,63 @@ def decode_call(data: Any) -> Any:
                          "tl.save or was changed")
 
 
-def _counted(fn: Any, needed: tuple[str, ...]) -> Any:
+def _counted(fn: Any, needed: tuple[tuple[str, Any], ...]) -> Any:
     """``fn``, refusing a call that leaves out an argument its binding reads (it would crash).
 
-    ``needed`` are the binding's arguments in order. The capture records some
-    by name (``gelu(x, approximate=True)``); bindings do not all read names
+    ``needed`` are the binding's arguments in order, each with its default as
+    Paddle's type stub declares it (``_NO_DEFAULT`` if none). The capture
+    records the call as the forward made it, and Paddle's Python API leaves
+    trailing arguments out where the binding fills them in (``gelu(x)``,
+    ``approximate`` False): a left-out argument with a stub default is given
+    that default, one without is refused. Bindings do not all read names
     (``conv2d`` given ``data_format=`` by name reads an empty position and
     crashes), so a needed argument given by name is passed at its position.
     """
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        missing = [n for n in needed[len(args):] if n not in kwargs]
-        if missing:
-            raise TypeError(f"paddle._C_ops.{fn.__name__} reads {len(needed)} arguments ({', '.join(needed)}); "
-                            f"{', '.join(missing)} not given")
         rest = needed[len(args):]
-        args = (*args, *(kwargs[n] for n in rest))
-        return fn(*args, **{k: v for k, v in kwargs.items() if k not in rest})
+        missing = [n for n, default in rest if n not in kwargs and default is _NO_DEFAULT]
+        if missing:
+            raise TypeError(f"paddle._C_ops.{fn.__name__} reads {len(needed)} arguments "
+                            f"({', '.join(n for n, _ in needed)}); {', '.join(missing)} not given")
+        args = (*args, *(kwargs[n] if n in kwargs else default for n, default in rest))
+        return fn(*args, **{k: v for k, v in kwargs.items() if k not in dict(rest)})
 
     return call
 
 
-def arities() -> dict[str, tuple[str, ...]]:
-    """C op name -> the arguments its binding reads, in order, as Paddle's type stub declares them.
+_NO_DEFAULT = object()
 
-    Read with ``ast``, never run. The bindings do not apply the stub's
-    defaults (``gelu(x)`` reads a second argument that is not there), so every
-    argument is needed but the trailing ``name`` of the Python convention. Ops
-    the stub declares ``(*args, **kwargs)`` parse and check their arguments
-    themselves and are left out."""
+
+def arities() -> dict[str, tuple[tuple[str, Any], ...]]:
+    """C op name -> the arguments its binding reads, in order, with their stub defaults.
+
+    Read with ``ast``, never run: a default is kept only where it is a literal
+    (``False``, ``[1, 1]``, ``"NCHW"``), else ``_NO_DEFAULT``. Every argument
+    but the trailing ``name`` of the Python convention counts. Ops the stub
+    declares ``(*args, **kwargs)`` parse and check their arguments themselves
+    and are left out."""
     import paddle
 
     stub = pathlib.Path(paddle.__file__).parent / "_typing" / "libs" / "libpaddle" / "eager" / "ops" / "__init__.pyi"
-    needed: dict[str, tuple[str, ...]] = {}
+    needed: dict[str, tuple[tuple[str, Any], ...]] = {}
     for node in _parsed(stub):
         if isinstance(node, ast.FunctionDef) and not (node.args.vararg or node.args.kwarg or node.args.kwonlyargs):
-            names = tuple(a.arg for a in (*node.args.posonlyargs, *node.args.args))
-            names = names[:-1] if names and names[-1] == "name" else names
-            if node.name not in needed or len(names) < len(needed[node.name]):  # overloads: the shortest
-                needed[node.name] = names
+            names = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+            defaults = [_NO_DEFAULT] * (len(names) - len(node.args.defaults)) + [
+                _literal(d) for d in node.args.defaults]
+            pairs = tuple(zip(names, defaults))
+            pairs = pairs[:-1] if names and names[-1] == "name" else pairs
+            if node.name not in needed or len(pairs) < len(needed[node.name]):  # overloads: the shortest
+                needed[node.name] = pairs
     return needed
+
+
+def _literal(node: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NO_DEFAULT
 
 
 def _parsed(file: pathlib.Path) -> list[ast.AST]:

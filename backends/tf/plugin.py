@@ -68,6 +68,13 @@ class TFBackend(Backend):
     replay_op = lazy("torchlens_tf.replay:run_op")
     array_info = lazy("torchlens_tf.arrays:array_info")
     to_numpy = lazy("torchlens_tf.arrays:to_numpy")
+
+    def stack(self, samples: list[Any]) -> Any:
+        """Same-shaped samples stacked along a new leading axis (for ``tl.extract_dataset``)."""
+        import tensorflow as tf
+
+        return tf.stack(samples)
+
     array_error = lazy("torchlens_tf.arrays:array_error")
     array_ops = lazy("torchlens_tf.arrays:ARRAY_OPS")
     from_numpy = lazy("torchlens_tf.saving:from_numpy")

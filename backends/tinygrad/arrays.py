@@ -32,6 +32,10 @@ def dtype_name(dtype: DType) -> str:
 
 def device_name(t: Tensor) -> str:
     device = t.device
+    if device is None:  # a tensor tinygrad has not placed (Tensor.arange): it runs where the default device is
+        from tinygrad import Device
+
+        device = Device.DEFAULT
     return device.lower() if isinstance(device, str) else str(device)
 
 

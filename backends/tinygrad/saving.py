@@ -96,9 +96,19 @@ def decode_value(data: Any) -> Any:
     raise TraceFileError(f"not a tinygrad constant: {data!r}")
 
 
+# Devices a loaded value may be placed on. Not DISK or TINYFS (a tensor there is a file, named by the file being
+# loaded), NPY (a view of a NumPy array), NULL or RDMA; tinygrad imports the runtime a device name names, so an
+# unknown name is refused before tinygrad sees it.
+_LOADABLE_DEVICES = frozenset({"CPU", "PYTHON", "CUDA", "NV", "AMD", "HIP", "METAL", "CL", "QCOM", "WEBGPU", "DSP"})
+
+
 def from_numpy(array: Any, dtype: str, device: str) -> Any:
     from tinygrad import Tensor, dtypes
 
+    base, _, index = (device or "").upper().partition(":")
+    if device and (base not in _LOADABLE_DEVICES or (index and not index.isdigit())):
+        raise TraceFileError(f"tinygrad device {device!r} cannot hold a loaded value: expected one of "
+                             f"{sorted(d.lower() for d in _LOADABLE_DEVICES)}, optionally with ':N'")
     target = getattr(dtypes, dtype, None)
     t = Tensor(array.copy(), device=device.upper() if device else None)
     if target is not None and t.dtype != target:

@@ -39,7 +39,7 @@ from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
-from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
+from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref, refs_in
 from torchlens_core.ir.trace import Trace
 from torchlens_torch.compiled import (
     WRAPPED,
@@ -335,7 +335,9 @@ class _Recorder(TorchFunctionMode):
             if name is not None:
                 params.append(name)
                 return ParamRef(name)
-            with torch.no_grad():  # a tensor from outside the trace: keep its value as it is now
+            # a tensor from outside the trace: keep its value as it is now (the copy is not one of the model's
+            # ops; callers on the fast path, module post hooks, run with the recorder's mode active)
+            with torch.no_grad(), torch._C.DisableTorchFunction():
                 return x.detach().clone()
         t = type(x)
         if t is tuple or t is list:
@@ -426,7 +428,8 @@ class _Recorder(TorchFunctionMode):
                 return
             path = paths.get(id(module))
             if path:
-                builder.enter_module(path)
+                inputs = self.module_inputs(args)  # now: a write inside the module must not move the Refs
+                builder.enter_module(path, None if inputs is None else (inputs, {}))
                 self.sites.enter(path, sys._getframe(1))  # torch's frame that runs the hooks calls the forward
 
         return pre
@@ -434,20 +437,22 @@ class _Recorder(TorchFunctionMode):
     def module_post_hook(self, paths: dict[int, str]) -> Any:
         builder, thread = self.builder, self.thread
 
-        def counted(module: Any, args: Any, output: Any) -> Any:  # escape_detector: the hook's own kernels
+        def counted(module: Any, args: Any, kwargs: Any, output: Any) -> Any:  # escape_detector: its own kernels
             self.depth += 1
             try:
-                return post(module, args, output)
+                return post(module, args, kwargs, output)
             finally:
                 self.depth -= 1
 
-        def post(module: Any, args: Any, output: Any) -> Any:
+        def post(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
             if get_ident() != thread:
                 return None
             path = paths.get(id(module))
             if not path:
                 return None
             current = builder.module_stack[-1] if builder.module_stack else None
+            if kwargs and current is not None and current[0] == path:
+                self._add_keyword_inputs(current, kwargs)
             template, edited = self.outputs(output, current)
             editor = builder.editor
             # intervene=: what a module named by a site returns may be edited, as a hook would
@@ -464,6 +469,39 @@ class _Recorder(TorchFunctionMode):
             return None if edited is output else edited
 
         return counted if builder.options.escape_detector else post
+
+    def module_inputs(self, value: Any) -> Any:
+        """A module call's arguments with recorded tensors as Refs and parameters as ParamRefs; None if a
+        leaf is neither one nor plain data (a tensor from outside the trace, an object)."""
+        t = type(value)
+        if t in _SCALARS:
+            return value
+        if isinstance(value, Tensor):
+            found = self.producers.get(id(value))
+            if found is not None and found[0]() is value:
+                return found[1]
+            name = self.param_names.get(id(value))
+            return None if name is None else ParamRef(name)
+        if t is tuple or t is list or t is dict:
+            items = value.items() if t is dict else enumerate(value)
+            mapped = {key: self.module_inputs(v) for key, v in items}
+            if any(m is None and value[key] is not None for key, m in mapped.items()):
+                return None
+            return mapped if t is dict else t(mapped.values())
+        return None
+
+    def _add_keyword_inputs(self, current: tuple[str, int], kwargs: dict[str, Any]) -> None:
+        """Keyword arguments join a pass's recorded inputs (torch shows them to the post hook only);
+        one written inside the module no longer holds what the module received: the inputs are unknown."""
+        module_pass = self.builder.modules[current[0]].passes[current[1] - 1]
+        if module_pass.in_template is None:
+            return
+        mapped = self.module_inputs(kwargs)
+        ops = self.builder.ops
+        if mapped is None or any(current in ops[ref.index].module_passes for ref in refs_in(mapped)):
+            module_pass.in_template = None
+        else:
+            module_pass.in_template = (module_pass.in_template[0], mapped)
 
     def as_output(self, value: Tensor, inside: tuple[str, int] | None) -> tuple[Ref, Tensor | None]:
         """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model), and what
@@ -561,7 +599,7 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
     handles = []
     try:
         handles.append(nn_module.register_module_forward_pre_hook(recorder.module_pre_hook(paths)))
-        handles.append(nn_module.register_module_forward_hook(recorder.module_post_hook(paths)))
+        handles.append(nn_module.register_module_forward_hook(recorder.module_post_hook(paths), with_kwargs=True))
         # tl.splice_module first: a spliced module is left alone by the fused-path rewriting
         # compiled regions run their Python (torchlens_torch.compiled); fused paths run as untraced
         with eager_stance.held(), spliced(model, builder), recorded_as_run(model, recorder), recorder, watching:

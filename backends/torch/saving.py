@@ -137,7 +137,63 @@ def encode_call(op: Any) -> Any:
     for ns, name, value in _names().get(id(call), ()):
         if value is call and pure(call, ns, name):
             return {"ns": ns, "name": name}
-    return None
+    return _encode_dispatcher_op(call)
+
+
+# Operator libraries whose ``torch.ops.<library>.<op>`` a loaded trace may run: PyTorch's own and torchvision's
+# (``nms``, ``roi_align``...), each op only when its schema writes none of its arguments. torchvision is imported
+# to register its operators: the file names a library from this list, never a module.
+OP_LIBRARIES = {"aten": None, "torchvision": "torchvision"}
+
+
+def _encode_dispatcher_op(call: Any) -> Any:
+    """``torch.ops.<library>.<op>`` (a packet: every overload must be functional) or one overload of it."""
+    import torch
+
+    if isinstance(call, torch._ops.OpOverload):
+        packet, overload = call.overloadpacket, call._overloadname
+    elif isinstance(call, torch._ops.OpOverloadPacket):
+        packet, overload = call, None
+    else:
+        return None
+    library, _, name = packet._qualified_op_name.partition("::")
+    if library not in OP_LIBRARIES or not _allowed(name, "torch.ops") or not _functional(packet, overload):
+        return None
+    return {"ns": f"torch.ops.{library}", "name": name, **({"overload": overload} if overload else {})}
+
+
+def _functional(packet: Any, overload: str | None = None) -> bool:
+    """The overload (or, for None, every overload of ``packet``) returns new tensors: writes none of its arguments."""
+    for name in packet.overloads() if overload is None else [overload]:
+        schema = getattr(packet, name)._schema
+        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            return False
+    return True
+
+
+def _decode_dispatcher_op(library: str, name: str, overload: Any) -> Any:
+    import importlib
+
+    import torch
+
+    if library not in OP_LIBRARIES or not _allowed(name, "torch.ops") or not (
+            overload is None or (isinstance(overload, str) and overload.isidentifier())):
+        raise TraceFileError(f"torch.ops.{library}.{name} is not an operator a trace can replay")
+    if OP_LIBRARIES[library] is not None:
+        try:
+            importlib.import_module(OP_LIBRARIES[library])  # registers the library's operators
+        except ImportError:
+            return None  # not installed here: the op loads unreplayable
+    try:
+        packet = getattr(getattr(torch.ops, library), name)
+        if overload is not None and overload not in packet.overloads():
+            return None
+    except (AttributeError, RuntimeError):
+        return None  # not in this version
+    if not isinstance(packet, torch._ops.OpOverloadPacket) or not _functional(packet, overload):
+        raise TraceFileError(f"torch.ops.{library}.{name} writes into its arguments; the file was not written by "
+                             "tl.save or was changed")
+    return packet if overload is None else getattr(packet, overload)
 
 
 def _class_attr(cls: type, name: str) -> Any:
@@ -156,14 +212,19 @@ def _allowed(name: str, ns: str) -> bool:
         return ns == "torch.Tensor" and any(hasattr(operator, b) or hasattr(operator, b + "_") for b in bases)
     if ns in ("torch", "torch.nn.functional") and name.startswith("set_"):
         return False
-    return not name.startswith("_") or ns.startswith("torch._C.")
+    # underscore names: torch's C bindings, and Tensor methods that are ATen operators (Tensor._is_all_true)
+    return not name.startswith("_") or ns.startswith("torch._C.") or (ns == "torch.Tensor" and _aten_tensor_op(name))
 
 
 def decode_call(data: Any) -> Any:
-    if not (isinstance(data, dict) and set(data) <= {"ns", "name", "get"} and isinstance(data.get("ns"), str)
-            and isinstance(data.get("name"), str)):
+    if not (isinstance(data, dict) and set(data) <= {"ns", "name", "get", "overload"}
+            and isinstance(data.get("ns"), str) and isinstance(data.get("name"), str)):
         raise TraceFileError(f"not a torch call: {data!r}")
     ns, name = data["ns"], data["name"]
+    if ns.startswith("torch.ops.") and "get" not in data:
+        return _decode_dispatcher_op(ns.removeprefix("torch.ops."), name, data.get("overload"))
+    if "overload" in data:
+        raise TraceFileError(f"not a torch call: {data!r}")
     if ns not in NAMESPACES or not _allowed(name, ns):
         raise TraceFileError(f"{ns}:{name} is not a torch function a trace can replay; the file was not written "
                              "by tl.save or was changed")
@@ -199,7 +260,13 @@ def encode_value(value: Any) -> Any:
     for kind in ("memory_format", "layout", "qscheme"):
         if isinstance(value, getattr(torch, kind)):
             return {kind: str(value).removeprefix("torch.")}
+    if isinstance(value, type) and value in _PYTHON_TYPES.values():  # dtype=int, as torch accepts it
+        return {"python_type": value.__name__}
     return None
+
+
+# Python types torch takes where it takes a dtype (torch.zeros(1, dtype=int) is int64).
+_PYTHON_TYPES = {"int": int, "float": float, "bool": bool, "complex": complex}
 
 
 def decode_value(data: Any) -> Any:
@@ -215,6 +282,8 @@ def decode_value(data: Any) -> Any:
             raise TraceFileError(f"bad torch device {v!r}") from exc
     if kind == "size" and isinstance(v, list) and all(type(n) is int for n in v):
         return torch.Size(v)
+    if kind == "python_type" and isinstance(v, str) and v in _PYTHON_TYPES:
+        return _PYTHON_TYPES[v]
     if kind in _SIMPLE_CONSTANTS and isinstance(v, str) and v.isidentifier() and not v.startswith("_"):
         value = getattr(torch, v, None)
         if isinstance(value, getattr(torch, kind)):

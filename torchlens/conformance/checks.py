@@ -19,10 +19,12 @@ import pytest
 
 import torchlens as tl
 from torchlens.conformance.plugin import suite_settings
+from torchlens.conformance.rerun import rerun_module_outputs
 from torchlens_core.backend.arrays import max_error
 from torchlens_core.backend.cases import Case
 from torchlens_core.backend.manager import hook
 from torchlens_core.ir import tree
+from torchlens_core.ir.errors import GraphDoesNotHold
 from torchlens_core.ir.records import Ref
 from torchlens_core.replay.evaluator import replay_values
 from torchlens_core.store.saving import NOT_REPLAYABLE
@@ -88,8 +90,12 @@ def test_module_outputs(traced: Traced) -> None:
         pytest.skip("case has no modules to observe")
     seen = _run(traced.case, lambda: hook().torchlens_observe_module_outputs(
         backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
-    assert seen, "the framework's module hooks saw no module call"
     recorded = {mp.label: mp for m in traced.trace.modules.values() for mp in m.passes}
+    if seen is None:  # no observer: each module run alone on the inputs its pass recorded
+        seen = _rerun_alone(traced)
+    if not seen and not recorded:
+        pytest.skip("the model calls no submodule: neither the framework's hooks nor the trace saw one")
+    assert seen, "the framework's module hooks saw no module call"
     missing = sorted(set(seen) - set(recorded))
     assert not missing, f"module calls not recorded: {missing[:10]}"
     extra = sorted(set(recorded) - set(seen))
@@ -97,6 +103,19 @@ def test_module_outputs(traced: Traced) -> None:
     worst = max(((max_error(traced.backend, mp.out, seen[label]), label) for label, mp in recorded.items()
                  if seen[label] is not None), default=(0.0, None))
     assert worst[0] <= traced.case.rtol, f"module output {worst[1]} differs by {worst[0]:.3g}"
+
+
+def _rerun_alone(traced: Traced) -> dict[str, Any]:
+    """The fallback for a backend without module hooks (see :mod:`torchlens.conformance.rerun`)."""
+    try:
+        rerun = rerun_module_outputs(traced.backend, traced.model, traced.trace, traced.case.reset)
+    except Exception as exc:  # noqa: BLE001 - the check reports it, naming what failed
+        raise AssertionError(f"a module run alone on its recorded inputs raised {type(exc).__name__}: {exc}") from exc
+    if not rerun.outputs:
+        reasons = sorted(set(rerun.not_run.values()))
+        pytest.skip(f"the backend has no module observer hook and no module pass could be run alone ({reasons}): "
+                    f"implement torchlens_observe_module_outputs, or pass inputs= to TraceBuilder.enter_module")
+    return {label: rerun.outputs.get(label) for label in [*rerun.outputs, *rerun.not_run]}  # None: not compared
 
 
 def test_round_trip(traced: Traced, tmp_path: pathlib.Path) -> None:
@@ -127,6 +146,12 @@ def _other_inputs(traced: Traced) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return traced.case.other_inputs(traced.args, traced.kwargs)
     h, backend = hook(), traced.backend
     rng = np.random.default_rng(0)
+    made: dict[int, Any] = {}
+
+    def other_once(value: Any) -> Any:  # an array passed twice (attention's query, key, value) stays one array
+        if id(value) not in made:
+            made[id(value)] = other(value)
+        return made[id(value)]
 
     def other(value: Any) -> Any:
         info = h.torchlens_array_info(backend=backend, value=value)
@@ -143,13 +168,16 @@ def _other_inputs(traced: Traced) -> tuple[tuple[Any, ...], dict[str, Any]]:
         converted = h.torchlens_from_numpy(backend=backend, array=array, dtype=info[1], device=info[2])
         return array if converted is None else converted  # None: the backend's arrays are NumPy's
 
-    return tree.map_leaves(other, traced.args), tree.map_leaves(other, traced.kwargs)
+    return tree.map_leaves(other_once, traced.args), tree.map_leaves(other_once, traced.kwargs)
 
 
 def test_replay_on_other_inputs(traced: Traced) -> None:
     args, kwargs = _other_inputs(traced)
     own = _run(traced.case, lambda: traced.model(*args, **kwargs))
-    values = _run(traced.case, lambda: replay_values(traced.trace, new_inputs=(args, kwargs)))
+    try:
+        values = _run(traced.case, lambda: replay_values(traced.trace, new_inputs=(args, kwargs)))
+    except GraphDoesNotHold as exc:  # the forward's graph depends on the values, and replay says so, as it must
+        pytest.skip(f"the recorded graph does not hold for other inputs: {str(exc).splitlines()[0][:200]}")
     replayed = tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r, traced.trace.output_template)
     error = max_error(traced.backend, replayed, own)
     assert error <= traced.case.rtol, f"replayed on other inputs, the output is off the model's own by {error:.3g}"

@@ -116,9 +116,11 @@ def torchlens_stack(backend: str, samples: list[Any]) -> Any:
 
     Called by ``tl.extract_dataset`` for each batch it captures, with
     ``samples`` a non-empty list of arrays of this backend that all have one
-    shape and dtype (the core has checked). Return a single array of shape
-    ``(len(samples), *shape)`` on the samples' device (torch: ``torch.stack``).
-    A backend that cannot batch raises
+    shape and dtype (the core has checked; NumPy samples that
+    ``torchlens_array_info`` does not claim were first converted with
+    ``torchlens_from_numpy``, on the CPU). Return a single array of shape
+    ``(len(samples), *shape)`` on the samples' device (torch: ``torch.stack``,
+    JAX: ``jnp.stack``). A backend that cannot batch raises
     :class:`~torchlens_core.ir.errors.UnsupportedError`.
     """
 
@@ -353,4 +355,7 @@ def torchlens_observe_module_outputs(backend: str, target: Any, args: tuple[Any,
     in-place changes. A call that ran
     but whose output the framework cannot show concretely (inside a
     vectorizing transform, say) maps to None: it counts as seen, uncompared.
+    Return None (or leave the hook out) for a framework without module hooks:
+    the suite then runs each module alone on the inputs its pass recorded
+    (``TraceBuilder.enter_module(path, inputs=...)``).
     """

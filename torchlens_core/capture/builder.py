@@ -161,11 +161,17 @@ class TraceBuilder:
             raise CaptureError(f"module {path!r} finished without having started")
         return self.editor.edit_module_output(path, passes[-1], out_template, value)
 
-    def enter_module(self, path: str) -> int:
-        """Open a new pass of module ``path``; returns its pass number."""
+    def enter_module(self, path: str, inputs: Any = None) -> int:
+        """Open a new pass of module ``path``; returns its pass number.
+
+        ``inputs``, optional: ``(args, kwargs)`` of the call with every recorded
+        array as its Ref and parameters as ParamRefs, other leaves plain data
+        (numbers, strings, None). It lets the conformance suite run the module
+        alone on what it received, where the framework has no module hooks.
+        """
         module = self.modules[path]
         n = len(module.passes) + 1
-        module.passes.append(ModulePass(path=path, pass_num=n))
+        module.passes.append(ModulePass(path=path, pass_num=n, in_template=inputs))
         self.module_stack = (*self.module_stack, (path, n))
         return n
 

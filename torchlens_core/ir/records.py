@@ -260,6 +260,9 @@ class ModulePass:
     # A weak reference: a trace holding its module passes holding the trace would be a
     # cycle, keeping a dropped trace's values alive until the cyclic GC ran.
     trace_ref: weakref.ref[Trace] | None = None
+    # ``(args, kwargs)`` the module was called with, arrays as Refs and parameters as ParamRefs;
+    # None where the backend does not record inputs or an argument was not plain data
+    in_template: Any = None
 
     @property
     def trace(self) -> Trace:
@@ -276,6 +279,11 @@ class ModulePass:
     def out(self) -> Any:
         """The module's output, with the structure (tuple, dict, dataclass) it returned."""
         return self.trace.resolve(self.out_template)
+
+    @property
+    def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """``(args, kwargs)`` the module was called with, as recorded; None where they were not recorded."""
+        return None if self.in_template is None else self.trace.resolve(self.in_template)
 
     @property
     def grad(self) -> Any:

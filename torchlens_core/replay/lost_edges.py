@@ -14,7 +14,9 @@ exactly the value that ran. Two signatures give such an edge away:
   link. Left out, because they match by coincidence too often to mean
   anything: arrays of one element (a 0 or a 1), arrays whose elements are all
   equal (zeros, ones), and integer and boolean arrays (shapes such as
-  ``[2, 16]``, index lists); the check below catches those edges.
+  ``[2, 16]``, index lists); the check below catches those edges. Matches
+  with an op computed from constants alone are left out too: that is a second
+  constant holding the same values, and replay loses nothing by it.
 - **a constant that changes with the inputs** (:func:`constants_that_moved`,
   run by the conformance suite, which traces each model twice): a real
   constant of the model (a table, a mask, a normalisation's mean, the number
@@ -129,14 +131,30 @@ def constants_equal_to_outputs(trace: Trace) -> Iterator[Finding]:
             if key in wanted:
                 at = op.label + "".join(f"[{k!r}]" for k in path)
                 produced.setdefault((*key, _digest(_numpy(trace, leaf))), []).append((op.index, at))
+    varying = _varying(trace)
     for op, path, key, digest in readers:
-        earlier = [at for index, at in produced.get((*key, digest), ()) if index < op.index]
+        earlier = [at for index, at in produced.get((*key, digest), ()) if index < op.index and index in varying]
         if earlier:
             yield Finding(CONSTANT_EQUALS_OUTPUT, False,
                           f"reads an array constant ({where_in_call(path)}, shape {key[0]}, {key[1]}) bitwise equal "
                           f"to the output of {earlier[-1]}, recorded before it: almost always a lost edge (the "
                           f"backend did not link the array {earlier[-1]} returned to that op, so replay freezes "
                           "it as a constant)", op.label)
+
+
+def _varying(trace: Trace) -> set[int]:
+    """Ops whose value depends on an input, a parameter or a random draw.
+
+    The others compute from constants alone (torchvision's anchor generator
+    turns its constant cell anchors into per-level tensors): a constant equal
+    to one of those is a second constant with the same values, not a lost
+    edge, and an edge to it would carry nothing replay could lose."""
+    varying: set[int] = set()
+    for op in trace.ops:
+        if (op.kind == "input" or op.params or op.source == "random"
+                or any(i in varying for i in op.parent_indices)):
+            varying.add(op.index)
+    return varying
 
 
 def constants_that_moved(trace: Trace, other: Trace, again: Trace | None = None) -> Iterator[Finding]:

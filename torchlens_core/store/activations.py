@@ -6,8 +6,8 @@ directly (zarr-python, xarray, tensorstore, zarr.js)::
     output_dir/
         zarr.json        the group; its attribute "torchlens" is the index: layers, shapes,
                          dtypes, sample ids, batch size, whether the extraction is complete
-        relu_1_2/        one array per layer, (n_samples, *activation shape), one chunk per
-        conv2d_3_7/        batch, zstd-compressed
+        relu_1_2/        one array per layer, (n_samples, *activation shape), batch first: one
+        conv2d_3_7/        shard per batch, one zstd-compressed chunk per sample in it
         _chunks_done/    per batch, how many samples its chunks hold (0: not written yet)
 
 Invariants:
@@ -16,7 +16,7 @@ Invariants:
   and the marker is set only after every layer's chunk of that batch is stored
   (each chunk write is atomic). An interrupted run leaves at most unmarked
   chunks; a rerun redoes the unmarked batches and nothing else.
-- Batches never share a chunk, so workers write their own chunks without
+- Batches never share a shard (a file), so workers write their own chunks without
   locks. Only the calling process writes metadata (array shapes, the index).
 - At most a batch of activations per batch in flight is held in memory: one
   batch in this process; with a cluster, a bounded window of batches.
@@ -70,13 +70,52 @@ class Plan:
 
     store: str
     backend: str
-    keys: tuple[str, ...]
+    keys: tuple[str, ...]  # as the store names them ("relu_1_2", "lstm[0]")
     arrays: tuple[str, ...]
     batch_size: int
+    paths: tuple[tuple[Any, ...], ...] = ()  # per key: (label or module path, *leaf path of a tuple output)
+    batch_axes: tuple[int, ...] = ()  # per key: the batch's axis in the layer's output (stored first)
     inputs: tuple[tuple[Any, tuple[int, ...], str], ...] | None = None  # (slot, shape, dtype) of a sample
     shapes: tuple[tuple[int, ...], ...] | None = None  # per layer, one sample's activation shape
     dtypes: tuple[str, ...] | None = None
+    # per layer: (layout name such as "NHWC", the spatial axes as stored), (None, None) where not known
+    layouts: tuple[tuple[str | None, tuple[int, ...] | None], ...] | None = None
 
+
+def key_name(path: tuple[Any, ...]) -> str:
+    """A layer key as the store names it: ``"relu_1_2"``, ``"lstm[0]"``, ``"encoder['hidden']"`` (a leaf)."""
+    return str(path[0]) + "".join(f"[{step!r}]" for step in path[1:])
+
+
+# 16-bit floats NumPy itself lacks are stored as their raw bits, the dtype in the array's attributes.
+RAW_16BIT = {"bfloat16": "uint16"}
+_NAN_BITS = {"bfloat16": 0x7FC0}
+
+
+def stored_form(array: Any, dtype: str, key: str) -> tuple[Any, str]:
+    """``(array as stored, dtype name recorded)`` for one layer's values.
+
+    ``dtype`` is the backend's name for the array's dtype, ``array`` what its
+    ``torchlens_to_numpy`` gave: an ``ml_dtypes.bfloat16`` array (JAX, TF), or
+    float32 holding each bfloat16 value exactly (torch, Paddle). Both become the
+    raw 16 bits, checked to hold the very values the backend gave.
+    """
+    import numpy as np
+
+    if dtype.rsplit(".", 1)[-1] != "bfloat16":
+        if array.dtype.kind not in "biufc":  # float8 and other ml_dtypes types: no Zarr data type holds them
+            raise ExtractError(f"layer {key!r} is {dtype}, which the activation store cannot hold: extract a "
+                               f"layer after a cast to float32 (or bfloat16), or cast in the model")
+        return array, str(array.dtype)
+    if array.dtype.itemsize == 2:  # ml_dtypes.bfloat16
+        return array.view(np.uint16), "bfloat16"
+    if array.dtype != np.float32:
+        raise ExtractError(f"layer {key!r}: a bfloat16 output came back from the backend as {array.dtype}")
+    wide = np.ascontiguousarray(array).view(np.uint32)
+    bits = (wide >> 16).astype(np.uint16)
+    if not np.array_equal(bits.astype(np.uint32) << 16, wide):  # cannot happen for a widened bfloat16
+        raise ExtractError(f"layer {key!r}: its bfloat16 values came back as float32 that bfloat16 cannot hold")
+    return bits, "bfloat16"
 
 class Activations:
     """The activations ``tl.extract_dataset`` wrote, read lazily.
@@ -86,12 +125,18 @@ class Activations:
     (``handle["relu_1_2"][:8]``), nothing is read before. ``handle.layers``,
     ``handle.sample_ids``, ``handle.shapes``, ``handle.dtypes``, ``len(handle)``
     (samples). ``Activations(output_dir)`` reopens a store later.
+
+    A bfloat16 layer (stored as its raw 16 bits) reads as ``ml_dtypes.bfloat16``
+    arrays, or float32 with ``as_float32=True`` (which reads float16 layers as
+    float32 too); ``handle[key]`` is then a :class:`Decoded` view of the Zarr
+    array, indexed the same way.
     """
 
     __iter__ = None  # a handle is not a sequence of samples: index a layer, then the samples
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, as_float32: bool = False) -> None:
         zarr = import_zarr()
+        self.as_float32 = bool(as_float32)
         self.path = location_of(path)
         try:
             self._group = zarr.open_group(self.path, mode="r")
@@ -148,7 +193,9 @@ class Activations:
     def __contains__(self, key: object) -> bool:
         return key in self._layers
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str | tuple[Any, ...]) -> Any:
+        if isinstance(key, tuple) and key and isinstance(key[0], str):  # ("lstm", 0), as layers= took it
+            key = key_name(key)
         if not isinstance(key, str):
             raise TypeError(f"index a handle by layer key (one of {self.layers}), then the array by sample: "
                             f"handle[{self.layers[0]!r}][{key!r}]")
@@ -157,12 +204,70 @@ class Activations:
             near = closest(key, self._layers)
             hint = f"; did you mean {', '.join(map(repr, near))}?" if near else f"; it has {self.layers}"
             raise LabelNotFoundError(f"no layer {key!r} in this activation store{hint}")
-        return self._group[entry["array"]]
+        array = self._group[entry["array"]]
+        if entry["dtype"] in RAW_16BIT or (self.as_float32 and entry["dtype"] == "float16"):
+            return Decoded(array, entry["dtype"], self.as_float32)
+        return array
 
     def __repr__(self) -> str:
         layers = ", ".join(f"{key} {tuple(e['shape'])} {e['dtype']}" for key, e in self._layers.items())
         state = "" if self.complete else ", incomplete"
         return f"<Activations of {self._index['model']} at {self.path!r}: {len(self)} samples{state}; {layers}>"
+
+
+class Decoded:
+    """A layer array stored in another form than it is read: raw bfloat16 bits, or float16 read as float32.
+
+    Indexed like the Zarr array (``decoded[:8]``, ``decoded[3]``), each read decoded;
+    ``.raw`` is the Zarr array itself.
+    """
+
+    def __init__(self, raw: Any, dtype: str, as_float32: bool) -> None:
+        self.raw, self.stored_dtype, self.as_float32 = raw, dtype, as_float32
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.raw.shape)
+
+    @property
+    def dtype(self) -> Any:
+        import numpy as np
+
+        return np.dtype(np.float32) if self.as_float32 else _numpy_dtype(self.stored_dtype)
+
+    def __len__(self) -> int:
+        return int(self.raw.shape[0])
+
+    def __getitem__(self, selection: Any) -> Any:
+        import numpy as np
+
+        values = np.asarray(self.raw[selection])
+        if self.stored_dtype == "bfloat16":
+            if self.as_float32:  # a bfloat16 is the top half of the float32 of the same value
+                return (values.astype(np.uint32) << 16).view(np.float32)
+            return values.view(_numpy_dtype("bfloat16"))
+        return values.astype(np.float32)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        values = self[...]
+        return values if dtype is None else values.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"<Decoded {self.stored_dtype} layer {self.raw.path!r}, shape {self.shape}, read as {self.dtype}>"
+
+
+def _numpy_dtype(name: str) -> Any:
+    """NumPy's dtype of that name, from ml_dtypes for those NumPy lacks."""
+    import numpy as np
+
+    if name not in RAW_16BIT:
+        return np.dtype(name)
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise MissingDependencyError(f"reading a {name} layer as {name} needs ml_dtypes (pip install ml_dtypes); "
+                                     f"or open the store with tl.Activations(path, as_float32=True)") from None
+    return np.dtype(getattr(ml_dtypes, name))
 
 
 # -- the store -------------------------------------------------------------------------------
@@ -228,7 +333,12 @@ def array_names(keys: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def create_arrays(group: Any, index: dict[str, Any], plan: Plan, values: list[Any], n: int) -> Writer:
-    """One array per layer, sized for ``n`` samples, one chunk per batch; then the index that lists them."""
+    """One array per layer, sized for ``n`` samples, one shard per batch and one chunk per sample in it; then
+    the index that lists them.
+
+    Sharding makes a batch one file (one write per batch and layer, as before, so workers never share a
+    file) while a chunk holds one sample: reading a sample decompresses that sample, not its whole batch.
+    """
     import numpy as np
     from zarr.codecs import ZstdCodec
 
@@ -236,17 +346,29 @@ def create_arrays(group: Any, index: dict[str, Any], plan: Plan, values: list[An
     # zarr-python's own default codec (so every reader of Zarr v3 has it), at its fastest level: on
     # activations it compresses better than Blosc-zstd, at about 180 MiB/s a core.
     compressor = ZstdCodec(level=1)
-    for name, shape, dtype in zip(plan.arrays, plan.shapes, plan.dtypes):
-        fill = float("nan") if np.dtype(dtype).kind in "fc" else 0
-        group.create_array(name, shape=(n, *shape), chunks=(plan.batch_size, *shape), dtype=dtype,
-                           compressors=compressor, fill_value=fill, overwrite=True,
+    axes = plan.batch_axes or (0,) * len(plan.keys)
+    layouts = plan.layouts or ((None, None),) * len(plan.keys)
+    for name, shape, dtype, axis, (layout, spatial) in zip(plan.arrays, plan.shapes, plan.dtypes, axes, layouts):
+        stored = RAW_16BIT.get(dtype, dtype)
+        # Unwritten samples read as NaN (raw bfloat16: its quiet NaN's bits), integers as 0.
+        fill = float("nan") if np.dtype(stored).kind in "fc" else _NAN_BITS.get(dtype, 0)
+        # what the values are, for any reader
+        attributes = {"torchlens": {"dtype": dtype, "batch_axis": axis, "layout": layout,
+                                    "spatial_axes": None if spatial is None else list(spatial)}}
+        if stored != dtype:
+            attributes["torchlens"]["encoding"] = f"the raw bits of {dtype}, as {stored}"
+        group.create_array(name, shape=(n, *shape), shards=(plan.batch_size, *shape), chunks=(1, *shape),
+                           dtype=stored, compressors=compressor, fill_value=fill, overwrite=True,
+                           attributes=attributes,
                            dimension_names=("sample", *(f"{name}_dim{i}" for i in range(1, len(shape) + 1))))
     group.create_array(MARKERS, shape=(math.ceil(n / plan.batch_size),), chunks=(1,), dtype="uint32", fill_value=0,
                        overwrite=True, dimension_names=("batch",),
                        attributes={"description": "samples written in each batch's chunks; 0: not yet"})
     index.update(backend=plan.backend, inputs=[list(entry) for entry in plan.inputs or ()],
-                 layers=[{"key": key, "array": name, "shape": list(shape), "dtype": dtype}
-                         for key, name, shape, dtype in zip(plan.keys, plan.arrays, plan.shapes, plan.dtypes)])
+                 layers=[{"key": key, "array": name, "shape": list(shape), "dtype": dtype, "batch_axis": axis,
+                          "layout": layout, "spatial_axes": None if spatial is None else list(spatial)}
+                         for key, name, shape, dtype, axis, (layout, spatial)
+                         in zip(plan.keys, plan.arrays, plan.shapes, plan.dtypes, axes, layouts)])
     group.attrs[INDEX] = index
     return Writer(plan, group)
 

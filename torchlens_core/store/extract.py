@@ -1,7 +1,8 @@
 """tl.extract_dataset: chosen activations of a whole dataset, written to a Zarr v3 store.
 
 The store's layout and its invariants are described in
-:mod:`torchlens_core.store.activations`; this module batches the dataset, captures
+:mod:`torchlens_core.store.activations`, the datasets it reads in
+:mod:`torchlens_core.store.datasets`; this module batches the dataset, captures
 each batch with ``tl.trace(save=..., halt=...)`` and hands the values to the
 store, here or on a Dask cluster's workers.
 """
@@ -10,16 +11,16 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import itertools
 import operator
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 
 from torchlens_core.backend.manager import claim_backend, hook, resolve_backend
 from torchlens_core.capture.api import trace
@@ -39,11 +40,17 @@ from torchlens_core.store.activations import (
     create_arrays,
     finish_store,
     import_zarr,
+    key_name,
     location_of,
     open_store,
+    stored_form,
 )
+from torchlens_core.store.datasets import Source, fields, refuse_batched, to_backend
+from torchlens_core.store.layouts import layout_name, output_op, spatial_axes
 
 __all__ = ["Activations", "ExtractError", "extract_dataset"]
+
+LayerKey = str | tuple[str | int, ...]  # "relu_1_2", "layer3", or ("lstm", 0): one leaf of a layer's tuple output
 
 
 # A capture installs process-wide interception (torch: global module hooks), so
@@ -53,18 +60,29 @@ _CAPTURE_LOCK = threading.Lock()
 
 
 # -- the public face -------------------------------------------------------------------------
-def extract_dataset(model: Any, dataset: Iterable[Any], layers: str | Sequence[str], *, output_dir: str | os.PathLike,
-                    batch_size: int = 32, sample_ids: Iterable[Any] | None = None, backend: str | None = None,
-                    engine: Any = None, progress: bool = True, overwrite: bool = False) -> Activations:
+def extract_dataset(model: Any, dataset: Iterable[Any], layers: LayerKey | Sequence[LayerKey], *,
+                    output_dir: str | os.PathLike, batch_size: int = 32, sample_ids: Iterable[Any] | None = None,
+                    backend: str | None = None, engine: Any = None, progress: bool = True, overwrite: bool = False,
+                    batch_axis: int | Mapping[str, int] = 0) -> Activations:
     """Write the activations of ``layers`` for every sample of ``dataset`` to a Zarr store; return a lazy handle.
 
     ``dataset``: any iterable of unbatched samples (an array each; a tuple or
     dict of arrays for a model of several inputs), all of one shape. A sequence
-    (``len`` and indexing, like a list or a map-style torch ``Dataset``) is
-    read by index, so a resumed run loads only the samples it still needs.
-    ``layers``: op labels or module paths, as ``tl.pluck`` takes them. Samples
-    are stacked ``batch_size`` at a time; each batch is captured once, keeping
-    only those values and stopping the forward after the last of them.
+    (``len`` and indexing, like a list, a NumPy array or a map-style torch or
+    Paddle ``Dataset``) is read by index, so a resumed run loads only the
+    samples it still needs. NumPy samples are converted to the backend's arrays
+    (``torchlens_from_numpy``). A loader that yields batches (a torch or Paddle
+    ``DataLoader``, a batched ``tf.data.Dataset``) is refused with the call to
+    make instead. ``layers``: op labels or module paths, as ``tl.pluck`` takes
+    them; ``(key, leaf, ...)`` names one array of a layer that returns a tuple
+    or dict (``("lstm", 0)``; stored as ``"lstm[0]"``). Samples are stacked
+    ``batch_size`` at a time; each batch is captured once, keeping only those
+    values and stopping the forward after the last of them.
+
+    ``batch_axis``: where the batch is in a layer's output, 0 unless given, for
+    every layer (an int) or per layer key (``{"rnn": 1}`` for a time-major
+    RNN); the store holds every layer batch-first, and its index records the
+    axis it came from.
 
     ``output_dir``: a directory (or an fsspec URL zarr can open). Rerunning the
     same call resumes: batches already written are skipped. A store written
@@ -80,12 +98,14 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: str | Sequence[s
     """
     import_zarr()  # first: without the "extract" extra nothing else here can work, so say that before anything
     keys = _layer_keys(layers)
+    axes = _batch_axes(batch_axis, keys)
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise TypeError(f"batch_size= takes a whole number >= 1, not {batch_size!r}")
     if not callable(model):
         raise UnsupportedError(f"tl.extract_dataset needs a model or function to call, got {type(model).__name__}")
     kind = _engine_kind(engine)
-    source = _Source(dataset)
+    refuse_batched(dataset)
+    source = Source(dataset)
     ids = _sample_ids(sample_ids, source.n)
     if backend is not None:
         backend = resolve_backend(backend).name
@@ -96,23 +116,27 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: str | Sequence[s
         group, index = open_store(location, overwrite=True)
     if index is None:
         index = {"format": FORMAT, "version": FORMAT_VERSION, "backend": backend, "model": _model_name(model),
-                 "keys": list(keys), "batch_size": batch_size, "layers": None, "inputs": None,
-                 "n_samples": source.n, "sample_ids": ids, "complete": False, "markers": MARKERS}
+                 "keys": [key_name(path) for path in keys], "batch_axes": list(axes), "batch_size": batch_size,
+                 "layers": None, "inputs": None, "n_samples": source.n, "sample_ids": ids, "complete": False,
+                 "markers": MARKERS}
         group.attrs[INDEX] = index
     else:
-        check_same(index, output_dir, keys=list(keys), batch_size=batch_size, backend=backend, sample_ids=ids,
-                    n_samples=source.n)
+        index.setdefault("batch_axes", [0] * len(index["keys"]))  # a store from before batch_axis=: all first
+        check_same(index, output_dir, keys=[key_name(path) for path in keys], batch_axes=list(axes),
+                   batch_size=batch_size, backend=backend, sample_ids=ids, n_samples=source.n)
         if index["complete"]:
             _Progress(index["n_samples"], index["n_samples"], progress).close()
             return Activations(location)
     backend = backend or index["backend"]
 
-    plan = Plan(store=location, backend=backend or "", keys=keys, arrays=array_names(keys),
-                 batch_size=batch_size)
+    plan = Plan(store=location, backend=backend or "", keys=tuple(key_name(path) for path in keys), paths=keys,
+                arrays=array_names(tuple(map(key_name, keys))), batch_size=batch_size, batch_axes=axes)
     if index["layers"] is not None:
         plan = attrs.evolve(plan, inputs=_tuples(index["inputs"]),
                             shapes=tuple(tuple(entry["shape"]) for entry in index["layers"]),
-                            dtypes=tuple(entry["dtype"] for entry in index["layers"]))
+                            dtypes=tuple(entry["dtype"] for entry in index["layers"]),
+                            layouts=tuple((entry.get("layout"), None if entry.get("spatial_axes") is None
+                                           else tuple(entry["spatial_axes"])) for entry in index["layers"]))
         counts = group[MARKERS][:].tolist()
     else:
         counts = []
@@ -149,19 +173,10 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: str | Sequence[s
 
 
 # -- what a batch needs ----------------------------------------------------------------------
-def _fields(sample: Any) -> list[tuple[Any, Any]]:
-    """A sample's model inputs as (slot, value): slot None for a lone array, a position, or a keyword."""
-    if isinstance(sample, Mapping):
-        return list(sample.items())
-    if isinstance(sample, (tuple, list)):
-        return list(enumerate(sample))
-    return [(None, sample)]
-
-
 def _signature(sample: Any, position: int, backend: str) -> tuple[tuple[Any, tuple[int, ...], str], ...]:
     info = hook().torchlens_array_info
     signature = []
-    for slot, value in _fields(sample):
+    for slot, value in fields(sample):
         described = info(backend=backend, value=value)
         if described is None:
             where = "" if slot is None else f" (its input {slot!r})"
@@ -214,9 +229,11 @@ def _collate(samples: list[Any], backend: str) -> tuple[tuple[Any, ...], dict[st
 
 def _capture(model: Any, samples: list[Any], start: int, plan: Plan) -> tuple[Plan, list[Any]]:
     """Capture one batch: the plan (inputs, shapes and dtypes filled in) and each layer's values as NumPy."""
+    samples = [to_backend(sample, plan.backend) for sample in samples]
     plan = _check_samples(samples, start, plan)
     args, kwargs = _collate(samples, plan.backend)
-    selector = functools.reduce(operator.or_, map(key_selector, plan.keys))
+    bases = tuple(dict.fromkeys(str(path[0]) for path in plan.paths))
+    selector = functools.reduce(operator.or_, map(key_selector, bases))
     with _CAPTURE_LOCK:
         try:
             captured = trace(model, *args, backend=plan.backend, save=selector, halt=selector, **kwargs)
@@ -224,7 +241,7 @@ def _capture(model: Any, samples: list[Any], start: int, plan: Plan) -> tuple[Pl
             raise LabelNotFoundError(f"layers= names what this model does not have: {exc}") from None
     del args, kwargs
     unknown = []
-    for key in plan.keys:
+    for key in bases:
         try:
             captured[key]
         except LabelNotFoundError as exc:
@@ -232,96 +249,88 @@ def _capture(model: Any, samples: list[Any], start: int, plan: Plan) -> tuple[Pl
     if unknown:
         raise LabelNotFoundError(f"layers= names what this model does not have: {'; '.join(unknown)}")
     info, to_numpy = hook().torchlens_array_info, hook().torchlens_to_numpy
-    values, shapes, dtypes = [], [], []
-    for i, key in enumerate(plan.keys):
-        value = captured[key].out
+    values, shapes, dtypes, layouts = [], [], [], []
+    for i, (key, path, axis) in enumerate(zip(plan.keys, plan.paths, plan.batch_axes)):
+        value = _leaf(captured[path[0]].out, path, info, plan.backend)
         described = info(backend=plan.backend, value=value)
-        if described is None:
-            raise UnsupportedError(f"layer {key!r} gives a {type(value).__name__}, not one array: name one op "
-                                   f"inside it instead (its op labels are in tl.trace(model, x).summary())")
         shape = tuple(described[0])
-        if not shape or shape[0] != len(samples):
+        if not -len(shape) <= axis < len(shape) or shape[axis] != len(samples):
+            where = "first axis" if axis == 0 else f"axis {axis} (batch_axis=)"
             raise ExtractError(f"layer {key!r} has shape {list(shape)} for a batch of {len(samples)} samples: its "
-                               f"first axis is not the batch, so it cannot be stored per sample")
-        array = to_numpy(backend=plan.backend, value=value)
-        if plan.shapes is not None and (shape[1:] != plan.shapes[i] or str(array.dtype) != plan.dtypes[i]):
-            raise ExtractError(f"layer {key!r} gave {list(shape[1:])} {array.dtype} per sample in the batch from "
+                               f"{where} is not the batch, so it cannot be stored per sample; pass batch_axis= "
+                               f"(e.g. {{{key!r}: 1}} for a time-major output) naming the axis that is")
+        array, dtype = stored_form(to_numpy(backend=plan.backend, value=value), described[1], key)
+        if axis != 0:  # stored batch-first; the index records the axis it came from
+            array = np.ascontiguousarray(np.moveaxis(array, axis, 0))
+        if plan.shapes is not None and (array.shape[1:] != plan.shapes[i] or dtype != plan.dtypes[i]):
+            raise ExtractError(f"layer {key!r} gave {list(array.shape[1:])} {dtype} per sample in the batch from "
                                f"sample {start}, but {list(plan.shapes[i])} {plan.dtypes[i]} before")
+        if plan.layouts is None:  # the first batch: which axes are spatial, read from the trace
+            layouts.append(_layout(captured, path, plan.backend, len(shape), axis))
         values.append(array)
-        shapes.append(shape[1:])
-        dtypes.append(str(array.dtype))
+        shapes.append(array.shape[1:])
+        dtypes.append(dtype)
     # A trace is cyclic (modules point back at it): it would wait for the cyclic GC, and with it the
     # values it holds and, under autograd, their graphs. Let them go now.
     for op in captured.ops:
         op.out = None
     captured.model_output = None
-    return attrs.evolve(plan, shapes=tuple(shapes), dtypes=tuple(dtypes)), values
+    return attrs.evolve(plan, shapes=tuple(shapes), dtypes=tuple(dtypes),
+                        layouts=plan.layouts if plan.layouts is not None else tuple(layouts)), values
+
+
+def _layout(captured: Any, path: tuple[Any, ...], backend: str, ndim: int,
+            axis: int) -> tuple[str | None, tuple[int, ...] | None]:
+    """(layout name, spatial axes) of a layer as stored (batch first); (None, None) where not known."""
+    op = output_op(captured, captured[path[0]], path)
+    spatial = None if op is None else spatial_axes(captured, op, backend, ndim)
+    if spatial is None:
+        return None, None
+    axis %= ndim
+    stored = tuple(sorted(0 if d == axis else d + 1 if d < axis else d for d in spatial))  # after the moveaxis
+    return layout_name(ndim, stored), stored
+
+
+def _leaf(value: Any, path: tuple[Any, ...], info: Any, backend: str) -> Any:
+    """The array ``path`` names: a layer's output, or one leaf of the tuple or dict it returned."""
+    for depth, step in enumerate(path[1:], start=1):
+        if isinstance(value, Mapping) and step in value:
+            value = value[step]
+        elif isinstance(step, int) and isinstance(value, (tuple, list)) and -len(value) <= step < len(value):
+            value = value[step]
+        elif isinstance(step, str) and isinstance(value, tuple) and step in getattr(value, "_fields", ()):
+            value = getattr(value, step)  # a namedtuple's field
+        else:
+            raise LabelNotFoundError(f"layer {key_name(path[:depth + 1])!r}: the output of {key_name(path[:depth])!r} "
+                                     f"is {_structure(value)}, which has no {step!r}")
+    if info(backend=backend, value=value) is None:
+        hint = (f"name one of its leaves, e.g. {key_name((*path, _first_step(value)))!r}"
+                if _first_step(value) is not None else "name one op inside it instead (its op labels are in "
+                                                        "tl.trace(model, x).summary())")
+        raise UnsupportedError(f"layer {key_name(path)!r} gives {_structure(value)}, not one array: {hint}")
+    return value
+
+
+def _first_step(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return next(iter(value), None)
+    return 0 if isinstance(value, (tuple, list)) and value else None
+
+
+def _structure(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return f"a {type(value).__name__} with keys {list(value)[:8]}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
 
 
 def _claim(model: Any, sample: Any) -> str:
-    inputs = tuple(value for _, value in _fields(sample))
+    inputs = tuple(value for _, value in fields(sample))
     name = claim_backend(model, inputs, {})
     if name is None:
         raise UnsupportedError(f"no installed backend recognises {type(model).__name__} or its samples; pass backend=")
     return name
-
-
-# -- the dataset -----------------------------------------------------------------------------
-class _Source:
-    """The dataset as batches; a sequence is read by index, anything else iterated once."""
-
-    def __init__(self, dataset: Any) -> None:
-        indexable = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
-        if isinstance(dataset, (str, bytes, Mapping)) or not (isinstance(dataset, Iterable) or indexable):
-            raise TypeError(f"dataset= takes an iterable of samples, not {type(dataset).__name__}")
-        self.dataset = dataset
-        try:
-            self.n: int | None = len(dataset)
-        except TypeError:
-            self.n = None
-        # A list, or a map-style dataset (len and indexing, no __iter__ of its own): read by index.
-        self.random_access = self.n is not None and hasattr(dataset, "__getitem__") and (
-            isinstance(dataset, Sequence) or not hasattr(type(dataset), "__iter__"))
-        self.seen = 0
-
-    def finished_samples(self, batch_size: int, finished: Callable[[int, int], bool]) -> int:
-        """Samples already written, known before reading anything (sequences only; 0 for iterators)."""
-        if not self.random_access:
-            return 0
-        return sum(count for k, _, count in self._layout(batch_size) if finished(k, count))
-
-    def _layout(self, batch_size: int) -> Iterator[tuple[int, int, int]]:
-        """(batch number, first sample, sample count) of each batch of a sequence."""
-        assert self.n is not None
-        for start in range(0, self.n, batch_size):
-            yield start // batch_size, start, min(batch_size, self.n - start)
-
-    def batches(self, batch_size: int, finished: Callable[[int, int], bool],
-                skipped: Callable[[int], None]) -> Iterator[tuple[int, int, list[Any]]]:
-        """(batch number, first sample, samples) of each batch still to compute.
-
-        A sequence reads only those samples. An iterator is read through, and
-        ``skipped(count)`` is called for each batch an earlier run finished.
-        """
-        if self.random_access:
-            for k, start, count in self._layout(batch_size):
-                self.seen = start + count
-                if not finished(k, count):
-                    yield k, start, [self.dataset[i] for i in range(start, start + count)]
-            return
-        samples = iter(self.dataset)
-        for k in itertools.count():
-            start = k * batch_size
-            chunk = list(itertools.islice(samples, batch_size))
-            if not chunk:
-                return
-            self.seen = start + len(chunk)
-            if finished(k, len(chunk)):
-                skipped(len(chunk))
-            else:
-                yield k, start, chunk
-            if len(chunk) < batch_size:
-                return
 
 
 # -- engines ---------------------------------------------------------------------------------
@@ -439,11 +448,39 @@ def _tqdm() -> Any:
 
 
 # -- argument checks -------------------------------------------------------------------------
-def _layer_keys(layers: Any) -> tuple[str, ...]:
-    keys = (layers,) if isinstance(layers, str) else tuple(layers) if isinstance(layers, Iterable) else None
-    if not keys or not all(isinstance(key, str) and key for key in keys):
-        raise TypeError(f"layers= takes op labels or module paths, e.g. ['relu_1_2', 'features.6'], not {layers!r}")
-    return tuple(dict.fromkeys(keys))
+def _layer_keys(layers: Any) -> tuple[tuple[Any, ...], ...]:
+    """Each layer as (label or module path, *leaf path): a plain key has no leaf path."""
+    single = isinstance(layers, str) or (isinstance(layers, tuple) and bool(layers) and isinstance(layers[0], str)
+                                         and any(not isinstance(step, str) for step in layers[1:]))
+    keys = (layers,) if single else tuple(layers) if isinstance(layers, Iterable) else None
+    paths = [(key,) if isinstance(key, str) else key for key in keys or ()]
+    if not paths or not all(_valid_path(path) for path in paths):
+        raise TypeError(f"layers= takes op labels or module paths, e.g. ['relu_1_2', 'features.6'], or (key, leaf) "
+                        f"for one array of a layer that returns a tuple or dict, e.g. [('lstm', 0)]; not {layers!r}")
+    return tuple(dict.fromkeys(paths))
+
+
+def _valid_path(path: Any) -> bool:
+    return (isinstance(path, tuple) and bool(path) and isinstance(path[0], str) and bool(path[0])
+            and all(isinstance(step, str) or (isinstance(step, int) and not isinstance(step, bool))
+                    for step in path[1:]))
+
+
+def _batch_axes(batch_axis: Any, keys: tuple[tuple[Any, ...], ...]) -> tuple[int, ...]:
+    """Each layer's batch axis, from one int for all or a {layer key: axis} mapping (others 0)."""
+    names = [key_name(path) for path in keys]
+    if isinstance(batch_axis, Mapping):
+        unknown = [key for key in batch_axis if key not in names and not (
+            isinstance(key, tuple) and key in keys)]
+        if unknown:
+            raise TypeError(f"batch_axis= names {unknown}, which are not in layers= ({names})")
+        given = {(key_name(key) if isinstance(key, tuple) else key): axis for key, axis in batch_axis.items()}
+        axes = [given.get(name, 0) for name in names]
+    else:
+        axes = [batch_axis] * len(keys)
+    if not all(isinstance(axis, int) and not isinstance(axis, bool) for axis in axes):
+        raise TypeError(f"batch_axis= takes an int, or a dict of layer key to int, not {batch_axis!r}")
+    return tuple(axes)
 
 
 def _sample_ids(sample_ids: Iterable[Any] | None, n: int | None) -> list[Any] | None:

@@ -43,6 +43,7 @@ TRACE_KEYS = frozenset({"backend", "framework_version", "model_name", "halted", 
                         "output_template", "model_output", "arrays"})
 PARAM_KEYS = frozenset({"name", "shape", "dtype", "numel", "trainable", "module", "is_buffer", "value"})
 MODULE_KEYS = frozenset({"path", "type_name", "params", "passes"})
+INPUTS_MODULE_KEYS = MODULE_KEYS | {"inputs"}  # format version 5 on
 OP_KEYS = frozenset({"kind", "func_name", "label", "layer_label", "func_ordinal", "pass_num", "num_passes",
                      "parent_indices", "condition_indices", "module_passes", "module_outputs", "params", "shape",
                      "dtype", "device", "source", "in_place", "saved", "elapsed", "code_context", "cost",
@@ -67,7 +68,7 @@ def build(records: Any, blob: bytearray, version: int) -> Trace:
     h = hook()
     dec = Decoder(h, backend, records["arrays"], blob, framework=info is not None and info.available)
     params, unsaved = _params(records, dec)
-    modules = _modules(records, dec, params)
+    modules = _modules(records, dec, params, version)
     ops: list[OpRecord] = []
     why_not: dict[str, str] = {}
     labels: set[str] = set()
@@ -128,18 +129,23 @@ def _params(records: dict[str, Any], dec: Decoder) -> tuple[dict[str, ParamRecor
     return params, unsaved
 
 
-def _modules(records: dict[str, Any], dec: Decoder, params: dict[str, ParamRecord]) -> dict[str, ModuleRecord]:
+def _modules(records: dict[str, Any], dec: Decoder, params: dict[str, ParamRecord],
+             version: int) -> dict[str, ModuleRecord]:
     modules: dict[str, ModuleRecord] = {}
     for i, m in enumerate(_get(records, "modules", list, "trace")):
         where = f"module {i}"
-        _fields(m, MODULE_KEYS, where)
+        _fields(m, INPUTS_MODULE_KEYS if version >= 5 else MODULE_KEYS, where)
         path = _get(m, "path", str, where)
         if path in modules:
             raise TraceFileError(f"{where}: module {path!r} is listed twice")
         rec = ModuleRecord(path=path, type_name=_get(m, "type_name", str, where),
                            params=[_known(n, params, "parameter", where) for n in _get(m, "params", list, where)])
-        rec.passes = [ModulePass(path=path, pass_num=n + 1, out_template=dec.decode(t))
-                      for n, t in enumerate(_get(m, "passes", list, where))]
+        passes = _get(m, "passes", list, where)
+        inputs = _get(m, "inputs", list, where) if version >= 5 else [None] * len(passes)
+        if len(inputs) != len(passes):
+            raise TraceFileError(f"{where}: {len(passes)} passes but inputs for {len(inputs)}")
+        rec.passes = [ModulePass(path=path, pass_num=n + 1, out_template=dec.decode(t),
+                                 in_template=_call(dec, a, where)) for n, (t, a) in enumerate(zip(passes, inputs))]
         modules[path] = rec
     return modules
 
@@ -360,6 +366,8 @@ def _link(trace: Trace) -> None:
             trace.modules[path].passes[n - 1].ops.append(op.label)
     templates = [("the output", trace.output_template)]
     templates += [(f"module pass {mp.label}", mp.out_template) for m in trace.modules.values() for mp in m.passes]
+    templates += [(f"module pass {mp.label}'s inputs", mp.in_template)
+                  for m in trace.modules.values() for mp in m.passes]
     for where, template in templates:
         for _, ref in tree.leaves(template, lambda x: isinstance(x, (Ref, ParamRef))):
             if isinstance(ref, ParamRef):
@@ -386,6 +394,17 @@ def _grads(op: OpRecord, o: dict[str, Any], dec: Decoder, where: str) -> None:
     if grad is not None and status != GRAD_SAVED:
         raise TraceFileError(f"{where}: it holds a gradient but its status is {status!r}")
     op.grad_status, op.grad = status, grad
+
+
+def _call(dec: Decoder, data: Any, where: str) -> Any:
+    """A module pass's recorded ``(args, kwargs)``, or None (not recorded)."""
+    if data is None:
+        return None
+    inputs = dec.decode(data)
+    if not (type(inputs) is tuple and len(inputs) == 2 and type(inputs[0]) is tuple and type(inputs[1]) is dict
+            and all(type(k) is str for k in inputs[1])):
+        raise TraceFileError(f"{where}: a module pass's inputs are not (args, kwargs)")
+    return inputs
 
 
 def _fields(d: Any, keys: frozenset[str], where: str) -> None:

@@ -40,8 +40,9 @@ FORMAT = "torchlens-trace"
 # Bump on any change a reader of the old version would misread. 2: a parameter's value may be null (not saved).
 # 3: ops carry the edits intervene= made (``edits``, ``pre_edit``). 4: ops carry save_grads= (``grad_status``,
 # ``grad``), so that a loaded trace runs log_backward as the one saved did.
-FORMAT_VERSION = 4
-READS_VERSIONS = (1, 2, 3, 4)  # 1: every parameter value present; 1 and 2: no op edited; 1 to 3: no gradients
+FORMAT_VERSION = 5
+# 1: every parameter value present; 1 and 2: no op edited; 1 to 3: no gradients; 1 to 4: no module inputs
+READS_VERSIONS = (1, 2, 3, 4, 5)
 MANIFEST, RECORDS, ARRAYS = "manifest.json", "trace.json", "arrays.bin"
 NOT_REPLAYABLE = "not_replayable"  # trace.notes key: {op label: why it cannot be replayed}
 
@@ -143,7 +144,7 @@ def load(path: str | os.PathLike[str]) -> Trace:
 
     try:
         return build(records, blob, version)
-    except TorchLensError:
+    except (TorchLensError, MemoryError):  # out of memory is this machine's limit, not the file's fault
         raise
     except Exception as exc:  # noqa: BLE001 - anything a well-formed file cannot cause
         raise TraceFileError(f"{str(root)!r} is malformed: {type(exc).__name__}: {exc}") from exc
@@ -176,6 +177,7 @@ def _params_read(trace: Trace) -> set[str]:
     """The parameters the trace's ops and outputs read: the only values replay needs."""
     names: set[str] = set()
     templates = [trace.output_template, *(mp.out_template for m in trace.modules.values() for mp in m.passes)]
+    templates += [mp.in_template for m in trace.modules.values() for mp in m.passes]
     for op in trace.ops:
         names.update(op.params)
         templates.append((op.args, op.kwargs))
@@ -192,7 +194,8 @@ def _param_json(p: ParamRecord, enc: Encoder, with_value: bool) -> dict[str, Any
 
 def _module_json(m: ModuleRecord, enc: Encoder) -> dict[str, Any]:
     return {"path": m.path, "type_name": m.type_name, "params": list(m.params),
-            "passes": [enc.encode(mp.out_template) for mp in m.passes]}
+            "passes": [enc.encode(mp.out_template) for mp in m.passes],
+            "inputs": [enc.encode(mp.in_template) for mp in m.passes]}
 
 
 def _op_json(op: OpRecord, enc: Encoder, h: Any, backend: str) -> dict[str, Any]:

@@ -168,10 +168,22 @@ def torchlens_encode_call(backend: str, op: Any) -> Any:
     return encode_call(op.call)
 
 
+# tl.extract_dataset: one batch from same-shaped unbatched samples, stacked along a new leading axis. The core
+# checks shapes and dtypes first; the other frameworks' samples a dataset yields (a NumPy array for a JAX model)
+# reach the model through torchlens_from_numpy, so here every sample is already an ndarray.
+@hookimpl
+def torchlens_stack(backend: str, samples: list[Any]) -> Any:
+    if backend != NAME:
+        return None
+    import numpy as np
+
+    return np.stack(samples)
+
+
 # tl.load: the call encode_call named, looked up among allow-listed namespaces only (the file may be hostile).
 # Not implemented here, because NumPy arrays need no conversion: torchlens_encode_array / torchlens_from_numpy
 # (arrays of another framework in a file), torchlens_encode_value / torchlens_decode_value (framework constants
-# such as dtypes in calls), torchlens_stack (tl.extract_dataset), torchlens_detach (autograd), and the optional
+# such as dtypes in calls), torchlens_detach (autograd), and the optional
 # torchlens_geometry, torchlens_facets, torchlens_compat, torchlens_backward, torchlens_reference_grads:
 # docs/writing-a-backend.md lists them all, with what each needs.
 @hookimpl
