@@ -60,6 +60,14 @@ def in_sample(entry: Entry) -> bool:
     return int.from_bytes(digest[:8], "big") % SAMPLE_EVERY == 0
 
 
+def _sample(found: list[Entry]) -> list[Entry]:
+    """The entries in the fixed sample; a registry too small for any to hash in still gives its lowest hash."""
+    chosen = [e for e in found if in_sample(e)]
+    if not chosen and found:
+        chosen = [min(found, key=lambda e: hashlib.sha256(f"{e.backend}/{e.name}".encode()).digest())]
+    return chosen
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """``"i/n"`` (1-based) -> (i, n), or SystemExit saying what is wrong."""
     try:
@@ -74,7 +82,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 def select(found: list[Entry], shard: tuple[int, int] | None = None, sample: bool = False,
            only: list[str] | None = None) -> list[Entry]:
     """The entries this run owns: the sample and/or a shard (round robin over the sorted names), or named ones."""
-    chosen = [e for e in found if in_sample(e)] if sample else list(found)
+    chosen = _sample(found) if sample else list(found)
     if only:
         chosen = [e for e in chosen if any(e.name == o or e.name.startswith(o.rstrip("*")) and o.endswith("*")
                                            for o in only)]
