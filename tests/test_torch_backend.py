@@ -161,6 +161,25 @@ def test_dropout_replays_exactly_in_train_mode() -> None:
     assert torch.equal(trace.replay(), trace.output)
 
 
+def test_dropout_in_eval_mode_draws_nothing_and_keeps_no_generator_state() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 2)).eval()
+    x = torch.randn(4, 8)
+    state = torch.get_rng_state()
+
+    def functional(x):  # the flag by keyword, and torch.dropout (a builtin without a signature) by position
+        return torch.dropout(F.dropout(x, 0.3, training=False), 0.3, False) * 2
+
+    for target in (model, functional):
+        trace = tl.trace(target, x)
+        dropouts = [op for op in trace.ops if op.func_name == "dropout"]
+        assert dropouts and all("rng_state" not in op.meta for op in dropouts)
+        assert torch.equal(trace.replay(), target(x))
+    assert torch.equal(torch.get_rng_state(), state)  # nothing drew from the generator
+    trained = tl.trace(lambda x: torch.dropout(x, 0.5, True), x)
+    assert "rng_state" in trained["dropout_1"].meta and torch.equal(trained.replay(), trained.output)
+
+
 def test_sources_are_declared() -> None:
     class Maker(nn.Module):
         def __init__(self) -> None:

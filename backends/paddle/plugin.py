@@ -62,6 +62,17 @@ class PaddleBackend(Backend):
     array_info = lazy("torchlens_paddle.arrays:array_info")
     to_numpy = lazy("torchlens_paddle.arrays:to_numpy")
 
+    def batched_loader(self, dataset: Any) -> str | None:
+        paddle = sys.modules.get("paddle")
+        io = getattr(paddle, "io", None)
+        if io is None or not isinstance(dataset, io.DataLoader) or getattr(dataset, "batch_sampler", None) is None:
+            return None  # not a loader, or one made with batch_size=None (it yields samples)
+        size = getattr(dataset, "batch_size", None) or getattr(dataset.batch_sampler, "batch_size", None)
+        return (f"a Paddle DataLoader yields batches, and tl.extract_dataset makes its own from unbatched samples: "
+                f"pass the loader's dataset and batch size, tl.extract_dataset(model, loader.dataset, layers, "
+                f"batch_size={size or '...'}, ...) (a labelled dataset mapped to its inputs first), or a DataLoader "
+                f"made with batch_size=None")
+
     def stack(self, samples: list[Any]) -> Any:
         """Same-shaped samples stacked along a new leading axis (for ``tl.extract_dataset``)."""
         import paddle

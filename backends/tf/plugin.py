@@ -69,6 +69,22 @@ class TFBackend(Backend):
     array_info = lazy("torchlens_tf.arrays:array_info")
     to_numpy = lazy("torchlens_tf.arrays:to_numpy")
 
+    def batched_loader(self, dataset: Any) -> str | None:
+        tf = sys.modules.get("tensorflow")
+        data = getattr(tf, "data", None)
+        if data is None or not isinstance(dataset, data.Dataset):
+            return None
+        node = dataset
+        while node is not None:  # the chain of transformations, last first: a batch not undone by an unbatch
+            name = type(node).__name__.lower()
+            if "unbatch" in name:
+                return None
+            if "batch" in name:
+                return ("this tf.data.Dataset is batched, and tl.extract_dataset makes its own batches from "
+                        "unbatched elements: pass dataset.unbatch() (and batch_size= for the batches you want)")
+            node = getattr(node, "_input_dataset", None)
+        return None
+
     def stack(self, samples: list[Any]) -> Any:
         """Same-shaped samples stacked along a new leading axis (for ``tl.extract_dataset``)."""
         import tensorflow as tf

@@ -56,6 +56,13 @@ from torchlens_torch.splice import spliced
 
 Tensor = torch.Tensor
 
+# Random only while training: the position and default of the flag (dropout in eval mode draws nothing, and its
+# generator state need not be kept). torch.* builtins have no signature to read it from.
+_TRAINING_FLAG = {"dropout": (2, True), "alpha_dropout": (2, True), "feature_alpha_dropout": (2, True),
+                  "feature_dropout": (2, True), "dropout1d": (2, True), "dropout2d": (2, True),
+                  "dropout3d": (2, True), "native_dropout": (2, None), "rrelu": (3, False), "dropout_": (2, True),
+                  "alpha_dropout_": (2, True), "feature_alpha_dropout_": (2, True), "feature_dropout_": (2, True),
+                  "rrelu_": (3, False)}
 _RANDOM = frozenset({
     "dropout", "dropout_", "alpha_dropout", "alpha_dropout_", "feature_alpha_dropout", "feature_dropout",
     "dropout1d", "dropout2d", "dropout3d", "native_dropout", "rrelu", "rrelu_", "bernoulli", "bernoulli_",
@@ -82,8 +89,8 @@ _SCALARS = frozenset({int, float, bool, str, type(None)})  # arguments that are 
 class FuncInfo:
     """What capture needs to know about one torch callable, worked out once."""
 
-    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "uninitialized", "decides", "stats",
-                 "collective", "plain")
+    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "training_flag", "uninitialized",
+                 "decides", "stats", "collective", "plain")
 
     def __init__(self, func: Any) -> None:
         raw = getattr(func, "__name__", None) or type(func).__name__
@@ -101,6 +108,7 @@ class FuncInfo:
         self.ignored = raw in _IGNORED
         self.decides = raw in _DECIDING
         self.random = self.name in _RANDOM
+        self.training_flag = _training_flag(func, self.name) if self.random else None
         self.uninitialized = self.name in _UNINITIALIZED
         self.inplace_pos = _inplace_position(func)
         self.stats = _RUNNING_STATS.get(func)
@@ -110,6 +118,31 @@ class FuncInfo:
         # Most calls need none of the special handling below: one flag for the hot path.
         self.plain = not (self.ignored or self.decides or self.in_place or self.random or self.uninitialized
                           or self.inplace_pos is not None or self.stats is not None or self.collective)
+
+
+def _training_flag(func: Any, name: str) -> tuple[int, str, Any] | None:
+    """(position, name, default) of the flag that makes a dropout-like call random, if it has one."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    for pos, param in enumerate(params):
+        if param.name in ("training", "train"):
+            return pos, param.name, param.default
+    if not params and name in _TRAINING_FLAG:
+        pos, default = _TRAINING_FLAG[name]
+        return pos, "training" if name.startswith("rrelu") else "train", default
+    return None
+
+
+def _draws(info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Does this call of a random function draw? Dropout and rrelu only while training."""
+    flag = info.training_flag
+    if flag is None:
+        return True
+    pos, name, default = flag
+    value = args[pos] if len(args) > pos else kwargs.get(name, default)
+    return value is not False  # native_dropout's train=None means "train" as well
 
 
 def _inplace_position(func: Any) -> int | None:
@@ -256,7 +289,8 @@ class _Recorder(TorchFunctionMode):
         if info.stats is not None:  # batch norm in training: the kernel updates the running statistics
             for stat in _running_stats_written(info.stats, args, kwargs):
                 self._protect(stat)
-        meta = _rng_states() if info.random else None
+        random = info.random and _draws(info, args, kwargs)
+        meta = _rng_states() if random else None
         start = perf_counter()
         out = func(*args, **kwargs)
         elapsed = perf_counter() - start
@@ -264,15 +298,15 @@ class _Recorder(TorchFunctionMode):
             with torch.no_grad(), torch._C.DisableTorchFunction():
                 meta = {"uninitialized": out.detach().clone()}
         if isinstance(out, Tensor):
-            return self._record(func, info, args, kwargs, out, target, meta, elapsed)
+            return self._record(func, info, args, kwargs, out, target, meta, elapsed, random)
         if target is not None:  # __setitem__ and friends return None but wrote into target
-            self._record(func, info, args, kwargs, target, target, meta, elapsed)
+            self._record(func, info, args, kwargs, target, target, meta, elapsed, random)
         elif isinstance(out, (tuple, list)) and any(isinstance(o, Tensor) for o in out):
-            return self._record(func, info, args, kwargs, out, None, meta, elapsed)
+            return self._record(func, info, args, kwargs, out, None, meta, elapsed, random)
         return out
 
     def _record(self, func: Any, info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                target: Tensor | None, meta: dict[str, Any] | None, elapsed: float) -> Any:
+                target: Tensor | None, meta: dict[str, Any] | None, elapsed: float, random: bool = False) -> Any:
         """Record one call; returns what the forward gets back (``out``, or what intervene= made of it)."""
         if _transform_running() is not None:
             raise UnsupportedError(
@@ -293,7 +327,7 @@ class _Recorder(TorchFunctionMode):
         builder = self.builder
         op = builder.add_op(
             info.name, func, a, k, _unique(parents), out, shape=shape, dtype=dtype, device=device,
-            params=_unique(params) if params else (), random=info.random, in_place=target is not None,
+            params=_unique(params) if params else (), random=random, in_place=target is not None,
             code_context=self.sites.stack(skip=2), meta=meta, elapsed=elapsed,
             conditions=self.branches.current() if self.branches.open else ())
         if builder.edited_values:  # an edit made in place is already in `out`

@@ -39,6 +39,18 @@ class TorchBackend(Backend):
 
         return torch.stack(samples)
 
+    def batched_loader(self, dataset: Any) -> str | None:
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(dataset, torch.utils.data.DataLoader):
+            return None
+        if not getattr(dataset, "_auto_collation", dataset.batch_size is not None):
+            return None  # batch_size=None: it yields samples
+        size = dataset.batch_size or getattr(dataset.batch_sampler, "batch_size", None)
+        return (f"a torch DataLoader yields batches, and tl.extract_dataset makes its own from unbatched samples: "
+                f"pass the loader's dataset and batch size, tl.extract_dataset(model, loader.dataset, layers, "
+                f"batch_size={size or '...'}, ...) (a labelled dataset mapped to its inputs first), or a DataLoader "
+                f"made with batch_size=None")
+
     def detach(self, value: Any) -> Any:
         import torch
 

@@ -92,6 +92,10 @@ class Backend:
         raise UnsupportedError(f"the {self.name} backend cannot batch samples yet (Backend.stack), "
                                f"so tl.extract_dataset cannot run on it")
 
+    def batched_loader(self, dataset: Any) -> str | None:
+        """What to pass instead, if ``dataset`` is this framework's loader yielding batches (else None)."""
+        return None
+
     def detach(self, value: Any) -> Any:
         """``value`` cut from any autograd graph (frameworks without one: as it is)."""
         return value
@@ -192,6 +196,10 @@ class Backend:
     @hookimpl
     def torchlens_stack(self, backend: str, samples: list[Any]) -> Any:
         return self.stack(samples) if backend == self.name else None
+
+    @hookimpl
+    def torchlens_batched_loader(self, dataset: Any) -> str | None:
+        return self.batched_loader(dataset)
 
     @hookimpl
     def torchlens_detach(self, backend: str, value: Any) -> Any:

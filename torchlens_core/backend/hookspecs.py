@@ -126,6 +126,22 @@ def torchlens_stack(backend: str, samples: list[Any]) -> Any:
 
 
 @hookspec(firstresult=True)
+def torchlens_batched_loader(dataset: Any) -> str | None:
+    """Refuse, for ``tl.extract_dataset``, a loader of this framework that yields batches.
+
+    Asked of every plugin, whatever the backend traced, since a torch
+    DataLoader may feed any model. Return None unless ``dataset`` is this
+    framework's loader and yields batches; then return the sentence that
+    says what to pass instead (its unbatched dataset and ``batch_size=``, or
+    ``.unbatch()``), which the core raises as an ``UnsupportedError``.
+    extract_dataset batches samples itself: splitting a loader's batches back
+    into samples would take the labels it collates alongside for inputs.
+    Decide from ``sys.modules`` and types: a framework not imported cannot
+    have made the loader.
+    """
+
+
+@hookspec(firstresult=True)
 def torchlens_detach(backend: str, value: Any) -> Any:
     """``value`` (an array or a structure of them) cut from any autograd graph; as it is if there is none."""
 

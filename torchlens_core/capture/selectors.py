@@ -74,21 +74,28 @@ class Func(Selector):
     """Ops whose function name matches ``pattern`` (a name or a regex; ``relu`` also matches ``relu_``)."""
 
     pattern: str
-    _regex: re.Pattern[str] = attrs.field(init=False, repr=False, eq=False)
+    # a plain name is matched as a string: compiling a regex costs time in its length (a pasted blob: seconds)
+    _regex: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
 
     def __repr__(self) -> str:
         return f"tl.func({self.pattern!r})"
 
     def __attrs_post_init__(self) -> None:
         _name(self.pattern, "tl.func", "relu")
-        try:
-            regex = re.compile(f"(?:{self.pattern})_?")
-        except re.error as exc:
-            raise PatternError(f"tl.func({shown(self.pattern)}): not a valid regular expression ({exc}); "
-                               f"escape special characters with re.escape() to match a name literally") from None
+        regex = None
+        if re.escape(self.pattern) != self.pattern:
+            try:
+                regex = re.compile(f"(?:{self.pattern})_?")
+            except re.error as exc:
+                raise PatternError(f"tl.func({shown(self.pattern)}): not a valid regular expression ({exc}); "
+                                   f"escape special characters with re.escape() to match a name "
+                                   f"literally") from None
         object.__setattr__(self, "_regex", regex)
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
+        if self._regex is None:
+            name = op.func_name
+            return name == self.pattern or (name[-1:] == "_" and name[:-1] == self.pattern)
         return self._regex.fullmatch(op.func_name) is not None
 
     def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:

@@ -5,14 +5,13 @@ keyword inputs). A dataset is any iterable of them; a sequence (a list, a
 NumPy array, a map-style torch or Paddle ``Dataset``) is read by index, so a
 resumed run reads only what it still needs. NumPy samples reach another
 framework's model through its ``torchlens_from_numpy`` hook. Loaders that
-yield batches are refused with the call that works. Frameworks are found in
-``sys.modules``, never imported.
+yield batches are refused with the call that works (each backend knows its
+framework's loaders).
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -106,35 +105,10 @@ class Source:
 
 
 def refuse_batched(dataset: Any) -> None:
-    """A loader that yields batches is refused, with the call that works: extract_dataset batches itself.
+    """A loader that yields batches is refused with the call that works: extract_dataset batches itself.
 
-    Splitting a loader's batches back into samples would take the labels it collates alongside for model
-    inputs, and leave its collate_fn to say what a sample is; the loader's dataset says it plainly.
-    Frameworks are looked up in sys.modules, never imported: a loader of a framework not imported
-    cannot have been passed.
+    Each backend recognises its own framework's loaders (``torchlens_batched_loader``).
     """
-    torch, paddle, tf = (sys.modules.get(name) for name in ("torch", "paddle", "tensorflow"))
-    loader = None
-    if torch is not None and isinstance(dataset, torch.utils.data.DataLoader):
-        loader = "torch DataLoader" if getattr(dataset, "_auto_collation", dataset.batch_size is not None) else None
-    elif paddle is not None and hasattr(paddle, "io") and isinstance(dataset, paddle.io.DataLoader):
-        loader = "Paddle DataLoader" if getattr(dataset, "batch_sampler", None) is not None else None
-    if loader is not None:
-        size = getattr(dataset, "batch_size", None) or getattr(getattr(dataset, "batch_sampler", None),
-                                                               "batch_size", None)
-        raise UnsupportedError(
-            f"a {loader} yields batches, and tl.extract_dataset makes its own from unbatched samples: pass the "
-            f"loader's dataset and batch size, tl.extract_dataset(model, loader.dataset, layers, "
-            f"batch_size={size or '...'}, ...) (a labelled dataset mapped to its inputs first), or a DataLoader "
-            f"made with batch_size=None")
-    if tf is not None and isinstance(dataset, tf.data.Dataset):
-        node = dataset
-        while node is not None:  # the chain of transformations, last first: a batch not undone by an unbatch
-            name = type(node).__name__.lower()
-            if "unbatch" in name:
-                break
-            if "batch" in name:
-                raise UnsupportedError(
-                    "this tf.data.Dataset is batched, and tl.extract_dataset makes its own batches from unbatched "
-                    "elements: pass dataset.unbatch() (and batch_size= for the batches you want)")
-            node = getattr(node, "_input_dataset", None)
+    instead = hook().torchlens_batched_loader(dataset=dataset)
+    if instead is not None:
+        raise UnsupportedError(instead)
