@@ -296,9 +296,18 @@ _RAW_BITS = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uin
              "float8_e5m2fnuz": "uint8"}
 
 
+# Sparse layouts are saved as the dense values they stand for, the layout after the dtype ("float32:sparse_csr"),
+# and made sparse again on load: the same values (explicit zeros are not kept, nor a hybrid COO's dense dims).
+_SPARSE = {"sparse_coo": "to_sparse", "sparse_csr": "to_sparse_csr", "sparse_csc": "to_sparse_csc"}
+
+
 def encode_array(value: Any) -> tuple[Any, str]:
     import torch
 
+    layout = str(value.layout).removeprefix("torch.")
+    if layout in _SPARSE:
+        data, name = encode_array(value.to_dense())
+        return data, f"{name}:{layout}"
     t = value.detach().cpu().resolve_conj().resolve_neg()
     name = str(t.dtype).removeprefix("torch.")
     raw = _RAW_BITS.get(name)
@@ -311,6 +320,11 @@ def encode_array(value: Any) -> tuple[Any, str]:
 def from_numpy(array: Any, dtype: str, device: str) -> Any:
     import torch
 
+    dtype, _, layout = dtype.partition(":")
+    if layout:
+        if layout not in _SPARSE:
+            raise TraceFileError(f"a tensor of layout {layout!r}, which tl.save never writes")
+        return getattr(from_numpy(array, dtype, device), _SPARSE[layout])()
     if dtype in _RAW_BITS and array.dtype.name == "uint16":  # torch views int16 bits as bfloat16
         array = array.view("int16")
     t = torch.from_numpy(array) if array.flags.writeable else torch.tensor(array)

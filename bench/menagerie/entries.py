@@ -39,6 +39,9 @@ class Entry:
     family: str
     build: Callable[[], Built] = attrs.field(eq=False, repr=False)
     rtol: float = 1e-5
+    # The second inputs of the replay-on-other-inputs check (Case.other_inputs); None: the suite's own nudge.
+    other_inputs: Callable[[tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]] | None = (
+        attrs.field(default=None, eq=False, repr=False))
 
 
 def entries(backend: str) -> list[Entry]:

@@ -5,6 +5,7 @@
     python -m bench.menagerie --backend torch --shard 2/4      # every 4th entry, from the 2nd
     python -m bench.menagerie --backend torch --sample         # the fixed CI sample (about 5%)
     python bench/menagerie/run.py --backend torch --only timm/resnet10t 'torchvision/vit*'
+    python -m bench.menagerie --backend torch --dask-local 4   # on a Dask cluster (bench/menagerie/cluster.py)
 
 The parent imports the framework and its model libraries once, then forks a
 child per entry: a child pays no import time, and whatever it does (a crash,
@@ -13,7 +14,9 @@ the run. The child gets RLIMIT_AS (the parent's address space plus
 ``--memory-gb``) and the parent kills it at ``--timeout``. Each result is
 appended and flushed as it comes, so an interrupted run resumes where it
 stopped; a shard writes its own file (``torch.2of4.jsonl``) so shards can run
-side by side.
+side by side. With ``--dask ADDRESS`` or ``--dask-local N`` the entries run as
+tasks on a Dask cluster's workers, each still in its own forked child
+(:mod:`bench.menagerie.cluster`), and the results file is written the same way.
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ def done_names(path: pathlib.Path) -> set[str]:
             with contextlib.suppress(json.JSONDecodeError):
                 names.add(json.loads(line)["name"])
     return names
+
+
+def _ends_a_line(path: pathlib.Path) -> bool:
+    """Whether the file is empty or its last byte ends a line."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def _address_space() -> int:
@@ -155,7 +168,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="address space per entry beyond the parent's (three MoE and speech models need over 6)")
     parser.add_argument("--results", type=pathlib.Path, default=None, help="the JSON lines file to append to")
     parser.add_argument("--list", action="store_true", help="print the selected entries and exit")
+    engine = parser.add_mutually_exclusive_group()
+    engine.add_argument("--dask", default=None, metavar="ADDRESS",
+                        help="run the entries on the Dask scheduler at ADDRESS (its workers import this repository)")
+    engine.add_argument("--dask-local", type=int, default=None, metavar="N",
+                        help="run the entries on a local Dask cluster of N single-threaded worker processes")
     args = parser.parse_args(argv)
+    if args.dask_local is not None and args.dask_local < 1:
+        parser.error("--dask-local takes a number of workers, at least 1")
 
     chosen = select(entries(args.backend), args.shard, args.sample, args.only)
     if args.list:
@@ -166,29 +186,48 @@ def main(argv: list[str] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     if not args.resume and path.exists() and path.stat().st_size:
         raise SystemExit(f"{path} already holds results: pass --resume to continue it, or remove it to start over")
-    preload(args.backend)
+    if args.dask is None and args.dask_local is None:
+        preload(args.backend)  # on a cluster each worker preloads, at its first task
     done = done_names(path) if args.resume else set()
     todo = [e for e in chosen if e.name not in done]
     print(f"{len(chosen)} entries selected, {len(chosen) - len(todo)} already done; results -> {path}", flush=True)
     counts: dict[str, int] = {}
+    memory_bytes = int(args.memory_gb * 2**30)
     with open(path, "a") as out, open(path.with_suffix(".log"), "a") as log:
-        for number, entry in enumerate(todo, 1):
+        if not _ends_a_line(path):
+            out.write("\n")  # a line an interruption cut short stays alone on its line: the next record is whole
+        def record(entry: Entry, result: dict[str, Any]) -> None:
+            """Append the entry's record to the results file (flushed: an interrupted run resumes after it)."""
+            child_log = result.pop("log", None)  # a Dask task's child output: into the log here
+            if child_log is not None:
+                log.write(f"\n===== {entry.name}\n{child_log}")
+                log.flush()
+            line = {"backend": entry.backend, "name": entry.name, "library": entry.library,
+                    "family": result.pop("family", entry.family), **result}
+            out.write(json.dumps(line, default=str) + "\n")
+            out.flush()
+            counts[line["status"]] = counts.get(line["status"], 0) + 1
+            text = f"[{sum(counts.values())}/{len(todo)}] {entry.name}: {line['status']}"
+            if line["status"] != "verified":
+                text += f" ({line.get('check')}: {line.get('error') or line.get('reason')})"
+            print(text, f"{line.get('wall_seconds', 0):.1f}s", flush=True)
+
+        on_dask: list[Entry] = []
+        for entry in todo:
             reason = exclusion(entry)
             if reason is not None:
-                result: dict[str, Any] = {"status": "excluded", "check": None, "error": None, "reason": reason}
+                record(entry, {"status": "excluded", "check": None, "error": None, "reason": reason})
+            elif args.dask is not None or args.dask_local is not None:
+                on_dask.append(entry)
             else:
                 log.write(f"\n===== {entry.name}\n")
                 log.flush()
-                result = run_entry(entry, args.timeout, int(args.memory_gb * 2**30), log.fileno())
-            record = {"backend": entry.backend, "name": entry.name, "library": entry.library,
-                      "family": result.pop("family", entry.family), **result}
-            out.write(json.dumps(record, default=str) + "\n")
-            out.flush()
-            counts[record["status"]] = counts.get(record["status"], 0) + 1
-            line = f"[{number}/{len(todo)}] {entry.name}: {record['status']}"
-            if record["status"] != "verified":
-                line += f" ({record.get('check')}: {record.get('error') or record.get('reason')})"
-            print(line, f"{record.get('wall_seconds', 0):.1f}s", flush=True)
+                record(entry, run_entry(entry, args.timeout, memory_bytes, log.fileno()))
+        if on_dask:
+            from bench.menagerie.cluster import client_for, run_on_dask
+
+            with client_for(args.dask, args.dask_local) as client:
+                run_on_dask(client, on_dask, args.timeout, memory_bytes, record)
     print("done:", ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
     return 0
 

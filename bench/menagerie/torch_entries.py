@@ -1,4 +1,6 @@
-"""The torch menagerie: torchvision's builders, timm's smallest variant per family, transformers' model types.
+"""The torch menagerie: torchvision's builders, timm's smallest variant per family, transformers' model types;
+torch_geometric's graph networks and diffusers' models come from their own modules (torch_graph_entries.py,
+torch_diffusion_entries.py).
 
 Each is enumerated from the library's own registry (``torchvision.models.list_models``,
 ``timm.list_models``, transformers' ``MODEL_MAPPING_NAMES``), so a model the
@@ -24,7 +26,10 @@ def _seed() -> None:
 
 
 def entries() -> list[Entry]:
-    return _torchvision() + _timm() + _transformers()
+    from bench.menagerie import torch_diffusion_entries, torch_graph_entries
+
+    return (_torchvision() + _timm() + _transformers() + torch_graph_entries.entries()
+            + torch_diffusion_entries.entries())
 
 
 # -- torchvision --------------------------------------------------------------------------------------------------

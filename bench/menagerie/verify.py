@@ -68,7 +68,8 @@ def verify(entry: Entry) -> dict[str, Any]:
 
     started = time.monotonic()
     result: dict[str, Any] = {"status": "verified", "check": None, "error": None, "checks": {}}
-    case = Case(entry.name, entry.build, rtol=entry.rtol, reset=_reset(entry.backend))
+    case = Case(entry.name, entry.build, rtol=entry.rtol, reset=_reset(entry.backend),
+                other_inputs=entry.other_inputs)
     try:
         model, args, kwargs = case.build()
     except Exception as exc:  # noqa: BLE001 - any failure to build is the model's, not TorchLens's

@@ -50,7 +50,9 @@ def rebuild(obj: Any, values: list[Any]) -> Any:
         return obj
     try:
         return dataclasses.replace(obj, **{f.name: v for f, v in zip(fields, values)})
-    except TypeError:  # an __init__ that takes other arguments than the fields (an equinox module): set them
+    except Exception:  # noqa: BLE001 - an __init__ that takes other arguments than the fields (an equinox
+        # module) or checks them (torch_geometric's SelectOutput calls node_index.dim(), which a template's Ref
+        # has not): set the fields on a copy instead
         new = copy.copy(obj)
         for f, v in zip(fields, values):
             object.__setattr__(new, f.name, v)
