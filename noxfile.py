@@ -46,6 +46,15 @@ def _backend_session(name: str, extras: str, needs: tuple[str, str] | None) -> N
         if needs is not None and shutil.which(needs[0]) is None:
             session.error(needs[1])
         session.install("-e", f".[{extras}]")
+        if name == "tf":
+            # keras_hub's backbones for the menagerie's CI sample. --no-deps: keras-hub declares tensorflow-text,
+            # which pulls the full `tensorflow` wheel over tensorflow-cpu; these are the dependencies it imports.
+            session.install("--no-deps", "keras-hub", "regex", "kagglehub", "kagglesdk", "sentencepiece",
+                            "tokenizers")
+        if name == "jax":
+            # transformers' Flax architectures for the menagerie's CI sample: the 4.x series is the last to ship
+            # them (bench/menagerie/jax_hf_entries.py)
+            session.install("transformers>=4.40,<5")
         session.run("pytest", "tests", "-q", *session.posargs)  # `-- --runslow` adds the slow tests
         session.run("pytest", "conformance", "--backend", name, "-q")
 
@@ -120,7 +129,9 @@ def menagerie(session: nox.Session) -> None:
 
     `nox -s menagerie -- --backend torch [--shard i/n] [--resume] [--sample]`: runs in that backend session's
     virtualenv (TensorFlow and Paddle cannot share a process), as `compare` does; not a default session (the
-    full torch run takes about an hour on two cores).
+    full torch run takes about an hour on two cores). `-- --dask-local N` runs the entries on a local Dask cluster
+    of N single-threaded workers, `-- --dask ADDRESS` on a running scheduler's workers (the engine
+    tl.extract_dataset takes; each entry is still a forked child under its limits, bench/menagerie/cluster.py).
     """
     args = list(session.posargs)
     backend = args[args.index("--backend") + 1] if "--backend" in args else "torch"

@@ -214,7 +214,7 @@ def owner(name: str, module_paths: list[str]) -> str:
 
 
 # -- the framework's own view of module outputs ------------------------------------------------
-def observe_module_outputs(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def observe_module_outputs(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """Run the model plainly and keep a NumPy copy of each submodule call's output: ``{"path:pass": out}``.
 
     nnx and equinox: ``__call__`` wrappers keyed by object identity, with jit
@@ -228,7 +228,9 @@ def observe_module_outputs(target: Any, args: tuple[Any, ...], kwargs: dict[str,
     if view.kind == "linen":
         return _observe_linen(target, args, kwargs)
     if view.kind == "function":
-        return {}
+        from torchlens_jax.observe import observe_function_modules
+
+        return observe_function_modules(target, args, kwargs)
     call = view.rebuild([p.value for p in view.params]) if view.kind == "nnx" else target  # nnx: on a copy
     objects = submodules(call)
     paths = {id(m): p for p, m in objects}

@@ -1,13 +1,13 @@
 """The JAX menagerie: the architectures of flax's and equinox's examples, written with each library's own layers.
 
 JAX's libraries keep no registry of model builders (flax's examples live in its
-repository, not its wheel, and transformers no longer ships Flax models), so
-these are written here, small: an MLP, a CNN with batch norm, ResNet blocks, a
+repository, not its wheel), so these are written here, small: an MLP, a CNN with batch norm, ResNet blocks, a
 ViT, a GPT-style decoder, an MLP-Mixer, recurrent networks, a U-Net, an
 encoder-decoder with cross-attention; each in flax.nnx, most also in
 flax.linen (through ``model.apply``) and equinox. Every layer comes from the
 library, so a layer that changes upstream changes here. Weights are random
-(fixed keys), nothing is downloaded, models are in inference mode.
+(fixed keys), nothing is downloaded, models are in inference mode. transformers'
+Flax architectures, enumerated from its own registry, come from jax_hf_entries.py.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from bench.menagerie.entries import Built, Entry
 
 
 def entries() -> list[Entry]:
+    from bench.menagerie.jax_hf_entries import entries as transformers_entries
+
     return [Entry("jax", f"{library}/{name}", library, f"{library}.{name}", functools.partial(_build, library, name),
-                rtol=1e-4)
+                  rtol=1e-4)
             for library, builders in (("flax.nnx", _NNX), ("flax.linen", _LINEN), ("equinox", _EQX))
-            for name in builders]
+            for name in builders] + transformers_entries()
 
 
 def _build(library: str, name: str) -> Built:
