@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import sys
 from collections import defaultdict
 from typing import Any
@@ -87,8 +88,13 @@ def _counts(rows: list[dict[str, Any]]) -> tuple[int, int, int, int]:
     return len(rows), len(rows) - len(ran), len(ran), verified
 
 
+# An error message may name where a library is installed: the table says site-packages/..., never a machine's path.
+_INSTALLED = re.compile(r"(?:/[^\s'\"/]+)*/(?:site|dist)-packages/")
+
+
 def _cell(text: Any, limit: int = 240) -> str:
-    return str(text or "").replace("|", "\\|").replace("\n", " ")[:limit]
+    text = _INSTALLED.sub("site-packages/", str(text or ""))
+    return text.replace("|", "\\|").replace("\n", " ")[:limit]
 
 
 def _reason(record: dict[str, Any]) -> str:
