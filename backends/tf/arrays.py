@@ -1,8 +1,11 @@
 """What the core may ask of a TensorFlow value: shape, dtype, device, NumPy copies, distance.
 
-Eager tensors and variables are this backend's arrays; NumPy arrays count too,
-so that a model's NumPy output (``model.predict``) compares with a recorded
-tensor. Nothing here imports TensorFlow unless it is already imported.
+Eager tensors and variables are this backend's arrays, Keras 3's variables
+included (a ``keras.Variable`` wraps a ``tf.Variable`` and is none itself: a
+layer that returns one, such as a rotary table, returns an array); NumPy
+arrays count too, so that a model's NumPy output (``model.predict``) compares
+with a recorded tensor. Nothing here imports TensorFlow unless it is already
+imported.
 """
 
 from __future__ import annotations
@@ -23,11 +26,34 @@ def _tf() -> Any:
     return sys.modules.get("tensorflow")
 
 
+def resource_variable(v: Any) -> Any:
+    """The tf.Variable behind a Keras variable (or the variable itself); None for anything else."""
+    tf = _tf()
+    if tf is None:
+        return None
+    if isinstance(v, tf.Variable) and hasattr(v, "handle"):
+        return v
+    inner = getattr(v, "_value", None)
+    if isinstance(inner, tf.Variable):
+        return inner
+    return None
+
+
+def _unwrapped(value: Any) -> Any:
+    """A Keras variable as the tf.Variable it holds (its dtype a DType, its device a device); else ``value``."""
+    tf = _tf()
+    if tf is None or isinstance(value, tf.Variable | tf.Tensor | np.ndarray):
+        return value
+    variable = resource_variable(value)
+    return value if variable is None else variable
+
+
 def is_tf_array(value: Any) -> bool:
-    """An eager tensor or a variable (symbolic tensors are not values)."""
+    """An eager tensor or a variable, a Keras one included (symbolic tensors are not values)."""
     tf = _tf()
     if tf is None:
         return False
+    value = _unwrapped(value)
     if isinstance(value, tf.Variable):
         return True
     return isinstance(value, tf.Tensor) and hasattr(value, "numpy")
@@ -52,6 +78,7 @@ def array_info(value: Any) -> tuple[tuple[int, ...], str, str] | None:
         return tuple(value.shape), str(value.dtype), "cpu"
     if not is_tf_array(value):
         return None
+    value = _unwrapped(value)
     return tuple(int(d) for d in value.shape), value.dtype.name, device_name(value.device)
 
 
@@ -59,6 +86,7 @@ def to_numpy(value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value.copy()
     tf = _tf()
+    value = _unwrapped(value)
     if isinstance(value, tf.Variable):
         value = value.read_value()
     if value.dtype == tf.resource or value.dtype == tf.variant:
@@ -72,7 +100,7 @@ def _dtype_name(value: Any) -> str:
 
 def array_error(actual: Any, expected: Any) -> float:
     """``max |a - e| / (1 + |e|)``; inf for another shape or dtype, or NaNs in other places."""
-    actual, expected = (v if is_array(v) else np.asarray(v) for v in (actual, expected))
+    actual, expected = (_unwrapped(v) if is_array(v) else np.asarray(v) for v in (actual, expected))
     if tuple(actual.shape) != tuple(expected.shape) or _dtype_name(actual) != _dtype_name(expected):
         return float("inf")
     return numpy_error(to_numpy(actual), to_numpy(expected), exact_integers=False)
@@ -128,6 +156,7 @@ class TFArrayOps(ArrayOps):
 
     def copy(self, x: Any) -> Any:
         tf = _tf()
+        x = _unwrapped(x)
         if isinstance(x, tf.Variable):  # its value now: a later write to the variable does not change it
             return tf.identity(x.read_value())
         return x  # a tensor never changes (a variable's read is copied before the variable is written)

@@ -837,8 +837,23 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
 
     recorder.busy = True
     template = tree.map_leaves(lambda v: recorder.as_output(v, None), output)
-    builder.add_outputs(template, output)
+    builder.add_outputs(template, values_now(output))
     return builder.finish()
+
+
+def values_now(output: Any) -> Any:
+    """``output`` with each variable in it replaced by its value now.
+
+    A model (or a layer) that returns a variable returns an array that later
+    writes change: the trace keeps the value it returned, as it keeps every
+    other value as it ran (an output node holding the variable itself would
+    follow the next ``assign``).
+    """
+    def now(leaf: Any) -> Any:
+        variable = resource_variable(leaf)
+        return leaf if variable is None else variable.read_value()
+
+    return tree.map_leaves(now, output)
 
 
 def compat_rows(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

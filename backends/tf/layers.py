@@ -42,6 +42,7 @@ import attrs
 
 from torchlens_core.capture.threads import shared_patch
 from torchlens_core.ir.errors import UnsupportedError
+from torchlens_tf.arrays import resource_variable
 
 
 @attrs.define(slots=True)
@@ -94,17 +95,6 @@ def check_keras_backend() -> None:
 def _is_tf_module(obj: Any) -> bool:
     tf = sys.modules["tensorflow"]
     return isinstance(obj, tf.Module)
-
-
-def resource_variable(v: Any) -> Any:
-    """The tf.Variable behind a Keras variable (or the variable itself)."""
-    tf = sys.modules["tensorflow"]
-    if isinstance(v, tf.Variable) and hasattr(v, "handle"):
-        return v
-    inner = getattr(v, "_value", None)
-    if isinstance(inner, tf.Variable):
-        return inner
-    return None
 
 
 def _sanitize(name: str) -> str:

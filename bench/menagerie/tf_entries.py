@@ -4,12 +4,14 @@ The applications are enumerated from the ``keras.applications`` namespace (its
 upper-case callables are the model builders), so a model Keras adds joins by
 itself. Each is built with random weights (``weights=None``) at the smallest
 input it accepts: 32x32, or the minimum Keras names when it refuses that
-(``Input size must be at least 75x75``). Nothing is downloaded.
+(``Input size must be at least 75x75``). Nothing is downloaded. Where
+keras_hub is installed, its backbones join (:mod:`bench.menagerie.tf_hub_entries`).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 from typing import Any
 
@@ -17,7 +19,12 @@ from bench.menagerie.entries import Built, Entry
 
 
 def entries() -> list[Entry]:
-    return _applications() + _blocks()
+    found = _applications() + _blocks()
+    if importlib.util.find_spec("keras_hub") is not None:  # an optional library: the tf session installs it
+        from bench.menagerie import tf_hub_entries
+
+        found += tf_hub_entries.entries()
+    return found
 
 
 def _applications() -> list[Entry]:
