@@ -43,7 +43,24 @@ def device_name(value: Any) -> str:
 def array_info(value: Any) -> tuple[tuple[int, ...], str, str] | None:
     if not is_array(value):
         return None
-    return tuple(int(d) for d in value.shape), str(value.dtype), device_name(value)
+    return tuple(int(d) for d in value.shape), dtype_name(value.dtype), device_name(value)
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(dtype: Any) -> str:
+    """``str(dtype)``, remembered: NumPy's ``dtype.__str__`` is Python code that costs microseconds, and a
+    capture asks for every op's dtype (and, through ``tl.trace``'s own bookkeeping, every argument's)."""
+    try:
+        name = _DTYPE_NAMES.get(dtype)
+    except TypeError:  # an unhashable dtype-like
+        return str(dtype)
+    if name is None:
+        name = str(dtype)
+        if len(_DTYPE_NAMES) < 1024:  # structured dtypes could be made without end
+            _DTYPE_NAMES[dtype] = name
+    return name
 
 
 def _is_key(value: Any) -> bool:

@@ -1,5 +1,10 @@
 """tl.trace for JAX: trace the call to a jaxpr, then walk it eagerly, recording every primitive.
 
+0. A jitted target captured before with the same key is answered by the
+   capture cache (:mod:`torchlens_jax.capture_cache`): the first capture's
+   records, every value from one call of the cached executable, and none of
+   the steps below. A jit wrapper is otherwise traced as what it wraps
+   (:mod:`torchlens_jax.jitted`).
 1. The target is split into named parameter arrays and a rebuild function
    (:mod:`torchlens_jax.modules`); the array leaves of the arguments are the inputs.
 2. ``jax.make_jaxpr`` traces ``rebuild(params)(*inputs)`` with submodule calls
@@ -40,9 +45,11 @@ from torchlens_core.capture.policy import CaptureOptions, HaltCapture
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
+from torchlens_jax import cache_keys, capture_cache
 from torchlens_jax.arrays import array_info, is_array
 from torchlens_jax.compiled import DeferredWalker, device_of, execute, fast_path_refusal
-from torchlens_jax.function_modules import FunctionScopes, function_interception, named_modules, unjitted
+from torchlens_jax.function_modules import FunctionScopes, function_interception, named_modules
+from torchlens_jax.jitted import unjitted
 from torchlens_jax.modules import owner, submodules, view_model
 from torchlens_jax.scopes import CallScopes, Splicer, fill, slot_template
 from torchlens_jax.walk import Val, Walker
@@ -56,6 +63,13 @@ _TRACING = threading.Lock()
 def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     import jax
 
+    options = options or CaptureOptions()
+    # A jitted target captured before with the same key: its records again, values from one compiled call.
+    cache_probe = cache_keys.probe(target, args, kwargs, options) if capture_cache.CAPTURE_CACHE else None
+    skeleton = capture_cache.lookup(cache_probe)
+    answered = None if skeleton is None else capture_cache.answer(cache_probe, skeleton)  # type: ignore[arg-type]
+    if answered is not None:
+        return answered
     view = view_model(target, args)
     # Array leaves of the arguments become jaxpr inputs; anything else (flags, sizes) stays as given.
     leaves, treedef = jax.tree_util.tree_flatten((args[view.param_args:], kwargs))
@@ -95,7 +109,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
                 f"control flow. JAX said: {str(exc).splitlines()[0]}") from exc
 
     if view.kind == "function":  # modules called inside the function (torchlens_jax.function_modules)
-        named = named_modules(target)
+        named = named_modules(unjitted(target))
         expected = None
         if splicer is not None:  # a splice needs each call's final path as it is traced: learn the modules first
             probe = FunctionScopes(None, named)
@@ -120,16 +134,23 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     for value in input_values:
         shape, dtype, device = array_info(value)
         input_vals.append(Val(value, Ref(builder.add_input(value, shape, dtype, device).index)))
+    keep = cache_probe is not None and isinstance(walker, DeferredWalker)  # kept for the capture cache if it can be
     try:
         outs = walker.run_closed(closed, param_vals + input_vals, (), (), False)
         # An output that no op computed (an input, a parameter, a constant) gets an identity op.
         outs = [x if isinstance(x.ref, Ref) else walker.identity(x) for x in outs]
     except HaltCapture:  # halt=: the program ends where the forward stopped; compute what it recorded
         if isinstance(walker, DeferredWalker):
+            sources = capture_cache.value_sources(walker, []) if keep else None
             ran = execute(walker, [])
             if ran is not None:
                 builder.notes["compiled"] = ran
+            if sources is not None:  # finished here (tl.trace would finish it alike), to be kept
+                halted = builder.finish(halted=True)
+                capture_cache.store(cache_probe, halted, walker, sources, None, view.params, input_values)
+                return halted
         raise
+    sources = capture_cache.value_sources(walker, outs) if keep else None  # read before execute fills them
     ran = execute(walker, outs) if isinstance(walker, DeferredWalker) else None
     if ran is not None:
         # One executable computed every kept value and the outputs: those are the model's output (no second,
@@ -156,7 +177,11 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         "opaque": dict(walker.opaque),  # higher-order primitives recorded as one op
         "output_flattened": out_structure["flattened"],
     })
-    return builder.finish()
+    trace = builder.finish()
+    if sources is not None:
+        capture_cache.store(cache_probe, trace, walker, sources, out_structure["template"], view.params,
+                            input_values)
+    return trace
 
 
 def _splicer(builder: TraceBuilder) -> Splicer | None:

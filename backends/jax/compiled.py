@@ -33,6 +33,11 @@ constants) always runs eagerly: it would otherwise compile again on every captur
 
 Which path a capture takes is :func:`fast_path_refusal`: the compiled path
 needs a straight-line jaxpr whose values nothing in the walk reads.
+
+Each argument of a program also says where it came from (``Program.origins``:
+a parameter, an input, a constant), so that the capture cache
+(:mod:`torchlens_jax.capture_cache`) can run the executable again on a later
+capture's arrays without walking the jaxpr.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ from typing import Any
 import attrs
 
 from torchlens_core.capture.builder import TraceBuilder
-from torchlens_jax.arrays import device_name, is_jax_array
+from torchlens_core.ir.records import ParamRef, Ref
+from torchlens_jax.arrays import device_name, dtype_name, is_jax_array
 from torchlens_jax.walk import CALL_JAXPR, Val, Walker
 
 # Switch for the compiled path; False sends every capture down the per-equation path.
@@ -76,17 +82,22 @@ class Program:
 
     steps: list[tuple[Any, dict[str, Any], tuple[tuple[Any, ...], ...], tuple[int, ...]]] = attrs.Factory(list)
     args: list[Any] = attrs.Factory(list)  # the arrays it reads: parameters, inputs, constants
-    arg_at: dict[int, int] = attrs.Factory(dict)  # id(array) -> argument index
+    # where each argument came from: ("param", name), ("input", input node index) or ("const",); see origin()
+    origins: list[tuple[Any, ...]] = attrs.Factory(list)
+    arg_at: dict[tuple[int, tuple[Any, ...]], int] = attrs.Factory(dict)  # (id(array), origin) -> argument index
     slots: int = 0
 
-    def source(self, value: Any) -> tuple[Any, ...]:
+    def source(self, value: Any, origin: tuple[Any, ...] = ("const",)) -> tuple[Any, ...]:
         if isinstance(value, Pending):
             return (_SLOT, value.slot)
         if hasattr(value, "shape") and hasattr(value, "dtype") and not _is_scalar(value):
-            at = self.arg_at.get(id(value))
+            # One array read as a parameter and as a constant (a closure holding the same object) stays two
+            # arguments: a repeat capture from the capture cache passes the new parameter, keeps the constant.
+            at = self.arg_at.get((id(value), origin))
             if at is None:
-                at = self.arg_at[id(value)] = len(self.args)
+                at = self.arg_at[(id(value), origin)] = len(self.args)
                 self.args.append(value)
+                self.origins.append(origin)
             return (_ARG, at)
         return (_LIT, type(value), value)  # a jaxpr literal: part of the program (and of its cache key)
 
@@ -109,15 +120,34 @@ class DeferredWalker(Walker):
         self.program = Program()
         self.step_ops: list[int] = []  # the op each step of the program is
         self.device = device
+        # Filled by execute(): the slots the executable returned, in order, and the executable (None: eager run).
+        self.order: tuple[int, ...] = ()
+        self.compiled: Compiled | None = None
 
     def _evaluate(self, eqn: Any, ins: list[Val]) -> tuple[Any, list[Any], float | None]:
         prim, p = eqn.primitive, self.program
         outs = tuple(Pending(p.slots + j) for j in range(len(eqn.outvars)))
-        p.steps.append((prim, eqn.params, tuple(p.source(x.value) for x in ins), tuple(o.slot for o in outs)))
+        sources = tuple(p.source(x.value, self.origin(x.ref)) for x in ins)
+        p.steps.append((prim, eqn.params, sources, tuple(o.slot for o in outs)))
         self.step_ops.append(len(self.builder.ops))  # the op the builder records next, from this equation
         p.slots += len(outs)
-        infos = [(tuple(int(d) for d in v.aval.shape), str(v.aval.dtype), self.device) for v in eqn.outvars]
+        infos = [(tuple(int(d) for d in v.aval.shape), dtype_name(v.aval.dtype), self.device) for v in eqn.outvars]
         return (outs if prim.multiple_results else outs[0]), infos, None  # timed by the eager run, if one runs
+
+    def origin(self, ref: Any) -> tuple[Any, ...]:
+        """Where a concrete value the program reads comes from: a parameter, an input (through the identity
+        ops that hand one on: a module returning its input), or a constant of the jaxpr (no ref)."""
+        ops = self.builder.ops
+        while isinstance(ref, Ref) and not ref.path:
+            op = ops[ref.index]
+            if op.kind == "input":
+                return ("input", ref.index)
+            if not op.meta.get("identity"):
+                return ("unknown", ref.index)  # no computed value reaches the program concrete: never cached
+            ref = op.args[0]
+        if isinstance(ref, ParamRef):
+            return ("param", ref.name)
+        return ("const",) if ref is None or not isinstance(ref, Ref) else ("unknown", ref.index)
 
 
 def fast_path_refusal(closed: Any, builder: TraceBuilder) -> str | None:
@@ -185,9 +215,10 @@ class ExecutableCache:
         self.compiles = 0
         self.lock = threading.Lock()
 
-    def get(self, program: Program, wanted: tuple[int, ...]) -> tuple[Compiled | None, bool]:
+    def get(self, program: Program, wanted: tuple[int, ...], force: bool = False) -> tuple[Compiled | None, bool]:
         """The executable for ``program`` returning slots ``wanted`` and whether it came from the cache; None
-        (run the program eagerly) the first time a program is seen, or when it has no key."""
+        (run the program eagerly) the first time a program is seen, or when it has no key. ``force``:
+        compile it now, whatever the sightings (the capture cache's first hit: the program will run again)."""
         key = program_key(program, wanted)
         if key is None:
             return None, False
@@ -200,7 +231,8 @@ class ExecutableCache:
                 self.entries.move_to_end(key)
                 return found, True
             sightings = self.seen.get(key, 0) + 1
-            if sightings < COMPILE_ON_SIGHTING:  # a one-off capture must not pay for XLA compiling the model
+            # a one-off capture must not pay for XLA compiling the model
+            if sightings < COMPILE_ON_SIGHTING and not force:
                 self.seen[key] = sightings
                 self.seen.move_to_end(key)
                 while len(self.seen) > self.size:
@@ -227,11 +259,12 @@ CACHE = ExecutableCache()
 def _compile(program: Program, wanted: tuple[int, ...]) -> Compiled:
     import jax
 
-    # Traced once, here. The cached executable must not keep this capture's arrays (weights, inputs) alive:
-    # it closes over the steps alone, and every array is an argument.
+    # Traced and compiled by its first call (whose notes["compiled"]["seconds"] include the compile), then one
+    # C++ dispatch per call: a jitted function, not an AOT-compiled one, whose Python call path cost twice as
+    # much (measured with 24 outputs). It must not keep this capture's arrays (weights, inputs) alive: it
+    # closes over the steps alone, and every array is an argument.
     steps = Program(steps=program.steps, slots=program.slots)
-    fn = jax.jit(lambda args: steps.run(args, wanted))
-    return Compiled(fn.lower(program.args).compile(), len(wanted))
+    return Compiled(jax.jit(lambda args: steps.run(args, wanted)), len(wanted))
 
 
 def program_key(program: Program, wanted: tuple[int, ...]) -> Any:
@@ -278,6 +311,7 @@ def execute(walker: DeferredWalker, extra: list[Val]) -> dict[str, Any] | None:
     order = tuple(wanted)
     program = walker.program
     compiled, cached = CACHE.get(program, order)
+    walker.order, walker.compiled = order, compiled
     if compiled is None:
         values = _run_eagerly(program, order, walker.step_ops, ops)
     else:

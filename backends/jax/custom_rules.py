@@ -64,3 +64,13 @@ def rules_of(ops: list[OpRecord]) -> tuple[list[CustomRule], list[OpRecord]]:
             uncovered.append(op)
     return found, uncovered
 
+
+def kept_rules(ops: list[OpRecord]) -> dict[int, list[CustomRule]]:
+    """The rules kept for ``ops``, by the index of the op each starts at (for the capture cache)."""
+    return {op.index: list(_RULES[op]) for op in ops if op in _RULES}
+
+
+def keep_again(ops: list[OpRecord], rules: dict[int, list[CustomRule]]) -> None:
+    """Keep ``rules`` (from :func:`kept_rules` of an earlier trace of the same records) for ``ops``."""
+    for index, found in rules.items():
+        _RULES[ops[index]] = list(found)

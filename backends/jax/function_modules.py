@@ -242,15 +242,6 @@ class FunctionScopes(CallScopes):
                 self.types.setdefault(path, before[self._path(top, sub, provisional)])
 
 
-def unjitted(fn: Any) -> Any:
-    """The function a ``jax.jit`` wrapper runs. Tracing the wrapper would reuse the trace JAX keeps from an
-    earlier call with the same shapes, made without the capture's hooks (so without its module calls);
-    the jaxpr is the same but for the jit equation the walk expands anyway."""
-    while type(fn).__module__.startswith(("jax.", "jaxlib.")) and callable(getattr(fn, "__wrapped__", None)):
-        fn = fn.__wrapped__
-    return fn
-
-
 # -- what the function names -----------------------------------------------------------------
 def named_modules(fn: Any) -> list[tuple[str, Any]]:
     """The modules ``fn`` names outside its arguments, ``(name, module)``: a partial's bound arguments,

@@ -23,6 +23,7 @@ import attrs
 
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_jax.arrays import to_numpy
+from torchlens_jax.jitted import unjitted
 from torchlens_jax.scopes import CallScopes, callable_classes, fill, slot_template, wrapped_calls
 
 
@@ -79,6 +80,11 @@ def framework_of(target: Any) -> str | None:
 
 
 def view_model(target: Any, args: tuple[Any, ...] = ()) -> ModelView:
+    inner = unjitted(target)
+    if inner is not target:  # a jit wrapper is viewed as what it runs; its plain call is still the wrapper's
+        view = view_model(inner, args)
+        view.target = target
+        return view
     root, method = target, None
     if inspect.ismethod(target) and framework_of(target.__self__) is not None:
         root, method = target.__self__, target.__func__.__name__
@@ -224,6 +230,7 @@ def observe_module_outputs(target: Any, args: tuple[Any, ...], kwargs: dict[str,
     """
     import jax
 
+    target = unjitted(target)  # what a jit wrapper runs: its module calls are what this observes
     view = view_model(target, args)
     if view.kind == "linen":
         return _observe_linen(target, args, kwargs)

@@ -36,7 +36,11 @@ class JaxBackend(Backend):
 
         if framework_of(getattr(target, "__self__", target)) is not None:  # a module, or a bound method of one
             return True
-        if type(target).__module__.startswith(("jax.", "jaxlib.")):  # jax.jit-wrapped functions
+        if type(target).__module__.startswith(("jax.", "jaxlib.")):  # jax.jit-wrapped functions, custom_jvp...
+            return True
+        from torchlens_jax.jitted import is_jitted
+
+        if is_jitted(target):  # nnx.jit and equinox.filter_jit wrappers, partials of a jitted function
             return True
         return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves((args, kwargs)))
 
