@@ -20,6 +20,7 @@ JSON line. For each model, plain call and captures run interleaved on one thread
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import json
@@ -200,7 +201,7 @@ def quarter_label(trace: Any) -> tuple[str, int]:
     return ops[len(ops) // 4].label, len(ops)
 
 
-def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int, meter: PeakMeter) -> dict[str, Any]:
+def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int) -> tuple[dict[str, Any], dict]:
     import torchlens as tl
 
     model, args, kwargs = build()
@@ -241,8 +242,7 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
         row.update(halt_ms=ms["halt"], halt_ratio=ms["halt"] / ms["plain"], halt_ops=len(kept))
     if backend == "jax":
         row.update(jit_ms=ms["jit"], vs_jit=ms["trace"] / ms["jit"])
-    row.update(memory(backend, runs, meter))
-    return row
+    return row, runs  # the memory figures come after every model's times (main)
 
 
 def memory(backend: str, runs: dict[str, Callable[[], Any]], meter: PeakMeter, rounds: int = 3) -> dict[str, Any]:
@@ -276,16 +276,20 @@ def main() -> None:
 
         torch.set_num_threads(1)
     halts = "halt" in info.capabilities
-    meter = PeakMeter(info.name)
-    rows = {}
-    for name, build in build_models(info.name, options.cases or list(MODELS[info.name])).items():
-        if info.name == "torch":
-            import torch
+    grad_off = contextlib.nullcontext
+    if info.name == "torch":
+        import torch
 
-            with torch.no_grad():
-                rows[name] = measure(info.name, halts, build, options.repeats, meter)
-        else:
-            rows[name] = measure(info.name, halts, build, options.repeats, meter)
+        grad_off = torch.no_grad
+    rows, runs = {}, {}
+    with grad_off():
+        for name, build in build_models(info.name, options.cases or list(MODELS[info.name])).items():
+            rows[name], runs[name] = measure(info.name, halts, build, options.repeats)
+        # Memory last: the peak meter tunes glibc's malloc for the whole process (mallopt cannot be undone), and
+        # the times must be those of the process a user runs, where freed blocks are reused as glibc decides.
+        meter = PeakMeter(info.name)
+        for name in rows:
+            rows[name].update(memory(info.name, runs[name], meter))
     print(json.dumps({"backend": info.name, "framework": f"{info.framework} {info.framework_version}",
                       "repeats": options.repeats, "memory_method": meter.method, "halt": halts, "models": rows}))
 
