@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 
@@ -12,6 +13,9 @@ nox.options.sessions = ["lint", "core", "torch", "jax", "tf", "paddle", "tinygra
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = "3.11"
+# The tests run on one worker process per core (pytest-xdist), at most four: a worker of the torch session holds
+# up to about 2.6 GB. Each test is independent of the others (its files in tmp_path, its ports picked free).
+WORKERS = ("-n", str(min(4, os.cpu_count() or 1)))
 
 # backend -> (extras to install, a program its tests need and how to get it)
 BACKENDS = {
@@ -37,8 +41,8 @@ def core(session: nox.Session) -> None:
 
     zarr and dask (the `extract` extra) are not frameworks: with them the numpy plugin's extraction runs."""
     session.install("-e", ".[test,extract]", "-e", "plugins/torchlens-numpy")
-    session.run("pytest", "tests", "-q", *session.posargs)
-    session.run("pytest", "conformance", "--backend", "numpy", "-q")
+    session.run("pytest", "tests", "-q", *WORKERS, *session.posargs)
+    session.run("pytest", "conformance", "--backend", "numpy", "-q", *WORKERS)
 
 
 def _backend_session(name: str, extras: str, needs: tuple[str, str] | None) -> None:
@@ -55,8 +59,8 @@ def _backend_session(name: str, extras: str, needs: tuple[str, str] | None) -> N
             # transformers' Flax architectures for the menagerie's CI sample: the 4.x series is the last to ship
             # them (bench/menagerie/jax_hf_entries.py)
             session.install("transformers>=4.40,<5")
-        session.run("pytest", "tests", "-q", *session.posargs)  # `-- --runslow` adds the slow tests
-        session.run("pytest", "conformance", "--backend", name, "-q")
+        session.run("pytest", "tests", "-q", *WORKERS, *session.posargs)  # `-- --runslow` adds the slow tests
+        session.run("pytest", "conformance", "--backend", name, "-q", *WORKERS)
 
     run.__doc__ = f"{name} backend tests and the {name} conformance zoo."
     nox.session(python=PYTHON, name=name)(run)
@@ -89,7 +93,7 @@ def compare(session: nox.Session) -> None:
     # docs/compare.md's worked port and teacher forcing run ops in those sessions' virtualenvs
     pythons = {f"TORCHLENS_PYTHON_{name.upper()}": str(envs / name / "bin" / "python")
                for name in ("torch", "jax", "paddle")}
-    session.run("pytest", "tests/test_compare_ports.py", "tests/test_docs_compare.py", "-q", *session.posargs,
+    session.run("pytest", "tests/test_compare_ports.py", "tests/test_docs_compare.py", "-q", *WORKERS, *session.posargs,
                 env={"TORCHLENS_PORT_TRACES": str(traces), **pythons})
 
 
