@@ -11,6 +11,8 @@ JSON line. For each model, plain call and captures run interleaved on one thread
   way through a full trace's op list (input and output nodes left out); everything before it is kept;
 - per-op cost: (capture time - plain time) / ops recorded;
 - record ratio: ``tl.record`` (naming and linking deferred until the recording is read) over the plain call;
+- JAX also: the jitted call, and the capture of the jitted target (``nnx.jit``/``jax.jit``/``eqx.filter_jit``,
+  answered by the capture cache on a repeat) over it;
 - memory: peak memory a capture adds over the moment before it, minus the plain call's own peak measured the
   same way, over the bytes of the values the trace keeps (``extra/saved``, the goal's figure); ``peak/saved``
   is the capture's peak alone over the same bytes. How the peak is read depends on the framework: see
@@ -36,7 +38,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_N
              "TF_NUM_INTEROP_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from capture_overhead import REFERENCE, Built, _block, _jitted, builders  # noqa: E402 - after the thread settings
+from capture_overhead import REFERENCE, Built, _block, _jitted, builders, jitted_target  # noqa: E402 - after the thread settings
 
 # backend -> (conv net, transformer-style block). torch measures the reference models of capture_overhead.py
 # (ResNet-18 at 224x224, GPT-2 small at 64 tokens); the others, cases of their conformance zoo.
@@ -219,6 +221,9 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int)
     if backend == "jax":
         jitted = _jitted(model)
         runs["jit"] = lambda: _block(jitted(*args, **kwargs))
+        # the capture of the jitted target a JAX user calls: repeat captures come from the capture cache
+        target, targs = jitted_target(model, args)
+        runs["jit_trace"] = lambda: tl.trace(target, *targs, backend=backend, **kwargs)
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(3):  # warm-up: allocators, kernels, compilation caches (JAX's capture executable)
         for run in runs.values():
@@ -241,7 +246,8 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int)
             raise SystemExit(f"halt=tl.label({at!r}) stopped at {kept[-1].label}")
         row.update(halt_ms=ms["halt"], halt_ratio=ms["halt"] / ms["plain"], halt_ops=len(kept))
     if backend == "jax":
-        row.update(jit_ms=ms["jit"], vs_jit=ms["trace"] / ms["jit"])
+        row.update(jit_ms=ms["jit"], vs_jit=ms["trace"] / ms["jit"], jit_trace_ms=ms["jit_trace"],
+                   jit_trace_vs_jit=ms["jit_trace"] / ms["jit"])
     return row, runs  # the memory figures come after every model's times (main)
 
 

@@ -10,10 +10,55 @@ from torchlens_core.backend.manager import hook
 from torchlens_core.ir import tree
 
 
+def array_info_of(backend: str) -> Callable[[Any], Any]:
+    """``torchlens_array_info(backend=backend, value=...)`` as a one-argument function, for calls over many leaves.
+
+    The hook call walks every plugin through pluggy, a few microseconds a value, which a capture pays on every
+    leaf of the model's arguments (a linen model's variables are hundreds). The function calls the same
+    implementations in the hook's order, first answer wins, but leaves out the built-in-style plugins that
+    answer for another backend only (a :class:`~torchlens_core.backend.base.Backend` of another name, with the
+    base class's hook) and calls a matching one's ``array_info`` directly. A hook wrapper, if any plugin
+    registered one, gets the plain hook call.
+    """
+    from torchlens_core.backend.base import Backend
+
+    caller = hook().torchlens_array_info
+    impls = list(reversed(caller.get_hookimpls()))  # pluggy calls the last registered first
+    if any(getattr(impl, "hookwrapper", False) or getattr(impl, "wrapper", False) for impl in impls):
+        return lambda value: caller(backend=backend, value=value)
+    answering: list[Callable[[Any], Any]] = []
+    for impl in impls:
+        plugin = impl.plugin
+        if isinstance(plugin, Backend) and type(plugin).torchlens_array_info is Backend.torchlens_array_info:
+            if plugin.name == backend:
+                answering.append(plugin.array_info)
+            continue
+        answering.append(_keyword_call(impl.function, impl.argnames, backend))
+    if len(answering) == 1:
+        return answering[0]
+
+    def first(value: Any) -> Any:
+        for answer in answering:
+            found = answer(value)
+            if found is not None:
+                return found
+        return None
+
+    return first
+
+
+def _keyword_call(function: Callable[..., Any], argnames: tuple[str, ...], backend: str) -> Callable[[Any], Any]:
+    """A raw hook implementation called as pluggy would, with the arguments it declares."""
+    fixed = {"backend": backend} if "backend" in argnames else {}
+    if "value" in argnames:
+        return lambda value: function(value=value, **fixed)
+    return lambda value: function(**fixed)
+
+
 def is_array_of(backend: str) -> Callable[[Any], bool]:
     """A predicate: is a value an array of ``backend``?"""
-    info = hook().torchlens_array_info
-    return lambda value: info(backend=backend, value=value) is not None
+    info = array_info_of(backend)
+    return lambda value: info(value) is not None
 
 
 def max_error(backend: str, actual: Any, expected: Any) -> float:
