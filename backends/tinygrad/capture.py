@@ -11,10 +11,21 @@ Tensor method called from inside a recorded method belongs to that op, so
 ``x.linear(w.T, b)`` is one ``linear`` (not the ~100 helper calls it makes)
 and ``Tensor.relu`` stays ``relu`` rather than the compare-and-where it lowers to.
 
-Each op's output is realized as soon as the op returns, so that its value is
-there to keep: capture runs one kernel schedule per op instead of letting
-tinygrad fuse the whole forward, which costs time and can move results by a
-rounding error (docs/backend-tinygrad.md has the numbers).
+Every op's output is realized, so that its value is there to keep: fusion
+stops at each op, which can move results by a rounding error against the
+fused plain call (docs/backend-tinygrad.md has the numbers). Outputs are
+realized in batches, not one by one: tinygrad's cost is mostly Python work
+per schedule, whatever the schedule's size, so capture collects recorded
+outputs and realizes them together (``Recorder.flush``) whenever a value
+must exist or a write must not reach a pending reader: before an in-place
+write, a random op, a conversion to Python data, any other non-op Tensor
+method (``realize``, ``backward``...), and at the end of the forward or at a
+halt. Each output is a realization target of its own, so the kernels are
+cut where the one-by-one schedules cut them, and the values are the same.
+Writes, random draws, ``Tensor.empty`` and every op of a capture with
+intervene= edits are realized as they return, and timed (``op.elapsed``);
+an op realized in a batch carries no ``elapsed``: building its graph is not
+its computation, and a batch's time is not one op's.
 
 Saved values are the values that ran. tinygrad writes in place through
 ``Tensor.assign``, ``__setitem__`` and ``+=`` and friends, into a buffer that
@@ -52,6 +63,7 @@ from tinygrad.helpers import TRAINING
 
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder, returned
+from torchlens_core.capture.policy import HaltCapture
 from torchlens_core.capture.sites import CallSites
 from torchlens_core.capture.threads import OneCaptureAtATime
 from torchlens_core.ir import tree
@@ -62,6 +74,7 @@ from torchlens_tinygrad.arrays import (
     buffer_key,
     device_name,
     dtype_name,
+    is_weak,
     isolate_views,
     realize,
     settle_readers,
@@ -117,7 +130,7 @@ _UNINITIALIZED = frozenset({"empty", "empty_like"})
 class OpSpec:
     """What capture needs to know about one Tensor method, worked out once."""
 
-    __slots__ = ("name", "func_name", "in_place", "random", "opaque", "uninitialized", "decides")
+    __slots__ = ("name", "func_name", "in_place", "random", "opaque", "uninitialized", "decides", "eager")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -135,6 +148,10 @@ class OpSpec:
         self.opaque = name in _OPAQUE
         self.uninitialized = name in _UNINITIALIZED
         self.decides: tuple[str, bool] | None = _DECIDING.get(name)  # (conversion kind, exact), for conversions
+        # Realized as it runs, with every value recorded before computed first (Recorder.flush): a write must
+        # land in order with its readers, an uninitialized buffer must hold the bytes recorded, and a non-op
+        # method may read any value. So is a random op that draws (the RNG state is read from a tensor).
+        self.eager = self.in_place or self.uninitialized or self.opaque
 
 
 _SPECS: dict[str, OpSpec] = {}
@@ -217,6 +234,11 @@ class Recorder:
         # id(BUFFER node) -> index of the op that last wrote into it (not recorded yet then), for conversions
         self.written_at: dict[int, int] = {}
         self.reported: set[tuple[Any, ...]] = set()  # conversions reported: (op index, path, how)
+        # Recorded outputs not computed yet (see flush), and produce() entries whose buffer they wait for.
+        self.unrealized: list[Tensor] = []
+        self.unlinked: list[tuple[Tensor, int, tuple[Any, ...]]] = []
+        # intervene= edits read each op's value as it is recorded: then every op is realized as it returns
+        self.batched = builder.editor is None
 
     # -- installing the wrappers -----------------------------------------------------------
     def install(self) -> None:
@@ -272,6 +294,9 @@ class Recorder:
     def call(self, spec: OpSpec, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if spec.decides and args and isinstance(args[0], Tensor):
             return self.decide(spec.decides, func, args[0], args[1:], kwargs)
+        random = spec.random and (spec.name != "scaled_dot_product_attention" or _sdpa_dropout(args, kwargs))
+        if (spec.eager or random) and self.unrealized:  # it needs (or writes) values: recorded ones exist first
+            self.flush()
         self.depth += 1
         try:
             if spec.opaque:
@@ -285,7 +310,6 @@ class Recorder:
             params: list[str] = []
             a = self._template(args, parents, params)
             k = self._template(kwargs, parents, params) if kwargs else {}
-            random = spec.random and (spec.name != "scaled_dot_product_attention" or _sdpa_dropout(args, kwargs))
             if random:
                 meta.update(rng=rng_state(), training=TRAINING.value)
             start = perf_counter()
@@ -311,6 +335,8 @@ class Recorder:
         builder as the conversion ``decides`` names (see ``_DECIDING``), which
         replay on new inputs repeats on the replayed value and compares.
         """
+        if self.unrealized:
+            self.flush()
         found = self.producers.get(id(t))
         if found is not None and found[0]() is t and self._written_since(t, found[1]):
             t = t.clone()  # written since its op ran: a recorded copy, read as it is now (and edited, if so)
@@ -365,13 +391,14 @@ class Recorder:
                 params: list[str], out: Any, tensors: list[Tensor], target: Tensor | None, meta: dict[str, Any],
                 random: bool, start: float) -> Any:
         """Record one call that returned ``out``; returns what intervene= made of it for the forward, or None."""
-        fresh = [t for t in tensors if buffer_key(t) is None]
-        realize(tensors)
-        elapsed = perf_counter() - start  # tinygrad is lazy: the time includes realizing the output
-        for t in fresh:  # realized by capture: a lazy value in a plain run
-            key = buffer_key(t)
-            if key is not None:
-                self.own_buffers.add(id(key))
+        fresh = [t for t in tensors if buffer_key(t) is None]  # the rest are views of a buffer: nothing to compute
+        elapsed: float | None = None
+        if self.batched and not spec.eager and not random:
+            self.unrealized.extend(fresh)  # before add_op, which may halt: flush computes them then too
+        else:
+            realize(tensors)
+            elapsed = perf_counter() - start  # tinygrad is lazy: the time includes realizing the output
+            self._own(fresh)
         if spec.uninitialized and isinstance(out, Tensor):
             meta["uninitialized"] = snapshot(out)
         if isinstance(out, Tensor):
@@ -405,6 +432,36 @@ class Recorder:
         key = buffer_key(t)
         if key is not None:
             self.storages.setdefault(id(key), []).append((index, path))
+        elif self.unrealized and not is_weak(t):  # not computed yet: its buffer is known after flush
+            self.unlinked.append((t, index, path))
+
+    def flush(self) -> None:
+        """Realize every recorded output not computed yet, in one schedule, and note the buffers they got.
+
+        Each is a realization target, so tinygrad cuts its kernels at each
+        of them as realizing them one by one does; only the fixed cost per
+        schedule is paid once. Called before anything that needs a value or
+        writes one, at a halt and at the end of the forward.
+        """
+        todo, self.unrealized = self.unrealized, []
+        self.depth += 1  # Tensor.realize is wrapped while capture runs: this is capture's own call
+        try:
+            realize(todo)
+        finally:
+            self.depth -= 1
+        self._own(todo)
+        waiting, self.unlinked = self.unlinked, []
+        for t, index, path in waiting:
+            key = buffer_key(t)
+            if key is not None and self.builder.ops[index].out is not None:  # not dropped by save= since
+                self.storages.setdefault(id(key), []).append((index, path))
+
+    def _own(self, computed: list[Tensor]) -> None:
+        """Note the buffers of ``computed``, realized by capture: values that are lazy in a plain run."""
+        for t in computed:
+            key = buffer_key(t)
+            if key is not None:
+                self.own_buffers.add(id(key))
 
     def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
         if isinstance(x, Tensor):
@@ -673,14 +730,19 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
     jit_call = vars(_TinyJit)["__call__"]
     call = _public_method(target)
     try:
-        recorder.install()
-        type.__setattr__(_TinyJit, "__call__", _jit_refusal(jit_call, recorder.thread))
-        with wrapped_layers(paths, [layer for _, layer in layers], recorder.around_layer):
-            output = call(*args, **kwargs)
-    finally:
-        type.__setattr__(_TinyJit, "__call__", jit_call)
-        recorder.branches.close()
-        recorder.uninstall()
+        try:
+            recorder.install()
+            type.__setattr__(_TinyJit, "__call__", _jit_refusal(jit_call, recorder.thread))
+            with wrapped_layers(paths, [layer for _, layer in layers], recorder.around_layer):
+                output = call(*args, **kwargs)
+        finally:
+            type.__setattr__(_TinyJit, "__call__", jit_call)
+            recorder.branches.close()
+            recorder.uninstall()
+    except HaltCapture:
+        recorder.flush()  # the values recorded up to the halt are computed before the trace is built
+        raise
+    recorder.flush()
     builder.add_outputs(*recorder.returned(output, None))
     return builder.finish()
 
