@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import re
 import sys
 import weakref
@@ -74,7 +75,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.policy import CaptureOptions, HaltCapture
-from torchlens_core.capture.sites import CallSites
+from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.capture.threads import SharedPatch, shared_patch
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import CaptureError, UnsupportedError
@@ -201,6 +202,63 @@ def _attrs(raw: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
+# (op type, attributes as the callback gave them) -> (the attribute tuple, keyword arguments): most ops of a
+# forward repeat a few attribute sets. The key holds each value with its type (the same dtype comes as a
+# DType or as its enum, the same flag as True or 1, depending on TensorFlow's path), lists as tuples; only
+# text, integers, flags, dtypes and lists of them are kept (a float key would take -0.0 for 0.0).
+_ATTRS: dict[Any, tuple[tuple[Any, ...], dict[str, Any], bool]] = {}
+_MAX_ATTRS = 4096
+_KEY_TYPES = frozenset({str, bytes, int, bool, type(None), tf.dtypes.DType})
+
+
+def _attrs_key(op_type: str, raw: Any) -> Any:
+    """The cache key of these attributes, or None when they cannot be one. The types come before the values:
+    a key compares no value of one type with a value of another."""
+    kinds = tuple(map(type, raw))
+    if _KEY_TYPES.issuperset(kinds):
+        return op_type, kinds, tuple(raw)
+    if list not in kinds:
+        return None
+    values = []
+    for value, kind in zip(raw, kinds):
+        if kind is list:
+            inner = tuple(map(type, value))
+            if not _KEY_TYPES.issuperset(inner):
+                return None
+            values.append((inner, tuple(value)))
+        elif kind in _KEY_TYPES:
+            values.append(value)
+        else:
+            return None
+    return op_type, kinds, tuple(values)
+
+
+def _call_attrs(op_type: str, raw: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The attribute tuple replay runs the op with, and the op's keyword arguments (a new dict each time).
+
+    The attributes are the op's keyword arguments, for op.config and FLOP formulas (replay reads the call).
+    """
+    key = _attrs_key(op_type, raw)
+    found = _ATTRS.get(key) if key is not None else None
+    if found is not None:  # copies: each op's call and kwargs have lists of their own, as when made anew
+        attrs_t, kwargs, lists = found
+        if not lists:
+            return attrs_t, kwargs.copy()
+        return _fresh(attrs_t), dict(zip(kwargs.keys(), _fresh(kwargs.values())))
+    attrs_t = _attrs(raw)
+    kwargs = {name: _plain(value) for name, value in zip(attrs_t[::2], attrs_t[1::2])}
+    if key is not None:
+        if len(_ATTRS) >= _MAX_ATTRS:
+            _ATTRS.clear()
+        lists = any(type(v) is list for v in attrs_t)
+        _ATTRS[key] = (_fresh(attrs_t), dict(zip(kwargs.keys(), _fresh(kwargs.values()))), lists)
+    return attrs_t, kwargs
+
+
+def _fresh(values: Any) -> tuple[Any, ...]:
+    return tuple([list(v) if type(v) is list else v for v in values])
+
+
 def _plain(value: Any) -> Any:
     """An attribute value as a keyword argument: text as str (callbacks give some as bytes), shapes as lists."""
     if isinstance(value, bytes):
@@ -212,6 +270,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# The CallSites of the last capture, by the files it treats as internal. Its verdicts on code objects (and
+# their CodeLocations) are what the next capture would work out again; a package imported since (tf_keras,
+# tensorflow_probability) changes the files, and a new CallSites is made.
+_SITES: dict[tuple[str, ...], CallSites] = {}
+
+
 def _call_sites() -> CallSites:
     """TensorFlow, Keras and TorchLens frames are never the code site of an op."""
     import torchlens
@@ -221,18 +285,38 @@ def _call_sites() -> CallSites:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
             files.append(module.__file__)
-    return CallSites(*files)
+    key = tuple(files)
+    sites = _SITES.get(key)
+    if sites is None:
+        sites = CallSites(*files)
+        sites.stop_at(_capture)  # the walk ends at the backend's call of the model, not in pluggy above it
+        _SITES.clear()
+        _SITES[key] = sites
+    return sites
 
 
 def _is_eager_tensor(x: Any) -> bool:
     return isinstance(x, tf.Tensor) and hasattr(x, "numpy")
 
 
+# DataType enum -> dtype name: ``t.dtype`` makes a DType object on every read, the enum is a C call.
+_DTYPE_NAMES: dict[int, str] = {}
+
+
+def _dtype_name(t: Any) -> str:
+    enum = t._datatype_enum()
+    name = _DTYPE_NAMES.get(enum)
+    if name is None:
+        name = _DTYPE_NAMES[enum] = tf.dtypes.as_dtype(enum).name
+    return name
+
+
 def _info(t: Any) -> tuple[tuple[int, ...], str, str]:
     """(shape, dtype name, device name) of an eager tensor."""
-    return t._shape_tuple(), t.dtype.name, device_name(t.device)
+    return t._shape_tuple(), _dtype_name(t), device_name(t.device)
 
 
+_DT_RESOURCE = tf.resource.as_datatype_enum
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -279,9 +363,11 @@ class Recorder:
         self.busy = False
         self.error: BaseException | None = None
         self.graph_ops = 0
+        self.multi_outputs = False  # a leaf of a multi-output op's value was produced (shape reads reported)
         self.tf_functions: list[str] = []
-        self.sites = _call_sites()
-        self.branches = BranchTracker(self.sites.internal)
+        sites = _call_sites()
+        self.sites = PassSites(sites)  # each op's call-site walk ends at its layer call
+        self.branches = BranchTracker(sites.internal)
         self.reads = ValueReads(builder)  # Python values made from recorded tensors (torchlens_tf.conversions)
         self.untracked: list[str] = []
         self.other_resources: dict[int, Any] = {}  # resource handles that are not variables, held
@@ -292,28 +378,38 @@ class Recorder:
         # Variables by the buffer of their current value: a tf.Variable handed
         # straight to an op is read inside TensorFlow's C++ fast path, which runs
         # no callback for the read; the op's input then shares the variable's
-        # buffer. buffer address -> variable, for the (shape, dtype)s in var_keys.
+        # buffer. buffer address -> variable, for the (shape, dtype enum)s in var_keys.
         # Each variable has one entry, moved at each write (the variable holds
         # that buffer until then), and a match is checked against the variable's
         # buffer as it is now: an address is never trusted after it may be freed.
         self.buffers: dict[int, _VarState] = {}
-        self.var_keys: set[tuple[tuple[int, ...], Any]] = set()
+        self.var_keys: set[tuple[tuple[int, ...], int]] = set()
+        # Variables not in `buffers` yet, with the value whose buffer they hold: most forwards read every
+        # variable through an op the callback sees, and taking hundreds of addresses (DLPack) up front would
+        # cost more than the reads it serves. They are entered at the first input that may be an unseen
+        # read, or when the variable is written (which moves its buffer).
+        self.unaddressed: dict[int, tuple[_VarState, Any]] = {}
         for v in view.variables:
             var = self.vars[id(v.variable.handle)] = _VarState(v, ParamRef(v.name), v.variable.dtype,
                                                                v.variable.handle)
-            self._remember_buffer(var, builder.params[v.name].value)
+            value = builder.params[v.name].value
+            self.var_keys.add((value._shape_tuple(), value._datatype_enum()))
+            self.unaddressed[id(var)] = (var, value)
 
     def _remember_buffer(self, var: _VarState, value: Any) -> None:
         """``value`` (which shares the variable's buffer) is the variable's value from now on."""
+        self.unaddressed.pop(id(var), None)
         if var.address is not None and self.buffers.get(var.address) is var:
             del self.buffers[var.address]
         var.address = address = _buffer_address(value)
         if address is not None:
             self.buffers[address] = var
-            self.var_keys.add((value._shape_tuple(), value.dtype))
+            self.var_keys.add((value._shape_tuple(), value._datatype_enum()))
 
     def _implicit_read(self, t: Any) -> _VarState | None:
         """The variable whose current value ``t`` is, read where no callback saw it; or None."""
+        for var, value in list(self.unaddressed.values()):  # unwritten: still the buffer read before the forward
+            self._remember_buffer(var, value)
         address = _buffer_address(t)
         var = self.buffers.get(address)  # type: ignore[arg-type]
         if var is None or var.info is None:
@@ -323,6 +419,8 @@ class Recorder:
 
     def _produced(self, t: Any, ref: Ref) -> None:
         self.producers[id(t)] = (weakref.ref(t), ref)
+        if ref.path:
+            self.multi_outputs = True
 
     def producer(self, t: Any) -> Ref | None:
         """The Ref of the op output ``t`` is, if a recorded op (or the caller) produced it."""
@@ -377,7 +475,8 @@ class Recorder:
                 parents.append(ref.index)
                 args.append(ref)
                 continue
-            if t.dtype == tf.resource:
+            enum = t._datatype_enum()  # (t.dtype makes a DType object each time)
+            if enum == _DT_RESOURCE:
                 var = self.vars.get(id(t)) or self._untracked(t, op_type, info, outputs)
                 if var is not None:
                     state = var.state
@@ -392,7 +491,7 @@ class Recorder:
                     var_args.append((i, var))
                     args.append(state)
                     continue
-            if var_keys and (t._shape_tuple(), t.dtype) in var_keys:
+            if var_keys and (t._shape_tuple(), enum) in var_keys:
                 var = self._implicit_read(t)
                 if var is not None:  # a variable read inside the C++ fast path, unseen
                     state = var.state
@@ -406,7 +505,7 @@ class Recorder:
             if self.replaced:  # an op output whose edit the model should have been handed instead
                 self.handover.check_not_replaced(t)
             args.append(t)  # a constant: tensors are immutable, so this is its value as it ran
-        attrs_t = _attrs(raw_attrs)
+        attrs_t, kwargs = _call_attrs(op_type, raw_attrs)
         n_out = len(outputs)
         if op_type == "ReadVariableOp" and var_args:
             kind, writes = "read", ()
@@ -417,8 +516,10 @@ class Recorder:
             kind, writes = "recorded", ()
         else:
             kind, writes = "op", ()
-        new_states = [self._read_state(var, inputs[i]) for i, var in var_args if i in writes]
-        values = [*outputs, *new_states]
+        if writes:  # the variables' new values follow the op's outputs
+            values = [*outputs, *[self._read_state(var, inputs[i]) for i, var in var_args if i in writes]]
+        else:
+            values = list(outputs) if self.editing else outputs  # (intervene='s handover builds on a list)
         if not values:
             return  # nothing computed, nothing written (an op without outputs on a non-variable)
         out = values[0] if len(values) == 1 else tuple(values)
@@ -438,12 +539,12 @@ class Recorder:
             meta["variables"] = [v.info.name if v.info else "" for _, v in var_args]
         if implicit:
             meta["implicit_variable_reads"] = implicit
-        call = TFCall(op_type, attrs_t, n_out, kind, tuple(i for i, _ in var_args), writes)
-        # The attributes are the op's keyword arguments, for op.config and FLOP formulas (replay reads call).
-        kwargs = {name: _plain(value) for name, value in zip(attrs_t[::2], attrs_t[1::2])}
+        call = TFCall(op_type, attrs_t, n_out, kind, tuple([i for i, _ in var_args]) if var_args else (), writes)
         op = self.builder.add_op(
-            info.func_name, call, tuple(args), kwargs, tuple(dict.fromkeys(parents)), out,
-            shape=shape, dtype=dtype, device=device, params=tuple(dict.fromkeys(params)), random=info.random,
+            info.func_name, call, tuple(args), kwargs,
+            tuple(parents) if len(parents) < 2 else tuple(dict.fromkeys(parents)), out,
+            shape=shape, dtype=dtype, device=device, params=tuple(dict.fromkeys(params)) if params else (),
+            random=info.random,
             in_place=bool(writes), code_context=self.sites.stack(), meta=meta, conditions=self.branches.current())
         # From here on, nothing reads op.out: save= may already have dropped it.
         index = op.index
@@ -502,7 +603,7 @@ class Recorder:
             name, k = f"{base}_{k}", k + 1
         shape, dtype_name, _ = _info(value)
         self.builder.add_param(ParamRecord(name=name, shape=shape, dtype=dtype_name,
-                                           numel=int(np.prod(shape, dtype=np.int64)), trainable=False,
+                                           numel=math.prod(shape), trainable=False,
                                            module="", is_buffer=True, value=value))
         self.untracked.append(name)
         var = self.vars[id(handle)] = _VarState(VarInfo(name, None, "", False, True), ParamRef(name), dtype,
@@ -518,6 +619,7 @@ class Recorder:
     def enter(self, path: str) -> None:
         if self.error is None:
             self.builder.enter_module(path)
+            self.sites.enter(path, sys._getframe(1))  # the layer wrapper's frame: it calls the layer
 
     def failed(self, path: str) -> None:
         """A layer call raised (and its caller may go on): close its pass, with no output."""
@@ -553,6 +655,7 @@ class Recorder:
         return self.builder.splice_for(path) if self.error is None else None
 
     def _exit(self, path: str, template: Any) -> None:
+        self.sites.exit(path)
         try:
             self.builder.exit_module(path, template)
         except HaltCapture as exc:
@@ -692,13 +795,35 @@ def _declare(builder: TraceBuilder, view: ModelView) -> None:
             under.setdefault(".".join(parts[:depth]), []).append(v.name)
     for path, layer in view.layers:
         builder.add_module(path, type(layer).__name__, under.get(path, []))
-    for v in view.variables:
-        # A read is a snapshot: a later write copies the buffer first (TensorFlow's copy-on-write).
-        value = gen_resource_variable_ops.read_variable_op(v.variable.handle, v.variable.dtype)
+    for v, value in zip(view.variables, _snapshots([v.variable for v in view.variables])):
         shape, dtype, _ = _info(value)
         builder.add_param(ParamRecord(name=v.name, shape=shape, dtype=dtype,
-                                      numel=int(np.prod(shape, dtype=np.int64)), trainable=v.trainable,
+                                      numel=math.prod(shape), trainable=v.trainable,
                                       module=v.module, is_buffer=v.is_buffer, value=value))
+
+
+def _snapshots(variables: list[Any]) -> list[Any]:
+    """Each variable's value now, read in one op per device (``_ReadVariablesOp``, which reads as
+    ``ReadVariableOp`` does: hundreds of separate reads cost a large model more than its smaller layers).
+
+    A read is a snapshot: a later write copies the buffer first (TensorFlow's copy-on-write).
+    """
+    by_device: dict[str, list[int]] = {}
+    for i, variable in enumerate(variables):
+        by_device.setdefault(variable.handle.device, []).append(i)
+    values: list[Any] = [None] * len(variables)
+    eager = context.context()
+    for at in by_device.values():
+        handles = [variables[i].handle for i in at]
+        dtypes = [variables[i].dtype for i in at]
+        try:  # quick_execute: no op callback (another thread's capture switches execute.execute to call them)
+            read = execute.quick_execute("_ReadVariablesOp", len(at), handles,
+                                         ("N", len(at), "dtypes", [d.as_datatype_enum for d in dtypes]), eager)
+        except Exception:  # a device without that kernel: read one by one (an unreadable variable raises there)
+            read = [gen_resource_variable_ops.read_variable_op(h, d) for h, d in zip(handles, dtypes)]
+        for i, value in zip(at, read):
+            values[i] = value
+    return values
 
 
 def _is_leaf(v: Any) -> bool:
@@ -833,6 +958,7 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
             installed.close()
         finally:
             recorder.branches.close()
+            recorder.sites.open.clear()  # frames of layer calls a halt left open: they hold the model's locals
             _add_notes(builder, recorder)  # a halted trace has them too
 
     recorder.busy = True

@@ -199,9 +199,10 @@ def _reporting_shape(original: Any, recorders: dict[int, Recorder]) -> Any:
     def shape(t: Any) -> Any:
         result = get(t)
         recorder = find(get_ident())
-        if recorder is not None and not recorder.busy and recorder.error is None:
+        # Only outputs of multi-output ops are reported (see ValueReads.shape): Keras reads shapes all the time.
+        if recorder is not None and recorder.multi_outputs and not recorder.busy and recorder.error is None:
             ref = recorder.producer(t)
-            if ref is not None and ref.path:  # see ValueReads.shape
+            if ref is not None and ref.path:
                 recorder.reads.shape(ref, t._shape_tuple())
         return result
 
