@@ -68,6 +68,9 @@ class RecordedCall:
         return tree.map_leaves(value, self.args), tree.map_leaves(value, self.kwargs)
 
 
+_PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})  # never an array
+
+
 def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: Trace,
              intervene: tuple[Any, ...] = ()) -> RecordedCall | str:
     """The call that produced ``trace``, or why it cannot be remembered.
@@ -77,14 +80,21 @@ def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: T
     conversion, to the unclaimed input nodes in argument order, which is the
     order every backend adds them in, if the shapes agree.
     """
-    is_array = is_array_of(trace.backend)
-    numpy = sys.modules.get("numpy")  # NumPy inputs: some backends convert them into input nodes
-    arrays = [leaf for _, leaf in tree.leaves((args, kwargs), lambda v: is_array(v) or (
-        numpy is not None and isinstance(v, numpy.ndarray)))]
-    arrays = list({id(leaf): leaf for leaf in arrays}.values())  # one array passed twice is one input
     inputs = [op for op in trace.ops if op.kind == "input"]
+    # Both held by the trace, so a leaf with one of these ids is that very object.
     by_identity = {id(op.out): op.index for op in inputs}
     params = {id(p.value): name for name, p in trace.params.items()}
+    is_array = is_array_of(trace.backend)
+    numpy = sys.modules.get("numpy")  # NumPy inputs: some backends convert them into input nodes
+
+    def array(value: Any) -> bool:  # the identity lookups first: the array hook costs more, on every leaf
+        if type(value) in _PLAIN:  # (a small int is one shared object: its id says nothing)
+            return False
+        return id(value) in by_identity or id(value) in params or is_array(value) or (
+            numpy is not None and isinstance(value, numpy.ndarray))
+
+    arrays = [leaf for _, leaf in tree.leaves((args, kwargs), array)]
+    arrays = list({id(leaf): leaf for leaf in arrays}.values())  # one array passed twice is one input
     found: dict[int, Any] = {}
     for leaf in arrays:
         if id(leaf) in by_identity:
