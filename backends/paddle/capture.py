@@ -2,11 +2,12 @@
 
 The wrappers of :mod:`torchlens_paddle.intercept` report every ``_C_ops`` call,
 Tensor operator and copying Tensor method to one :class:`Recorder`; a call
-made while another recorded call runs belongs to the outer one. Forward pre-
-and post-hooks on every sublayer (``Layer.register_forward_pre_hook`` /
-``register_forward_post_hook``; Paddle has no global hooks) give layer paths
-and passes. A call is an op when it returns a tensor, or when it writes into
-one (an in-place op, ``x[i] = v``, ``out=``).
+made while another recorded call runs belongs to the outer one. Layer paths
+and passes come from the layers' ``__call__``, replaced for the capture
+(:mod:`torchlens_paddle.layer_calls`; Paddle has no global hooks): a call of
+one of the model's sublayers opens its pass before the layer's own pre-hooks
+run and closes it after its post-hooks. A call is an op when it returns a
+tensor, or when it writes into one (an in-place op, ``x[i] = v``, ``out=``).
 
 Saved values are the values that ran: before an op writes into a tensor, every
 recorded value living in the same allocation (views included: a tensor's
@@ -18,14 +19,13 @@ recorder's side tables name ops by index and hold no tensors (``producers``
 and the constant cache hold weak references, checked on every look-up), so a
 value the builder drops is really freed; ``op.out`` of an earlier op may be
 None at any time and is checked before it is read. A HaltCapture raised from a
-wrapper or a layer hook goes up through the model to the ``finally`` that takes
-every patch and hook down.
+wrapper goes up through the model to the ``finally`` that takes every patch down.
 
 Threads. The wrappers replace process-wide attributes and report to the one
 recorder of :data:`intercept.STATE`, so one capture runs at a time: a second
 one, nested or in another thread, is refused with UnsupportedError before it
-installs anything. The wrappers and the layer hooks pass every call of any
-other thread straight through, unrecorded: plain forwards beside a capture,
+installs anything. The wrappers (``Layer.__call__``'s included) pass every call
+of any other thread straight through, unrecorded: plain forwards beside a capture,
 of the traced model too, run as they would without it.
 """
 
@@ -52,6 +52,7 @@ from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_paddle.arrays import allocation, device_name, dtype_name, snapshot
 from torchlens_paddle.intercept import STATE, OpInfo, Patches, to_static_enabled
+from torchlens_paddle.layer_calls import LayerCalls
 from torchlens_paddle.splice import spliced
 
 Tensor = paddle.Tensor
@@ -65,6 +66,9 @@ _READ_NOW = OpInfo("clone", getattr(_clone, "__wrapped__", _clone))
 _SITES = CallSites(paddle.__file__, __file__, tree.__file__)
 
 
+# Arguments taken into an op's template as they are (sizes, flags, names): the common case, checked first.
+_PLAIN = frozenset({int, float, bool, str, type(None)})
+
 # A converted tensor with more elements than this is not turned into a list to report it: the
 # builder keeps no larger one (TraceBuilder.to_python), so replay on new inputs refuses it anyway.
 _LARGEST_LIST = 4096
@@ -74,6 +78,17 @@ _LARGEST_LIST = 4096
 def drop_scratch(out: Any, scratch: tuple[int, ...]) -> Any:
     """``out`` with the outputs at ``scratch`` (backward-only, maybe uninitialized) replaced by None."""
     return type(out)(None if i in scratch else v for i, v in enumerate(out))
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, Tensor)
+
+
+def _tensor_leaves(out: tuple[Any, ...] | list[Any]) -> list[tuple[tuple[Any, ...], Tensor]]:
+    """``tree.leaves(out)``'s tensors: for the usual flat tuple of tensors and Nones, without the generic walk."""
+    if all(v is None or isinstance(v, Tensor) for v in out):
+        return [((i,), v) for i, v in enumerate(out) if v is not None]
+    return list(tree.leaves(out, _is_tensor))
 
 
 def _merged(result: Any, edited: Any, scratch: tuple[int, ...]) -> Any:
@@ -123,6 +138,8 @@ class Recorder:
         # allocation -> index of the op that last wrote into it (it had not been recorded yet), for conversions
         self.written_at: dict[int, int] = {}
         self.reported: set[tuple[Any, ...]] = set()  # conversions reported: ((op index, path), how, with args)
+        # id(layer) -> (layer, path) for the model's sublayers, whose calls are module passes (call_layer)
+        self.layers: dict[int, tuple[Any, str]] = {}
 
     # -- the hot path ------------------------------------------------------------------
     def run(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -234,7 +251,7 @@ class Recorder:
                     return result
                 if info.scratch:
                     out = drop_scratch(out, info.scratch)
-                leaves = list(tree.leaves(out, lambda v: isinstance(v, Tensor)))
+                leaves = _tensor_leaves(out)
                 if not leaves:
                     return result
                 shape = tuple(tuple(v.shape) if isinstance(v, Tensor) else None for v in out)
@@ -263,7 +280,7 @@ class Recorder:
             if seen is not out:
                 result = seen if leaves is None else _merged(result, seen, info.scratch)
                 out = seen
-                leaves = None if leaves is None else list(tree.leaves(out, lambda v: isinstance(v, Tensor)))
+                leaves = None if leaves is None else list(tree.leaves(out, _is_tensor))
                 self._keep_pre_edit(op)
         if leaves is None:
             self._produced(out, op.index, ())
@@ -309,6 +326,8 @@ class Recorder:
         return found[1], found[2]
 
     def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
+        if type(x) in _PLAIN:
+            return x
         if isinstance(x, Tensor):
             # A parameter written in place during the forward is, from then on,
             # the output of the op that wrote it: look producers up first.
@@ -322,8 +341,8 @@ class Recorder:
                 return ParamRef(name)
             return self._constant(x)
         t = type(x)
-        if t is tuple or t is list:
-            return t([self._template(v, parents, params) for v in x]) if x else x
+        if t is tuple or t is list:  # the arguments, sizes, lists of tensors: their plain items taken as they are
+            return t([v if type(v) in _PLAIN else self._template(v, parents, params) for v in x]) if x else x
         if t is dict:
             return {key: self._template(v, parents, params) for key, v in x.items()}
         if t is np.ndarray:
@@ -394,7 +413,7 @@ class Recorder:
                     lambda v: snapshot(v) if isinstance(v, Tensor) and allocation(v) == key else v, op.pre_edit)
 
     def _edit_output(self, path: str, template: Any, output: Any) -> tuple[Any, Any]:
-        """What layer call ``path`` returns to the model after intervene=, and its template (see post_hook)."""
+        """What layer call ``path`` returns to the model after intervene=, and its template (see call_layer)."""
         self.depth += 1  # the helpers' own Paddle calls are not the model's ops
         try:
             edited, template = self.builder.edit_module_output(path, template, output)
@@ -408,31 +427,28 @@ class Recorder:
                     self._keep_pre_edit(self.builder.ops[ref.index])
         return edited, template
 
-    # -- layer hooks ---------------------------------------------------------------------
-    # The hooks sit on the model's layers, which other threads may call meanwhile: those calls are not ours.
-    def pre_hook(self, path: str) -> Any:
-        builder, thread = self.builder, self.thread
+    # -- layer calls ---------------------------------------------------------------------
+    # layer_calls' __call__ replacement calls this for the model's own layers, in the capturing thread.
+    def call_layer(self, path: str, call: Any, layer: Any, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``call(layer, *inputs, **kwargs)`` (``Layer.__call__``, the layer's hooks included) as pass ``path``.
 
-        def pre(layer: Any, inputs: Any) -> None:
-            if get_ident() == thread:
-                builder.enter_module(path)
-
-        return pre
-
-    def post_hook(self, path: str) -> Any:
-        builder, thread = self.builder, self.thread
-
-        def post(layer: Any, inputs: Any, output: Any) -> Any:
-            if get_ident() != thread:
-                return None
-            current = builder.module_stack[-1] if builder.module_stack else None
+        The pass opens before the layer's pre-hooks run and closes after its
+        post-hooks, where a prepended pre-hook and a last post-hook of ours would
+        sit; what it returns is what the model gets back (intervene= may edit it).
+        """
+        builder = self.builder
+        builder.enter_module(path)
+        output = call(layer, *inputs, **kwargs)
+        current = builder.module_stack[-1] if builder.module_stack else None
+        if isinstance(output, Tensor):  # the usual one tensor: what returned() gives for a leaf, without its walk
+            template, edit = self._as_output(output, current)
+            edited = output if edit is None else edit
+        else:
             template, edited = self.returned(output, current)
-            if builder.editor is not None:  # intervene=: the layer's output may be edited, as a post-hook would
-                edited, template = self._edit_output(path, template, edited)
-            builder.exit_module(path, template)
-            return None if edited is output else edited  # a post-hook that returns a value replaces the output
-
-        return post
+        if builder.editor is not None:  # intervene=: the layer's output may be edited, as a post-hook would
+            edited, template = self._edit_output(path, template, edited)
+        builder.exit_module(path, template)
+        return edited
 
     def returned(self, output: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:
         """Refs to what layer pass ``inside`` (None: the model) returned, and what the forward gets back."""
@@ -511,33 +527,40 @@ def _declare(builder: TraceBuilder, layers: list[tuple[str, Any]], param_names: 
     ``layers`` is ``[("", model), *model.named_sublayers()]``; names and order
     are those of ``named_parameters()`` / ``named_buffers()``, shared ones once.
     """
-    for path, layer in layers:
+    under: dict[str, list[str]] = {}  # layer path -> every parameter and buffer below it, in declaration order
+    ancestors = [_ancestors(path) for path, _ in layers]
+    for (path, layer), above in zip(layers, ancestors):
         for key, p in layer._parameters.items():
             if p is None or id(p) in param_names:
                 continue
             name = f"{path}.{key}" if path else key
-            builder.add_param(ParamRecord(name=name, shape=tuple(p.shape), dtype=dtype_name(p.dtype),
-                                          numel=math.prod(p.shape), trainable=not p.stop_gradient,
-                                          module=path, value=p))
+            shape = tuple(p.shape)
+            builder.add_param(ParamRecord(name=name, shape=shape, dtype=dtype_name(p.dtype), numel=math.prod(shape),
+                                          trainable=not p.stop_gradient, module=path, value=p))
             param_names[id(p)] = name
             params[name] = p
-    for path, layer in layers:
+            for ancestor in above:
+                under.setdefault(ancestor, []).append(name)
+    for (path, layer), above in zip(layers, ancestors):
         for key, b in layer._buffers.items():
             if not isinstance(b, Tensor) or id(b) in param_names:
                 continue
             name = f"{path}.{key}" if path else key
-            builder.add_param(ParamRecord(name=name, shape=tuple(b.shape), dtype=dtype_name(b.dtype),
-                                          numel=math.prod(b.shape), trainable=False, module=path,
-                                          is_buffer=True, value=b))
+            shape = tuple(b.shape)
+            builder.add_param(ParamRecord(name=name, shape=shape, dtype=dtype_name(b.dtype), numel=math.prod(shape),
+                                          trainable=False, module=path, is_buffer=True, value=b))
             param_names[id(b)] = name
             params[name] = b
-    under: dict[str, list[str]] = {}  # layer path -> every parameter and buffer below it
-    for name in builder.params:
-        parts = name.split(".")
-        for depth in range(1, len(parts)):
-            under.setdefault(".".join(parts[:depth]), []).append(name)
+            for ancestor in above:
+                under.setdefault(ancestor, []).append(name)
     for path, layer in layers[1:]:
         builder.add_module(path, type(layer).__name__, under.get(path, []))
+
+
+def _ancestors(path: str) -> list[str]:
+    """``"a.b.c"`` -> ``["a", "a.b", "a.b.c"]``: the layers a parameter declared by layer ``path`` is below."""
+    parts = path.split(".") if path else []
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 def _defining_modules(model: Any, layers: list[tuple[str, Any]]) -> list[Any]:
@@ -578,12 +601,11 @@ def _capture(model: Any, layers: list[tuple[str, Any]], is_layer: bool, args: tu
             op = builder.add_input(leaf, shape=tuple(leaf.shape), dtype=dtype_name(leaf.dtype),
                                    device=device_name(leaf.place))
             recorder._produced(leaf, op.index, ())
+    recorder.layers = {id(layer): (layer, path) for path, layer in layers[1:]}
     patches = Patches()
-    handles = []
+    layer_calls = LayerCalls()
     try:
-        for path, layer in layers[1:]:
-            handles.append(layer.register_forward_pre_hook(recorder.pre_hook(path), prepend=True))
-            handles.append(layer.register_forward_post_hook(recorder.post_hook(path)))
+        layer_calls.install(layers[1:])
         patches.install(_defining_modules(model, layers))
         STATE.recorder = recorder
         with spliced(layers[1:], builder):  # tl.splice_module: the layers it names run the replacement
@@ -594,8 +616,7 @@ def _capture(model: Any, layers: list[tuple[str, Any]], is_layer: bool, args: tu
         try:
             patches.restore()
         finally:
-            for handle in handles:
-                handle.remove()
+            layer_calls.restore()
     builder.add_outputs(*recorder.returned(output, None))
     recorder.check_versions()
     return builder.finish()
