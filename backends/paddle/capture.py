@@ -44,7 +44,7 @@ import paddle
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder, returned
 from torchlens_core.capture.policy import CaptureOptions
-from torchlens_core.capture.sites import CallSites
+from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.capture.threads import OneCaptureAtATime
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
@@ -135,6 +135,7 @@ class Recorder:
         self.constants: dict[int, tuple[weakref.ref[Tensor], int, Tensor]] = {}
         self.params_before_write: dict[str, Tensor] = {}
         self.branches = BranchTracker(_SITES.internal)
+        self.sites = PassSites(_SITES)  # each op's call-site walk ends at its layer call (call_layer's frame)
         # allocation -> index of the op that last wrote into it (it had not been recorded yet), for conversions
         self.written_at: dict[int, int] = {}
         self.reported: set[tuple[Any, ...]] = set()  # conversions reported: ((op index, path), how, with args)
@@ -268,7 +269,7 @@ class Recorder:
         op = self.builder.add_op(
             info.name, info.call, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
             device=device, params=tuple(dict.fromkeys(params)), random=info.random, in_place=bool(targets),
-            code_context=_SITES.stack(), meta=meta, elapsed=elapsed, conditions=self.branches.current())
+            code_context=self.sites.stack(), meta=meta, elapsed=elapsed, conditions=self.branches.current())
         if leaves is not None:
             # Replay checks an op's output shape against the recorded one only for ops of one output; an
             # op of several may have shapes decided by values (paddle.unique), which the forward may read
@@ -438,7 +439,11 @@ class Recorder:
         """
         builder = self.builder
         builder.enter_module(path)
-        output = call(layer, *inputs, **kwargs)
+        self.sites.enter(path, sys._getframe())  # this frame is above every frame the layer's call runs
+        try:
+            output = call(layer, *inputs, **kwargs)
+        finally:
+            self.sites.exit(path)
         current = builder.module_stack[-1] if builder.module_stack else None
         if isinstance(output, Tensor):  # the usual one tensor: what returned() gives for a leaf, without its walk
             template, edit = self._as_output(output, current)
