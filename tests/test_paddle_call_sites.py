@@ -12,20 +12,13 @@ paddle = pytest.importorskip("paddle")
 
 import numpy as np  # noqa: E402
 from paddle import nn  # noqa: E402
+from source_sites import marked_line, sites  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 
 
-def _line(marker: str) -> int:
-    """The line of this file that ends with the comment ``# site: <marker>``."""
-    with open(__file__) as f:
-        found = [n for n, text in enumerate(f, 1) if text.rstrip().endswith(f"# site: {marker}")]
-    assert len(found) == 1, marker
-    return found[0]
-
-
-def _sites(op) -> list[tuple[str, int, str]]:
-    return [(c.file, c.line_number, c.func_name) for c in op.code_context]
+def _line(marker: str, path: str = __file__) -> int:
+    return marked_line(marker, path)
 
 
 def _scale(x):
@@ -81,12 +74,12 @@ def test_call_sites_inside_nested_and_repeated_layers_are_the_source_lines() -> 
         trace = tl.trace(model, x)
         muls = [op for op in trace.ops if op.func_name in ("multiply", "scale", "mul")]
         assert len(muls) == 4, [op.func_name for op in trace.ops]  # x * 2 and * 3, in each of Inner's two calls
-        assert _sites(muls[0]) == [inner_mul, first, outer]
-        assert _sites(muls[1]) == [helper, inner_helper, first]
-        assert _sites(muls[2]) == [inner_mul, second, outer]  # the second pass: its own call line
-        assert _sites(muls[3]) == [helper, inner_helper, second]
+        assert sites(muls[0]) == [inner_mul, first, outer]
+        assert sites(muls[1]) == [helper, inner_helper, first]
+        assert sites(muls[2]) == [inner_mul, second, outer]  # the second pass: its own call line
+        assert sites(muls[3]) == [helper, inner_helper, second]
         rest = [op for op in trace.ops if op.kind == "op" and op not in muls]
         add, sub = rest[-2], rest[-1]  # b + 1.0 in Outer, then h - 1.0 after the layer call that raised
-        assert _sites(add) == [(here, _line("outer-add"), "forward"), outer]
-        assert _sites(sub) == [(here, _line("model-sub"), "forward")]
+        assert sites(add) == [(here, _line("outer-add"), "forward"), outer]
+        assert sites(sub) == [(here, _line("model-sub"), "forward")]
         np.testing.assert_allclose(trace.output.numpy(), (x.numpy() * 2 * 3 * 2 * 3 + 1) - 1)

@@ -23,6 +23,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import numpy as np  # noqa: E402
+from source_sites import marked_line, sites  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 
@@ -30,15 +31,7 @@ pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason=
 
 
 def _line(marker: str, path: str = __file__) -> int:
-    """The line of ``path`` that ends with the comment ``# site: <marker>``."""
-    with open(path) as f:
-        found = [n for n, text in enumerate(f, 1) if text.rstrip().endswith(f"# site: {marker}")]
-    assert len(found) == 1, marker
-    return found[0]
-
-
-def _sites(op) -> list[tuple[str, int, str]]:
-    return [(c.file, c.line_number, c.func_name) for c in op.code_context]
+    return marked_line(marker, path)
 
 
 def _scale(x):
@@ -95,14 +88,14 @@ def test_call_sites_inside_nested_and_repeated_layers_are_the_source_lines() -> 
         first, second = (here, _line("outer-first"), "call"), (here, _line("outer-second"), "call")
         inner_mul, helper = (here, _line("inner-mul"), "call"), (here, _line("helper"), "_scale")
         inner_helper = (here, _line("inner-helper"), "call")
-        assert _sites(muls[0]) == [inner_mul, first, outer]
-        assert _sites(muls[1]) == [helper, inner_helper, first]
-        assert _sites(muls[2]) == [inner_mul, second, outer]  # the second pass: its own call line
-        assert _sites(muls[3]) == [helper, inner_helper, second]
+        assert sites(muls[0]) == [inner_mul, first, outer]
+        assert sites(muls[1]) == [helper, inner_helper, first]
+        assert sites(muls[2]) == [inner_mul, second, outer]  # the second pass: its own call line
+        assert sites(muls[3]) == [helper, inner_helper, second]
         add = next(op for op in trace.ops if op.func_name == "add")
-        assert _sites(add) == [(here, _line("outer-add"), "call"), outer]
+        assert sites(add) == [(here, _line("outer-add"), "call"), outer]
         sub = next(op for op in trace.ops if op.func_name == "sub")  # after a layer call that raised
-        assert _sites(sub) == [(here, _line("model-sub"), "call")]
+        assert sites(sub) == [(here, _line("model-sub"), "call")]
         np.testing.assert_allclose(trace.output, (x * 2 * 3 * 2 * 3 + 1) - 1)
 
 
@@ -124,12 +117,12 @@ def test_a_package_imported_later_is_internal_from_the_next_capture(tmp_path, mo
     x = tf.constant([1.0])
     calls = (__file__, _line("calls-package"), "model")
     before = tl.trace(model, x)
-    assert _sites(before["mul_1"])[:2] == [(str(source), _line("package", str(source)), "double"), calls]
+    assert sites(before["mul_1"])[:2] == [(str(source), _line("package", str(source)), "double"), calls]
     fake = types.ModuleType("tensorflow_probability")
     fake.__file__ = str(source)
     monkeypatch.setitem(sys.modules, "tensorflow_probability", fake)
     after = tl.trace(model, x)
-    assert _sites(after["mul_1"])[0] == calls
+    assert sites(after["mul_1"])[0] == calls
 
 
 def test_ops_keep_their_own_attributes_across_captures() -> None:
