@@ -377,8 +377,20 @@ class _Recorder(TorchFunctionMode):
         if t is tuple or t is list:
             if not x:
                 return x
-            template = self._template
-            return t([template(v, parents, params) if type(v) not in _SCALARS else v for v in x])
+            producers = self.producers
+            items = []
+            for v in x:  # most arguments: recorded tensors and numbers, handled here without a call each
+                if type(v) in _SCALARS:
+                    items.append(v)
+                    continue
+                found = producers.get(id(v))
+                if found is not None and found[0]() is v:
+                    ref = found[1]
+                    parents.append(ref.index)
+                    items.append(ref)
+                else:
+                    items.append(self._template(v, parents, params))
+            return t(items)
         if t is dict:
             return {key: self._template(v, parents, params) for key, v in x.items()}
         return x
@@ -484,13 +496,20 @@ class _Recorder(TorchFunctionMode):
             path = paths.get(id(module))
             if not path:
                 return None
-            current = builder.module_stack[-1] if builder.module_stack else None
+            stack = builder.module_stack
+            current = stack[-1] if stack else None
             if kwargs and current is not None and current[0] == path:
                 self._add_keyword_inputs(current, kwargs)
-            template, edited = self.outputs(output, current)
             editor = builder.editor
             # intervene=: what a module named by a site returns may be edited, as a hook would
-            if editor is not None and (current is None or current[0] != path or editor.wants_module(*current)):
+            wanted = editor is not None and (current is None or current[0] != path or editor.wants_module(*current))
+            if not wanted and isinstance(output, Tensor):  # most passes: one tensor, not a site
+                template, seen = self.as_output(output, current)
+                self.sites.exit(path)
+                builder.exit_module(path, template)
+                return seen  # None: the output as it was; else what intervene= made of a pass-through op
+            template, edited = self.outputs(output, current)
+            if wanted:
                 with torch._C.DisableTorchFunction():  # the helpers' own tensor calls are not the model's ops
                     edited, template = builder.edit_module_output(path, template, edited)
             if edited is not output:
@@ -516,12 +535,21 @@ class _Recorder(TorchFunctionMode):
                 return found[1]
             name = self.param_names.get(id(value))
             return None if name is None else ParamRef(name)
-        if t is tuple or t is list or t is dict:
-            items = value.items() if t is dict else enumerate(value)
-            mapped = {key: self.module_inputs(v) for key, v in items}
-            if any(m is None and value[key] is not None for key, m in mapped.items()):
-                return None
-            return mapped if t is dict else t(mapped.values())
+        if t is tuple or t is list:
+            items = []
+            for v in value:
+                m = self.module_inputs(v)
+                if m is None and v is not None:
+                    return None
+                items.append(m)
+            return t(items)
+        if t is dict:
+            mapped = {}
+            for key, v in value.items():
+                m = mapped[key] = self.module_inputs(v)
+                if m is None and v is not None:
+                    return None
+            return mapped
         return None
 
     def _add_keyword_inputs(self, current: tuple[str, int], kwargs: dict[str, Any]) -> None:
@@ -540,28 +568,29 @@ class _Recorder(TorchFunctionMode):
     def as_output(self, value: Tensor, inside: tuple[str, int] | None) -> tuple[Ref, Tensor | None]:
         """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model), and what
         intervene= made of it (None: nothing)."""
-        parents: list[int] = []
-        ref = self._template(value, parents, [])
-        if parents and (inside is None or inside in self.builder.ops[ref.index].module_passes):
-            return ref, None
+        found = self.producers.get(id(value))
+        if found is not None and found[0]() is value:
+            source = found[1]
+            if inside is None or inside in self.builder.ops[source.index].module_passes:
+                return source, None
+        else:
+            source = self._template(value, [], [])  # a parameter's ParamRef, or a constant's copy
         # Returned, not computed, here (nn.Identity, a parameter, a constant): an
         # explicit pass-through op keeps "every returned array is an op's output"
         # and "module outputs are computed inside the module" true.
-        op = self.builder.identity_op(ref, value, shape=tuple(value.shape), dtype=_dtype_name(value.dtype),
-                                      device=value.device.type)
-        seen = self.builder.seen_value(op, value)  # intervene= may edit the pass-through op too
-        self._produced(seen, op, ())
-        if self.grads and self.builder.grad_wanted(op):
-            hook_grads(op, seen)
+        with torch._C.DisableTorchFunction():  # intervene='s helpers' own tensor calls are not the model's ops
+            op = self.builder.identity_op(source, value, shape=tuple(value.shape),
+                                          dtype=_dtype_name(value.dtype), device=value.device.type)
+            seen = self.builder.seen_value(op, value)  # intervene= may edit the pass-through op too
+            self._produced(seen, op, ())
+            if self.grads and self.builder.grad_wanted(op):
+                hook_grads(op, seen)
         return Ref(op.index), (None if seen is value else seen)
 
     def outputs(self, value: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:
         """``(template, value)`` of what a module pass (None: the model) returned, with intervene='s edits."""
         if isinstance(value, Tensor):  # most passes return one tensor: what returned() below gives, faster
-            if self.builder.editor is None:
-                return self.as_output(value, inside)[0], value
-            with torch._C.DisableTorchFunction():  # helpers' own tensor calls are not the model's ops
-                ref, edited = self.as_output(value, inside)
+            ref, edited = self.as_output(value, inside)
             return ref, (value if edited is None else edited)
 
         def refs() -> tuple[Any, Any]:
