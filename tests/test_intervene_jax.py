@@ -556,6 +556,36 @@ def _boom(value: Any, site: Any) -> Any:
     raise Boom(site.key)
 
 
+class ReturnsItsInput(nnx.Module):
+    """Returns the array it was given: its output is an explicit identity op."""
+
+    def __call__(self, x: Any) -> Any:
+        return x
+
+
+class PassesThrough(nnx.Module):
+    def __init__(self, rngs: Any) -> None:
+        self.fc = nnx.Linear(4, 4, rngs=rngs)
+        self.same = ReturnsItsInput()
+
+    def __call__(self, x: Any) -> Any:
+        h = self.fc(x)
+        return self.same(h) + h  # h read again by the model, unedited
+
+
+def test_a_module_site_on_a_pass_through_module_leaves_the_callers_array_unedited() -> None:
+    model, x = PassesThrough(nnx.Rngs(9)), jax.random.normal(jax.random.key(9), (3, 4))
+    traced = audited(tl.trace(model, x, save=tl.module("same"),
+                              intervene=tl.when(tl.module("same"), tl.scale(-2.0))))
+    h = np.asarray(model.fc(x))
+    close(traced.output, h * -2.0 + h)  # the model's own h, unedited
+    close(traced["same"].out, h * -2.0)
+    (add,) = [op for op in traced.ops if op.func_name == "add" and len(op.parents) == 2
+              and traced[op.parents[0]].func_name == "identity"]
+    edit, kept = (traced[label] for label in add.parents)
+    assert edit.edited and not kept.edited
+
+
 def test_nothing_is_left_patched_after_a_helper_or_a_replacement_raises(net: Any) -> None:
     linear_call = nnx.Linear.__dict__["__call__"]
     norm_call = nnx.LayerNorm.__dict__["__call__"]

@@ -450,6 +450,23 @@ def test_identity_ops_of_returned_tensors_are_edited_for_what_follows() -> None:
     assert add.parents == ["identity_1_2", "linear_1_1"]  # the edit, and h as the model kept it
 
 
+def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedited() -> None:
+    paddle.seed(9)
+    model, x = PassesThrough(), paddle.randn([3, 4])
+    trace = audited(tl.trace(model, x, save=tl.module("same"), intervene=tl.when(tl.module("same"),
+                                                                                 tl.scale(-2.0))))
+    handle = model.same.register_forward_post_hook(lambda layer, args, out: out * -2.0)
+    try:
+        summed, _ = model(x)
+    finally:
+        handle.remove()
+    close(trace.output[0], summed)  # -2h + h: the model's own h is read on unedited
+    close(trace["same"].out, np_(model.fc(x)) * -2.0)
+    (add,) = [op for op in trace.ops if op.func_name == "add"]
+    edit, passed = (trace[label] for label in add.parents)
+    assert edit.edited and not passed.edited and passed.func_name == "identity"
+
+
 # -- tl.splice_module ----------------------------------------------------------------------------
 def test_splice_module_runs_the_replacement_instead(resnet: Any, inputs: Any) -> None:
     x, _ = inputs

@@ -520,6 +520,39 @@ def test_gradients_flow_through_an_edit_as_through_one_written_by_hand(net: Net,
 
 
 # -- refusals and cleanup -----------------------------------------------------------------------
+class ReturnsItsInput(keras.layers.Layer):
+    """Returns the tensor it was given: its output is an explicit identity op."""
+
+    def call(self, x: Any) -> Any:
+        return x
+
+
+class PassesThrough(keras.Model):
+    def __init__(self) -> None:
+        super().__init__(name="passes")
+        self.fc = keras.layers.Dense(4, name="fc")
+        self.same = ReturnsItsInput(name="same")
+
+    def call(self, x: Any) -> Any:
+        h = self.fc(x)
+        return self.same(h) + h  # h read again by the model, unedited
+
+
+def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedited() -> None:
+    keras.utils.set_random_seed(9)
+    model, x = PassesThrough(), tf.random.stateless_normal((3, 4), seed=(9, 0))
+    model(x)
+    traced = tl.trace(model, x, save=tl.module("same"), intervene=tl.when(tl.module("same"), tl.scale(-2.0)))
+    report = traced.audit()
+    assert report, str(report)
+    h = model.fc(x).numpy()
+    np.testing.assert_allclose(traced.output.numpy(), h * -2.0 + h, rtol=1e-6)  # the model's own h, unedited
+    np.testing.assert_allclose(traced["same"].out.numpy(), h * -2.0, rtol=1e-6)
+    (add,) = [op for op in traced.ops if op.func_name == "add"]
+    edit, passed = (traced[label] for label in add.parents)
+    assert edit.edited and not passed.edited and passed.func_name == "identity"
+
+
 def test_an_edit_that_changes_the_shape_or_dtype_is_refused_naming_the_site(net: Net, inputs: Any) -> None:
     x, _ = inputs
     relu = tl.trace(net, x).find(RELUS_IN_BLOCK1)[0].label

@@ -520,6 +520,24 @@ def test_identity_ops_of_returned_tensors_are_edited_for_what_follows() -> None:
     assert add.parents == [trace.ops[linear.index + 1].label, linear.label]  # the edit, and h as the model kept it
 
 
+def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedited() -> None:
+    Tensor.manual_seed(9)
+    model, x = PassesThrough(), Tensor.randn(3, 4).realize()
+    trace = audited(tl.trace(model, x, save=tl.module("same"), intervene=tl.when(tl.module("same"),
+                                                                                 tl.scale(-2.0))))
+    original = model.same
+    model.same = Edited(original, lambda v: v * -2.0)
+    try:
+        summed, _ = model(x)
+    finally:
+        model.same = original
+    close(trace.output[0], summed)  # -2h + h: the model's own h is read on unedited
+    close(trace["same"].out, np_(model.fc(x)) * -2.0)
+    (add,) = [op for op in trace.ops if op.func_name == "add"]
+    edit, passed = (trace[label] for label in add.parents)
+    assert edit.edited and not passed.edited and passed.func_name == "identity"
+
+
 def test_edits_apply_to_ops_that_save_leaves_out(net: Net, inputs: Any) -> None:
     x, _ = inputs
     trace = audited(tl.trace(net, x, save=tl.func("conv2d"), intervene=tl.when(tl.module("blocks.0"),

@@ -293,6 +293,50 @@ def test_splice_module_runs_the_replacement_instead(resnet: Any, inputs: Any) ->
     assert traced.audit()
 
 
+class _PassesThrough(nn.Module):
+    """A layer, then nn.Identity (a module returning what it was given: an explicit identity op), the layer's
+    output read again unedited, and a parameter returned (returned, not computed: an identity op too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.same = nn.Identity()
+
+    def forward(self, x: Any) -> Any:
+        h = self.fc(x)
+        return self.same(h) + h, self.fc.bias
+
+
+def test_identity_ops_of_pass_through_modules_are_edited_for_what_follows() -> None:
+    torch.manual_seed(9)
+    model, x = _PassesThrough(), torch.randn(3, 4)
+    with torch.no_grad():
+        traced = tl.trace(model, x, intervene=tl.when(tl.func("identity"), tl.steer(torch.ones(4), 10.0)))
+        summed = _with_hooks(model, [model.same], lambda out: out + 10.0, x)[0]
+        plain = tl.trace(model, x)
+    assert torch.equal(traced.output[0], summed)
+    assert torch.equal(traced.output[1], model.fc.bias + 10.0)  # the returned parameter's identity op, edited
+    assert not torch.equal(model.fc.bias, traced.output[1])  # the parameter itself is left as it was
+    assert [op.func_name for op in traced.ops if op.edited] == ["identity", "identity"]
+    (add,) = [op for op in traced.ops if op.func_name == "add"]
+    assert add.parents == ["identity_1_2", "linear_1_1"]  # the edit, and h as the model kept it
+    assert traced.audit()
+    # without edits the same identity ops are recorded, their passes' outputs what a forward hook sees
+    assert [op.func_name for op in plain.ops if op.kind == "op"] == ["linear", "identity", "add", "identity"]
+    assert torch.equal(plain["same"].out, model.fc(x).detach())
+
+
+def test_a_module_site_on_a_pass_through_module_is_edited_as_a_hook_would() -> None:
+    torch.manual_seed(9)
+    model, x = _PassesThrough(), torch.randn(3, 4)
+    with torch.no_grad():
+        traced = tl.trace(model, x, save=tl.module("same"), intervene=tl.when(tl.module("same"), tl.scale(-2.0)))
+        expected = _with_hooks(model, [model.same], lambda out: out * -2.0, x)
+    assert torch.equal(traced.output[0], expected[0])
+    assert traced["same"].edited and torch.equal(traced["same"].out, model.fc(x).detach() * -2.0)
+    assert traced.audit()
+
+
 def test_save_and_halt_keep_working_with_edits(resnet: Any, inputs: Any) -> None:
     x, _ = inputs
     traced = tl.trace(resnet, x, save=tl.func("linear"), intervene=tl.when(tl.module("layer4"), tl.scale(2.0)))

@@ -369,13 +369,18 @@ class Editor:
 
     def _edit_returned(self, source: OpRecord, ref: Ref, leaf: Any, site: Site,
                        helpers: tuple[Helper, ...]) -> tuple[Any, Ref]:
-        """Edit a module's returned leaf: on the op that computed it, unless ops in the module already read it.
+        """Edit a module's returned leaf: on the op that computed it, unless ops in the module already read it,
+        or the module returned an array it did not compute.
 
-        In that case those ops saw the value unedited, as they would with a
-        forward hook: the edit goes on an explicit identity op at the module's
-        exit instead, so that replay gives them the unedited value too.
+        In the first case those ops saw the value unedited, as they would with
+        a forward hook; in the second (a pass-through op: ``nn.Identity``
+        returns its input), the caller may hold the very array the module
+        returned, and reads it on unedited. Either way the edit goes on an
+        explicit identity op at the module's exit instead, so that replay gives
+        every other reader the unedited value too.
         """
-        if any(ref.index in later.parent_indices for later in self.builder.ops[ref.index + 1:]):
+        if source.meta.get("identity") or any(
+                ref.index in later.parent_indices for later in self.builder.ops[ref.index + 1:]):
             self.quiet = True
             try:
                 source = self.builder.identity_op(ref, leaf)
