@@ -584,6 +584,8 @@ def test_a_module_site_on_a_pass_through_module_leaves_the_callers_array_unedite
               and traced[op.parents[0]].func_name == "identity"]
     edit, kept = (traced[label] for label in add.parents)
     assert edit.edited and not kept.edited
+    # JAX's recorded graph tells the caller's reads from the module's: a fork replays the edit as it ran live
+    close(tl.trace(model, x).fork().when(tl.module("same"), tl.scale(-2.0)).replay(), h * -2.0 + h)
 
 
 def test_nothing_is_left_patched_after_a_helper_or_a_replacement_raises(net: Any) -> None:

@@ -465,6 +465,11 @@ def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedite
     (add,) = [op for op in trace.ops if op.func_name == "add"]
     edit, passed = (trace[label] for label in add.parents)
     assert edit.edited and not passed.edited and passed.func_name == "identity"
+    clean = tl.trace(model, x)
+    fork = clean.fork().when(tl.module("same"), tl.scale(-2.0))
+    with pytest.raises(tl.UnsupportedError, match="pass-through"):
+        fork.replay()  # the caller's reads and the module's are one in this graph: only a rerun tells them apart
+    close(fork.rerun(model, x).output[0], summed)
 
 
 # -- tl.splice_module ----------------------------------------------------------------------------

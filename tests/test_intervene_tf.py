@@ -551,6 +551,10 @@ def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedite
     (add,) = [op for op in traced.ops if op.func_name == "add"]
     edit, passed = (traced[label] for label in add.parents)
     assert edit.edited and not passed.edited and passed.func_name == "identity"
+    fork = tl.trace(model, x).fork().when(tl.module("same"), tl.scale(-2.0))
+    with pytest.raises(tl.UnsupportedError, match="pass-through"):
+        fork.replay()  # the caller's reads and the module's are one in this graph: only a rerun tells them apart
+    np.testing.assert_allclose(fork.rerun(model, x).output.numpy(), h * -2.0 + h, rtol=1e-6)
 
 
 def test_an_edit_that_changes_the_shape_or_dtype_is_refused_naming_the_site(net: Net, inputs: Any) -> None:

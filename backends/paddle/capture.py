@@ -474,7 +474,8 @@ class Recorder:
                                           device=device_name(value.place))
             seen = value if self.builder.editor is None else self.builder.seen_value(op, value)
             self._produced(seen, op.index, ())
-            if seen is value:
+            if seen is value:  # one object with what the caller may hold: later reads of it read the op
+                self.builder.read_as_passed_through(op)
                 return Ref(op.index), None
             self._keep_pre_edit(op)  # edited: the tensor returned keeps the producer it had
             return Ref(op.index), seen

@@ -686,6 +686,7 @@ class Recorder:
         shape, dtype, device = _info(value)
         op = self.builder.identity_op(source, value, shape=shape, dtype=dtype, device=device)
         self._produced(value, Ref(op.index))  # later readers read what the layer returned
+        self.builder.read_as_passed_through(op)  # the caller may hold the same tensor
         return Ref(op.index)
 
 

@@ -616,6 +616,8 @@ class Recorder:
             if seen is not value:  # edited: the tensor returned keeps the producer it had
                 self._realize_edit(op, seen)
             self.produced(seen, op.index, ())
+            if seen is value:  # one object with what the caller may hold: later reads of it read the op
+                self.builder.read_as_passed_through(op)
             return Ref(op.index), None if seen is value else seen
         finally:
             self.depth -= 1

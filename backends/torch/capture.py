@@ -583,6 +583,8 @@ class _Recorder(TorchFunctionMode):
                                           dtype=_dtype_name(value.dtype), device=value.device.type)
             seen = self.builder.seen_value(op, value)  # intervene= may edit the pass-through op too
             self._produced(seen, op, ())
+            if seen is value:  # one object with what the caller may hold: later reads of it read the op
+                self.builder.read_as_passed_through(op)
             if self.grads and self.builder.grad_wanted(op):
                 hook_grads(op, seen)
         return Ref(op.index), (None if seen is value else seen)

@@ -173,7 +173,9 @@ def judged_on_trace(item: Intervention, trace: Trace) -> list[tuple[OpRecord, st
     For a module site the op is the one that computed the returned leaf. An
     edit there must not reach ops inside the module that read the leaf
     before the module returned (a hook on the module would not reach them):
-    such a site is refused, with the op to edit instead.
+    such a site is refused, with the op to edit instead. A site on a
+    pass-through op is found, but a fork refuses to replay it (see
+    :func:`replay_refusal`).
     """
     op_part, modules = _module_parts(item.selector)
     found: list[tuple[OpRecord, str, str, tuple[Any, ...], str | None]] = []
@@ -200,6 +202,23 @@ def judged_on_trace(item: Intervention, trace: Trace) -> list[tuple[OpRecord, st
                             f"module would not give it. Edit {source.label} itself (tl.label), or use rerun")
                     found.append((source, "module", mp.label, ref.path, mp.label))
     return found
+
+
+def replay_refusal(op: OpRecord, site: str) -> str | None:
+    """Why an edit at ``site`` (on ``op``) cannot be replayed on the recorded graph; None when it can.
+
+    The refused ``op`` is a pass-through whose later reads the backend could
+    not tell apart (:meth:`TraceBuilder.read_as_passed_through`): an array a
+    module returned without computing it (``nn.Identity``), the very object
+    its caller may still hold (``self.same(h) + h``). An edit replayed there
+    would reach the caller's own reads too, which a hook on the module (and a
+    live edit, which hands the module's caller a new array) leaves unedited.
+    """
+    if not op.meta.get("same_object"):
+        return None
+    return (f"{site if site == op.label else f'{site} returns {op.label}'}, an array returned without being "
+            f"computed there (a pass-through, as nn.Identity makes): later reads of it by the caller and "
+            f"through the module's output are one in the recorded graph")
 
 
 def _leaf_paths(shape: Any) -> list[tuple[Any, ...]]:

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from torchlens_core.backend.manager import hook
-from torchlens_core.capture.edits import Intervention, Site, judged_on_trace
+from torchlens_core.capture.edits import Intervention, Site, judged_on_trace, replay_refusal
 from torchlens_core.capture.selectors import Selector
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import LabelNotFoundError, UnsupportedError, shown
@@ -33,6 +33,7 @@ class Fork:
         self.trace = trace
         self.items: list[Intervention] = []
         self._added: dict[int, list[EditRecord]] = {}  # op index -> edits this fork adds to it
+        self._unreplayable: list[str] = []  # why some added edits can only run live (rerun), not replay
         self._ops = None
 
     def when(self, selector: Selector, *helpers: Callable[[Any, Site], Any]) -> Fork:
@@ -52,6 +53,9 @@ class Fork:
             site = Site(key, kind, op.func_name, module, path, self.trace.backend, array_ops,
                         in_place=op.in_place and kind == "op")
             self._added.setdefault(op.index, []).append(EditRecord(key, kind, path, item.edits, site))
+            refusal = replay_refusal(op, key if kind == "module" else op.label)
+            if refusal is not None and refusal not in self._unreplayable:
+                self._unreplayable.append(refusal)
         self.items.append(item)
         return self
 
@@ -73,6 +77,10 @@ class Fork:
         """
         from torchlens_core.replay.evaluator import replay_values
 
+        if self._unreplayable:
+            raise UnsupportedError(f"this fork edits {self._unreplayable[0]}, so an edit replayed there could "
+                                   f"reach reads a hook would not. fork.rerun(model, ...) runs the model with "
+                                   f"the same edits, and tells the two apart")
         graph = self._graph()
         values = replay_values(graph, new_inputs=(args, kwargs), check=bool(self._added))
         return tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r, graph.output_template)
