@@ -22,6 +22,7 @@ from torchlens.conformance.plugin import suite_settings
 from torchlens.conformance.rerun import rerun_module_outputs
 from torchlens_core.backend.arrays import max_error
 from torchlens_core.backend.cases import Case
+from torchlens_core.capture.edits import replay_refusal
 from torchlens_core.backend.manager import hook
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import GraphDoesNotHold
@@ -215,7 +216,7 @@ def test_zero_ablation_live_equals_fork_replay(traced: Traced) -> None:
     """Zeros at a mid-graph op: captured live, and replayed on a fork of the clean trace, give one output."""
     _needs(traced, "intervene")
     ops = [op for op in traced.trace.ops if op.kind == "op" and op.children and op.dtype
-           and not op.meta.get("identity")  # a pass-through: a fork refuses to edit it (edits.py)
+           and replay_refusal(op, op.label) is None  # a pass-through a fork refuses to replay edits at
            and any(k in op.dtype for k in ("float", "bfloat", "half", "double"))]
     if not ops:
         pytest.skip("no floating-point op with children to ablate")
