@@ -22,8 +22,8 @@ from torchlens.conformance.plugin import suite_settings
 from torchlens.conformance.rerun import rerun_module_outputs
 from torchlens_core.backend.arrays import max_error
 from torchlens_core.backend.cases import Case
-from torchlens_core.capture.edits import replay_refusal
 from torchlens_core.backend.manager import hook
+from torchlens_core.capture.edits import replay_refusal
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import GraphDoesNotHold
 from torchlens_core.ir.records import Ref
