@@ -464,7 +464,8 @@ def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedite
     close(trace["same"].out, np_(model.fc(x)) * -2.0)
     (add,) = [op for op in trace.ops if op.func_name == "add"]
     edit, passed = (trace[label] for label in add.parents)
-    assert edit.edited and not passed.edited and passed.func_name == "identity"
+    assert [op.label for op in trace.ops] == [op.label for op in tl.trace(model, x).ops]  # no op added
+    assert edit.func_name == "identity" and edit.edited and not passed.edited  # h: its own op, unedited
     clean = tl.trace(model, x)
     fork = clean.fork().when(tl.module("same"), tl.scale(-2.0))
     with pytest.raises(tl.UnsupportedError, match="pass-through"):

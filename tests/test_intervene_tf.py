@@ -550,7 +550,8 @@ def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedite
     np.testing.assert_allclose(traced["same"].out.numpy(), h * -2.0, rtol=1e-6)
     (add,) = [op for op in traced.ops if op.func_name == "add"]
     edit, passed = (traced[label] for label in add.parents)
-    assert edit.edited and not passed.edited and passed.func_name == "identity"
+    assert [op.label for op in traced.ops] == [op.label for op in tl.trace(model, x).ops]  # no op added
+    assert edit.func_name == "identity" and edit.edited and not passed.edited  # h: its own op, unedited
     fork = tl.trace(model, x).fork().when(tl.module("same"), tl.scale(-2.0))
     with pytest.raises(tl.UnsupportedError, match="pass-through"):
         fork.replay()  # the caller's reads and the module's are one in this graph: only a rerun tells them apart

@@ -335,6 +335,10 @@ def test_a_module_site_on_a_pass_through_module_is_edited_as_a_hook_would() -> N
     assert torch.equal(traced.output[0], expected[0])
     assert traced["same"].edited and torch.equal(traced["same"].out, model.fc(x).detach() * -2.0)
     assert traced.audit()
+    (add,) = [op for op in traced.ops if op.func_name == "add"]
+    assert add.parents == ["identity_1_2", "linear_1_1"]  # the edit, and h as the caller kept it
+    with torch.no_grad():
+        assert [op.label for op in traced.ops] == [op.label for op in tl.trace(model, x).ops]  # no op added
 
 
 def test_save_and_halt_keep_working_with_edits(resnet: Any, inputs: Any) -> None:

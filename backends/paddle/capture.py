@@ -43,6 +43,7 @@ import paddle
 
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder, returned
+from torchlens_core.capture.edits import PassThroughs
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.capture.threads import OneCaptureAtATime
@@ -122,6 +123,7 @@ class Recorder:
         # id(tensor) -> (weakref, op index, path in that op's output). The weakref
         # guards against a freed tensor's id being reused by another tensor.
         self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
+        self.pass_throughs = PassThroughs(self.producers, builder.ops)
         # allocation -> recorded (op index, path) living there, for copy-before-write. Entries
         # name ops, not tensors: a value save= drops is then really freed (its entries are
         # skipped, as op.out is None).
@@ -422,10 +424,11 @@ class Recorder:
             self.depth -= 1
         if edited is not output:
             for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
-                leaf = tree.get(edited, leaf_path)
-                if leaf is not tree.get(output, leaf_path):  # a new tensor: later ops read it as ref's value
+                leaf, original = tree.get(edited, leaf_path), tree.get(output, leaf_path)
+                if leaf is not original:  # a new tensor: later ops read it as ref's value
                     self._produced(leaf, ref.index, ref.path)
                     self._keep_pre_edit(self.builder.ops[ref.index])
+                    self.pass_throughs.give_back(original, ref.index)  # the caller's own, unedited
         return edited, template
 
     # -- layer calls ---------------------------------------------------------------------
@@ -473,9 +476,11 @@ class Recorder:
             op = self.builder.identity_op(ref, value, shape=tuple(value.shape), dtype=dtype_name(value.dtype),
                                           device=device_name(value.place))
             seen = value if self.builder.editor is None else self.builder.seen_value(op, value)
-            self._produced(seen, op.index, ())
             if seen is value:  # one object with what the caller may hold: later reads of it read the op
+                self.pass_throughs.take(value, op.index)
                 self.builder.read_as_passed_through(op)
+            self._produced(seen, op.index, ())
+            if seen is value:
                 return Ref(op.index), None
             self._keep_pre_edit(op)  # edited: the tensor returned keeps the producer it had
             return Ref(op.index), seen

@@ -74,6 +74,7 @@ from tensorflow.python.ops import gen_resource_variable_ops
 
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.edits import PassThroughs
 from torchlens_core.capture.policy import CaptureOptions, HaltCapture
 from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.capture.threads import SharedPatch, shared_patch
@@ -358,6 +359,7 @@ class Recorder:
         # holds the tensor (save= may drop it, and it is then freed); the weakref
         # tells a live entry from a freed tensor whose id a new tensor has taken.
         self.producers: dict[int, tuple[weakref.ref[Any], Ref]] = {}
+        self.pass_throughs = PassThroughs(self.producers, builder.ops)
         # id(resource handle) -> what is known of that variable, and its current state template.
         self.vars: dict[int, _VarState] = {}
         self.busy = False
@@ -685,8 +687,9 @@ class Recorder:
         source: Any = ref if ref is not None else value
         shape, dtype, device = _info(value)
         op = self.builder.identity_op(source, value, shape=shape, dtype=dtype, device=device)
+        self.pass_throughs.take(value, op.index)  # the caller may hold the same tensor
+        self.builder.read_as_passed_through(op)
         self._produced(value, Ref(op.index))  # later readers read what the layer returned
-        self.builder.read_as_passed_through(op)  # the caller may hold the same tensor
         return Ref(op.index)
 
 

@@ -63,6 +63,7 @@ from tinygrad.helpers import TRAINING
 
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder, returned
+from torchlens_core.capture.edits import PassThroughs
 from torchlens_core.capture.policy import HaltCapture
 from torchlens_core.capture.sites import CallSites
 from torchlens_core.capture.threads import OneCaptureAtATime
@@ -220,6 +221,7 @@ class Recorder:
         self.thread = get_ident()
         # id(tensor) -> (weakref, op index, path in that op's output)
         self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
+        self.pass_throughs = PassThroughs(self.producers, builder.ops)
         # id(BUFFER node) -> recorded (op index, path) reading it, for copy-before-write. Entries
         # name ops, not tensors: a value save= drops is then really freed.
         self.storages: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
@@ -572,10 +574,11 @@ class Recorder:
             if edited is output:
                 return output, template
             for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
-                leaf = tree.get(edited, leaf_path)
-                if leaf is not tree.get(output, leaf_path):  # a new tensor: later ops read it as ref's value
+                leaf, original = tree.get(edited, leaf_path), tree.get(output, leaf_path)
+                if leaf is not original:  # a new tensor: later ops read it as ref's value
                     self._realize_edit(self.builder.ops[ref.index], leaf)
                     self.produced(leaf, ref.index, ref.path)
+                    self.pass_throughs.give_back(original, ref.index)  # the caller's own, unedited
         finally:
             self.depth -= 1
         return edited, template
@@ -615,9 +618,10 @@ class Recorder:
             seen = value if self.builder.editor is None else self.builder.seen_value(op, value)
             if seen is not value:  # edited: the tensor returned keeps the producer it had
                 self._realize_edit(op, seen)
-            self.produced(seen, op.index, ())
-            if seen is value:  # one object with what the caller may hold: later reads of it read the op
+            else:  # one object with what the caller may hold: later reads of it read the op
+                self.pass_throughs.take(value, op.index)
                 self.builder.read_as_passed_through(op)
+            self.produced(seen, op.index, ())
             return Ref(op.index), None if seen is value else seen
         finally:
             self.depth -= 1

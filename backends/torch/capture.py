@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder, returned
+from torchlens_core.capture.edits import PassThroughs
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.ir import tree
@@ -248,6 +249,7 @@ class _Recorder(TorchFunctionMode):
         self.thread = get_ident()  # the module hooks are global: other threads' calls are not this capture's
         self.grads = builder.options.save_grads is not False  # save_grads=: hook each wanted output's gradient
         self.depth = 0  # recorded calls (and module hooks) running now: escape_detector's "inside" (escapes.py)
+        self.pass_throughs = PassThroughs(self.producers, builder.ops)
 
     # -- the hot path ------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -514,9 +516,10 @@ class _Recorder(TorchFunctionMode):
                     edited, template = builder.edit_module_output(path, template, edited)
             if edited is not output:
                 for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
-                    leaf = tree.get(edited, leaf_path)
-                    if leaf is not tree.get(output, leaf_path):  # a new tensor: later ops read it as ref's
+                    leaf, original = tree.get(edited, leaf_path), tree.get(output, leaf_path)
+                    if leaf is not original:  # a new tensor: later ops read it as ref's
                         self._produced(leaf, builder.ops[ref.index], ref.path)
+                        self.pass_throughs.give_back(original, ref.index)  # the caller's own, unedited
             self.sites.exit(path)
             builder.exit_module(path, template)
             return None if edited is output else edited
@@ -582,9 +585,10 @@ class _Recorder(TorchFunctionMode):
             op = self.builder.identity_op(source, value, shape=tuple(value.shape),
                                           dtype=_dtype_name(value.dtype), device=value.device.type)
             seen = self.builder.seen_value(op, value)  # intervene= may edit the pass-through op too
-            self._produced(seen, op, ())
             if seen is value:  # one object with what the caller may hold: later reads of it read the op
+                self.pass_throughs.take(value, op.index)
                 self.builder.read_as_passed_through(op)
+            self._produced(seen, op, ())
             if self.grads and self.builder.grad_wanted(op):
                 hook_grads(op, seen)
         return Ref(op.index), (None if seen is value else seen)

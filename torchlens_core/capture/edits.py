@@ -221,6 +221,41 @@ def replay_refusal(op: OpRecord, site: str) -> str | None:
             f"through the module's output are one in the recorded graph")
 
 
+class PassThroughs:
+    """The producer entries a backend's pass-through ops took over, to give back when an edit replaces them.
+
+    A module that returns an array it did not compute (``nn.Identity``) gets a
+    pass-through op, and a backend maps that very array object to it
+    (:meth:`TraceBuilder.read_as_passed_through`). When a module site's edit
+    hands the module's caller a new array instead, the original is again only
+    what the caller itself may hold (``self.same(h) + h``): :meth:`give_back`
+    maps it to what it was before, so that replay reads it unedited, as the
+    model did, and the op's later reads are the module's alone again.
+    ``producers`` is the backend's own map, keyed by ``id(array)``.
+    """
+
+    def __init__(self, producers: dict[int, Any], ops: list[OpRecord]) -> None:
+        self.producers = producers
+        self.ops = ops
+        self.taken: dict[tuple[int, int], Any] = {}
+
+    def take(self, value: Any, op_index: int) -> None:
+        """Call just before mapping ``value`` to pass-through op ``op_index``."""
+        self.taken[(id(value), op_index)] = self.producers.get(id(value))
+
+    def give_back(self, value: Any, op_index: int) -> None:
+        """``value``, returned through pass-through op ``op_index``, was replaced by an edit."""
+        key = (id(value), op_index)
+        if key not in self.taken:
+            return
+        previous = self.taken.pop(key)
+        if previous is None:
+            self.producers.pop(id(value), None)
+        else:
+            self.producers[id(value)] = previous
+        self.ops[op_index].meta.pop("same_object", None)
+
+
 def _leaf_paths(shape: Any) -> list[tuple[Any, ...]]:
     """The paths of the arrays in an op's output, from its recorded shape (one array: ``[()]``)."""
     if shape is None or all(isinstance(d, int) for d in shape):
@@ -388,18 +423,16 @@ class Editor:
 
     def _edit_returned(self, source: OpRecord, ref: Ref, leaf: Any, site: Site,
                        helpers: tuple[Helper, ...]) -> tuple[Any, Ref]:
-        """Edit a module's returned leaf: on the op that computed it, unless ops in the module already read it,
-        or the module returned an array it did not compute.
+        """Edit a module's returned leaf: on the op that computed it, unless ops in the module already read it.
 
-        In the first case those ops saw the value unedited, as they would with
-        a forward hook; in the second (a pass-through op: ``nn.Identity``
-        returns its input), the caller may hold the very array the module
-        returned, and reads it on unedited. Either way the edit goes on an
-        explicit identity op at the module's exit instead, so that replay gives
-        every other reader the unedited value too.
+        In that case those ops saw the value unedited, as they would with a
+        forward hook: the edit goes on an explicit identity op at the module's
+        exit instead, so that replay gives them the unedited value too. (A
+        pass-through op, ``nn.Identity`` returning its input, is edited itself:
+        the backend gives the array it returned, which the caller may still
+        hold, back to its own producer; see :class:`PassThroughs`.)
         """
-        if source.meta.get("identity") or any(
-                ref.index in later.parent_indices for later in self.builder.ops[ref.index + 1:]):
+        if any(ref.index in later.parent_indices for later in self.builder.ops[ref.index + 1:]):
             self.quiet = True
             try:
                 source = self.builder.identity_op(ref, leaf)
