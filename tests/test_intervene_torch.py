@@ -341,6 +341,26 @@ def test_a_module_site_on_a_pass_through_module_is_edited_as_a_hook_would() -> N
         assert [op.label for op in traced.ops] == [op.label for op in tl.trace(model, x).ops]  # no op added
 
 
+def test_a_fork_refuses_to_replay_an_edit_of_a_pass_through_and_reruns_it() -> None:
+    torch.manual_seed(9)
+    model, x = _PassesThrough(), torch.randn(3, 4)
+    with torch.no_grad():
+        clean = tl.trace(model, x, intervention_ready=True)
+        h = model.fc(x)
+        live = tl.trace(model, x, intervene=tl.when(tl.module("same"), tl.scale(-2.0)))
+        assert torch.allclose(live.output[0], -2.0 * h + h)  # a hook's answer: the caller's own h stays unedited
+        for selector, site in ((tl.module("same"), "same:1 returns identity_1_2"),
+                               (tl.label("identity_1_2"), "identity_1_2")):
+            assert clean.find_sites(selector) == ["same:1" if "returns" in site else "identity_1_2:1"]
+            fork = clean.fork().when(selector, tl.scale(-2.0))
+            with pytest.raises(tl.UnsupportedError, match=f"edits {site}, an array returned without"):
+                fork.replay(x)
+            assert torch.allclose(fork.rerun(model, x).output[0], live.output[0])
+        fine = clean.fork().when(tl.label("linear_1_1"), tl.scale(-2.0))  # the op that computed it replays
+        assert torch.allclose(fine.replay(x)[0], -4.0 * h)
+        assert torch.allclose(fine.rerun(model, x).output[0], -4.0 * h)
+
+
 def test_save_and_halt_keep_working_with_edits(resnet: Any, inputs: Any) -> None:
     x, _ = inputs
     traced = tl.trace(resnet, x, save=tl.func("linear"), intervene=tl.when(tl.module("layer4"), tl.scale(2.0)))
