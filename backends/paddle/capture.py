@@ -478,10 +478,9 @@ class Recorder:
             seen = value if self.builder.editor is None else self.builder.seen_value(op, value)
             if seen is value:  # one object with what the caller may hold: later reads of it read the op
                 self.pass_throughs.take(value, op.index)
-                self.builder.read_as_passed_through(op)
-            self._produced(seen, op.index, ())
-            if seen is value:
+                self._produced(value, op.index, ())
                 return Ref(op.index), None
+            self._produced(seen, op.index, ())
             self._keep_pre_edit(op)  # edited: the tensor returned keeps the producer it had
             return Ref(op.index), seen
         finally:

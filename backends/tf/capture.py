@@ -688,7 +688,6 @@ class Recorder:
         shape, dtype, device = _info(value)
         op = self.builder.identity_op(source, value, shape=shape, dtype=dtype, device=device)
         self.pass_throughs.take(value, op.index)  # the caller may hold the same tensor
-        self.builder.read_as_passed_through(op)
         self._produced(value, Ref(op.index))  # later readers read what the layer returned
         return Ref(op.index)
 

@@ -620,7 +620,6 @@ class Recorder:
                 self._realize_edit(op, seen)
             else:  # one object with what the caller may hold: later reads of it read the op
                 self.pass_throughs.take(value, op.index)
-                self.builder.read_as_passed_through(op)
             self.produced(seen, op.index, ())
             return Ref(op.index), None if seen is value else seen
         finally:

@@ -587,7 +587,6 @@ class _Recorder(TorchFunctionMode):
             seen = self.builder.seen_value(op, value)  # intervene= may edit the pass-through op too
             if seen is value:  # one object with what the caller may hold: later reads of it read the op
                 self.pass_throughs.take(value, op.index)
-                self.builder.read_as_passed_through(op)
             self._produced(seen, op, ())
             if self.grads and self.builder.grad_wanted(op):
                 hook_grads(op, seen)

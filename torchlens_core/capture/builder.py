@@ -208,18 +208,6 @@ class TraceBuilder:
         return self.add_op("identity", None, (source,), {}, parents, value, shape=shape, dtype=dtype,
                            device=device, params=params, meta={"identity": True})
 
-    def read_as_passed_through(self, op: OpRecord) -> None:
-        """Later reads of the array identity op ``op`` returned are recorded as reads of ``op``.
-
-        Call it when the backend maps the very array object a module returned
-        without computing it (``nn.Identity`` returns its input) to its
-        pass-through op. The caller may hold that object too (``self.same(h) +
-        h``), and its reads are then one with the module's in the recorded
-        graph, so ``fork().replay()`` refuses edits at ``op`` (a live edit,
-        which hands the module's caller a new array, tells them apart).
-        """
-        op.meta["same_object"] = True
-
     def add_outputs(self, template: Any, model_output: Any) -> None:
         """One output node per Ref leaf of the model's output, keeping its structure.
 

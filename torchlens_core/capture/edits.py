@@ -204,17 +204,20 @@ def judged_on_trace(item: Intervention, trace: Trace) -> list[tuple[OpRecord, st
     return found
 
 
+SAME_OBJECT = "same_object"  # op.meta key: later reads of the pass-through's array may be the caller's own
+
+
 def replay_refusal(op: OpRecord, site: str) -> str | None:
     """Why an edit at ``site`` (on ``op``) cannot be replayed on the recorded graph; None when it can.
 
     The refused ``op`` is a pass-through whose later reads the backend could
-    not tell apart (:meth:`TraceBuilder.read_as_passed_through`): an array a
+    not tell apart (:meth:`PassThroughs.take`): an array a
     module returned without computing it (``nn.Identity``), the very object
     its caller may still hold (``self.same(h) + h``). An edit replayed there
     would reach the caller's own reads too, which a hook on the module (and a
     live edit, which hands the module's caller a new array) leaves unedited.
     """
-    if not op.meta.get("same_object"):
+    if not op.meta.get(SAME_OBJECT):
         return None
     return (f"{site if site == op.label else f'{site} returns {op.label}'}, an array returned without being "
             f"computed there (a pass-through, as nn.Identity makes): later reads of it by the caller and "
@@ -226,7 +229,7 @@ class PassThroughs:
 
     A module that returns an array it did not compute (``nn.Identity``) gets a
     pass-through op, and a backend maps that very array object to it
-    (:meth:`TraceBuilder.read_as_passed_through`). When a module site's edit
+    (:meth:`take`). When a module site's edit
     hands the module's caller a new array instead, the original is again only
     what the caller itself may hold (``self.same(h) + h``): :meth:`give_back`
     maps it to what it was before, so that replay reads it unedited, as the
@@ -240,8 +243,10 @@ class PassThroughs:
         self.taken: dict[tuple[int, int], Any] = {}
 
     def take(self, value: Any, op_index: int) -> None:
-        """Call just before mapping ``value`` to pass-through op ``op_index``."""
+        """Call just before mapping ``value`` to pass-through op ``op_index``: later reads of that very object
+        are then one with the module's in the recorded graph, so a fork refuses to replay edits there."""
         self.taken[(id(value), op_index)] = self.producers.get(id(value))
+        self.ops[op_index].meta[SAME_OBJECT] = True
 
     def give_back(self, value: Any, op_index: int) -> None:
         """``value``, returned through pass-through op ``op_index``, was replaced by an edit."""
@@ -253,7 +258,7 @@ class PassThroughs:
             self.producers.pop(id(value), None)
         else:
             self.producers[id(value)] = previous
-        self.ops[op_index].meta.pop("same_object", None)
+        self.ops[op_index].meta.pop(SAME_OBJECT, None)
 
 
 def _leaf_paths(shape: Any) -> list[tuple[Any, ...]]:
