@@ -11,6 +11,7 @@ redoes the edits and must land on the recorded values.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -586,6 +587,42 @@ def test_a_module_site_on_a_pass_through_module_leaves_the_callers_array_unedite
     assert edit.edited and not kept.edited
     # JAX's recorded graph tells the caller's reads from the module's: a fork replays the edit as it ran live
     close(tl.trace(model, x).fork().when(tl.module("same"), tl.scale(-2.0)).replay(), h * -2.0 + h)
+
+
+class Keeps(nnx.Module):
+    """Keeps what it returns where the model reads it again (``self.last = y; return y``)."""
+
+    def __init__(self, rngs: Any, store: Any) -> None:
+        self.fc = nnx.Linear(4, 4, rngs=rngs)
+        self.store = store
+
+    def __call__(self, x: Any) -> Any:
+        y = jax.nn.relu(self.fc(x))
+        self.store.last = y
+        return y
+
+
+class KeepsItsOutput(nnx.Module):
+    def __init__(self, rngs: Any, reread: bool = True) -> None:
+        self.store = types.SimpleNamespace()
+        self.block = Keeps(rngs, self.store)
+        self.reread = reread
+
+    def __call__(self, x: Any) -> Any:
+        out = self.block(x) * 3.0
+        return out + self.store.last if self.reread else out + 1.0  # else only what the block returned
+
+
+def test_an_edited_module_output_read_again_where_the_model_kept_it_is_refused() -> None:
+    """A hook hands the caller the edit while the kept array stays unedited: one recorded value cannot be both."""
+    model, x = KeepsItsOutput(nnx.Rngs(9)), jax.random.normal(jax.random.key(9), (3, 4))
+    with pytest.raises(tl.InterventionError, match=r"block:1 handed .* itself \(tl.label\('max_1_4:1'\)\)"):
+        tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))
+    y = np.asarray(jax.nn.relu(model.block.fc(x)))
+    close(audited(tl.trace(model, x, intervene=tl.when(tl.label("max_1_4:1"), tl.scale(-2.0)))).output, -8.0 * y)
+    model.reread = False
+    close(audited(tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))).output,
+          -6.0 * y + 1.0)
 
 
 def test_nothing_is_left_patched_after_a_helper_or_a_replacement_raises(net: Any) -> None:

@@ -473,6 +473,54 @@ def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedite
     close(fork.rerun(model, x).output[0], summed)
 
 
+class Keeps(nn.Layer):
+    """Keeps what it returns where the model reads it again (``self.last = y; return y``)."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.store = store
+
+    def forward(self, x: Any) -> Any:
+        y = F.relu(self.fc(x))
+        self.store.last = y
+        return y
+
+
+class KeepsItsOutput(nn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = types.SimpleNamespace()
+        self.block = Keeps(self.store)
+        self.reread = True
+        self.catch = False
+
+    def forward(self, x: Any) -> Any:
+        out = self.block(x) * 3.0
+        if self.catch:  # a model that swallows errors: the capture must fail all the same
+            try:
+                return out + self.store.last
+            except Exception:
+                return out
+        return out + self.store.last if self.reread else out + 1.0  # else only what the block returned
+
+
+def test_an_edited_module_output_read_again_where_the_model_kept_it_is_refused() -> None:
+    """A hook hands the caller the edit while the kept tensor stays unedited: one recorded value cannot be both."""
+    paddle.seed(9)
+    model, x = KeepsItsOutput(), paddle.randn([3, 4])
+    for catch in (False, True):
+        model.catch = catch
+        with pytest.raises(tl.InterventionError, match=r"block:1 handed .* itself \(tl.label\('relu_1_2:1'\)\)"):
+            tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))
+    model.catch = False
+    y = np_(F.relu(model.block.fc(x)))
+    close(audited(tl.trace(model, x, intervene=tl.when(tl.label("relu_1_2:1"), tl.scale(-2.0)))).output, -8.0 * y)
+    model.reread = False
+    close(audited(tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))).output,
+          -6.0 * y + 1.0)
+
+
 # -- tl.splice_module ----------------------------------------------------------------------------
 def test_splice_module_runs_the_replacement_instead(resnet: Any, inputs: Any) -> None:
     x, _ = inputs

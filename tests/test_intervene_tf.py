@@ -12,6 +12,8 @@ with its edits.
 from __future__ import annotations
 
 import os
+import re
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -556,6 +558,50 @@ def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedite
     with pytest.raises(tl.UnsupportedError, match="pass-through"):
         fork.replay()  # the caller's reads and the module's are one in this graph: only a rerun tells them apart
     np.testing.assert_allclose(fork.rerun(model, x).output.numpy(), h * -2.0 + h, rtol=1e-6)
+
+
+class Keeps(keras.layers.Layer):
+    """Keeps what it returns where the model reads it again (``self.last = y; return y``)."""
+
+    def __init__(self, store: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fc = keras.layers.Dense(4, name="fc")
+        self.store = store
+
+    def call(self, x: Any) -> Any:
+        y = tf.nn.relu(self.fc(x))
+        self.store.last = y
+        return y
+
+
+class KeepsItsOutput(keras.Model):
+    def __init__(self) -> None:
+        super().__init__(name="keeps")
+        self.store = types.SimpleNamespace()
+        self.block = Keeps(self.store, name="block")
+        self.reread = True
+
+    def call(self, x: Any) -> Any:
+        out = self.block(x) * 3.0
+        return out + self.store.last if self.reread else out + 1.0  # else only what the block returned
+
+
+def test_an_edited_module_output_read_again_where_the_model_kept_it_is_refused() -> None:
+    """A hook hands the caller the edit while the kept tensor stays unedited: one recorded value cannot be both."""
+    keras.utils.set_random_seed(9)
+    model, x = KeepsItsOutput(), tf.random.stateless_normal((3, 4), seed=(9, 0))
+    model(x)
+    with pytest.raises(tl.InterventionError, match=r"block:1 handed .* itself \(tl.label\('\w+:1'\)\)") as raised:
+        tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))
+    (label,) = re.search(r"tl.label\('(\w+:1)'\)", str(raised.value)).groups()
+    y = tf.nn.relu(model.block.fc(x)).numpy()
+    traced = tl.trace(model, x, intervene=tl.when(tl.label(label), tl.scale(-2.0)))
+    assert traced.audit()
+    np.testing.assert_allclose(traced.output.numpy(), -8.0 * y, rtol=1e-6)
+    model.reread = False
+    traced = tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))
+    assert traced.audit()
+    np.testing.assert_allclose(traced.output.numpy(), -6.0 * y + 1.0, rtol=1e-6)
 
 
 def test_an_edit_that_changes_the_shape_or_dtype_is_refused_naming_the_site(net: Net, inputs: Any) -> None:

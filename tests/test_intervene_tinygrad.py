@@ -13,6 +13,7 @@ clean: replay redoes the edits and must land on the recorded values.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable
 from typing import Any
@@ -542,6 +543,51 @@ def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedite
     with pytest.raises(tl.UnsupportedError, match="pass-through"):
         fork.replay()  # the caller's reads and the module's are one in this graph: only a rerun tells them apart
     close(fork.rerun(model, x).output[0], summed)
+
+
+class Keeps:
+    """Keeps what it returns where the model reads it again (``self.last = y; return y``)."""
+
+    def __init__(self) -> None:
+        self.fc = nn.Linear(4, 4)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = self.fc(x).relu()
+        self.last = y
+        return y
+
+
+class KeepsItsOutput:
+    def __init__(self) -> None:
+        self.block = Keeps()
+        self.reread = True
+        self.catch = False
+
+    def __call__(self, x: Tensor) -> Tensor:
+        out = self.block(x) * 3.0
+        if self.catch:  # a model that swallows errors: the capture must fail all the same
+            try:
+                return out + self.block.last
+            except Exception:
+                return out
+        return out + self.block.last if self.reread else out + 1.0  # else only what the block returned
+
+
+def test_an_edited_module_output_read_again_where_the_model_kept_it_is_refused() -> None:
+    """A hook hands the caller the edit while the kept tensor stays unedited: one recorded value cannot be both."""
+    Tensor.manual_seed(9)
+    model, x = KeepsItsOutput(), Tensor.randn(3, 4).realize()
+    for catch in (False, True):
+        model.catch = catch
+        with pytest.raises(tl.InterventionError, match=r"block:1 handed .* itself \(tl.label\('\w+:1'\)\)") as raised:
+            tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))
+    model.catch = False
+    (label,) = re.search(r"tl.label\('(\w+:1)'\)", str(raised.value)).groups()
+    y = np_(model.block.fc(x).relu())
+    close(audited(tl.trace(model, x, intervene=tl.when(tl.label(label), tl.scale(-2.0)))).output, -8.0 * y)
+    model.reread = False
+    close(audited(tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))).output,
+          -6.0 * y + 1.0)
 
 
 def test_edits_apply_to_ops_that_save_leaves_out(net: Net, inputs: Any) -> None:

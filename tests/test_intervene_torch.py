@@ -361,6 +361,60 @@ def test_a_fork_refuses_to_replay_an_edit_of_a_pass_through_and_reruns_it() -> N
         assert torch.allclose(fine.rerun(model, x).output[0], -4.0 * h)
 
 
+class _Keeps(nn.Module):
+    """A block that keeps what it returns (``self.last = y; return y``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        y = torch.relu(self.fc(x))
+        self.last = y
+        return y
+
+
+class _KeepsItsOutput(nn.Module):
+    """A model reading its block's output again where the block kept it, after what the block returned."""
+
+    def __init__(self, catch: bool = False) -> None:
+        super().__init__()
+        self.block = _Keeps()
+        self.catch = catch
+
+    def forward(self, x: Any) -> Any:
+        out = self.block(x) * 3.0
+        if self.catch:  # a model that swallows errors: the capture must fail all the same
+            try:
+                return out + self.block.last
+            except Exception:
+                return out
+        return out + self.block.last
+
+
+def test_an_edited_module_output_read_again_where_the_model_kept_it_is_refused() -> None:
+    """A hook hands the caller the edit while the kept array stays unedited: one recorded value cannot be both."""
+    from torch.nn.modules import module as nn_module
+
+    torch.manual_seed(9)
+    x = torch.randn(3, 4)
+    for catch in (False, True):
+        model = _KeepsItsOutput(catch)
+        with torch.no_grad(), pytest.raises(tl.InterventionError, match=r"block:1 handed .* relu_1_2:1 itself"):
+            tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))
+        assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
+        assert not torch.overrides._get_current_function_mode_stack()
+    with torch.no_grad():
+        y = torch.relu(model.block.fc(x))
+        # the op itself: every read sees the edit, live and in replay
+        traced = tl.trace(model, x, intervene=tl.when(tl.label("relu_1_2:1"), tl.scale(-2.0)))
+        assert torch.allclose(traced.output, -8.0 * y) and traced.audit()
+        # the block's output read only through what it returned: edited as a hook would, and replayed so
+        model.forward = lambda x: model.block(x) * 3.0 + 1.0
+        traced = tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))
+        assert torch.allclose(traced.output, -6.0 * y + 1.0) and traced.audit()
+
+
 def test_save_and_halt_keep_working_with_edits(resnet: Any, inputs: Any) -> None:
     x, _ = inputs
     traced = tl.trace(resnet, x, save=tl.func("linear"), intervene=tl.when(tl.module("layer4"), tl.scale(2.0)))

@@ -34,10 +34,11 @@ import numpy as np
 import torchlens_core
 from torchlens_core.capture import api
 from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.edits import unedited_read
 from torchlens_core.capture.sites import CONTEXT_FRAMES
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
-from torchlens_core.ir.records import CodeLocation, ParamRef, Ref
+from torchlens_core.ir.records import CodeLocation, OpRecord, ParamRef, Ref
 from torchlens_jax.arrays import array_info
 from torchlens_jax.custom_rules import CustomRule, keep
 from torchlens_jax.scopes import MARKER_NAME, CallScopes, Slot, fill
@@ -65,6 +66,22 @@ class Val:
         return self.value if self.ref is None else self.ref
 
 
+class _Unedited:
+    """An array a module site's edit replaced for the call's caller: its value runs, but no recorded op
+    can read it (:func:`torchlens_core.capture.edits.unedited_read`)."""
+
+    __slots__ = ("value", "op")
+
+    def __init__(self, value: Any, op: OpRecord) -> None:
+        self.value, self.op = value, op
+
+    @property
+    def ref(self) -> Any:
+        raise unedited_read(self.op)
+
+    arg = ref
+
+
 class Walker:
     def __init__(self, builder: TraceBuilder, scopes: CallScopes | None = None) -> None:
         self.builder = builder
@@ -74,6 +91,8 @@ class Walker:
         self.opaque: Counter[str] = Counter()
         # Ops whose values picked the cond branch or kept the while loop going that we are inside.
         self.conditions: tuple[int, ...] = ()
+        # (position, op index): the last marker's inputs whose op a module site's edit changed (_edited_output)
+        self.unedited_inputs: list[tuple[int, int]] = []
 
     # -- walking ---------------------------------------------------------------------------
     def run(self, jaxpr: Any, consts: list[Val], args: list[Val], chain: tuple[int, ...] = (),
@@ -103,6 +122,10 @@ class Walker:
             for var, val in zip(eqn.outvars, outs):
                 if not isinstance(var, DropVar):
                     env[var] = val
+            if self.unedited_inputs:  # later reads of those variables are the model's own, unedited arrays
+                for j, index in self.unedited_inputs:
+                    env[eqn.invars[j]] = _Unedited(ins[j].value, self.builder.ops[index])  # type: ignore[assignment]
+                self.unedited_inputs = []
         self._align(chain)  # calls begun in here end in here (each loop iteration is a pass)
         return [read(v) for v in jaxpr.outvars]
 
@@ -275,7 +298,14 @@ class Walker:
         value, template = self.builder.edit_module_output(self.scopes.calls[k], template, value)
         edited = list(outs)
         for path, slot in tree.leaves(slots, lambda x: isinstance(x, Slot)):
-            edited[slot.index] = Val(tree.get(value, path), tree.get(template, path))
+            before, ref = outs[slot.index], tree.get(template, path)
+            edited[slot.index] = Val(tree.get(value, path), ref)
+            if (edited[slot.index].value is not before.value and ref == before.ref
+                    and not self.builder.ops[ref.index].meta.get("identity")):
+                # edited on the op that computed it (not on an identity op of the walk's or the editor's): the
+                # marker's input, which the model may have kept (`self.last = y`), is that op's unedited value,
+                # which the recorded graph no longer holds
+                self.unedited_inputs.append((slot.index, ref.index))
         return edited, template
 
     # -- control flow ----------------------------------------------------------------------

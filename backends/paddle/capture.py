@@ -48,7 +48,7 @@ from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.capture.threads import OneCaptureAtATime
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.errors import TorchLensError, UnsupportedError
 from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_paddle.arrays import allocation, device_name, dtype_name, snapshot
@@ -143,6 +143,7 @@ class Recorder:
         self.reported: set[tuple[Any, ...]] = set()  # conversions reported: ((op index, path), how, with args)
         # id(layer) -> (layer, path) for the model's sublayers, whose calls are module passes (call_layer)
         self.layers: dict[int, tuple[Any, str]] = {}
+        self.failure: TorchLensError | None = None  # the first error a recorded call raised
 
     # -- the hot path ------------------------------------------------------------------
     def run(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -171,6 +172,9 @@ class Recorder:
             out = info.call(*args, **kwargs)
             elapsed = perf_counter() - start
             return self._record(info, a, k, parents, params, out, targets, written, meta, elapsed)
+        except TorchLensError as exc:  # _capture raises it, also if the model caught it
+            self.failure = self.failure or exc
+            raise
         finally:
             self.depth -= 1
 
@@ -354,6 +358,8 @@ class Recorder:
 
     def _constant(self, x: Tensor) -> Tensor:
         """A tensor from outside the trace: its value as it is now (one copy while unchanged)."""
+        if self.pass_throughs.unedited:
+            self.pass_throughs.check_read(x)
         version = _version(x)
         cached = self.constants.get(id(x))
         if cached is not None and cached[0]() is x and cached[1] == version:
@@ -428,7 +434,7 @@ class Recorder:
                 if leaf is not original:  # a new tensor: later ops read it as ref's value
                     self._produced(leaf, ref.index, ref.path)
                     self._keep_pre_edit(self.builder.ops[ref.index])
-                    self.pass_throughs.give_back(original, ref.index)  # the caller's own, unedited
+                    self.pass_throughs.replaced(original, ref.index)
         return edited, template
 
     # -- layer calls ---------------------------------------------------------------------
@@ -448,13 +454,17 @@ class Recorder:
         finally:
             self.sites.exit(path)
         current = builder.module_stack[-1] if builder.module_stack else None
-        if isinstance(output, Tensor):  # the usual one tensor: what returned() gives for a leaf, without its walk
-            template, edit = self._as_output(output, current)
-            edited = output if edit is None else edit
-        else:
-            template, edited = self.returned(output, current)
-        if builder.editor is not None:  # intervene=: the layer's output may be edited, as a post-hook would
-            edited, template = self._edit_output(path, template, edited)
+        try:
+            if isinstance(output, Tensor):  # the usual one tensor: what returned() gives for a leaf, without its walk
+                template, edit = self._as_output(output, current)
+                edited = output if edit is None else edit
+            else:
+                template, edited = self.returned(output, current)
+            if builder.editor is not None:  # intervene=: the layer's output may be edited, as a post-hook would
+                edited, template = self._edit_output(path, template, edited)
+        except TorchLensError as exc:  # _capture raises it, also if the model caught it
+            self.failure = self.failure or exc
+            raise
         builder.exit_module(path, template)
         return edited
 
@@ -627,6 +637,8 @@ def _capture(model: Any, layers: list[tuple[str, Any]], is_layer: bool, args: tu
             patches.restore()
         finally:
             layer_calls.restore()
+    if recorder.failure is not None:  # the model caught it and went on: the trace misses that call
+        raise recorder.failure
     builder.add_outputs(*recorder.returned(output, None))
     recorder.check_versions()
     return builder.finish()

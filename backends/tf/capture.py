@@ -506,6 +506,8 @@ class Recorder:
                     continue
             if self.replaced:  # an op output whose edit the model should have been handed instead
                 self.handover.check_not_replaced(t)
+            if self.pass_throughs.unedited:  # a layer's output an edit replaced, read where the layer kept it
+                self.pass_throughs.check_read(t)
             args.append(t)  # a constant: tensors are immutable, so this is its value as it ran
         attrs_t, kwargs = _call_attrs(op_type, raw_attrs)
         n_out = len(outputs)
@@ -680,6 +682,8 @@ class Recorder:
         ref = self.producer(value)
         if ref is None and self.replaced:
             self.handover.check_not_replaced(value)
+        if ref is None and self.pass_throughs.unedited:
+            self.pass_throughs.check_read(value)
         if ref is not None and (inside is None or inside in self.builder.ops[ref.index].module_passes):
             return ref
         # Returned, not computed, here (an input passed through, a constant, a

@@ -152,7 +152,7 @@ class Handover:
             if mask is not None and getattr(leaf, "_keras_mask", None) is None:
                 leaf._keras_mask = mask  # what Keras set on the layer's output, for the layers after it
             self.recorder._produced(leaf, ref)  # later ops read the edit as the value of ref's op
-            self.recorder.pass_throughs.give_back(before, ref.index)  # the caller's own, unedited
+            self.recorder.pass_throughs.replaced(before, ref.index)
         return edited, template
 
 

@@ -68,7 +68,7 @@ from torchlens_core.capture.policy import HaltCapture
 from torchlens_core.capture.sites import CallSites
 from torchlens_core.capture.threads import OneCaptureAtATime
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.errors import TorchLensError, UnsupportedError
 from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_tinygrad.arrays import (
@@ -222,6 +222,7 @@ class Recorder:
         # id(tensor) -> (weakref, op index, path in that op's output)
         self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
         self.pass_throughs = PassThroughs(self.producers, builder.ops)
+        self.failure: TorchLensError | None = None  # the first error a recorded call raised
         # id(BUFFER node) -> recorded (op index, path) reading it, for copy-before-write. Entries
         # name ops, not tensors: a value save= drops is then really freed.
         self.storages: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
@@ -326,6 +327,9 @@ class Recorder:
                 return result
             seen = self._record(spec, func, a, k, parents, params, out, tensors, target, meta, random, start)
             return result if seen is None else seen
+        except TorchLensError as exc:  # _capture raises it, also if the model caught it
+            self.failure = self.failure or exc
+            raise
         finally:
             self.depth -= 1
 
@@ -477,6 +481,8 @@ class Recorder:
             if name is not None:
                 params.append(name)
                 return ParamRef(name)
+            if self.pass_throughs.unedited:
+                self.pass_throughs.check_read(x)
             return snapshot(x)  # a tensor from outside the trace: a constant, as it is now
         t = type(x)
         if t is tuple or t is list:
@@ -578,7 +584,7 @@ class Recorder:
                 if leaf is not original:  # a new tensor: later ops read it as ref's value
                     self._realize_edit(self.builder.ops[ref.index], leaf)
                     self.produced(leaf, ref.index, ref.path)
-                    self.pass_throughs.give_back(original, ref.index)  # the caller's own, unedited
+                    self.pass_throughs.replaced(original, ref.index)
         finally:
             self.depth -= 1
         return edited, template
@@ -591,9 +597,13 @@ class Recorder:
         n = builder.enter_module(path)
         # tl.splice_module: the replacement runs on the layer's arguments instead of its own __call__
         out = call() if builder.editor is None else call(builder.splice_for(path))
-        template, out = self.returned(out, (path, n))
-        if builder.editor is not None:  # intervene=: the layer's output may be edited
-            out, template = self._edit_output(path, template, out)
+        try:
+            template, out = self.returned(out, (path, n))
+            if builder.editor is not None:  # intervene=: the layer's output may be edited
+                out, template = self._edit_output(path, template, out)
+        except TorchLensError as exc:  # _capture raises it, also if the model caught it
+            self.failure = self.failure or exc
+            raise
         builder.exit_module(path, template)
         return out
 
@@ -747,6 +757,8 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
     except HaltCapture:
         recorder.flush()  # the values recorded up to the halt are computed before the trace is built
         raise
+    if recorder.failure is not None:  # the model caught it and went on: the trace misses that call
+        raise recorder.failure
     recorder.flush()
     builder.add_outputs(*recorder.returned(output, None))
     return builder.finish()

@@ -39,7 +39,7 @@ from torchlens_core.capture.edits import PassThroughs
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import UnsupportedError
+from torchlens_core.ir.errors import TorchLensError, UnsupportedError
 from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref, refs_in
 from torchlens_core.ir.trace import Trace
 from torchlens_torch.compiled import (
@@ -250,62 +250,68 @@ class _Recorder(TorchFunctionMode):
         self.grads = builder.options.save_grads is not False  # save_grads=: hook each wanted output's gradient
         self.depth = 0  # recorded calls (and module hooks) running now: escape_detector's "inside" (escapes.py)
         self.pass_throughs = PassThroughs(self.producers, builder.ops)
+        self.failure: TorchLensError | None = None  # the first error a recorded call raised
 
     # -- the hot path ------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        info = _FUNC_INFO.get(func) or _info(func)
-        if info.plain and (not kwargs or "out" not in kwargs):  # the hot path: most calls
-            start = perf_counter()
-            out = func(*args, **kwargs) if kwargs else func(*args)
-            elapsed = perf_counter() - start
-            if isinstance(out, Tensor) or (isinstance(out, (tuple, list)) and any(isinstance(o, Tensor) for o in out)):
-                return self._record(func, info, args, kwargs or {}, out, None, None, elapsed)
-            return out
-        if kwargs is None:
-            kwargs = {}
-        if info.ignored:
-            return func(*args, **kwargs)
-        if info.collective:
-            self._unrecorded_collective(info.name)
-            return func(*args, **kwargs)
-        if info.decides:  # a tensor's value turned into a Python value: maybe a branch
-            result = func(*args, **kwargs)
-            found = self.producers.get(id(args[0])) if args else None
-            if found is not None and found[0]() is args[0]:
-                self.branches.condition(found[1].index)
-                self.builder.to_python(found[1].index, found[1].path, info.name, result)
-            return result
-        target = kwargs.get("out")
-        if target is None and args:
-            if info.in_place:
-                target = args[0]
-            elif info.inplace_pos is not None:
-                pos = info.inplace_pos
-                if kwargs.get("inplace") or (len(args) > pos and args[pos] is True):
+        try:
+            info = _FUNC_INFO.get(func) or _info(func)
+            if info.plain and (not kwargs or "out" not in kwargs):  # the hot path: most calls
+                start = perf_counter()
+                out = func(*args, **kwargs) if kwargs else func(*args)
+                elapsed = perf_counter() - start
+                if isinstance(out, Tensor) or (isinstance(out, (tuple, list))
+                                               and any(isinstance(o, Tensor) for o in out)):
+                    return self._record(func, info, args, kwargs or {}, out, None, None, elapsed)
+                return out
+            if kwargs is None:
+                kwargs = {}
+            if info.ignored:
+                return func(*args, **kwargs)
+            if info.collective:
+                self._unrecorded_collective(info.name)
+                return func(*args, **kwargs)
+            if info.decides:  # a tensor's value turned into a Python value: maybe a branch
+                result = func(*args, **kwargs)
+                found = self.producers.get(id(args[0])) if args else None
+                if found is not None and found[0]() is args[0]:
+                    self.branches.condition(found[1].index)
+                    self.builder.to_python(found[1].index, found[1].path, info.name, result)
+                return result
+            target = kwargs.get("out")
+            if target is None and args:
+                if info.in_place:
                     target = args[0]
-        if target is not None and isinstance(target, Tensor):
-            self._protect(target)
-        else:
-            target = None
-        if info.stats is not None:  # batch norm in training: the kernel updates the running statistics
-            for stat in _running_stats_written(info.stats, args, kwargs):
-                self._protect(stat)
-        random = info.random and _draws(info, args, kwargs)
-        meta = _rng_states() if random else None
-        start = perf_counter()
-        out = func(*args, **kwargs)
-        elapsed = perf_counter() - start
-        if info.uninitialized and isinstance(out, Tensor):
-            with torch.no_grad(), torch._C.DisableTorchFunction():
-                meta = {"uninitialized": out.detach().clone()}
-        if isinstance(out, Tensor):
-            return self._record(func, info, args, kwargs, out, target, meta, elapsed, random)
-        if target is not None:  # __setitem__ and friends return None but wrote into target
-            self._record(func, info, args, kwargs, target, target, meta, elapsed, random)
-        elif isinstance(out, (tuple, list)) and any(isinstance(o, Tensor) for o in out):
-            return self._record(func, info, args, kwargs, out, None, meta, elapsed, random)
-        return out
+                elif info.inplace_pos is not None:
+                    pos = info.inplace_pos
+                    if kwargs.get("inplace") or (len(args) > pos and args[pos] is True):
+                        target = args[0]
+            if target is not None and isinstance(target, Tensor):
+                self._protect(target)
+            else:
+                target = None
+            if info.stats is not None:  # batch norm in training: the kernel updates the running statistics
+                for stat in _running_stats_written(info.stats, args, kwargs):
+                    self._protect(stat)
+            random = info.random and _draws(info, args, kwargs)
+            meta = _rng_states() if random else None
+            start = perf_counter()
+            out = func(*args, **kwargs)
+            elapsed = perf_counter() - start
+            if info.uninitialized and isinstance(out, Tensor):
+                with torch.no_grad(), torch._C.DisableTorchFunction():
+                    meta = {"uninitialized": out.detach().clone()}
+            if isinstance(out, Tensor):
+                return self._record(func, info, args, kwargs, out, target, meta, elapsed, random)
+            if target is not None:  # __setitem__ and friends return None but wrote into target
+                self._record(func, info, args, kwargs, target, target, meta, elapsed, random)
+            elif isinstance(out, (tuple, list)) and any(isinstance(o, Tensor) for o in out):
+                return self._record(func, info, args, kwargs, out, None, meta, elapsed, random)
+            return out
+        except TorchLensError as exc:  # torch turns a TypeError in an operator into NotImplemented: capture()
+            self.failure = self.failure or exc  # raises it, also if the model caught it
+            raise
 
     def _record(self, func: Any, info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                 target: Tensor | None, meta: dict[str, Any] | None, elapsed: float, random: bool = False) -> Any:
@@ -373,6 +379,8 @@ class _Recorder(TorchFunctionMode):
                 return ParamRef(name)
             # a tensor from outside the trace: keep its value as it is now (the copy is not one of the model's
             # ops; callers on the fast path, module post hooks, run with the recorder's mode active)
+            if self.pass_throughs.unedited:
+                self.pass_throughs.check_read(x)
             with torch.no_grad(), torch._C.DisableTorchFunction():
                 return x.detach().clone()
         t = type(x)
@@ -474,11 +482,15 @@ class _Recorder(TorchFunctionMode):
         def pre(module: Any, args: Any) -> None:
             if get_ident() != thread:
                 return
-            path = paths.get(id(module))
-            if path:
-                inputs = self.module_inputs(args)  # now: a write inside the module must not move the Refs
-                builder.enter_module(path, None if inputs is None else (inputs, {}))
-                self.sites.enter(path, sys._getframe(1))  # torch's frame that runs the hooks calls the forward
+            try:
+                path = paths.get(id(module))
+                if path:
+                    inputs = self.module_inputs(args)  # now: a write inside the module must not move the Refs
+                    builder.enter_module(path, None if inputs is None else (inputs, {}))
+                    self.sites.enter(path, sys._getframe(1))  # torch's frame that runs the hooks calls the forward
+            except TorchLensError as exc:  # capture() raises it, also if the model caught it
+                self.failure = self.failure or exc
+                raise
 
         return pre
 
@@ -495,34 +507,39 @@ class _Recorder(TorchFunctionMode):
         def post(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
             if get_ident() != thread:
                 return None
-            path = paths.get(id(module))
-            if not path:
-                return None
-            stack = builder.module_stack
-            current = stack[-1] if stack else None
-            if kwargs and current is not None and current[0] == path:
-                self._add_keyword_inputs(current, kwargs)
-            editor = builder.editor
-            # intervene=: what a module named by a site returns may be edited, as a hook would
-            wanted = editor is not None and (current is None or current[0] != path or editor.wants_module(*current))
-            if not wanted and isinstance(output, Tensor):  # most passes: one tensor, not a site
-                template, seen = self.as_output(output, current)
+            try:
+                path = paths.get(id(module))
+                if not path:
+                    return None
+                stack = builder.module_stack
+                current = stack[-1] if stack else None
+                if kwargs and current is not None and current[0] == path:
+                    self._add_keyword_inputs(current, kwargs)
+                editor = builder.editor
+                # intervene=: what a module named by a site returns may be edited, as a hook would
+                wanted = editor is not None and (current is None or current[0] != path
+                                                 or editor.wants_module(*current))
+                if not wanted and isinstance(output, Tensor):  # most passes: one tensor, not a site
+                    template, seen = self.as_output(output, current)
+                    self.sites.exit(path)
+                    builder.exit_module(path, template)
+                    return seen  # None: the output as it was; else what intervene= made of a pass-through op
+                template, edited = self.outputs(output, current)
+                if wanted:
+                    with torch._C.DisableTorchFunction():  # the helpers' own tensor calls are not the model's ops
+                        edited, template = builder.edit_module_output(path, template, edited)
+                if edited is not output:
+                    for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
+                        leaf, original = tree.get(edited, leaf_path), tree.get(output, leaf_path)
+                        if leaf is not original:  # a new tensor: later ops read it as ref's
+                            self._produced(leaf, builder.ops[ref.index], ref.path)
+                            self.pass_throughs.replaced(original, ref.index)
                 self.sites.exit(path)
                 builder.exit_module(path, template)
-                return seen  # None: the output as it was; else what intervene= made of a pass-through op
-            template, edited = self.outputs(output, current)
-            if wanted:
-                with torch._C.DisableTorchFunction():  # the helpers' own tensor calls are not the model's ops
-                    edited, template = builder.edit_module_output(path, template, edited)
-            if edited is not output:
-                for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
-                    leaf, original = tree.get(edited, leaf_path), tree.get(output, leaf_path)
-                    if leaf is not original:  # a new tensor: later ops read it as ref's
-                        self._produced(leaf, builder.ops[ref.index], ref.path)
-                        self.pass_throughs.give_back(original, ref.index)  # the caller's own, unedited
-            self.sites.exit(path)
-            builder.exit_module(path, template)
-            return None if edited is output else edited
+                return None if edited is output else edited
+            except TorchLensError as exc:  # capture() raises it, also if the model caught it
+                self.failure = self.failure or exc
+                raise
 
         return counted if builder.options.escape_detector else post
 
@@ -672,10 +689,16 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
         # compiled regions run their Python (torchlens_torch.compiled); fused paths run as untraced
         with eager_stance.held(), spliced(model, builder), recorded_as_run(model, recorder), recorder, watching:
             output = named(*args, **kwargs)  # under force_eager the wrapper would only call what it wraps
+    except TypeError:
+        if recorder.failure is not None:  # ours, made "unsupported operand type(s)" by a tensor operator
+            raise recorder.failure from None
+        raise
     finally:
         recorder.branches.close()
         for handle in handles:
             handle.remove()
+    if recorder.failure is not None:  # the model caught it and went on: the trace misses that call
+        raise recorder.failure
     template, output = recorder.outputs(output, None)
     builder.add_outputs(template, output)
     recorder.check_versions()

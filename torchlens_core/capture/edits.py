@@ -225,15 +225,23 @@ def replay_refusal(op: OpRecord, site: str) -> str | None:
 
 
 class PassThroughs:
-    """The producer entries a backend's pass-through ops took over, to give back when an edit replaces them.
+    """What a module site's edit leaves behind in a backend's producer map.
 
-    A module that returns an array it did not compute (``nn.Identity``) gets a
-    pass-through op, and a backend maps that very array object to it
-    (:meth:`take`). When a module site's edit
-    hands the module's caller a new array instead, the original is again only
-    what the caller itself may hold (``self.same(h) + h``): :meth:`give_back`
-    maps it to what it was before, so that replay reads it unedited, as the
-    model did, and the op's later reads are the module's alone again.
+    A module site's edit hands the module's caller a new array; the array the
+    module returned lives on, unedited, wherever else the model holds it:
+
+    - A pass-through op (``nn.Identity`` returning its input) took over the
+      producer entry of an array the caller may still hold
+      (``self.same(h) + h``). :meth:`take` notes the entry when the op is
+      linked; :meth:`replaced` gives it back, so that replay reads the
+      caller's array unedited, as the model did.
+    - An array the module computed is edited on the op that computed it. If
+      the module also kept that array (``self.last = y; return y``), a later
+      read of it saw the unedited value, which the recorded graph, where the
+      op's value is the edit, cannot give it: :meth:`replaced` unlinks the
+      array, and a backend calls :meth:`check_read` before taking an unlinked
+      array as a constant, which raises for it.
+
     ``producers`` is the backend's own map, keyed by ``id(array)``.
     """
 
@@ -241,6 +249,8 @@ class PassThroughs:
         self.producers = producers
         self.ops = ops
         self.taken: dict[tuple[int, int], Any] = {}
+        # id(array) -> (weakref to it, the op whose edit replaced it): arrays no recorded op may read
+        self.unedited: dict[int, tuple[weakref.ref[Any], int]] = {}
 
     def take(self, value: Any, op_index: int) -> None:
         """Call just before mapping ``value`` to pass-through op ``op_index``: later reads of that very object
@@ -248,17 +258,43 @@ class PassThroughs:
         self.taken[(id(value), op_index)] = self.producers.get(id(value))
         self.ops[op_index].meta[SAME_OBJECT] = True
 
-    def give_back(self, value: Any, op_index: int) -> None:
-        """``value``, returned through pass-through op ``op_index``, was replaced by an edit."""
+    def replaced(self, value: Any, op_index: int) -> None:
+        """A module site's edit handed the caller a new array in place of ``value``, returned as op
+        ``op_index``'s value (call it after linking the new array to the op)."""
         key = (id(value), op_index)
-        if key not in self.taken:
+        if key in self.taken:
+            previous = self.taken.pop(key)
+            if previous is None:
+                self.producers.pop(id(value), None)
+            else:
+                self.producers[id(value)] = previous
+            self.ops[op_index].meta.pop(SAME_OBJECT, None)
             return
-        previous = self.taken.pop(key)
-        if previous is None:
-            self.producers.pop(id(value), None)
-        else:
-            self.producers[id(value)] = previous
-        self.ops[op_index].meta.pop(SAME_OBJECT, None)
+        if self.ops[op_index].meta.get("identity"):  # the editor's own op at the exit: `value` reads as before
+            return
+        self.producers.pop(id(value), None)
+        self.unedited[id(value)] = (weakref.ref(value), op_index)
+
+    def check_read(self, value: Any) -> None:
+        """Raise if ``value``, an array no recorded op is linked to, is one an edit replaced (see above)."""
+        found = self.unedited.get(id(value))
+        if found is not None and found[0]() is value:
+            raise unedited_read(self.ops[found[1]])
+
+
+def unedited_read(op: OpRecord) -> InterventionError:
+    """The error for a read of the array a module site's edit on ``op`` replaced, kept elsewhere by the model.
+
+    Not an UnsupportedError: a TypeError raised inside a tensor's operator
+    is turned into NotImplemented by torch, and the message lost.
+    """
+    site = next((e.site for e in reversed(op.edits) if e.kind == "module"), f"{op.layer_label}:{op.pass_num}")
+    at = f"{op.layer_label}:{op.pass_num}"
+    return InterventionError(
+        f"intervene= at {site} handed the module's caller an edited array, and the forward then read the "
+        f"module's own, unedited one, which it kept elsewhere (as `self.last = y; return y` does): the "
+        f"recorded graph holds one value for {at}, so it cannot record both reads. Edit {at} itself "
+        f"(tl.label('{at}')), whose edit every read sees")
 
 
 def _leaf_paths(shape: Any) -> list[tuple[Any, ...]]:
