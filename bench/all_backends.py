@@ -28,6 +28,7 @@ CAPTURE_GOAL = {"torch": 1.2, "jax": 1.2}  # JAX: against the eager call; also <
 CAPTURE_GOAL_OTHERS = 1.3
 HALT_GOAL = 0.35
 MEMORY_GOAL = 1.10
+PATCH_GOAL = {("torch", "gpt2"): 1.2}  # activation patching of one GPT-2 block (the steering issue, 14)
 
 
 def run_backend(name: str, envs: pathlib.Path, repeats: int, timeout: float) -> dict[str, Any]:
@@ -51,22 +52,23 @@ def markdown(results: list[dict[str, Any]], repeats: int) -> str:
     when = datetime.date.today().isoformat()
     lines = [f"Measured {when} on {platform.machine()} Linux, {os.cpu_count()} CPU cores (shared), one thread, "
              f"median of {repeats} interleaved runs (`python bench/all_backends.py`).", "",
-             "| backend | model | plain ms | trace ms | capture | halt at 1/4 | memory extra/saved | peak/saved "
-             "| per op | ops | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| backend | model | plain ms | trace ms | capture | halt at 1/4 | patch | memory extra/saved "
+             "| peak/saved | per op | ops | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     misses: list[str] = []
     for result in results:
         name = result["backend"]
         if "error" in result:
-            lines.append(f"| {name} | — | | | | | | | | | {result['error']} |")
+            lines.append(f"| {name} | — | | | | | | | | | | {result['error']} |")
             continue
         for model, r in result["models"].items():
             halt = f"{r['halt_ratio']:.2f}x" if r.get("halt_ratio") is not None else "no halt="
+            patch = f"{r['patch_ratio']:.2f}x ({r['patch_site']})" if r.get("patch_ratio") is not None else "—"
             notes = [result["framework"], f"tl.record {r['record_ratio']:.2f}x"]
             if "vs_jit" in r:
                 notes.append(f"{r['vs_jit']:.1f}x the jitted call ({r['jit_ms']:.2f} ms); the jitted target's capture "
                              f"{r['jit_trace_vs_jit']:.2f}x it")
-            lines.append(f"| {name} | {model} | {r['plain_ms']:.1f} | {r['trace_ms']:.1f} | {r['ratio']:.2f}x | {halt} "
+            lines.append(f"| {name} | {model} | {r['plain_ms']:.1f} | {r['trace_ms']:.1f} | {r['ratio']:.2f}x | {halt} | {patch} "
                          f"| {_ratio(r['memory_ratio'])} | {_ratio(r['peak_ratio'])} | {r['per_op_us']:.0f} µs "
                          f"| {r['ops']} | {'; '.join(notes)} |")
             misses += _missed(name, model, r)
@@ -99,6 +101,9 @@ def _missed(backend: str, model: str, r: dict[str, Any]) -> list[str]:
         missed.append(f"{backend} {model} jitted target's capture {r['jit_trace_vs_jit']:.1f}x the jitted call > 2x")
     if r.get("halt_ratio") is not None and r["halt_ratio"] > HALT_GOAL:
         missed.append(f"{backend} {model} halt {r['halt_ratio']:.2f}x > {HALT_GOAL}x")
+    patch_goal = PATCH_GOAL.get((backend, model))
+    if patch_goal is not None and r.get("patch_ratio") is not None and r["patch_ratio"] > patch_goal:
+        missed.append(f"{backend} {model} patch {r['patch_ratio']:.2f}x > {patch_goal}x")
     if r["memory_ratio"] is not None and r["memory_ratio"] > MEMORY_GOAL:
         missed.append(f"{backend} {model} memory {r['memory_ratio']:.2f}x > {MEMORY_GOAL}x")
     return missed

@@ -11,6 +11,9 @@ JSON line. For each model, plain call and captures run interleaved on one thread
   way through a full trace's op list (input and output nodes left out); everything before it is kept;
 - per-op cost: (capture time - plain time) / ops recorded;
 - record ratio: ``tl.record`` (naming and linking deferred until the recording is read) over the plain call;
+- patch ratio (backends that intervene): activation patching over the plain call, ``save=`` and
+  ``intervene=tl.when(site, tl.swap_with(clean))`` on one module site, the module with the most ops among
+  those ending in the middle half of the trace (a GPT-2 block; the row's ``patch_site`` names it);
 - JAX also: the jitted call, and the capture of the jitted target (``nnx.jit``/``jax.jit``/``eqx.filter_jit``,
   answered by the capture cache on a repeat) over it;
 - memory: peak memory a capture adds over the moment before it, minus the plain call's own peak measured the
@@ -203,12 +206,30 @@ def quarter_label(trace: Any) -> tuple[str, int]:
     return ops[len(ops) // 4].label, len(ops)
 
 
-def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int) -> tuple[dict[str, Any], dict]:
+def patch_site(trace: Any) -> str | None:
+    """The module an activation-patching run patches: of the module calls ending in the middle half of the
+    trace, the one with the most ops (the one ending nearest the middle among equals). None: no such call."""
+    n = len(trace.ops)
+    best: tuple[int, float, str] | None = None
+    for path, module in trace.modules.items():
+        if len(module.passes) != 1 or not module.passes[0].ops:
+            continue
+        ops = module.passes[0].ops
+        end = max(trace[label].index for label in ops)
+        if n / 4 <= end <= 3 * n / 4:
+            key = (-len(ops), abs(end - n / 2), path)
+            best = key if best is None or key < best else best
+    return None if best is None else best[2]
+
+
+def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
+            patches: bool = False) -> tuple[dict[str, Any], dict]:
     import torchlens as tl
 
     model, args, kwargs = build()
     full = tl.trace(model, *args, backend=backend, **kwargs)
     at, num_ops = quarter_label(full)
+    site = patch_site(full) if patches else None
     del full
     runs: dict[str, Callable[[], Any]] = {
         "plain": lambda: _block(model(*args, **kwargs)),
@@ -218,6 +239,11 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int)
         runs["halt"] = lambda: tl.trace(model, *args, backend=backend, halt=tl.label(at), **kwargs)
     # tl.record: the same capture with naming and linking deferred until the recording is read
     runs["record"] = lambda: tl.record(model, *args, backend=backend, **kwargs)
+    if site is not None:  # activation patching: one module's output swapped for a clean run's
+        selector = tl.module(site)
+        clean = tl.trace(model, *args, backend=backend, save=selector, **kwargs)
+        runs["patch"] = lambda: tl.trace(model, *args, backend=backend, save=selector,
+                                         intervene=tl.when(selector, tl.swap_with(clean)), **kwargs)
     if backend == "jax":
         jitted = _jitted(model)
         runs["jit"] = lambda: _block(jitted(*args, **kwargs))
@@ -239,6 +265,8 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int)
                            "ops": num_ops, "per_op_us": (ms["trace"] - ms["plain"]) * 1e3 / num_ops,
                            "halt_at": at if halts else None, "record_ms": ms["record"],
                            "record_ratio": ms["record"] / ms["plain"]}
+    if site is not None:
+        row.update(patch_site=site, patch_ms=ms["patch"], patch_ratio=ms["patch"] / ms["plain"])
     if halts:
         halted = runs["halt"]()
         kept = [op for op in halted.ops if op.kind not in ("input", "output")]
@@ -282,6 +310,7 @@ def main() -> None:
 
         torch.set_num_threads(1)
     halts = "halt" in info.capabilities
+    patches = "intervene" in info.capabilities
     grad_off = contextlib.nullcontext
     if info.name == "torch":
         import torch
@@ -290,7 +319,7 @@ def main() -> None:
     rows, runs = {}, {}
     with grad_off():
         for name, build in build_models(info.name, options.cases or list(MODELS[info.name])).items():
-            rows[name], runs[name] = measure(info.name, halts, build, options.repeats)
+            rows[name], runs[name] = measure(info.name, halts, build, options.repeats, patches)
         # Memory last: the peak meter tunes glibc's malloc for the whole process (mallopt cannot be undone), and
         # the times must be those of the process a user runs, where freed blocks are reused as glibc decides.
         meter = PeakMeter(info.name)

@@ -58,6 +58,18 @@ def test_halt_at_a_quarter_stops_at_that_op() -> None:
         [op.label for op in ops[:len(ops) // 4 + 1]]
 
 
+def test_the_patch_site_is_the_largest_module_call_ending_mid_trace() -> None:
+    torch, backend_table, _, _ = _torch_parts()
+    import torchlens as tl
+
+    blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(4)])
+    trace = tl.trace(blocks, torch.rand(2, 8))  # 8 ops between an input and an output: blocks end at 2, 4, 6, 8
+    assert backend_table.patch_site(trace) == "1"  # blocks 1 and 2 end at ops 4 and 6 of 10, as near the middle
+    trace.modules.pop("1")  # as if block 1 had more than one pass: block 2 is the next best
+    assert backend_table.patch_site(trace) == "2"
+    assert backend_table.patch_site(tl.trace(torch.nn.Linear(8, 8), torch.rand(2, 8))) is None
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="peak RSS is read from Linux's /proc/self")
 def test_peak_meter_sees_a_transient_allocation() -> None:
     """32 MiB allocated and freed inside the run: the peak sees them, and a run that allocates nothing adds
@@ -87,7 +99,7 @@ def test_missing_virtualenv_is_a_row_and_no_goal_is_claimed(tmp_path: pathlib.Pa
     subprocess.run([sys.executable, str(BENCH / "all_backends.py"), "--envs", str(tmp_path / "none"),
                     "--backends", "tf", "paddle", "--out", str(out)], check=True, capture_output=True)
     table = out.read_text()
-    assert f"| tf | — | | | | | | | | | no virtualenv {tmp_path / 'none' / 'tf'}: run `nox -s tf` first |" in table
+    assert f"| tf | — | | | | | | | | | | no virtualenv {tmp_path / 'none' / 'tf'}: run `nox -s tf` first |" in table
     assert "Not measured: tf, paddle." in table and "goal met" not in table
     assert json.loads(out.with_suffix(".json").read_text())[1]["backend"] == "paddle"
 
@@ -100,9 +112,14 @@ def test_goals_are_checked_against_each_figure() -> None:
     result = {"backend": "jax", "framework": "jax 0", "memory_method": "rss",
               "models": {"m": {**row, "memory_ratio": 0.9, "vs_jit": 3.0, "jit_ms": 4.0, "jit_trace_vs_jit": 2.5}}}
     table = all_backends.markdown([result], repeats=3)
-    assert "| jax | m | 10.0 | 12.5 | 1.25x | 0.30x | 0.90x | 1.30x | 25 µs | 100 | jax 0; tl.record 1.10x; " \
+    assert "| jax | m | 10.0 | 12.5 | 1.25x | 0.30x | — | 0.90x | 1.30x | 25 µs | 100 | jax 0; tl.record 1.10x; " \
         "3.0x the jitted call (4.00 ms); the jitted target's capture 2.50x it |" in table
     assert table.rstrip().endswith(
         "Goals missed: jax m capture 1.25x > 1.2x; jax m jitted target's capture 2.5x the jitted call > 2x.")
     result["models"]["m"]["jit_trace_vs_jit"] = 1.5  # the goal is the jitted target's capture against its call
     assert "the jitted call > 2x" not in all_backends.markdown([result], repeats=3)
+    patched = {**row, "ratio": 1.1, "memory_ratio": 1.0, "patch_ratio": 1.25, "patch_site": "h.5"}
+    assert all_backends._missed("torch", "gpt2", patched) == ["torch gpt2 patch 1.25x > 1.2x"]
+    assert all_backends._missed("torch", "resnet18", patched) == []  # the patching goal is GPT-2's
+    result = {"backend": "torch", "framework": "torch 0", "memory_method": "rss", "models": {"gpt2": patched}}
+    assert "| 1.10x | 0.30x | 1.25x (h.5) | 1.00x |" in all_backends.markdown([result], repeats=3)
