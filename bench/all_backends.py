@@ -68,7 +68,8 @@ def markdown(results: list[dict[str, Any]], repeats: int) -> str:
             if "vs_jit" in r:
                 notes.append(f"{r['vs_jit']:.1f}x the jitted call ({r['jit_ms']:.2f} ms); the jitted target's capture "
                              f"{r['jit_trace_vs_jit']:.2f}x it")
-            lines.append(f"| {name} | {model} | {r['plain_ms']:.1f} | {r['trace_ms']:.1f} | {r['ratio']:.2f}x | {halt} | {patch} "
+            lines.append(f"| {name} | {model} | {r['plain_ms']:.1f} | {r['trace_ms']:.1f} | {r['ratio']:.2f}x | {halt} "
+                         f"| {patch} "
                          f"| {_ratio(r['memory_ratio'])} | {_ratio(r['peak_ratio'])} | {r['per_op_us']:.0f} µs "
                          f"| {r['ops']} | {'; '.join(notes)} |")
             misses += _missed(name, model, r)
