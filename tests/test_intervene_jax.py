@@ -620,7 +620,16 @@ def test_an_edited_module_output_read_again_where_the_model_kept_it_is_refused()
         tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))
     y = np.asarray(jax.nn.relu(model.block.fc(x)))
     close(audited(tl.trace(model, x, intervene=tl.when(tl.label("max_1_4:1"), tl.scale(-2.0)))).output, -8.0 * y)
+    # the clean trace saw the kept read: a fork refuses to replay the module site, and replays the op itself
+    clean = tl.trace(model, x)
+    assert clean["max_1_4"].meta.get("read_where_kept")
+    fork = clean.fork().when(tl.module("block"), tl.scale(-2.0))
+    with pytest.raises(tl.UnsupportedError, match="block:1 returns max_1_4, which the model also read where"):
+        fork.replay()
+    close(clean.fork().when(tl.label("max_1_4"), tl.scale(-2.0)).replay(), -8.0 * y)
     model.reread = False
+    assert not tl.trace(model, x)["max_1_4"].meta.get("read_where_kept")
+    close(tl.trace(model, x).fork().when(tl.module("block"), tl.scale(-2.0)).replay(), -6.0 * y + 1.0)
     close(audited(tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))).output,
           -6.0 * y + 1.0)
 

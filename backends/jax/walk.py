@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import operator
 import os
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from time import perf_counter
@@ -34,7 +35,7 @@ import numpy as np
 import torchlens_core
 from torchlens_core.capture import api
 from torchlens_core.capture.builder import TraceBuilder
-from torchlens_core.capture.edits import unedited_read
+from torchlens_core.capture.edits import KEPT_READ, unedited_read
 from torchlens_core.capture.sites import CONTEXT_FRAMES
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
@@ -91,6 +92,9 @@ class Walker:
         self.opaque: Counter[str] = Counter()
         # Ops whose values picked the cond branch or kept the while loop going that we are inside.
         self.conditions: tuple[int, ...] = ()
+        # id(Val) -> (weakref to it, its op): arrays a module call returned, as the module had them. A later read
+        # of one is the model's own, where the module kept it (`self.last = y`): the op is marked KEPT_READ.
+        self.returned_vals: dict[int, tuple[weakref.ref[Val], int]] = {}
         # (position, op index): the last marker's inputs whose op a module site's edit changed (_edited_output)
         self.unedited_inputs: list[tuple[int, int]] = []
 
@@ -116,6 +120,8 @@ class Walker:
         env.update(zip(jaxpr.invars, args))
         for i, eqn in enumerate(jaxpr.eqns):
             ins = [read(v) for v in eqn.invars]
+            if self.returned_vals:
+                self._note_kept_reads(ins)
             eqn_chain = chain + self._calls(eqn)
             self._align(eqn_chain)
             outs = self._eqn(eqn, ins, eqn_chain, (*loc, i), in_loop, helper)
@@ -127,7 +133,17 @@ class Walker:
                     env[eqn.invars[j]] = _Unedited(ins[j].value, self.builder.ops[index])  # type: ignore[assignment]
                 self.unedited_inputs = []
         self._align(chain)  # calls begun in here end in here (each loop iteration is a pass)
-        return [read(v) for v in jaxpr.outvars]
+        outs = [read(v) for v in jaxpr.outvars]
+        if self.returned_vals:
+            self._note_kept_reads(outs)
+        return outs
+
+    def _note_kept_reads(self, vals: list[Val]) -> None:
+        returned = self.returned_vals
+        for val in vals:
+            found = returned.get(id(val))
+            if found is not None and found[0]() is val:
+                self.builder.ops[found[1]].meta[KEPT_READ] = True
 
     def run_closed(self, closed: Any, args: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
                    in_loop: bool, helper: bool = False) -> list[Val]:
@@ -278,8 +294,13 @@ class Walker:
         if k is None or not self.active or self.active[-1] != k:
             return ins  # another capture's marker (from a jit cache): a plain pass-through
         here = self.builder.module_stack[-1]
-        outs = [x if isinstance(x.ref, Ref) and here in self.builder.ops[x.ref.index].module_passes
-                else self.identity(x) for x in ins]
+        outs = []
+        for x in ins:
+            if isinstance(x.ref, Ref) and here in self.builder.ops[x.ref.index].module_passes:
+                outs.append(Val(x.value, x.ref))  # computed inside: a Val of its own, so that later reads of
+                self.returned_vals[id(x)] = (weakref.ref(x), x.ref.index)  # the marker's input are told apart
+            else:
+                outs.append(self.identity(x))
         template = fill(self.scopes.templates[k], [x.ref for x in outs])
         if self.builder.editor is not None:
             outs, template = self._edited_output(k, outs, template)

@@ -205,6 +205,7 @@ def judged_on_trace(item: Intervention, trace: Trace) -> list[tuple[OpRecord, st
 
 
 SAME_OBJECT = "same_object"  # op.meta key: later reads of the pass-through's array may be the caller's own
+KEPT_READ = "read_where_kept"  # op.meta key: read again where a module returning the op's value kept it
 
 
 def replay_refusal(op: OpRecord, site: str) -> str | None:
@@ -216,12 +217,22 @@ def replay_refusal(op: OpRecord, site: str) -> str | None:
     its caller may still hold (``self.same(h) + h``). An edit replayed there
     would reach the caller's own reads too, which a hook on the module (and a
     live edit, which hands the module's caller a new array) leaves unedited.
+
+    A module site is refused too where the module returned ``op``'s value and
+    the model read it again where the module kept it (``self.last = y``), as
+    a backend that sees those reads marks (``op.meta[KEPT_READ]``, JAX): the
+    edit would reach that read, which a hook (and a live edit, which refuses
+    it) leaves unedited. An edit of the op itself reaches every read, live too.
     """
-    if not op.meta.get(SAME_OBJECT):
-        return None
-    return (f"{site if site == op.label else f'{site} returns {op.label}'}, an array returned without being "
-            f"computed there (a pass-through, as nn.Identity makes): later reads of it by the caller and "
-            f"through the module's output are one in the recorded graph")
+    if op.meta.get(SAME_OBJECT):
+        return (f"{site if site == op.label else f'{site} returns {op.label}'}, an array returned without being "
+                f"computed there (a pass-through, as nn.Identity makes): later reads of it by the caller and "
+                f"through the module's output are one in the recorded graph")
+    if op.meta.get(KEPT_READ) and site != op.label:
+        return (f"{site} returns {op.label}, which the model also read where the module kept it (as "
+                f"`self.last = y; return y` does): replayed, the edit would reach that read, which a hook leaves "
+                f"unedited. Edit {op.label} itself, or use fork.rerun")
+    return None
 
 
 class PassThroughs:
