@@ -473,6 +473,35 @@ def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedite
     close(fork.rerun(model, x).output[0], summed)
 
 
+class WritesIntoItsLayersOutput(nn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 6)
+        self.fc2 = nn.Linear(6, 6)
+
+    def forward(self, x: Any) -> Any:
+        h = self.fc1(x)
+        h.add_(x)  # in place, into what fc1 returned
+        return self.fc2(F.relu(h))
+
+
+def test_a_patched_layer_output_may_be_written_in_place_by_the_model() -> None:
+    """tl.swap_with hands the model a copy of another run's value: a constant it can write into, as Paddle lets
+    it write into what a layer computed (a leaf that wanted gradients could not be)."""
+    paddle.seed(9)
+    model, x, other = WritesIntoItsLayersOutput(), paddle.randn([3, 6]), paddle.randn([3, 6])
+    clean = tl.trace(model, other, save=tl.module("fc1"))
+    patched = audited(tl.trace(model, x, intervene=tl.when(tl.module("fc1"), tl.swap_with(clean))))
+    kept = paddle.to_tensor(np_(clean["fc1"].out))
+    handle = model.fc1.register_forward_post_hook(lambda layer, args, out: kept.clone())
+    try:
+        expected = model(x)
+    finally:
+        handle.remove()
+    close(patched.output, expected)
+    assert not model.fc1.weight.stop_gradient  # the layer's parameters still want gradients
+
+
 class Keeps(nn.Layer):
     """Keeps what it returns where the model reads it again (``self.last = y; return y``)."""
 

@@ -128,7 +128,9 @@ class PaddleArrayOps(ArrayOps):
         return paddle.to_tensor(np.asarray(array), dtype=like.dtype, place=like.place)
 
     def copy(self, x: Tensor) -> Tensor:
-        return snapshot(x)
+        # A constant (stop_gradient, as detach makes it): a leaf that wanted gradients could not be written in
+        # place, and a model may write into what a module returned (tl.swap_with puts such copies there)
+        return _clone(_detach(x))
 
     def write_into(self, target: Tensor, value: Tensor) -> Tensor:
         if value is target:

@@ -26,7 +26,7 @@ from torchlens_core.backend.manager import hook
 from torchlens_core.capture.edits import replay_refusal
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import GraphDoesNotHold
-from torchlens_core.ir.records import Ref
+from torchlens_core.ir.records import Ref, refs_in
 from torchlens_core.replay.evaluator import replay_values
 from torchlens_core.store.saving import NOT_REPLAYABLE
 
@@ -208,6 +208,28 @@ def test_identity_edits_leave_the_output_unchanged(traced: Traced) -> None:
     assert len(edited.interventions) >= edited.num_ops, "some ops were not edited"
     change = max_error(traced.backend, edited.output, traced.trace.output)
     assert change == 0.0, f"identity edits changed the traced output by {change:.3g}"
+    report = _run(traced.case, lambda: edited.audit(rtol=traced.case.rtol))
+    assert report, str(report)
+
+
+def _copied(value: Any, site: Any) -> Any:
+    return site.ops.copy(value)
+
+
+def test_copies_at_every_module_site_leave_the_output_unchanged(traced: Traced) -> None:
+    """Every module call's output replaced by a copy of itself, as a forward hook returning copies would: the
+    caller gets new arrays, later ops read them as the module's output, and nothing changes."""
+    _needs(traced, "intervene")
+    paths = [path for path, module in traced.trace.modules.items()
+             if any(mp.out_template is not None and refs_in(mp.out_template) for mp in module.passes)]
+    if not paths:
+        pytest.skip("no module call returned an array")
+    edited = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
+                                                 intervene=[tl.when(tl.module(p), _copied) for p in paths],
+                                                 **traced.kwargs))
+    assert edited.interventions, "no module output was edited"
+    change = max_error(traced.backend, edited.output, traced.trace.output)
+    assert change == 0.0, f"copies of module outputs changed the traced output by {change:.3g}"
     report = _run(traced.case, lambda: edited.audit(rtol=traced.case.rtol))
     assert report, str(report)
 
