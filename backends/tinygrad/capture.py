@@ -240,8 +240,9 @@ class Recorder:
         # Recorded outputs not computed yet (see flush), and produce() entries whose buffer they wait for.
         self.unrealized: list[Tensor] = []
         self.unlinked: list[tuple[Tensor, int, tuple[Any, ...]]] = []
-        # intervene= edits read each op's value as it is recorded: then every op is realized as it returns
-        self.batched = builder.editor is None
+        # Edits at op sites read each op's value as it is recorded: then every op is realized as it returns.
+        # Module sites alone keep the batches: the values are realized just before a module's edit (_edit_output).
+        self.batched = builder.editor is None or not builder.editor.op_selectors
 
     # -- installing the wrappers -----------------------------------------------------------
     def install(self) -> None:
@@ -574,6 +575,9 @@ class Recorder:
 
     def _edit_output(self, path: str, template: Any, output: Any) -> tuple[Any, Any]:
         """What layer call ``path`` returns to the model after intervene=, and its template."""
+        builder = self.builder
+        if self.unrealized and builder.editor is not None and builder.editor.wants_module(*builder.module_stack[-1]):
+            self.flush()  # the helpers edit the values that ran, and the values before the edit get their buffers
         self.depth += 1  # the helpers' own Tensor calls are not the model's ops
         try:
             edited, template = self.builder.edit_module_output(path, template, output)
