@@ -126,7 +126,10 @@ def test_each_trace_records_the_output_of_a_plain_call(root: pathlib.Path, frame
     trace, plain = _load(root, framework, arch, variant)
     assert np.asarray(trace.output).shape == plain.shape
     if variant != "dropout_train":  # the plain call drew other dropout masks
-        np.testing.assert_allclose(np.asarray(trace.output), plain, rtol=0, atol=1e-6)
+        # JAX's trace evaluates the jaxpr primitive by primitive, where the plain call runs jnp's own jitted
+        # helpers (a layer norm's mean and variance) fused: the last bits differ, by how much depends on the CPU
+        rtol = 1e-5 if framework == "jax" else 0
+        np.testing.assert_allclose(np.asarray(trace.output), plain, rtol=rtol, atol=1e-6)
 
 
 @pytest.mark.parametrize(("framework", "arch", "variant"), [pytest.param(*p.values, id=p.id) for p in _cases()])
