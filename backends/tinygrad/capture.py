@@ -576,11 +576,11 @@ class Recorder:
     def _edit_output(self, path: str, template: Any, output: Any) -> tuple[Any, Any]:
         """What layer call ``path`` returns to the model after intervene=, and its template."""
         builder = self.builder
-        if self.unrealized and builder.editor is not None and builder.editor.wants_module(*builder.module_stack[-1]):
+        if self.unrealized and builder.editor.wants_module(*builder.module_stack[-1]):  # type: ignore[union-attr]
             self.flush()  # the helpers edit the values that ran, and the values before the edit get their buffers
         self.depth += 1  # the helpers' own Tensor calls are not the model's ops
         try:
-            edited, template = self.builder.edit_module_output(path, template, output)
+            edited, template = builder.edit_module_output(path, template, output)
             if edited is output:
                 return output, template
             for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):

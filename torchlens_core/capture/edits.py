@@ -294,11 +294,7 @@ class PassThroughs:
 
 
 def unedited_read(op: OpRecord) -> InterventionError:
-    """The error for a read of the array a module site's edit on ``op`` replaced, kept elsewhere by the model.
-
-    Not an UnsupportedError: a TypeError raised inside a tensor's operator
-    is turned into NotImplemented by torch, and the message lost.
-    """
+    """The error for a read of the array a module site's edit on ``op`` replaced, kept elsewhere by the model."""
     site = next((e.site for e in reversed(op.edits) if e.kind == "module"), f"{op.layer_label}:{op.pass_num}")
     at = f"{op.layer_label}:{op.pass_num}"
     return InterventionError(
