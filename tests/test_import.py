@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import torchlens as tl
 
 FRAMEWORKS = ("torch", "jax", "jaxlib", "flax", "equinox", "tensorflow", "keras", "paddle", "tinygrad")
@@ -73,3 +75,27 @@ def test_every_hook_is_documented_where_declared() -> None:
     for name in hooks:
         doc = getattr(hookspecs, name).__doc__ or ""
         assert len(doc.split()) >= 8, f"hook {name} needs a docstring saying when it is called and what it returns"
+
+
+def test_a_backend_registered_or_removed_later_is_seen() -> None:
+    """Backends are resolved from a cache of what the plugins said: registering or removing one refreshes it."""
+    from torchlens_core.backend.base import Backend
+    from torchlens_core.backend.manager import BackendInfo, plugin_manager, resolve_backend
+
+    class LateBackend(Backend):
+        name = "late_test_backend"
+
+        def info(self) -> BackendInfo:
+            return BackendInfo(name=self.name, framework="pytest", install="pip install pytest")
+
+    with pytest.raises(tl.BackendNotFoundError):
+        resolve_backend("late_test_backend")
+    pm = plugin_manager()
+    pm.register(LateBackend(), name="late_test_backend")
+    try:
+        assert resolve_backend("late_test_backend").name == "late_test_backend"
+        assert "late_test_backend" in [b["name"] for b in tl.backends()]
+    finally:
+        pm.unregister(name="late_test_backend")
+    with pytest.raises(tl.BackendNotFoundError):
+        resolve_backend("late_test_backend")

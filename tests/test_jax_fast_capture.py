@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -186,3 +188,47 @@ def test_a_jaxpr_with_effects_takes_the_per_equation_path():
         assert "compiled" not in t.notes and "effects" in t.notes["capture"]
     assert seen and np.allclose(seen[-1], np.sin(np.arange(3.0)))
     assert _close(t.model_output, jnp.sin(x) * 2.0)
+
+
+def test_code_context_is_the_user_frames_jax_reports() -> None:
+    """Each op's code context against JAX's own reading of its equation's traceback (source_info_util.user_frames),
+    twice: the second capture's comes from the location cache."""
+    from jax._src import source_info_util
+
+    from torchlens_core.capture import api
+    from torchlens_jax import walk
+
+    class Wide(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.a = nnx.Linear(4, 8, rngs=rngs)
+            self.b = nnx.Linear(8, 3, rngs=rngs)
+
+        def __call__(self, x):
+            h = jax.nn.relu(self.a(x))
+            return jnp.tanh(self.b(h)) + jnp.sum(h)
+
+    model, x = Wide(nnx.Rngs(0)), jnp.ones((2, 4))
+    seen: list[tuple[Any, ...]] = []
+    real = walk._code_context
+
+    def checked(eqn: Any, limit: int = walk.CONTEXT_FRAMES) -> tuple[Any, ...]:
+        mine = real(eqn, limit)
+        expected = []
+        for frame in source_info_util.user_frames(eqn.source_info.traceback):
+            if frame.file_name == api.__file__ or len(expected) == limit:
+                break
+            if not frame.file_name.startswith(walk._OWN_DIRS):
+                expected.append((frame.file_name, frame.start_line, frame.function_name))
+        assert [tuple(c) for c in mine] == expected
+        seen.append(mine)
+        return mine
+
+    walk._code_context = checked
+    try:
+        first = tl.trace(model, x)
+        again = tl.trace(model, x)
+    finally:
+        walk._code_context = real
+    assert len(seen) >= 2 * 6 and any(seen)
+    assert [op.code_context for op in first.ops] == [op.code_context for op in again.ops]
+    assert any(c.func_name.endswith("Wide.__call__") for op in first.ops for c in op.code_context)

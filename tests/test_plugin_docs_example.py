@@ -92,9 +92,9 @@ def test_the_example_passes_the_installed_suite(tmp_path: pathlib.Path) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     found = counts(output)
-    # output parity, audit, module outputs, round trip, other inputs, lost edges; the three intervention
-    # checks and gradients skipped: the example does not declare them
-    assert found.get("passed") == 6 and found.get("skipped") == 4, output[-3000:]
+    # output parity, audit, module outputs, round trip, other inputs, lost edges, no reference cycles; the three
+    # intervention checks and gradients skipped: the example does not declare them
+    assert found.get("passed") == 7 and found.get("skipped") == 4, output[-3000:]
 
 
 # -- the guide names everything an author implements or calls: it cannot drift from the code unseen -----------

@@ -176,26 +176,30 @@ def submodules(model: Any) -> list[tuple[str, Any]]:
         return []
     import equinox as eqx
 
-    found, seen = [], {id(model)}
-
-    def walk(obj: Any, path: tuple[Any, ...]) -> None:
-        if isinstance(obj, eqx.Module):
-            if id(obj) in seen:
-                return
-            seen.add(id(obj))
-            found.append((_dotted(path), obj))
-            for f in dataclasses.fields(obj):
-                walk(getattr(obj, f.name, None), (*path, f.name))
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                walk(v, (*path, i))
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(v, (*path, k))
-
+    found: list[tuple[str, Any]] = []
+    seen = {id(model)}
     for f in dataclasses.fields(model):
-        walk(getattr(model, f.name, None), (f.name,))
+        _walk_equinox(getattr(model, f.name, None), (f.name,), eqx.Module, found, seen)
     return found
+
+
+def _walk_equinox(obj: Any, path: tuple[Any, ...], module_type: type, found: list[tuple[str, Any]],
+                  seen: set[int]) -> None:
+    """Equinox modules under ``obj`` into ``found`` (a module-level function: a closure calling itself is a
+    reference cycle, left for the cyclic GC at every capture)."""
+    if isinstance(obj, module_type):
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        found.append((_dotted(path), obj))
+        for f in dataclasses.fields(obj):
+            _walk_equinox(getattr(obj, f.name, None), (*path, f.name), module_type, found, seen)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _walk_equinox(v, (*path, i), module_type, found, seen)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _walk_equinox(v, (*path, k), module_type, found, seen)
 
 
 def _key_name(key: Any) -> str:

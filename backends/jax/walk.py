@@ -440,18 +440,40 @@ def _inner_jaxprs(params: dict[str, Any]) -> list[Any]:
 _OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in (torchlens_core.__file__, __file__))
 
 
+# (id(code), instruction offset) -> (the code object, its CodeLocation): every equation of a capture reads the
+# same few dozen frames, and turning an offset into a line number is most of what reading one costs. The code
+# object is held, so that a new code object at a freed one's address is never taken for it.
+_LOCATIONS: dict[tuple[int, int], tuple[Any, CodeLocation]] = {}
+_MAX_LOCATIONS = 1 << 16  # then the cache starts over: models whose code is made anew at every call stay bounded
+
+
 def _code_context(eqn: Any, limit: int = CONTEXT_FRAMES) -> tuple[CodeLocation, ...]:
-    """The user's frames that made this equation, innermost first, if JAX kept them."""
+    """The user's frames that made this equation, innermost first, if JAX kept them: the frames JAX's
+    ``source_info_util.user_frames`` reports, up to the call into TorchLens, TorchLens's own left out."""
     try:
         from jax._src import source_info_util  # no public API gives the user frames
+        from jax._src.lib import xla_client
 
-        frames = source_info_util.user_frames(eqn.source_info.traceback)
+        traceback = eqn.source_info.traceback
+        codes, offsets = traceback.raw_frames() if traceback else ((), ())
+        is_user, locate = source_info_util.is_user_filename, xla_client.Traceback.code_addr2location
     except Exception:
         return ()
     found: list[CodeLocation] = []
-    for frame in frames:
-        if frame.file_name == api.__file__ or len(found) == limit:
+    locations = _LOCATIONS
+    for code, offset in zip(codes, offsets):
+        filename = code.co_filename
+        if not is_user(filename):
+            continue
+        if filename == api.__file__ or len(found) == limit:
             break
-        if not frame.file_name.startswith(_OWN_DIRS):
-            found.append(CodeLocation(frame.file_name, frame.start_line, frame.function_name))
+        if filename.startswith(_OWN_DIRS):
+            continue
+        known = locations.get((id(code), offset))
+        if known is None or known[0] is not code:
+            if len(locations) >= _MAX_LOCATIONS:
+                locations.clear()
+            known = locations[(id(code), offset)] = (
+                code, CodeLocation(filename, locate(code, offset)[0], code.co_qualname))
+        found.append(known[1])
     return tuple(found)

@@ -72,42 +72,42 @@ def defining_class(cls: type) -> type | None:
     return None
 
 
+# The walks are module-level generators, not closures over themselves: a nested function that calls itself
+# through its own cell is a reference cycle, left for the cyclic GC at every capture.
 def named_layers(root: Any) -> Iterator[tuple[str, Any]]:
     """``(path, layer)`` for every layer under ``root`` (not ``root`` itself), first path wins."""
-    seen = {id(root)}
-
-    def walk(obj: Any, prefix: str) -> Iterator[tuple[str, Any]]:
-        for name, child in _children(obj):
-            if isinstance(child, Tensor) or id(child) in seen or isinstance(child, (str, bytes, int, float)):
-                continue
-            if child is None or isinstance(child, _NOT_LAYERS):
-                continue
-            seen.add(id(child))
-            path = f"{prefix}{name}"
-            if is_layer(child):
-                yield path, child
-            yield from walk(child, path + ".")
-
     if root is not None:
-        yield from walk(root, "")
+        yield from _walk_layers(root, "", {id(root)})
+
+
+def _walk_layers(obj: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, Any]]:
+    for name, child in _children(obj):
+        if isinstance(child, Tensor) or id(child) in seen or isinstance(child, (str, bytes, int, float)):
+            continue
+        if child is None or isinstance(child, _NOT_LAYERS):
+            continue
+        seen.add(id(child))
+        path = f"{prefix}{name}"
+        if is_layer(child):
+            yield path, child
+        yield from _walk_layers(child, path + ".", seen)
 
 
 def named_tensors(root: Any) -> Iterator[tuple[str, Tensor]]:
     """``(name, tensor)`` under ``root``, named as ``get_state_dict`` names them; safe from reference cycles."""
-    seen: set[int] = set()
-
-    def walk(obj: Any, prefix: str) -> Iterator[tuple[str, Tensor]]:
-        if id(obj) in seen:
-            return
-        seen.add(id(obj))
-        for name, child in _children(obj):
-            if isinstance(child, Tensor):
-                yield f"{prefix}{name}", child
-            elif child is not None and not isinstance(child, (str, bytes, int, float, *_NOT_LAYERS)):
-                yield from walk(child, f"{prefix}{name}.")
-
     if root is not None and not isinstance(root, Tensor):
-        yield from walk(root, "")
+        yield from _walk_tensors(root, "", set())
+
+
+def _walk_tensors(obj: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, Tensor]]:
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    for name, child in _children(obj):
+        if isinstance(child, Tensor):
+            yield f"{prefix}{name}", child
+        elif child is not None and not isinstance(child, (str, bytes, int, float, *_NOT_LAYERS)):
+            yield from _walk_tensors(child, f"{prefix}{name}.", seen)
 
 
 # A layer wrapper: ``around(path, layer, call)`` runs ``call()`` (the layer's own

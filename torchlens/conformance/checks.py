@@ -199,6 +199,45 @@ def _needs(traced: Traced, capability: str) -> None:
         pytest.skip(f"the {traced.backend} backend does not declare the {capability!r} capability")
 
 
+def test_a_capture_leaves_no_reference_cycles(traced: Traced) -> None:
+    """A capture and its dropped trace free everything by reference counting: no object of TorchLens (or of the
+    backend's package) is left in a cycle for the cyclic GC, which would keep the capture's bookkeeping, and any
+    value it holds, alive until a collection runs, and make that collection pay for it."""
+    import gc
+
+    packages = {"torchlens", *_backend_packages(traced.backend)}
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the next collection finds unreachable stays in gc.garbage
+    try:
+        trace = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
+                                                    **traced.kwargs))
+        del trace
+        gc.collect()
+        ours = sorted({_owner_name(o) for o in gc.garbage if _package_of(o) in packages} - {""})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert not ours, f"a capture left reference cycles through {', '.join(ours[:8])} for the cyclic GC"
+
+
+def _backend_packages(backend: str) -> set[str]:
+    """The top-level packages of the plugin objects registered for ``backend``."""
+    from torchlens_core.backend.manager import plugin_manager
+
+    return {type(plugin).__module__.split(".")[0] for name, plugin in plugin_manager().list_name_plugin()
+            if name == backend or getattr(plugin, "name", None) == backend}
+
+
+def _package_of(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) if callable(obj) and not isinstance(obj, type) else None
+    module = module if isinstance(module, str) else type(obj).__module__
+    return module.split(".")[0]
+
+
+def _owner_name(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or type(obj).__qualname__
+
+
 def test_identity_edits_leave_the_output_unchanged(traced: Traced) -> None:
     """An identity edit at every op: the edit machinery of every op runs, and changes nothing."""
     _needs(traced, "intervene")

@@ -69,6 +69,7 @@ class RecordedCall:
 
 
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})  # never an array
+_CONTAINERS = frozenset({tuple, list, dict})  # walked into: an array only if an input node holds that very object
 
 
 def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: Trace,
@@ -88,10 +89,12 @@ def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: T
     numpy = sys.modules.get("numpy")  # NumPy inputs: some backends convert them into input nodes
 
     def array(value: Any) -> bool:  # the identity lookups first: the array hook costs more, on every leaf
-        if type(value) in _PLAIN:  # (a small int is one shared object: its id says nothing)
+        t = type(value)
+        if t in _PLAIN:  # (a small int is one shared object: its id says nothing)
             return False
-        return id(value) in by_identity or id(value) in params or is_array(value) or (
-            numpy is not None and isinstance(value, numpy.ndarray))
+        if id(value) in by_identity or id(value) in params:
+            return True
+        return t not in _CONTAINERS and (is_array(value) or (numpy is not None and isinstance(value, numpy.ndarray)))
 
     arrays = [leaf for _, leaf in tree.leaves((args, kwargs), array)]
     arrays = list({id(leaf): leaf for leaf in arrays}.values())  # one array passed twice is one input

@@ -483,17 +483,19 @@ def _sizes(shape: Any, where: str) -> tuple[int, ...]:
     return shape
 
 
+def _elements(s: Any, shape: Any, depth: int, where: str) -> int:
+    """The number of elements of shape ``s``, part of op shape ``shape``."""
+    if s is None:
+        return 0
+    if isinstance(s, tuple) and all(type(d) is int for d in s):
+        return math.prod(_sizes(s, where))
+    if isinstance(s, tuple) and depth < 8:
+        return sum(_elements(x, shape, depth + 1, where) for x in s)
+    raise TraceFileError(f"{where}: shape should be a list of sizes (or of those), not {str(shape)[:80]}")
+
+
 def _shape(shape: Any, where: str) -> Any:
     """An op's shape: None, a list of sizes, or (several outputs) a list of those."""
-    def elements(s: Any, depth: int) -> int:
-        if s is None:
-            return 0
-        if isinstance(s, tuple) and all(type(d) is int for d in s):
-            return math.prod(_sizes(s, where))
-        if isinstance(s, tuple) and depth < 8:
-            return sum(elements(x, depth + 1) for x in s)
-        raise TraceFileError(f"{where}: shape should be a list of sizes (or of those), not {str(shape)[:80]}")
-
-    if elements(shape, 0) > MAX_ELEMENTS:
+    if _elements(shape, shape, 0, where) > MAX_ELEMENTS:
         raise TraceFileError(f"{where}: shape {str(shape)[:80]} has more elements than any array")
     return shape

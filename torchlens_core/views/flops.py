@@ -138,15 +138,18 @@ def op_call(trace: Trace, op: OpRecord) -> OpCall:
                 return leaf
         return leaf
 
-    def convert(x: Any) -> Any:  # plain containers only: arguments are tuples, lists and dicts
-        t = type(x)
-        if t is tuple or t is list:
-            return t(convert(v) for v in x)
-        if t is dict:
-            return {k: convert(v) for k, v in x.items()}
-        return spec(x)
+    return OpCall(op.func_name, _converted(op.args, spec), _converted(op.kwargs, spec), op.shape)
 
-    return OpCall(op.func_name, convert(op.args), convert(op.kwargs), op.shape)
+
+def _converted(x: Any, spec: Callable[[Any], Any]) -> Any:
+    """``x`` with ``spec`` applied to each leaf; plain containers only (arguments are tuples, lists and dicts).
+    Module-level: a closure calling itself is a reference cycle, and this one would hold the trace."""
+    t = type(x)
+    if t is tuple or t is list:
+        return t(_converted(v, spec) for v in x)
+    if t is dict:
+        return {k: _converted(v, spec) for k, v in x.items()}
+    return spec(x)
 
 
 def count(trace: Trace, op: OpRecord) -> tuple[float | None, float | None]:
