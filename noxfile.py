@@ -111,8 +111,9 @@ def demo(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Capture overhead (ResNet-18, GPT-2 small), selective capture, extraction, metadata, save/load, patching,
-    comparison; then one table for every backend (bench/all_backends.py, in each backend session's virtualenv:
-    a missing one gets a row saying so), written to this session's scratch folder."""
+    comparison, the floor under a capture (torch, and TensorFlow where its session exists); then one table for
+    every backend (bench/all_backends.py, in each backend session's virtualenv: a missing one gets a row saying
+    so), written to this session's scratch folder."""
     # zoo: GPT-2 (transformers); extract: zarr, tqdm; tables: pandas (metadata_cost times trace.to_pandas()).
     session.install("-e", ".[torch,zoo,extract,tables]")
     session.run("python", "bench/capture_overhead.py", *session.posargs)
@@ -122,7 +123,11 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/save_load.py")
     session.run("python", "bench/intervene_cost.py")
     session.run("python", "bench/compare_cost.py")
+    session.run("python", "bench/capture_floor.py", "--backend", "torch")
     envs = pathlib.Path(session.virtualenv.location).parent  # each backend's own: TF and Paddle cannot share one
+    tf_python = envs / "tf" / "bin" / "python"
+    if tf_python.exists():
+        session.run(str(tf_python), "bench/capture_floor.py", "--backend", "tf", external=True)
     table = pathlib.Path(session.create_tmp()) / "performance-table.md"
     session.run("python", "bench/all_backends.py", "--envs", str(envs), "--out", str(table))
 

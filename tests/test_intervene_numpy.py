@@ -459,6 +459,43 @@ def test_a_selector_that_picks_nothing_is_refused() -> None:
         trace(zoo.mlp, *args, intervene=tl.when(tl.module("layer1"), tl.zero_ablate()))
 
 
+def test_a_helper_that_cannot_take_value_and_site_is_refused_at_when() -> None:
+    """A built-in helper's maker passed uncalled, or a one-argument function, is refused by tl.when, before any
+    capture runs, saying what to write instead (it used to fail inside the forward with a bare TypeError)."""
+    with pytest.raises(tl.TorchLensError, match=r"tl.zero_ablate makes a helper: call it, tl.zero_ablate\(\)"):
+        tl.when(tl.func("tanh"), tl.zero_ablate)
+    with pytest.raises(tl.TorchLensError, match=r"call it, tl.scale\(...\)"):
+        tl.when(tl.func("tanh"), tl.zero_ablate(), tl.scale)
+    with pytest.raises(TypeError, match=r"helper\(value, site\).*\(v\) cannot take"):
+        tl.when(tl.func("tanh"), lambda v: v)
+    args, _ = _mlp()  # what is accepted: two positional arguments, or more with defaults, or *args
+    for helper in (lambda v, s: v, lambda v, s, k=1: v * k, lambda *a: a[0]):
+        assert trace(zoo.mlp, *args, intervene=tl.when(tl.func("tanh"), helper)).interventions
+
+
+def test_helper_arguments_are_checked_where_the_helper_is_made() -> None:
+    with pytest.raises(tl.TorchLensError, match=r"tl.scale's factor is a number, not str"):
+        tl.scale("2")
+    with pytest.raises(tl.TorchLensError, match=r"tl.noise's std is a standard deviation, at least 0, not -1.0"):
+        tl.noise(-1.0)
+    with pytest.raises(tl.TorchLensError, match=r"tl.noise's seed is an integer, not float"):
+        tl.noise(0.1, seed=1.5)
+    with pytest.raises(tl.TorchLensError, match=r"tl.steer's scale is a number, not str"):
+        tl.steer(VECTOR, scale="x")
+    assert repr(tl.scale(np.float32(0.5))) == "scale(0.5)"  # NumPy scalars are numbers
+    args, _ = _mlp()  # an array factor multiplies as it is
+    per_unit = np.linspace(0.0, 1.0, 16, dtype=np.float32)
+    scaled = trace(zoo.mlp, *args, intervene=tl.when(tl.func("tanh"), tl.scale(per_unit)))
+    assert scaled.interventions
+
+
+def test_a_steering_vector_that_does_not_broadcast_is_refused_naming_both_shapes() -> None:
+    args, _ = _mlp()
+    with pytest.raises(tl.InterventionError, match=r"tl.steer's vector, shape \[5\], does not broadcast to the "
+                                                   r"value at tanh_1_\d+:1, shape \[4, 16\]"):
+        trace(zoo.mlp, *args, intervene=tl.when(tl.func("tanh"), tl.steer(np.ones(5, dtype=np.float32))))
+
+
 def test_splice_module_is_refused_with_a_typed_error() -> None:
     listed = {b["name"]: b for b in tl.backends()}
     assert "intervene" in listed["numpy"]["capabilities"] and "splice" not in listed["numpy"]["capabilities"]

@@ -18,6 +18,7 @@ changed (``op.edits``, ``op.pre_edit``), so that replay does it again.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,7 @@ class Intervention:
             if not callable(helper):
                 raise ArgumentTypeError(f"an intervention helper is a callable helper(value, site) -> value, "
                                         f"not {type(helper).__name__} ({shown(helper)})")
+            _check_takes_value_and_site(helper)
         splices = [i for i, h in enumerate(self.helpers) if isinstance(h, ModuleSplice)]
         if splices and (splices != [0] or not _module_parts(self.selector)[1] or _module_parts(self.selector)[0]):
             raise UnsupportedError("tl.splice_module replaces a module's call: use it first, once, with a module "
@@ -98,6 +100,26 @@ class Intervention:
     def edits(self) -> tuple[Helper, ...]:
         """The helpers that edit values (all but a leading splice)."""
         return self.helpers[1:] if self.splice is not None else self.helpers
+
+
+def _check_takes_value_and_site(helper: Any) -> None:
+    """Refuse, here, a helper that cannot be called as ``helper(value, site)``: otherwise the mistake (a built-in
+    helper's maker passed uncalled, ``tl.zero_ablate`` for ``tl.zero_ablate()``) surfaces as a TypeError from
+    deep inside the forward, at the first site the selector picks."""
+    try:
+        signature = inspect.signature(helper)
+    except (TypeError, ValueError):  # a callable without a signature (a builtin): called as it is
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        name = getattr(helper, "__name__", None) or type(helper).__name__
+        if inspect.isfunction(helper) and helper.__module__ == "torchlens_core.steer.helpers":
+            call = f"tl.{name}({'...' if signature.parameters else ''})"
+            raise ArgumentTypeError(f"tl.{name} makes a helper: call it, {call}, and pass what it returns to tl.when"
+                                    ) from None
+        raise ArgumentTypeError(f"an intervention helper is called as helper(value, site) -> value; {name}{signature} "
+                                f"cannot take those two arguments") from None
 
 
 def interventions(value: Any) -> tuple[Intervention, ...]:

@@ -10,6 +10,7 @@ in the docstring of :func:`when` is the short form.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,6 +63,25 @@ def _numpy(site: Site, data: Any) -> Any:
     if hook().torchlens_array_info(backend=site.backend, value=data) is not None:
         return np.asarray(hook().torchlens_to_numpy(backend=site.backend, value=data), dtype=np.float64)
     return np.asarray(data, dtype=np.float64)
+
+
+def _check_real(what: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{what} is a number, not {type(value).__name__} ({shown(value)})")
+
+
+def _check_broadcasts(site: Site, what: str, array: Any, value: Any) -> None:
+    """``array`` must broadcast to ``value``'s shape, which the edit keeps; else say so, with both shapes."""
+    import numpy as np
+
+    have, want = _shape(site, array), _shape(site, value)
+    try:
+        fits = np.broadcast_shapes(have, want) == want
+    except ValueError:
+        fits = False
+    if not fits:
+        raise InterventionError(f"{what}, shape {list(have)}, does not broadcast to the value at {site.key}, "
+                                f"shape {list(want)}")
 
 
 def _axis(axis: int, ndim: int, site: Site) -> int:
@@ -134,12 +154,18 @@ class Steer(_Helper):
     scale: float = 1.0
 
     def __call__(self, value: Any, site: Site) -> Any:
-        return value + self.scale * _as_array(site, self.vector, value)
+        vector = _as_array(site, self.vector, value)
+        _check_broadcasts(site, "tl.steer's vector", vector, value)
+        return value + self.scale * vector
 
 
 @attrs.frozen(repr=False)
 class Scale(_Helper):
     factor: float
+
+    def __attrs_post_init__(self) -> None:
+        if not (hasattr(self.factor, "shape") and hasattr(self.factor, "dtype")):  # an array multiplies as it is
+            _check_real("tl.scale's factor", self.factor)
 
     def __call__(self, value: Any, site: Site) -> Any:
         return value * self.factor
@@ -164,6 +190,14 @@ class Clamp(_Helper):
 class Noise(_Helper):
     std: float
     seed: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        _check_real("tl.noise's std", self.std)
+        if self.std < 0:
+            raise ArgumentTypeError(f"tl.noise's std is a standard deviation, at least 0, not {self.std}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise ArgumentTypeError(f"tl.noise's seed is an integer, not {type(self.seed).__name__} "
+                                    f"({shown(self.seed)})")
 
     def __call__(self, value: Any, site: Site) -> Any:
         import numpy as np
@@ -252,12 +286,14 @@ def resample_ablate(reference: Any, seed: int = 0) -> ResampleAblate:
 
 def steer(vector: Any, scale: float = 1.0) -> Steer:
     """``value + scale * vector``, with the framework's broadcasting."""
+    _check_real("tl.steer's scale", scale)
     return Steer(vector, float(scale))
 
 
 def scale(factor: float) -> Scale:
     """``value * factor``."""
-    return Scale(factor)
+    real = isinstance(factor, numbers.Real) and not isinstance(factor, bool)
+    return Scale(float(factor) if real else factor)  # a NumPy scalar as the number it is
 
 
 def clamp(min: float | None = None, max: float | None = None) -> Clamp:  # noqa: A002 - the seed's names
@@ -267,7 +303,8 @@ def clamp(min: float | None = None, max: float | None = None) -> Clamp:  # noqa:
 
 def noise(std: float, seed: int = 0) -> Noise:
     """``value + std * N(0, 1)``, the same numbers for the same seed and shape, in every framework."""
-    return Noise(float(std), int(seed))
+    _check_real("tl.noise's std", std)
+    return Noise(float(std), int(seed) if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) else seed)
 
 
 def project_onto(direction: Any, dim: int = -1) -> ProjectOnto:

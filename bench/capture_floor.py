@@ -1,0 +1,130 @@
+"""What any full capture must pay before TorchLens records anything: the framework's own interception, and
+keeping every value, as ratios to a plain forward.
+
+    python bench/capture_floor.py --backend torch        # ResNet-18, GPT-2 small, ViT-tiny
+    python bench/capture_floor.py --backend tf           # the TensorFlow rows of bench/backend_table.py
+
+Interleaved in one process, one thread, medians:
+
+- ``plain``: the model's own call.
+- ``bare``: the interception a capture uses, doing nothing (torch: a ``TorchFunctionMode``; TensorFlow: an op
+  callback, installed with ``op_callbacks.add_op_callback`` so that every eager path calls it).
+- ``hold``: the same, keeping every op's output until the forward ends, as a full trace keeps its values
+  (torch also copies the tensor an in-place op is about to overwrite, as the capture does).
+- ``trace``: ``tl.trace``.
+
+``trace`` minus ``hold`` is TorchLens's own cost; ``hold`` is the floor a capture that keeps every value cannot
+go under (on a CPU, mostly the first touch of fresh memory: a plain forward reuses its allocator's blocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from backend_table import MODELS, build_models
+
+
+def torch_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Bare(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, a: tuple[Any, ...] = (), k: Any = None) -> Any:
+            return func(*a, **(k or {}))
+
+    class Hold(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept: list[Any] = []
+
+        def __torch_function__(self, func: Any, types: Any, a: tuple[Any, ...] = (), k: Any = None) -> Any:
+            name = getattr(func, "__name__", "")
+            in_place = (name.endswith("_") and not name.endswith("__")) or name in ("__iadd__", "__imul__")
+            if in_place and a and isinstance(a[0], torch.Tensor):
+                with torch._C.DisableTorchFunction():
+                    self.kept.append(a[0].clone())
+            out = func(*a, **(k or {}))
+            self.kept.append(out)
+            return out
+
+    def under(mode: type) -> Callable[[], Any]:
+        def run() -> Any:
+            with mode() as active:
+                model(*args, **kwargs)
+            return active
+        return run
+
+    return {"bare": under(Bare), "hold": under(Hold)}
+
+
+def tf_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    from tensorflow.python.framework import op_callbacks
+
+    def under(keep: bool) -> Callable[[], Any]:
+        def run() -> Any:
+            kept: list[Any] = []
+
+            def callback(op_type: Any, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None,
+                         graph: Any = None) -> None:
+                if keep:
+                    kept.append(outputs)
+
+            op_callbacks.add_op_callback(callback)
+            try:
+                model(*args, **kwargs)
+            finally:
+                op_callbacks.remove_op_callback(callback)
+            return kept
+        return run
+
+    return {"bare": under(False), "hold": under(True)}
+
+
+MODES = {"torch": torch_modes, "tf": tf_modes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", required=True, choices=sorted(MODES))
+    parser.add_argument("--cases", nargs="*", help="models to measure instead of the backend's table rows")
+    parser.add_argument("--repeats", type=int, default=15)
+    options = parser.parse_args()
+    names = options.cases or (["resnet18", "gpt2", "vit_tiny"] if options.backend == "torch"
+                              else list(MODELS[options.backend]))
+    if options.backend == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+        torch.set_grad_enabled(False)
+    print(f"{'model':24s} {'plain ms':>9s} {'bare':>6s} {'hold':>6s} {'trace':>6s}")
+    for name, build in build_models(options.backend, names).items():
+        plain, ratios = measure(options.backend, *build(), options.repeats)
+        print(f"{name:24s} {plain * 1e3:9.1f} " + " ".join(f"{ratios[m]:5.2f}x" for m in ("bare", "hold", "trace")),
+              flush=True)
+
+
+def measure(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int
+            ) -> tuple[float, dict[str, float]]:
+    """The plain call's median seconds, and each mode's median over it."""
+    import torchlens as tl
+
+    runs = {"plain": lambda: model(*args, **kwargs), **MODES[backend](model, args, kwargs),
+            "trace": lambda: tl.trace(model, *args, backend=backend, **kwargs)}
+    times: dict[str, list[float]] = {mode: [] for mode in runs}
+    for round_ in range(repeats + 3):  # three warm-up rounds
+        for mode, run in runs.items():
+            start = time.perf_counter()
+            kept = run()
+            elapsed = time.perf_counter() - start
+            del kept
+            if round_ >= 3:
+                times[mode].append(elapsed)
+    plain = statistics.median(times["plain"])
+    return plain, {mode: statistics.median(t) / plain for mode, t in times.items()}
+
+if __name__ == "__main__":
+    main()
