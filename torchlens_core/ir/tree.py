@@ -65,13 +65,13 @@ def rebuild(obj: Any, values: list[Any]) -> Any:
         # PackedSequence does), which a template of Refs is not
         return type(obj)._make(values)
     if isinstance(obj, (tuple, list)):
-        return type(obj)(values)
-    if isinstance(obj, dict):
+        return t(values)
+    if isinstance(obj, dict):  # a dict subclass (a plain dict is answered above)
         items = dict(zip(obj.keys(), values))
         try:
-            return type(obj)(**items) if type(obj) is not dict else items
+            return t(**items)
         except TypeError:
-            return type(obj)(items)
+            return t(items)
     fields = _field_names(t)
     if all(getattr(obj, name) is v for name, v in zip(fields, values)):
         # Unchanged: the object itself. Some dataclasses cannot be rebuilt by keyword (tinygrad's DType
