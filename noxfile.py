@@ -111,7 +111,8 @@ def demo(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Capture overhead (ResNet-18, GPT-2 small), selective capture, extraction, metadata, save/load, patching,
-    comparison, the floor under a capture (torch, and TensorFlow where its session exists); then one table for
+    comparison, the floor under a capture (torch, and TensorFlow where its session exists), a jitted JAX target's
+    repeat capture part by part (where the jax session exists); then one table for
     every backend (bench/all_backends.py, in each backend session's virtualenv: a missing one gets a row saying
     so), written to this session's scratch folder."""
     # zoo: GPT-2 (transformers); extract: zarr, tqdm; tables: pandas (metadata_cost times trace.to_pandas()).
@@ -128,6 +129,9 @@ def bench(session: nox.Session) -> None:
     tf_python = envs / "tf" / "bin" / "python"
     if tf_python.exists():
         session.run(str(tf_python), "bench/capture_floor.py", "--backend", "tf", external=True)
+    jax_python = envs / "jax" / "bin" / "python"
+    if jax_python.exists():
+        session.run(str(jax_python), "bench/jax_capture_parts.py", external=True)
     table = pathlib.Path(session.create_tmp()) / "performance-table.md"
     session.run("python", "bench/all_backends.py", "--envs", str(envs), "--out", str(table))
 

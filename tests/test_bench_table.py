@@ -123,3 +123,19 @@ def test_goals_are_checked_against_each_figure() -> None:
     assert all_backends._missed("torch", "resnet18", patched) == []  # the patching goal is GPT-2's
     result = {"backend": "torch", "framework": "torch 0", "memory_method": "rss", "models": {"gpt2": patched}}
     assert "| 1.10x | 0.30x | 1.25x (h.5) | 1.00x |" in all_backends.markdown([result], repeats=3)
+
+
+def test_jax_capture_parts_times_the_cached_capture_of_the_jitted_target() -> None:
+    pytest.importorskip("jax")
+    pytest.importorskip("equinox")
+    import jax_capture_parts
+    from capture_overhead import builders, jitted_target
+
+    import torchlens as tl
+
+    us = jax_capture_parts.parts("eqx_mlp", rounds=3)
+    model, args, kwargs = builders("jax", ["eqx_mlp"])["eqx_mlp"]()
+    target, targs = jitted_target(model, args)
+    assert us["ops"] == len(tl.trace(target, *targs, backend="jax", **kwargs).ops)
+    assert all(us[part] > 0 for part in ("jit", "trace", "key", "executable", "remember"))
+    assert us["trace"] > us["executable"]  # the capture runs the executable, and more

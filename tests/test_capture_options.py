@@ -149,6 +149,25 @@ def test_record_defers_naming_until_to_trace(resnet: tuple) -> None:
     assert trace.audit()
 
 
+def test_a_module_the_forward_never_called_is_named_as_such() -> None:
+    """A selector naming a module the model holds but this forward did not call (a fused path, a branch not
+    taken) says so, rather than offering the very path it was given as the closest match."""
+
+    class SkipsOne(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used, self.spare = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.used(x).relu()
+
+    model, x = SkipsOne(), torch.rand(2, 3)
+    for options in ({"save": tl.module("spare")}, {"intervene": tl.when(tl.module("spare"), tl.zero_ablate())}):
+        with pytest.raises(tl.LabelNotFoundError, match="'spare' belongs to the model but was never called") as caught:
+            tl.trace(model, x, **options)
+        assert "closest" not in str(caught.value)
+
+
 def test_a_save_selector_that_picks_nothing_names_the_closest(resnet: tuple) -> None:
     model, x = resnet
     with pytest.raises(KeyError, match="rellu.*closest labels and module paths: .*relu"):

@@ -236,6 +236,28 @@ def test_the_first_capture_runs_eagerly_and_the_first_hit_compiles(counts):
     assert third.notes["compiled"]["cached"] and compiled.CACHE.compiles == start + 1
 
 
+def test_constants_are_passed_on_the_device_with_their_abstract_values(monkeypatch):
+    """A jaxpr's NumPy constants (and JAX's literal arrays) are handed to the executable as device arrays of the
+    same shape, dtype and weak type: a host array would be copied to the device at every call."""
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    target = jax.jit(lambda x: jnp.tanh(x @ table) * 0.5 + jnp.asarray(np.float32(2.0)))
+    x = jnp.linspace(-1.0, 1.0, 8, dtype=jnp.float32).reshape(2, 4)
+    given: list[list[Any]] = []
+    run = compiled.Compiled.run
+
+    def recording_run(self, args):
+        given.append(list(args))
+        return run(self, args)
+
+    monkeypatch.setattr(compiled.Compiled, "run", recording_run)
+    trace = _cached(target, (x,))
+    assert given and all(isinstance(a, jax.Array) for a in given[-1])
+    assert any(a.shape == (4, 3) and np.array_equal(np.asarray(a), table) for a in given[-1])
+    expected = np.tanh(np.asarray(x) @ table) * 0.5 + 2.0  # by hand, in NumPy
+    assert np.allclose(np.asarray(trace.output), expected, rtol=1e-6, atol=1e-6)
+    assert trace.output.dtype == jnp.float32 and not trace.output.weak_type
+
+
 # -- new weights: new values, the same executable ----------------------------------------------------
 def test_new_weights_give_new_values_and_compile_nothing(counts):
     model, (x,), _ = CASES["nnx_mlp"].build()

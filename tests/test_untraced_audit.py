@@ -11,6 +11,7 @@ import pytest
 from backend_arrays import BACKENDS, array, numpy_of
 
 import torchlens as tl
+from torchlens_core.ir.records import Ref
 
 
 def untraced_finding(report: tl.AuditReport) -> Any:
@@ -128,4 +129,62 @@ def test_random_draws_are_compared_when_the_generator_is_reset() -> None:
     trace = tl.trace(model, x)
     torch.manual_seed(0)  # the state the capture started from: the rerun draws the same mask
     report = trace.audit(rtol=0.0, untraced=True)
+    assert report and "bit-identical" in untraced_finding(report).detail
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_arguments_nested_shared_and_plain_are_remembered_as_given(backend: str) -> None:
+    """Arrays inside lists, dicts and dataclasses become Refs to their input nodes (one array passed twice: one
+    Ref), everything else is kept as given, and the rerun rebuilds the very structure the model was called with."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Config:
+        weight: Any
+        power: int
+
+    seen: list[Any] = []
+
+    def model(a: Any, pair: list[Any], *, config: Config, extra: dict[str, Any]) -> Any:
+        seen.append((type(pair), type(config), sorted(extra)))
+        return (a + pair[1]) * config.weight + extra["same"] * config.power
+
+    a, b, c = (array(backend, [[1.0, 2.0], [3.0, 4.0]]), array(backend, [[0.5, 0.25], [1.0, 2.0]]),
+               array(backend, [[2.0, 1.0], [0.0, 3.0]]))
+    trace = tl.trace(model, a, [a, b], backend=backend, config=Config(c, 2), extra={"same": a, "label": "x"})
+    call = trace.call
+    inputs = {op.index for op in trace.ops if op.kind == "input"}
+    ref_a, (ref_a2, ref_b) = call.args[0], call.args[1]
+    assert isinstance(call.args[1], list) and ref_a2 is ref_a and ref_b != ref_a
+    assert {ref_a.index, ref_b.index} <= inputs
+    weight = call.kwargs["config"].weight  # an input node, or (JAX: a dataclass is no pytree) a constant, kept
+    assert weight is c if not isinstance(weight, Ref) else weight.index in inputs
+    assert call.kwargs["config"].power == 2 and call.kwargs["extra"]["label"] == "x"
+    assert call.kwargs["extra"]["same"] is ref_a
+    assert trace.audit(untraced=True)
+    assert seen[-1] == seen[0] == (list, Config, ["label", "same"])  # the rerun called it the same way
+
+
+def test_an_array_the_backend_read_as_a_constant_does_not_take_an_inputs_node() -> None:
+    """JAX: an array in a dataclass that is no pytree is a constant of the jaxpr, a NumPy input is converted into
+    its input node. The constant, met first, has the input's shape; it must not take the input's node."""
+    import dataclasses
+
+    import numpy as np
+
+    pytest.importorskip("jax")
+
+    @dataclasses.dataclass
+    class Config:
+        weight: Any
+
+    def model(config: Config, x: Any) -> Any:
+        return x * config.weight + 1.0
+
+    c = np.array([[2.0, 1.0], [0.0, 3.0]], np.float32)
+    x = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    trace = tl.trace(model, Config(c), x, backend="jax")
+    config, ref = trace.call.args
+    assert config.weight is c and isinstance(ref, Ref) and trace.ops[ref.index].kind == "input"
+    report = trace.audit(untraced=True)
     assert report and "bit-identical" in untraced_finding(report).detail

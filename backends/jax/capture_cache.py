@@ -29,7 +29,6 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from time import perf_counter
 from typing import Any
 
 import attrs
@@ -259,13 +258,16 @@ def _positioned(source: tuple[Any, ...], position: dict[str, int]) -> tuple[Any,
 
 
 # -- answering a capture -----------------------------------------------------------------------
+def executable_args(probe: Probe, skeleton: Skeleton) -> list[Any]:
+    """The arguments of ``skeleton``'s executable for this capture: its parameters and inputs, and constants."""
+    return [probe.params[s[1]] if s[0] == _PARAM else probe.inputs[s[1]] if s[0] == _INPUT else s[1]
+            for s in skeleton.arg_sources]
+
+
 def answer(probe: Probe, skeleton: Skeleton) -> Trace | None:
     """A new trace from ``skeleton``, every value computed by one call of its executable on ``probe``'s arrays
     (None: no executable could be made, and the capture takes the ordinary path)."""
-    import jax
-
-    args = [probe.params[s[1]] if s[0] == _PARAM else probe.inputs[s[1]] if s[0] == _INPUT else s[1]
-            for s in skeleton.arg_sources]
+    args = executable_args(probe, skeleton)
     compiled, cached = skeleton.compiled, True
     if compiled is None:  # the first hit: compile now (once; a race compiles twice, harmlessly)
         program = Program(steps=skeleton.steps.steps, args=args, slots=skeleton.steps.slots)
@@ -273,9 +275,7 @@ def answer(probe: Probe, skeleton: Skeleton) -> Trace | None:
         if compiled is None:  # no key after all (store() checked there was one): the ordinary path
             return None
         skeleton.compiled = compiled
-    start = perf_counter()
-    values = jax.block_until_ready(compiled.executable(args))
-    elapsed = perf_counter() - start
+    values, elapsed = compiled.run(args)
     by_slot = dict(zip(skeleton.order, values))
 
     def resolve(source: tuple[Any, ...]) -> Any:

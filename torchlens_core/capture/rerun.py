@@ -4,7 +4,9 @@ A :class:`RecordedCall` holds no array of its own: the model is held weakly
 where the object allows it (a module, a function, a bound method), and each
 array argument is a Ref to the input node that recorded its value (or a
 ParamRef, for a parameter passed as an argument). Anything else among the
-arguments (flags, sizes, None) is kept as given. A rerun gets copies of the
+arguments (flags, sizes, None, an object the walk does not enter, an array
+the backend read as a constant of the model rather than as an input) is kept
+as given. A rerun gets copies of the
 recorded inputs, so a model that writes into its input cannot change the trace.
 """
 
@@ -85,48 +87,99 @@ def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: T
     # Both held by the trace, so a leaf with one of these ids is that very object.
     by_identity = {id(op.out): op.index for op in inputs}
     params = {id(p.value): name for name, p in trace.params.items()}
-    is_array = is_array_of(trace.backend)
-    numpy = sys.modules.get("numpy")  # NumPy inputs: some backends convert them into input nodes
-
-    def array(value: Any) -> bool:  # the identity lookups first: the array hook costs more, on every leaf
-        t = type(value)
-        if t in _PLAIN:  # (a small int is one shared object: its id says nothing)
-            return False
-        if id(value) in by_identity or id(value) in params:
-            return True
-        return t not in _CONTAINERS and (is_array(value) or (numpy is not None and isinstance(value, numpy.ndarray)))
-
-    arrays = [leaf for _, leaf in tree.leaves((args, kwargs), array)]
-    arrays = list({id(leaf): leaf for leaf in arrays}.values())  # one array passed twice is one input
-    found: dict[int, Any] = {}
-    for leaf in arrays:
-        if id(leaf) in by_identity:
-            found[id(leaf)] = Ref(by_identity[id(leaf)])
-        elif id(leaf) in params:
-            found[id(leaf)] = ParamRef(params[id(leaf)])
-    claimed = {ref.index for ref in found.values() if isinstance(ref, Ref)}
-    free = iter([op for op in inputs if op.index not in claimed])
-    for leaf in arrays:
-        if id(leaf) not in found:
-            op = next(free, None)
-            if op is None or op.shape is None or tuple(op.shape) != tuple(leaf.shape):
-                return f"an array argument of shape {tuple(leaf.shape)} matches no input node of the trace"
-            found[id(leaf)] = Ref(op.index)
-
-    def template(leaf: Any) -> Any:
-        return found.get(id(leaf), leaf)
+    match = _Matcher(by_identity, params, trace.backend)
+    args_t, kwargs_t = match.template(args), match.template(kwargs)
+    found, unmatched = match.found, match.unmatched
+    if unmatched:  # a backend that records a copy or a conversion: the free input nodes, in order
+        # Free: not holding an argument itself (JAX makes a node for each occurrence of one array, each holding it).
+        free = [op for op in inputs if id(op.out) not in found]
+        # A node holding the very value first (the argument among several of one shape that it was made from),
+        # then, in order, one of the same shape (the model may have written into its argument since).
+        for same_value in (True, False):
+            for key, leaf in unmatched.items():
+                if key in found:
+                    continue
+                op = next((op for op in free if _fits(trace.backend, op, leaf, same_value)), None)
+                if op is not None:
+                    free.remove(op)
+                    found[key] = Ref(op.index)
+        for key, leaf in unmatched.items():
+            # no node: the backend read it as a constant of the model (JAX: an array in a dataclass that is no
+            # pytree), kept as given, as an object the walk does not enter keeps its arrays
+            found.setdefault(key, leaf)
+        args_t, kwargs_t = match.template(args), match.template(kwargs)
 
     name = getattr(model, "__name__", None) or type(model).__name__
     given = {}
-    for leaf in arrays:
-        ref = found[id(leaf)]
+    for key, ref in found.items():
         if isinstance(ref, Ref):
+            leaf = unmatched.get(key)
+            if leaf is None:
+                leaf = trace.ops[ref.index].out
             try:
                 given[ref.index] = weakref.ref(leaf)
             except TypeError:  # arrays without weak references (NumPy scalars): no live handle
                 pass
-    return RecordedCall(_weakly(model), str(name), tree.map_leaves(template, args), tree.map_leaves(template, kwargs),
-                        intervene, given)
+    return RecordedCall(_weakly(model), str(name), args_t, kwargs_t, intervene, given)
+
+
+class _Matcher:
+    """The arguments' templates: each array a Ref to its input node or a ParamRef, matched by identity.
+
+    One walk over the arguments (a method, not a closure calling itself: that would be a reference cycle
+    left for the cyclic GC at every capture)."""
+
+    def __init__(self, by_identity: dict[int, int], params: dict[int, str], backend: str) -> None:
+        self.by_identity, self.params, self.backend = by_identity, params, backend
+        self.numpy = sys.modules.get("numpy")  # NumPy inputs: some backends convert them into input nodes
+        self.is_array: Callable[[Any], bool] | None = None  # made at the first leaf that needs it
+        self.found: dict[int, Any] = {}  # id(argument) -> what it is in the template (a Ref, a ParamRef, itself)
+        self.unmatched: dict[int, Any] = {}  # arrays no input node holds, in argument order (one passed twice: once)
+
+    def template(self, value: Any) -> Any:
+        """``value`` with each array a Ref or ParamRef; arrays to match by position are left as they are."""
+        t = type(value)
+        if t in _PLAIN:  # (a small int is one shared object: its id says nothing)
+            return value
+        key = id(value)
+        ref = self.found.get(key)
+        if ref is not None:
+            return ref
+        index = self.by_identity.get(key)
+        if index is not None:
+            ref = self.found[key] = Ref(index)
+            return ref
+        name = self.params.get(key)
+        if name is not None:
+            ref = self.found[key] = ParamRef(name)
+            return ref
+        if t not in _CONTAINERS:  # the array hook costs more than the lookups; a plain container is no array
+            if self.is_array is None:
+                self.is_array = is_array_of(self.backend)
+            if self.is_array(value) or (self.numpy is not None and isinstance(value, self.numpy.ndarray)):
+                self.unmatched[key] = value
+                return value
+        kids = tree.children(value)
+        return value if kids is None else tree.rebuild(value, [self.template(v) for _, v in kids])
+
+
+def _fits(backend: str, op: Any, leaf: Any, same_value: bool) -> bool:
+    """Can input node ``op`` be the node of argument ``leaf``: the same shape, and with ``same_value``, equal
+    values (NaNs included) once cast to the node's dtype, as the backend converted it?"""
+    import numpy as np
+
+    if op.shape is None or tuple(op.shape) != tuple(leaf.shape):
+        return False
+    if not same_value:
+        return True
+    h = hook()
+    try:
+        recorded = np.asarray(h.torchlens_to_numpy(backend=backend, value=op.out))
+        given = leaf if isinstance(leaf, np.ndarray) else h.torchlens_to_numpy(backend=backend, value=leaf)
+        given = np.asarray(given).astype(recorded.dtype)
+        return bool(np.array_equal(recorded, given, equal_nan=np.issubdtype(recorded.dtype, np.inexact)))
+    except Exception:  # noqa: BLE001 - a value the hooks cannot read as NumPy: left to the match by shape
+        return False
 
 
 def _weakly(model: Any) -> Callable[[], Any]:

@@ -321,9 +321,20 @@ def near_names(trace: Trace, *selectors: Selector) -> str:
     """``"; closest labels and module paths: ..."`` for the names the selectors mention, or ``""``."""
     pool = [op.label for op in trace.ops if op.kind == "op"] + list(trace.modules)
     near: list[str] = []
+    idle: list[str] = []  # modules the model holds that this forward never called
     for word in (w for selector in selectors for w in _words(selector) if w):
+        module = trace.modules.get(word)
+        if module is not None and not module.passes:
+            idle.append(word)
+            continue
         near += closest(word, pool, n=4)
-    return f"; closest labels and module paths: {', '.join(map(repr, dict.fromkeys(near)))}" if near else ""
+    hint = ""
+    if idle:
+        hint += (f"; module {', '.join(map(repr, idle))} belongs to the model but was never called in this forward "
+                 f"(its parent may compute it another way, a fused op for instance): select its parent, or the ops")
+    if near:
+        hint += f"; closest labels and module paths: {', '.join(map(repr, dict.fromkeys(near)))}"
+    return hint
 
 
 def _words(selector: Any) -> list[str]:
