@@ -373,7 +373,8 @@ def _filled(value: Any, by_slot: dict[int, Any]) -> Any:
 def _on_device(const: Any) -> Any:
     """A jaxpr constant held in host memory (NumPy, JAX's literal arrays) as a JAX array of the same abstract
     value (dtype and weak type): an executable argument in host memory is copied to the device at every call,
-    which on a small model cost as much as the rest of the call (linen_mlp, five scalars: 94 against 48 µs)."""
+    which on a small model cost a third of the call (linen_mlp's five scalars: 94 against 66 µs, with the wait
+    for the outputs below)."""
     import jax
 
     if is_jax_array(const):

@@ -80,8 +80,10 @@ def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: T
 
     Each array argument is matched to its input node: by identity first (the
     node holds the very object), then, for backends that record a copy or a
-    conversion, to the unclaimed input nodes in argument order, which is the
-    order every backend adds them in, if the shapes agree.
+    conversion, to the unclaimed input nodes: one holding the same values
+    first, then in argument order (the order every backend adds them in) one
+    of the same shape. An array no node is left for is one the backend read
+    as a constant: it is kept as given.
     """
     inputs = [op for op in trace.ops if op.kind == "input"]
     # Both held by the trace, so a leaf with one of these ids is that very object.
