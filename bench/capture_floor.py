@@ -14,12 +14,18 @@ Interleaved in one process, one thread, medians:
 - ``trace``: ``tl.trace``.
 
 ``trace`` minus ``hold`` is TorchLens's own cost; ``hold`` is the floor a capture that keeps every value cannot
-go under (on a CPU, mostly the first touch of fresh memory: a plain forward reuses its allocator's blocks).
+go under (on a CPU, mostly the first touch of fresh memory: a plain forward reuses its allocator's blocks). The
+``faults`` columns are the minor page faults of ``hold`` and ``trace`` (medians): each is a page of fresh memory
+the kernel maps and zeroes. glibc gives freed memory back to the system (large blocks at once, the top of the heap
+once it passes a threshold), so a capture repeated in a loop faults its values in again every time; run with
+``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967295`` in the environment to see the floor when
+the process keeps what it freed (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -43,7 +49,9 @@ def torch_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
 
         def __torch_function__(self, func: Any, types: Any, a: tuple[Any, ...] = (), k: Any = None) -> Any:
             name = getattr(func, "__name__", "")
-            in_place = (name.endswith("_") and not name.endswith("__")) or name in ("__iadd__", "__imul__")
+            # F.relu(x, inplace=True) reaches the mode as `relu` with the keyword (torchvision's ResNets)
+            in_place = ((name.endswith("_") and not name.endswith("__")) or name in ("__iadd__", "__imul__")
+                        or bool(k and k.get("inplace")))
             if in_place and a and isinstance(a[0], torch.Tensor):
                 with torch._C.DisableTorchFunction():
                     self.kept.append(a[0].clone())
@@ -100,31 +108,37 @@ def main() -> None:
 
         torch.set_num_threads(1)
         torch.set_grad_enabled(False)
-    print(f"{'model':24s} {'plain ms':>9s} {'bare':>6s} {'hold':>6s} {'trace':>6s}")
+    print(f"{'model':24s} {'plain ms':>9s} {'bare':>6s} {'hold':>6s} {'trace':>6s} {'faults hold':>12s} "
+          f"{'faults trace':>12s}")
     for name, build in build_models(options.backend, names).items():
-        plain, ratios = measure(options.backend, *build(), options.repeats)
-        print(f"{name:24s} {plain * 1e3:9.1f} " + " ".join(f"{ratios[m]:5.2f}x" for m in ("bare", "hold", "trace")),
-              flush=True)
+        plain, ratios, faults = measure(options.backend, *build(), options.repeats)
+        print(f"{name:24s} {plain * 1e3:9.1f} " + " ".join(f"{ratios[m]:5.2f}x" for m in ("bare", "hold", "trace"))
+              + f" {faults['hold']:12.0f} {faults['trace']:12.0f}", flush=True)
 
 
 def measure(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int
-            ) -> tuple[float, dict[str, float]]:
-    """The plain call's median seconds, and each mode's median over it."""
+            ) -> tuple[float, dict[str, float], dict[str, float]]:
+    """The plain call's median seconds, each mode's median over it, and each mode's median minor page faults."""
     import torchlens as tl
 
     runs = {"plain": lambda: model(*args, **kwargs), **MODES[backend](model, args, kwargs),
             "trace": lambda: tl.trace(model, *args, backend=backend, **kwargs)}
     times: dict[str, list[float]] = {mode: [] for mode in runs}
+    faults: dict[str, list[int]] = {mode: [] for mode in runs}
     for round_ in range(repeats + 3):  # three warm-up rounds
         for mode, run in runs.items():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             kept = run()
             elapsed = time.perf_counter() - start
+            faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
             del kept
             if round_ >= 3:
                 times[mode].append(elapsed)
+                faults[mode].append(faulted)
     plain = statistics.median(times["plain"])
-    return plain, {mode: statistics.median(t) / plain for mode, t in times.items()}
+    return (plain, {mode: statistics.median(t) / plain for mode, t in times.items()},
+            {mode: statistics.median(f) for mode, f in faults.items()})
 
 if __name__ == "__main__":
     main()

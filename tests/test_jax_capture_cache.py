@@ -319,6 +319,44 @@ def test_new_linen_variables_and_equinox_weights_give_new_values(counts):
     assert _close(first.passes[0].out, new.layers[0](x))
 
 
+def test_an_equinox_wrapper_is_keyed_once_and_frees_what_it_keyed(counts, monkeypatch):
+    """filter_jit's wrapper is immutable: its model's part of the key is worked out at its first capture only
+    (rebuilding the module at each capture cost more than the rest of the key), the same key as worked out anew;
+    new weights make a new wrapper, with its own values; a dropped wrapper drops its part."""
+    from torchlens_core.capture.policy import CaptureOptions
+    from torchlens_jax import cache_keys
+
+    model, (x,), _ = CASES["eqx_cnn"].build()
+    target = eqx.filter_jit(model)
+    _cached(target, (x,))
+    rebuilt = []
+    jit_inner = cache_keys.jit_inner
+    monkeypatch.setattr(cache_keys, "jit_inner", lambda t: rebuilt.append(type(t)) or jit_inner(t))
+    trace = tl.trace(target, x)
+    assert not rebuilt and trace.notes["capture"] == capture_cache.CAPTURE_NOTE
+    _leaves_close(trace.output, model(x))
+    keyed = cache_keys.probe(target, (x,), {}, CaptureOptions())
+    monkeypatch.setattr(cache_keys, "is_frozen_wrapper", lambda t: False)
+    anew = cache_keys.probe(target, (x,), {}, CaptureOptions())
+    assert rebuilt and keyed.key == anew.key and all(a is b for a, b in zip(keyed.params, anew.params))
+    monkeypatch.undo()
+
+    new = jax.tree_util.tree_map(lambda v: v * 0.5 if eqx.is_inexact_array(v) else v, model)
+    other = eqx.filter_jit(new)
+    _cached(other, (x,))
+    again = tl.trace(other, x)
+    assert again.notes["capture"] == capture_cache.CAPTURE_NOTE
+    _leaves_close(again.output, new(x))
+    assert not _close(jax.tree_util.tree_leaves(again.output)[0], jax.tree_util.tree_leaves(trace.output)[0])
+
+    at = id(target)
+    assert at in cache_keys._FROZEN_PARTS
+    gone = weakref.ref(target)
+    del target, trace, keyed, anew
+    gc.collect()
+    assert gone() is None and at not in cache_keys._FROZEN_PARTS
+
+
 # -- what must miss ----------------------------------------------------------------------------------
 def _missed(trace) -> bool:
     return trace.notes["capture"] != capture_cache.CAPTURE_NOTE

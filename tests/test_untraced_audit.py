@@ -188,3 +188,28 @@ def test_an_array_the_backend_read_as_a_constant_does_not_take_an_inputs_node() 
     assert config.weight is c and isinstance(ref, Ref) and trace.ops[ref.index].kind == "input"
     report = trace.audit(untraced=True)
     assert report and "bit-identical" in untraced_finding(report).detail
+
+
+def test_an_argument_of_a_shape_no_other_has_is_matched_without_reading_values(monkeypatch: Any) -> None:
+    """torch copies its inputs into their nodes (the user may write into them later), so no node holds the
+    argument itself; where one free node alone has the argument's shape, that node is the match, with no value
+    read through NumPy (a copy of each input at every capture). Several of one shape are still told apart by
+    value (test_arguments_nested_shared_and_plain_are_remembered_as_given)."""
+    torch = pytest.importorskip("torch")
+    from torchlens_core.capture import rerun
+
+    read: list[Any] = []
+    fits = rerun._fits
+    monkeypatch.setattr(rerun, "_fits", lambda *a: read.append(a[3]) or fits(*a))
+    def product(a: Any, b: Any) -> Any:
+        return (a * b).sum(0)
+
+    x, y = torch.randn(2, 3), torch.randn(3)
+    trace = tl.trace(product, x, y)
+    (ref_x, ref_y), inputs = trace.call.args, [op for op in trace.ops if op.kind == "input"]
+    assert [op.out is x for op in inputs] == [False, False]  # copies: matched by shape alone
+    assert True not in read and (ref_x.index, ref_y.index) == (inputs[0].index, inputs[1].index)
+    assert trace.audit(untraced=True)
+
+    same = tl.trace(lambda a, b: a - b, x, x.clone())  # one shape twice: told apart by value
+    assert True in read and [r.index for r in same.call.args] == [op.index for op in same.ops if op.kind == "input"]

@@ -36,6 +36,8 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import threading
+import weakref
 from typing import Any
 
 import attrs
@@ -44,7 +46,7 @@ import numpy as np
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.selectors import AllOf, AnyOf, FollowedBy, Func, InModule, Label, Module, Not, PrecededBy
 from torchlens_jax.arrays import is_array
-from torchlens_jax.jitted import is_jitted, jit_inner, unjitted
+from torchlens_jax.jitted import is_frozen_wrapper, is_jitted, jit_inner, unjitted
 from torchlens_jax.modules import framework_of
 
 # Selectors that judge an op by its record alone (name, module, label, neighbours), never by its value.
@@ -80,9 +82,10 @@ def probe(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: C
         return None
     import jax
 
-    inner = unjitted(jit_inner(target))
     try:
-        model = _model_part(inner, args)
+        model = _frozen_model_part(target) if is_frozen_wrapper(target) else None
+        if model is None:
+            model = _model_part(unjitted(jit_inner(target)), args)
         if model is None:
             return None
         kind, model_key, params, param_args = model
@@ -124,6 +127,37 @@ def _model_part(inner: Any, args: tuple[Any, ...]) -> tuple[str, Any, list[Any],
         params, treedef = jax.tree_util.tree_flatten(args[0])
         return kind, (treedef, tuple(map(leaf_key, params))), params, 1
     return "function", None, [], 0
+
+
+# equinox.filter_jit's wrapper rebuilds the module it runs at every read of ``__wrapped__``, and flattening that
+# module again costs more than the rest of the key; but the wrapper is immutable (an equinox Module of arrays and
+# static parts), so what its model adds to the key is found once per wrapper: id -> (the wrapper, weakly; part).
+_FROZEN_PARTS: dict[int, tuple[weakref.ref[Any], tuple[str, Any, list[Any], int] | None]] = {}
+_FROZEN_LOCK = threading.Lock()
+_FROZEN_SIZE = 256
+
+
+def _frozen_model_part(wrapper: Any) -> tuple[str, Any, list[Any], int] | None:
+    """:func:`_model_part` of an immutable jit wrapper, worked out at its first capture; None where the part
+    depends on more than the wrapper (an nnx module it runs may change; a linen apply reads its variables from
+    the arguments), which the caller works out at every capture."""
+    found = _FROZEN_PARTS.get(id(wrapper))
+    if found is not None and found[0]() is wrapper:
+        return found[1]
+    part = _model_part(unjitted(jit_inner(wrapper)), ())
+    if part is not None and part[0] not in ("equinox", "function"):
+        part = None
+    wrapper_id = id(wrapper)
+    try:
+        # (the table bound as a default: at interpreter exit the module's globals may be gone before the wrapper)
+        ref = weakref.ref(wrapper, lambda _, at=wrapper_id, parts=_FROZEN_PARTS: parts.pop(at, None))
+    except TypeError:
+        return part
+    with _FROZEN_LOCK:
+        if len(_FROZEN_PARTS) >= _FROZEN_SIZE:
+            _FROZEN_PARTS.clear()
+        _FROZEN_PARTS[wrapper_id] = (ref, part)
+    return part
 
 
 def leaf_key(leaf: Any) -> Any:

@@ -52,6 +52,12 @@ def is_jitted(target: Any) -> bool:
     return _wrapper_kind(target) is not None
 
 
+def is_frozen_wrapper(target: Any) -> bool:
+    """Is ``target`` a jit wrapper that cannot change after it is made (``equinox.filter_jit``'s, an equinox
+    Module holding the function it runs as arrays and static parts)? Not a partial."""
+    return _wrapper_kind(target) == "equinox"
+
+
 def _wrapper_kind(target: Any) -> str | None:
     jax = sys.modules.get("jax")
     if jax is None:

@@ -31,6 +31,7 @@ replacement instead of the layer's call (``tl.splice_module``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import sys
 import types
@@ -97,8 +98,16 @@ def _is_tf_module(obj: Any) -> bool:
     return isinstance(obj, tf.Module)
 
 
-def _sanitize(name: str) -> str:
-    return re.sub(r"[.:/\s]+", "_", str(name)) or "layer"
+def _sanitize(name: Any) -> str:
+    return _sanitized(str(name))
+
+
+@functools.lru_cache(maxsize=4096)  # every capture names the same layers and variables again
+def _sanitized(name: str) -> str:
+    return _SEPARATORS.sub("_", name) or "layer"
+
+
+_SEPARATORS = re.compile(r"[.:/\s]+")
 
 
 def _children(layer: Any) -> list[Any]:
@@ -189,9 +198,11 @@ class _Collector:
         for p, owner in [(path, layer), *self.layers[start:]]:
             for name, v, trainable, is_buffer in _layer_variables(owner, p):
                 self.variable(name, v, p, trainable, is_buffer)
-        # Variables Keras knows of but no tracked layer holds directly.
+        # Variables Keras knows of but no tracked layer holds directly (most are known by now: looked up first).
         for v in layer.variables:
-            self.variable((f"{path}." if path else "") + _sanitize(v.path), v, path, bool(v.trainable), True)
+            rv = resource_variable(v)
+            if rv is not None and id(rv) not in self.seen_vars:
+                self.variable((f"{path}." if path else "") + _sanitize(v.path), v, path, bool(v.trainable), True)
 
     def tf_module(self, module: Any, path: str) -> None:
         tf = sys.modules["tensorflow"]

@@ -32,6 +32,7 @@ the difference.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 import warnings
@@ -107,12 +108,17 @@ def recorded_as_run(model: Any, recorder: Any) -> Iterator[None]:
                     del _PATCHES[key]
 
 
+@functools.lru_cache(maxsize=64)  # every capture patches the same few classes' modules again
+def _signature(forward: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(forward)
+
+
 # runner(handler, module, call) -> what the fast path returned, or NotImplemented: run the module's own forward.
 Runner = Callable[[_Handler, Any, inspect.BoundArguments], Any]
 
 
 def _replacement(module: Any, run: Runner) -> Callable[[Any, dict[int, Any]], Any]:
-    signature = inspect.signature(type(module).forward)
+    signature = _signature(type(module).forward)
 
     def make(original: Callable[..., Any], handlers: dict[int, Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:

@@ -95,6 +95,17 @@ def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: T
     if unmatched:  # a backend that records a copy or a conversion: the free input nodes, in order
         # Free: not holding an argument itself (JAX makes a node for each occurrence of one array, each holding it).
         free = [op for op in inputs if id(op.out) not in found]
+        # An argument whose shape one free node alone has, and no other unmatched argument: that node, with no
+        # values read (both passes below would pick it; reading them costs a copy of each through NumPy).
+        shapes = [_shape(leaf) for key, leaf in unmatched.items() if key not in found]
+        for key, leaf in unmatched.items():
+            shape = _shape(leaf)
+            if key in found or shape is None or shapes.count(shape) != 1:
+                continue
+            fitting = [op for op in free if op.shape is not None and tuple(op.shape) == shape]
+            if len(fitting) == 1:
+                free.remove(fitting[0])
+                found[key] = Ref(fitting[0].index)
         # A node holding the very value first (the argument among several of one shape that it was made from),
         # then, in order, one of the same shape (the model may have written into its argument since).
         for same_value in (True, False):
@@ -178,10 +189,15 @@ def _fits(backend: str, op: Any, leaf: Any, same_value: bool) -> bool:
     try:
         recorded = np.asarray(h.torchlens_to_numpy(backend=backend, value=op.out))
         given = leaf if isinstance(leaf, np.ndarray) else h.torchlens_to_numpy(backend=backend, value=leaf)
-        given = np.asarray(given).astype(recorded.dtype)
+        given = np.asarray(given).astype(recorded.dtype, copy=False)
         return bool(np.array_equal(recorded, given, equal_nan=np.issubdtype(recorded.dtype, np.inexact)))
     except Exception:  # noqa: BLE001 - a value the hooks cannot read as NumPy: left to the match by shape
         return False
+
+
+def _shape(leaf: Any) -> tuple[Any, ...] | None:
+    shape = getattr(leaf, "shape", None)
+    return None if shape is None else tuple(shape)
 
 
 def _weakly(model: Any) -> Callable[[], Any]:
