@@ -397,6 +397,22 @@ def test_a_changed_static_or_python_argument_misses():
     assert np.signbit(to_numpy(negative.output)[0, 0]) and not np.signbit(to_numpy(zero.output)[0, 0])
 
 
+def test_complex_arguments_that_differ_in_the_sign_of_a_zero_miss():
+    def f(x, scale):  # a Python number stays as given: a constant of the trace, so part of the key
+        return jax.lax.complex(jnp.tanh(x) * scale.real, jnp.tanh(x) * scale.imag)
+
+    target = jax.jit(f)
+    x = jnp.arange(1.0, 7.0).reshape(2, 3)
+    for _ in range(3):  # cached from the second round on; complex(1, -0.0) == complex(1, 0.0) in Python
+        plus = tl.trace(target, x, complex(1.0, 0.0))
+        minus = tl.trace(target, x, complex(1.0, -0.0))
+    assert not _missed(plus) and not _missed(minus)
+    assert np.all(np.signbit(np.imag(to_numpy(minus.output))))
+    assert not np.any(np.signbit(np.imag(to_numpy(plus.output))))
+    assert np.array_equal(np.signbit(np.imag(to_numpy(minus.output))),
+                          np.signbit(np.imag(np.asarray(f(x, complex(1.0, -0.0))))))
+
+
 class Stack(nnx.Module):
     def __init__(self, n: int, rngs: nnx.Rngs) -> None:
         self.layers = nnx.List([nnx.Linear(4, 4, rngs=rngs) for _ in range(n)])

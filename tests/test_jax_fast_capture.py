@@ -130,6 +130,28 @@ def test_repeat_capture_reuses_the_executable_and_recompiles_only_on_structure()
     assert changed.model_output.shape == (2, 6) and _close(changed.model_output, model(x))
 
 
+def test_programs_whose_literals_differ_only_in_the_sign_of_zero_are_not_one_executable():
+    # -0.0 == 0.0 in Python, so a key holding the literals as they are took one program for the other
+    from jax import lax
+
+    def times_zero(x):
+        return 1.0 / lax.mul(x, 0.0)
+
+    def times_minus_zero(x):
+        return 1.0 / lax.mul(x, -0.0)
+
+    x = jnp.ones(3)
+    compiled.CACHE.clear()
+    for _ in range(3):  # compiled at the second, answered from the cache at the third
+        plus = tl.trace(times_zero, x, backend="jax")
+    assert plus.notes["compiled"]["cached"]
+    minus = [tl.trace(times_minus_zero, x, backend="jax") for _ in range(3)]
+    assert np.all(np.asarray(plus.output) == np.inf)
+    for trace in minus:  # 1 / (1 * -0.0), and what JAX computes untraced
+        assert np.all(np.asarray(trace.output) == -np.inf), np.asarray(trace.output)
+        assert np.all(np.asarray(trace.output) == np.asarray(times_minus_zero(x)))
+
+
 def test_save_shrinks_the_outputs_of_the_executable():
     full, _ = _capture("nnx_cnn", True)
     some, _ = _capture("nnx_cnn", True, save=tl.func("conv.*"))

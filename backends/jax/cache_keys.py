@@ -172,6 +172,8 @@ def leaf_key(leaf: Any) -> Any:
     if isinstance(leaf, (float, np.floating)):
         value = float(leaf)
         return (type(leaf), value.hex() if math.isfinite(value) else repr(value))
+    if isinstance(leaf, (complex, np.complexfloating)):  # repr tells -0.0 from 0.0 in either part
+        return (type(leaf), repr(complex(leaf)))
     return (type(leaf), leaf)
 
 

@@ -50,7 +50,7 @@ from torchlens_jax.arrays import array_info, is_array
 from torchlens_jax.compiled import DeferredWalker, device_of, execute, fast_path_refusal
 from torchlens_jax.function_modules import FunctionScopes, function_interception, named_modules
 from torchlens_jax.jitted import unjitted
-from torchlens_jax.modules import owner, submodules, view_model
+from torchlens_jax.modules import owner, view_model
 from torchlens_jax.scopes import CallScopes, Splicer, fill, slot_template
 from torchlens_jax.walk import Val, Walker
 
@@ -89,7 +89,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
             fn = unjitted(fn)  # JAX reuses a jitted function's trace: its module calls would run no hook
             scopes.name_arguments(fn, a, kw)  # modules among the arguments, as the function receives them
         else:
-            scopes.paths = {id(m): p for p, m in submodules(fn)}  # the rebuilt model's own objects
+            scopes.paths = {id(m): p for p, m in view.objects_of(fn)}  # the rebuilt model's own objects
         out = fn(*a, **kw)
         out_structure["template"], arrays, out_structure["flattened"] = slot_template(out)
         return arrays

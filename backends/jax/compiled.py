@@ -48,6 +48,7 @@ from time import perf_counter
 from typing import Any
 
 import attrs
+import numpy as np
 
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.ir.records import ParamRef, Ref
@@ -78,7 +79,8 @@ class Pending:
 @attrs.define(slots=True)
 class Program:
     """Equations in the order the walk recorded them. Each step: primitive, parameters, its inputs as
-    ``(_ARG, argument index)``, ``(_SLOT, slot)`` or ``(_LIT, type, Python scalar)``, and its output slots."""
+    ``(_ARG, argument index)``, ``(_SLOT, slot)`` or ``(_LIT, type, Python scalar, its key)``, and its output
+    slots."""
 
     steps: list[tuple[Any, dict[str, Any], tuple[tuple[Any, ...], ...], tuple[int, ...]]] = attrs.Factory(list)
     args: list[Any] = attrs.Factory(list)  # the arrays it reads: parameters, inputs, constants
@@ -99,7 +101,8 @@ class Program:
                 self.args.append(_on_device(value) if origin == ("const",) else value)
                 self.origins.append(origin)
             return (_ARG, at)
-        return (_LIT, type(value), value)  # a jaxpr literal: part of the program (and of its cache key)
+        # a jaxpr literal: part of the program, and of its cache key, which must tell it from every other
+        return (_LIT, type(value), value, _literal_key(value))
 
     def run(self, args: list[Any], wanted: tuple[int, ...]) -> list[Any]:
         """Evaluate the program (under ``jax.jit`` this traces it); the values of slots ``wanted``."""
@@ -284,7 +287,8 @@ def program_key(program: Program, wanted: tuple[int, ...]) -> Any:
     try:
         steps = tuple((prim, tuple((k, _param_key(v)) for k, v in params.items()), sources, outs)
                       for prim, params, sources, outs in program.steps)
-        args = tuple((tuple(a.shape), str(a.dtype), bool(getattr(a, "weak_type", False)), type(a).__name__,
+        # (the dtype itself: its text costs a NumPy call per argument)
+        args = tuple((tuple(a.shape), a.dtype, bool(getattr(a, "weak_type", False)), type(a).__name__,
                       device_name(a)) for a in program.args)
         key = (steps, args, wanted)
         hash(key)
@@ -293,9 +297,19 @@ def program_key(program: Program, wanted: tuple[int, ...]) -> Any:
     return key
 
 
+_PLAIN_PARAMS = frozenset({int, bool, str, type(None)})  # most parameters: themselves, with no checks
+
+
 def _param_key(value: Any) -> Any:
     """An equation parameter as a key: an inner jaxpr by its text (its constants too, unless it has none,
     by identity: a program holding them is then compiled again for every capture, never reused wrongly)."""
+    kind = type(value)
+    if kind in _PLAIN_PARAMS:
+        return value
+    if kind is float:  # by its bits: -0.0 == 0.0 would share an executable between programs that differ
+        return ("float", value.hex())
+    if kind is tuple or kind is list:
+        return (kind.__name__, tuple(_param_key(v) for v in value))
     from jax.extend.core import ClosedJaxpr, Jaxpr
 
     if isinstance(value, Jaxpr):
@@ -304,6 +318,8 @@ def _param_key(value: Any) -> Any:
         return ("closed_jaxpr", str(value.jaxpr), tuple(map(id, value.consts)) if value.consts else ())
     if isinstance(value, (tuple, list)):
         return (type(value).__name__, tuple(_param_key(v) for v in value))
+    if isinstance(value, (float, complex, np.floating, np.complexfloating)):  # NumPy's, subclasses: by bits too
+        return (type(value).__name__, value, _literal_key(value))
     return value
 
 
@@ -383,7 +399,16 @@ def _on_device(const: Any) -> Any:
     return moved if jax.typeof(moved) == jax.typeof(const) else const
 
 
-def _is_scalar(value: Any) -> bool:
-    import numpy as np
+def _literal_key(value: Any) -> Any:
+    """What tells a literal from others equal to it under ==: a float's bits (-0.0 == 0.0, yet 1 / x differs)
+    and the dtype JAX typed it with (``TypedFloat(1.0, dtype=float16)`` == ``TypedFloat(1.0, dtype=float32)``)."""
+    dtype = str(getattr(value, "dtype", ""))
+    if isinstance(value, (float, np.floating)):
+        return float(value).hex(), dtype
+    if isinstance(value, (complex, np.complexfloating)):
+        return repr(complex(value)), dtype
+    return dtype
 
+
+def _is_scalar(value: Any) -> bool:
     return isinstance(value, np.generic)
