@@ -191,15 +191,15 @@ def _identity(value: Any, site: Any) -> Any:
     return value
 
 
-def _edited_route_output(traced: Traced) -> Any:
-    """The output of a capture that edits as little as it can (an identity at the first op), so that it takes
-    the route every edited capture takes. A backend may compute an edited forward another way than a plain one
-    (JAX: op by op, where a repeat capture of the same program runs it compiled, rounding some values in the
-    last bit otherwise), so an edit that changes nothing is held to that route's own output, bit for bit, and
-    the route to the plain capture's within the case's tolerance."""
-    first = next(op.label for op in traced.trace.ops if op.kind == "op")
+def _edited_route_output(traced: Traced, site: Any) -> Any:
+    """The output of a capture with one identity edit, at ``site`` (an op, or a module call, as the edits it
+    stands for), so that it takes the route those edited captures take. A backend may compute an edited forward
+    another way than a plain one (JAX: op by op, where a repeat capture of the same program runs it compiled,
+    rounding some values in the last bit otherwise; tinygrad: each op realized as it returns where ops are
+    edited), so an edit that changes nothing is held to that route's own output, bit for bit, and the route to
+    the plain capture's within the case's tolerance."""
     baseline = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
-                                                   intervene=tl.when(tl.label(first), _identity), **traced.kwargs))
+                                                   intervene=tl.when(site, _identity), **traced.kwargs))
     route = max_error(traced.backend, baseline.output, traced.trace.output)
     assert route <= traced.case.rtol, f"a capture with an identity edit is off the plain capture by {route:.3g}"
     return baseline.output
@@ -259,7 +259,8 @@ def test_identity_edits_leave_the_output_unchanged(traced: Traced) -> None:
     edited = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
                                                  intervene=everything, **traced.kwargs))
     assert len(edited.interventions) >= edited.num_ops, "some ops were not edited"
-    change = max_error(traced.backend, edited.output, _edited_route_output(traced))
+    first = next(op.label for op in traced.trace.ops if op.kind == "op")
+    change = max_error(traced.backend, edited.output, _edited_route_output(traced, tl.label(first)))
     assert change == 0.0, f"identity edits changed the traced output by {change:.3g}"
     report = _run(traced.case, lambda: edited.audit(rtol=traced.case.rtol))
     assert report, str(report)
@@ -281,7 +282,7 @@ def test_copies_at_every_module_site_leave_the_output_unchanged(traced: Traced) 
                                                  intervene=[tl.when(tl.module(p), _copied) for p in paths],
                                                  **traced.kwargs))
     assert edited.interventions, "no module output was edited"
-    change = max_error(traced.backend, edited.output, _edited_route_output(traced))
+    change = max_error(traced.backend, edited.output, _edited_route_output(traced, tl.module(paths[0])))
     assert change == 0.0, f"copies of module outputs changed the traced output by {change:.3g}"
     report = _run(traced.case, lambda: edited.audit(rtol=traced.case.rtol))
     assert report, str(report)
