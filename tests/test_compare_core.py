@@ -254,3 +254,58 @@ def test_a_backend_plugin_names_its_own_ops_for_the_equivalence_table():
     inner = next(op for op in t.ops if op.func_name == "inner")
     tl.compare(t, t)  # asks each compared backend's plugin (torchlens_op_classes) for its names
     assert op_class(inner) == "matmul"
+
+
+TABLE = RNG.standard_normal((4, 6)).astype(np.float32)
+
+
+def scaled_once(x):  # a [1, 4, 6] scale computed once and broadcast by the multiply
+    scale = np.tanh(x.mean(axis=0, keepdims=True))
+    return (x * scale) @ TABLE.T
+
+
+def scaled_per_row(x):  # the port materializes the scale for every row, and merges batch and tokens
+    scale = np.tanh(np.repeat(x.mean(axis=0, keepdims=True), x.shape[0], axis=0))
+    flat = (x * scale).reshape(-1, 6)
+    return (flat @ TABLE.T).reshape(x.shape[0], 4, 4)
+
+
+def test_a_broadcast_and_merged_axes_are_layouts_not_shape_divergences():
+    x = RNG.standard_normal((3, 4, 6)).astype(np.float32)
+    cmp = tl.compare(trace(scaled_once, x), trace(scaled_per_row, x))
+    assert cmp.first_divergence is None, str(cmp)
+    by_a = {p.a: p for p in cmp.pairs}
+    assert by_a["tanh_1_2"].b == "tanh_1_3" and by_a["tanh_1_2"].layout.kind == "broadcast", str(cmp)
+    assert by_a["matmul_1_4"].layout.kind == "reshaped" and by_a["matmul_1_4"].verdict == "agrees"
+    # a broadcast is checked element for element: a port whose rows differ is not the broadcast value
+    def uneven(x):
+        rows = np.repeat(x.mean(axis=0, keepdims=True), x.shape[0], axis=0)
+        scale = np.tanh(rows * np.float32([[[1.0]], [[1.0]], [[1.01]]]))
+        return ((x * scale).reshape(-1, 6) @ TABLE.T).reshape(x.shape[0], 4, 4)
+
+    first = tl.compare(trace(scaled_once, x), trace(uneven, x)).first_divergence
+    assert first is not None and first.a == "tanh_1_2" and first.verdict == "diverges"
+
+
+def positions_cumsum(ids, mask):  # position ids from the mask, as RoBERTa makes them
+    return np.cumsum(mask, axis=1) * mask + ids * 0
+
+
+def positions_arange(mask, ids):  # the other port: inputs in the other order, the same positions
+    return (np.arange(1, mask.shape[1] + 1)[None, :] * mask) + ids * 0
+
+
+def test_inputs_pair_by_value_and_integers_compare_exactly():
+    ids = RNG.integers(0, 50, (2, 5))
+    mask = np.ones((2, 5), dtype=np.int64)
+    cmp = tl.compare(tl.trace(positions_cumsum, ids, mask, backend="numpy"),
+                     tl.trace(positions_arange, mask, ids, backend="numpy"))
+    by_a = {p.a: p for p in cmp.pairs}
+    assert by_a["input_1"].b == "input_2" and by_a["input_2"].b == "input_1", str(cmp)
+    assert cmp.first_divergence is None and all("exactly" in p.note for p in cmp.pairs), str(cmp)
+    # one position off is a divergence of an exact comparison, not a small float error
+    off = tl.compare(tl.trace(positions_cumsum, ids, mask, backend="numpy"),
+                     tl.trace(lambda m, i: positions_arange(m, i) + 1, mask, ids, backend="numpy"))
+    first = off.first_divergence
+    assert first is not None and first.a == "output_1" and first.agreement.tolerance.rtol == 0, str(off)
+    assert first.agreement.max_abs == 1.0

@@ -1,120 +1,420 @@
 """Which ops of one trace correspond to which ops of another: the alignment behind ``tl.compare``.
 
-Each op that carries an activation becomes a :class:`Point` with the evidence
-the two sides can share: the module pass it returns from (module paths
-normalized across naming conventions: ``features.0``, ``features_0`` and
-flax's ``features.layers.0`` are one path), its class in the equivalence
-table (:mod:`.classes`), its shape up to a permutation of axes, and a value
-fingerprint — evenly spaced order statistics of its value, which a layout
-change (NCHW vs NHWC, a flatten in another order) leaves unchanged and a small
-numerical difference changes only a little.
+Two implementations of one model, written by different people, compute q, k
+and v in different orders, merge axes the other keeps, broadcast a table the
+other materializes and fuse what the other decomposes. Values are the one
+evidence that does not depend on how the code was written, so values decide
+wherever they can, and structure only where values cannot (past a real
+divergence):
 
-Every pair of points gets a score from that evidence (:func:`scores`, one
-vectorized matrix), and the alignment is the order-preserving set of pairs
-with the highest total (a Needleman-Wunsch alignment with free gaps, one
-vectorized row at a time): both traces run the model's layers in the same
-order, and a pair that would cross another is a coincidence of values, not a
-correspondence. Structure carries the alignment where values stop agreeing
-(past a porting bug), values where structure differs (a decomposed op, a
-Keras layer named ``conv2d_3``).
+1. **Value pairs.** In ``a``'s execution order, each op is paired with an op of
+   ``b`` whose value is the same under some layout (:mod:`.layout`): found by
+   fingerprint (:mod:`.points`), confirmed element for element. Order does not
+   matter, so pairs may cross. Among several ``b`` ops holding the same value,
+   the one whose inputs are the counterparts of the op's inputs wins (its
+   *frontier*: the nearest paired ops upstream), then the same class and module.
+   A value that says little (a constant, a 0/1 mask, a tiny array) pairs only
+   with an op computed from the counterparts of its inputs.
+2. **Structural pairs.** The ops left over on both sides — where values stop
+   agreeing — are aligned in order by class, module and shape (a
+   Needleman-Wunsch alignment with free gaps), and only between ops computed
+   from counterpart inputs.
+3. **Honest verdicts.** A structural pair whose values disagree while every
+   input agrees is the start of a divergence only when the structure singles it
+   out: the output of the same module, or the same op class, or nearly equal
+   values, and no other candidate as good. Otherwise it is reported as *could
+   not align* (:class:`Unaligned`), never as a divergence. A structural pair
+   downstream of a divergence inherits it (basis ``structure``).
 
-A pair's *group* on each side is its op and the ops before it that feed
-only into it (:func:`groups`): one torch ``layer_norm`` pairs with the ten
-primitives of JAX's ``LayerNorm``, compared at the group's output.
+A pair's *group* on each side is its op and the ops before it that no earlier
+pair covers (:func:`groups`): one torch ``layer_norm`` pairs with the ten
+primitives of JAX's ``LayerNorm``, a fused attention op with the matmuls and
+softmax of the other side, compared at the group's output.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import attrs
 
-from torchlens_core.compare.classes import module_class, op_class
-from torchlens_core.compare.metrics import as_numpy
-from torchlens_core.ir.records import OpRecord
+from torchlens_core.compare.layout import NONE, Layout, candidates
+from torchlens_core.compare.metrics import EXACT, Agreement, agreement, least_precise, tolerance_for
+from torchlens_core.compare.points import Point, read_value
 from torchlens_core.ir.trace import Trace
 
-QUANTILES = 33  # order statistics per fingerprint
 NO_PAIR = -1e9
-# Evidence weights. A pair needs MIN_SCORE: a class and a module agreeing, or values and a shape.
+# Evidence weights. A structural pair needs MIN_SCORE: a class and a module agreeing, or values and a shape.
 MODULE_OUTPUT, SAME_MODULE, SAME_CLASS, OTHER_CLASS, SAME_SHAPE = 4.0, 1.0, 2.0, -2.0, 1.0
-VALUES_CLOSE, VALUES_NEAR = 4.0, 2.5  # fingerprints within 1e-5, within 3e-2 of the value's scale
+VALUES_NEAR = 2.5  # fingerprints within NEAR of the value's scale
 SAME_RANK = 1.0  # two ops of one class whose arrays differ in size but not in rank
 MIN_SCORE = 3.0
+CLOSE, NEAR = 1e-3, 3e-2  # fingerprint gaps: worth checking element for element; evidence of a counterpart
+CHECKED = 6  # value candidates checked element for element per op
+FRONTIER_WALK = 256  # ops visited looking for the nearest paired ones upstream
 # Classes a decomposition's last primitive often has: a different class on the other side is no evidence.
 PLAIN = frozenset({"add", "sub", "mul", "div", "reshape", "transpose", "sum", "mean"})
-# Container names that wrap a sequence of layers without naming a layer of the model.
-CONTAINERS = frozenset({"layers", "_layers", "modules", "_modules", "submodules", "module", "children"})
 
 
 @attrs.define(slots=True)
-class Point:
-    """One op of one side, with the evidence the aligner reads."""
+class Match:
+    """A pair of ops (point indices ``i`` of ``a``, ``j`` of ``b``), why they pair, and how their values agree.
 
-    index: int
-    cls: str | None
-    module: str  # normalized path of the innermost module pass it ran in ("" outside every module)
-    module_outputs: frozenset[str]  # normalized "path:pass" of each module pass that returned it
-    shape: tuple[int, ...] | None
-    size: int | None
-    fingerprint: Any = None  # QUANTILES order statistics of the value, or None when it was not saved
-    scale: float = 0.0  # the largest magnitude in the value
+    ``basis`` is ``values`` (the values agree), ``inputs`` (they disagree, every
+    input agrees, and the structure singles the pair out: where a divergence
+    starts) or ``structure`` (aligned by structure downstream of a divergence).
+    """
 
-
-def normalized_path(path: str, match: dict[str, str] | None = None) -> str:
-    """A module path as both sides can spell it: ``match`` prefixes applied, separators unified, containers out."""
-    for old, new in (match or {}).items():
-        if path == old or path.startswith(old + "."):
-            path = new + path[len(old):]
-            break
-    parts = [p for p in re.split(r"[./_\-]+", path.lower()) if p and p not in CONTAINERS]
-    return ".".join(parts)
+    i: int
+    j: int
+    basis: str
+    layout: Layout = NONE
+    agreement: Agreement | None = None
+    exact: bool = False  # integer or boolean values, compared exactly
+    note: str = ""
 
 
-def points(trace: Trace, match: dict[str, str] | None = None) -> list[Point]:
-    """The points of ``trace``: every op but those that depend on no input (parameter reshapes, constants)."""
+@attrs.frozen
+class Unaligned:
+    """An op of ``a`` the aligner could not stand behind a counterpart for, the candidate it had, and why."""
+
+    a: str
+    b: str | None
+    why: str
+
+
+class Aligner:
+    """The alignment of two traces' points; :meth:`run` returns the matches in ``a``'s order."""
+
+    def __init__(self, a: Trace, b: Trace, pa: list[Point], pb: list[Point], rtol: float | None,
+                 atol: float | None) -> None:
+        self.a, self.b, self.pa, self.pb = a, b, pa, pb
+        self.rtol, self.atol = rtol, atol
+        self.gap = fingerprint_gaps(pa, pb)
+        self.score = scores(pa, pb, self.gap)
+        # Pairs are of points (an op, or one array of an op that returned several): point index of a <-> of b.
+        self.b_of_a: dict[int, int] = {}
+        self.a_of_b: dict[int, int] = {}
+        self.matches: dict[int, Match] = {}  # point index of a -> its match
+        self.paired_a: dict[int, list[int]] = {}  # op index -> its paired points (several for unbind's arrays)
+        self.paired_b: dict[int, list[int]] = {}
+        self.unaligned: list[Unaligned] = []
+        self._values: dict[tuple[str, int], tuple[Any, str]] = {}
+        self._pos_b = {p.index: c for c, p in enumerate(pb)}
+        self._close, self._close_b = self._closeness(a, pa), self._closeness(b, pb)
+        self._children_b: dict[int, list[int]] = {}
+        for op in b.ops:
+            for parent in op.parent_indices:
+                self._children_b.setdefault(parent, []).append(op.index)
+
+    def run(self) -> list[Match]:
+        self._value_pairs()
+        self._structural_pairs()
+        return sorted(self.matches.values(), key=lambda m: m.i)
+
+    # -- 1. values ------------------------------------------------------------------------------------------------
+    def _value_pairs(self) -> None:
+        import numpy as np
+
+        frontiers: dict[int, frozenset[int]] = {}
+        outputs_b: dict[str, list[int]] = {}
+        for c, q in enumerate(self.pb):
+            for key in q.module_outputs:
+                outputs_b.setdefault(key, []).append(c)
+        for k, p in enumerate(self.pa):
+            frontier = self._frontier_a(p.index, frontiers)
+            row = self.gap[k]
+            found = np.flatnonzero(row <= (0.0 if p.kind == "int" else np.maximum(self._close[k], self._close_b)))
+            found = [c for c in found if c not in self.a_of_b and
+                     not self._inside_other_output(p, self.pb[c], outputs_b)]
+            if not found:
+                continue
+            # Several ops of b may hold the value (a chain of reshapes and transposes): the one computed from the
+            # counterparts of the op's inputs first, then one of the same class, one of the same shape (no layout
+            # change), the same module, the closest fingerprint, the earliest.
+            found.sort(key=lambda c: (p.cls is None or self.pb[c].cls != p.cls, self.pb[c].func != p.func,
+                                      self.pb[c].shape != p.shape,
+                                      -self.score[k, c], row[c], self.pb[c].index))
+            consistency = {c: _consistency(frontier, self._mapped(self._frontier_b(self.pb[c].index)))
+                           for c in found[:2 * CHECKED]}
+            for c in sorted(consistency, key=lambda c: -consistency[c])[:CHECKED]:
+                consistent = consistency[c]
+                telling = p.distinct > 2 and (p.size or 0) > 2 and p.kind == "float"
+                is_input = self.a.ops[p.index].kind == "input" and self.b.ops[self.pb[c].index].kind == "input"
+                if not (telling or consistent or is_input):
+                    continue
+                match = self._judge(k, c, "values")
+                if match.agreement is not None and match.agreement.ok:
+                    self._accept(match)
+                    break
+
+    def _inside_other_output(self, p: Point, q: Point, outputs_b: dict[str, list[int]]) -> bool:
+        """Whether ``q`` runs inside, or feeds, a module pass whose output ``p`` is, while ``b`` returns another op.
+
+        A module's output pairs with the same module's output: a value inside
+        the module, or going into it, that happens to equal it (the input of a
+        dropout left on, a copy at the module's boundary) is a coincidence of
+        values, not the counterpart.
+        """
+        for key in p.module_outputs:
+            if key in q.module_outputs or not outputs_b.get(key):
+                continue
+            path = key.rpartition(":")[0]
+            modules = [q.module] + [self._module_b(k) for k in self._children_b.get(q.index, ())]
+            if any(m == path or m.startswith(path + ".") for m in modules):
+                return True
+        return False
+
+    def _module_b(self, index: int) -> str:
+        c = self._pos_b.get(index)
+        return self.pb[c].module if c is not None else ""
+
+    def _closeness(self, trace: Trace, side: list[Point]) -> Any:
+        """Per point: the fingerprint gap under which a pair is worth checking element for element (its dtype's)."""
+        import numpy as np
+
+        return np.array([max(CLOSE, 4 * (self.rtol if self.rtol is not None else
+                                         tolerance_for(trace.ops[p.index].dtype).rtol)) for p in side])
+
+    # -- 2. structure ---------------------------------------------------------------------------------------------
+    def _structural_pairs(self) -> None:
+        import numpy as np
+
+        left_a = [k for k in range(len(self.pa)) if k not in self.b_of_a]
+        left_b = [c for c in range(len(self.pb)) if c not in self.a_of_b]
+        if not left_a or not left_b:
+            return
+        fa: dict[int, frozenset[int]] = {}
+        fb = {c: self._mapped(self._frontier_b(self.pb[c].index)) for c in left_b}
+        sub = self.score[np.ix_(left_a, left_b)].copy()
+        for x, k in enumerate(left_a):
+            frontier = self._frontier_a(self.pa[k].index, fa)
+            is_input = self.a.ops[self.pa[k].index].kind == "input"
+            for y in np.flatnonzero(sub[x] > NO_PAIR):
+                both_inputs = is_input and self.b.ops[self.pb[left_b[y]].index].kind == "input"
+                if not (frontier & fb[left_b[y]] or both_inputs):
+                    sub[x, y] = NO_PAIR
+        chosen = best_pairs(sub)
+        for x, y in chosen:
+            self._classify(left_a[x], left_b[y], x, y, sub, left_a, left_b)
+
+    def _classify(self, k: int, c: int, x: int, y: int, sub: Any, left_a: list[int], left_b: list[int]) -> None:
+        import numpy as np
+
+        match = self._judge(k, c, "structure")
+        if match.agreement is not None and match.agreement.ok:
+            match.basis = "values"
+            self._accept(match)
+            return
+        upstream = self._frontier_a(self.pa[k].index, {}) | self._mapped(self._frontier_b(self.pb[c].index))
+        inherited = [u for u in upstream if u in self.matches and self.matches[u].basis != "values"]
+        if inherited:
+            self._accept(match)  # downstream of a divergence: it inherits the error
+            return
+        label_a, label_b = self.a.ops[self.pa[k].index].label, self.b.ops[self.pb[c].index].label
+        pa, pb = self.pa[k], self.pb[c]
+        near = self.gap[k, c] <= NEAR and pa.kind == "float"  # integers: equal or not, never "nearly"
+        strong = bool(pa.module_outputs & pb.module_outputs) or near or (
+            pa.cls is not None and pa.cls == pb.cls and pa.cls not in PLAIN)
+        if match.agreement is not None and self._same_multiset(k, c, match.agreement.tolerance):
+            self.unaligned.append(Unaligned(label_a, label_b, "the same values, in an order no layout explains"))
+            return
+        if not strong:
+            self.unaligned.append(Unaligned(label_a, label_b, "values disagree while every input agrees, and "
+                                                              "neither module, class nor values tie the two"))
+            return
+        rivals = [r for r in (left_b[v] for v in np.flatnonzero(sub[x] >= sub[x, y]) if v != y)
+                  if not _chained(self.b, self.pb[r].index, pb.index, self.paired_b)]
+        rivals += [r for r in (left_a[u] for u in np.flatnonzero(sub[:, y] >= sub[x, y]) if u != x)
+                   if not _chained(self.a, self.pa[r].index, pa.index, self.paired_a)]
+        if rivals:
+            self.unaligned.append(Unaligned(label_a, label_b, f"values disagree while every input agrees, and "
+                                                              f"{len(rivals)} other candidates fit as well"))
+            return
+        match.basis = "inputs"
+        self._accept(match)
+
+    # -- judging one pair ---------------------------------------------------------------------------------------
+    def _judge(self, k: int, c: int, basis: str) -> Match:
+        """The layout that puts ``a``'s value in ``b``'s order best, and how the values agree under it."""
+        match = Match(k, c, basis)
+        op_a, op_b = self.a.ops[self.pa[k].index], self.b.ops[self.pb[c].index]
+        va, kind_a = self._value("a", k)
+        vb, kind_b = self._value("b", c)
+        if va is None or vb is None:
+            match.note = "value not saved" if not (op_a.saved and op_b.saved) else "not an array"
+            return match
+        options = candidates(va.shape, vb.shape, self._carried(op_a.index))
+        if options == [NONE]:
+            match.note = f"{tuple(va.shape)} vs {tuple(vb.shape)}"
+            return match
+        match.exact = kind_a == "int" or kind_b == "int"
+        tolerance = EXACT if match.exact else tolerance_for(op_a.dtype, op_b.dtype, rtol=self.rtol, atol=self.atol)
+        precision = least_precise(op_a.dtype, op_b.dtype)
+        best: tuple[Layout, Agreement] | None = None
+        for layout in options:
+            left, right = layout.pair(va, vb)
+            if best is not None and best[1].ok is False and not _roughly(left, right, tolerance):
+                continue
+            found = agreement(left, right, tolerance, precision)
+            if best is None or (found.ok and not best[1].ok) or (found.ok == best[1].ok and
+                                                                   found.max_abs < best[1].max_abs):
+                best = (layout, found)
+            if found.ok:
+                break
+        assert best is not None
+        match.layout, match.agreement = best
+        return match
+
+    def _same_multiset(self, k: int, c: int, tolerance: Any) -> bool:
+        """Whether the two values hold the same numbers (sorted, within tolerance), whatever their order."""
+        import numpy as np
+
+        va, _ = self._value("a", k)
+        vb, _ = self._value("b", c)
+        if va is None or vb is None or va.size != vb.size or self.gap[k, c] > NEAR:
+            return False
+        return agreement(np.sort(va, axis=None), np.sort(vb, axis=None), tolerance).ok
+
+    def _value(self, side: str, point: int) -> tuple[Any, str]:
+        key = (side, point)
+        if key not in self._values:
+            trace, p = (self.a, self.pa[point]) if side == "a" else (self.b, self.pb[point])
+            self._values[key] = read_value(trace, trace.ops[p.index], p.path)
+        return self._values[key]
+
+    def _carried(self, index: int) -> list[tuple[Layout, str]]:
+        """Permuted layouts of the pairs upstream of op ``index`` of ``a``, nearest first (bounded)."""
+        found: list[tuple[Layout, str]] = []
+        frontier, seen = list(self.a.ops[index].parent_indices), set()
+        while frontier and len(seen) < 64:
+            k = frontier.pop(0)
+            if k in seen:
+                continue
+            seen.add(k)
+            matches = [self.matches[point] for point in self.paired_a.get(k, ())]
+            for match in matches:
+                if match.layout.kind == "permuted" and all(
+                        match.layout.perm != f.perm or match.layout.via_shape != f.via_shape for f, _ in found):
+                    found.append((match.layout, f"{self.a.ops[k].label} ~ "
+                                                f"{self.b.ops[self.pb[match.j].index].label}"))
+            if not any(match.layout.kind == "carried" for match in matches):  # carried from further up already
+                frontier.extend(self.a.ops[k].parent_indices)
+        return found
+
+    def _accept(self, match: Match) -> None:
+        self.matches[match.i] = match
+        self.b_of_a[match.i], self.a_of_b[match.j] = match.j, match.i
+        self.paired_a.setdefault(self.pa[match.i].index, []).append(match.i)
+        self.paired_b.setdefault(self.pb[match.j].index, []).append(match.j)
+
+    # -- frontiers: the nearest paired ops upstream -------------------------------------------------------------
+    def _frontier_a(self, index: int, memo: dict[int, frozenset[int]]) -> frozenset[int]:
+        """Points of ``a``: the nearest paired ones upstream of op ``index`` (memo: earlier results)."""
+        found: set[int] = set()
+        for parent in self.a.ops[index].parent_indices:
+            if parent in self.paired_a:
+                found.update(self.paired_a[parent])
+            elif parent in memo:
+                found |= memo[parent]
+            else:
+                found |= self._frontier_a(parent, memo) if len(memo) < 100_000 else set()
+        memo[index] = frozenset(found)
+        return memo[index]
+
+    def _frontier_b(self, index: int) -> frozenset[int]:
+        """Points of ``b``: the nearest paired ones upstream of op ``index`` (a bounded walk)."""
+        found, stack, seen = set(), list(self.b.ops[index].parent_indices), set()
+        while stack and len(seen) < FRONTIER_WALK:
+            k = stack.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            if k in self.paired_b:
+                found.update(self.paired_b[k])
+            else:
+                stack.extend(self.b.ops[k].parent_indices)
+        return frozenset(found)
+
+    def _mapped(self, frontier_b: frozenset[int]) -> frozenset[int]:
+        return frozenset(self.a_of_b[k] for k in frontier_b)
+
+
+def _chained(trace: Trace, one: int, other: int, paired: dict[int, int]) -> bool:
+    """Whether one op feeds the other through unpaired ops only: the two ends of one group, a benign tie."""
+    low, high = min(one, other), max(one, other)
+    stack, seen = list(trace.ops[high].parent_indices), set()
+    while stack and len(seen) < 64:
+        k = stack.pop()
+        if k == low:
+            return True
+        if k in seen or k in paired or k < low:
+            continue
+        seen.add(k)
+        stack.extend(trace.ops[k].parent_indices)
+    return False
+
+
+def _consistency(frontier_a: frozenset[int], frontier_b: frozenset[int]) -> int:
+    """2: the same paired inputs; 1: some in common; 0: none (or no paired input on either side)."""
+    if not frontier_a or not frontier_b:
+        return 0
+    return 2 if frontier_a == frontier_b else (1 if frontier_a & frontier_b else 0)
+
+
+def _roughly(a: Any, b: Any, tolerance: Any) -> bool:
+    """A cheap look at a strided sample: could these agree? (Full agreement is several passes over the arrays.)"""
     import numpy as np
 
-    found = []
-    for op in trace.ops:
-        if op.kind not in ("input", "output") and op.source in ("parameter", "constant"):
-            continue
-        outputs = frozenset(_module_key(key, match) for key in op.module_outputs)
-        cls = op_class(op)
-        for key in reversed(op.module_outputs):  # the innermost module's type names what it returns
-            module = trace.modules.get(key.rpartition(":")[0])
-            if module is not None and module_class(module.type_name) is not None:
-                cls = module_class(module.type_name)
-                break
-        shape = tuple(int(d) for d in op.shape) if _is_shape(op.shape) else None
-        point = Point(op.index, cls, normalized_path(op.module_passes[-1][0], match) if op.module_passes else "",
-                      outputs, shape, int(np.prod(shape)) if shape is not None else None)
-        value = array_value(trace, op)
-        if value is not None and value.size:
-            flat = np.sort(value.ravel())
-            finite = flat[np.isfinite(flat)]
-            if finite.size:
-                picks = np.linspace(0, finite.size - 1, QUANTILES).round().astype(int)
-                point.fingerprint = finite[picks]
-                point.scale = float(np.max(np.abs(finite)))
-        found.append(point)
-    return found
+    step = max(1, a.size // 4096)
+    sa, sb = np.ravel(a)[::step], np.ravel(b)[::step]
+    scale = float(np.max(np.abs(sb[np.isfinite(sb)]), initial=0.0))
+    with np.errstate(invalid="ignore"):
+        return bool(np.nanmax(np.abs(sa - sb), initial=0.0) <= max(10 * tolerance.rtol * scale, tolerance.atol))
 
 
-def array_value(trace: Trace, op: OpRecord) -> Any:
-    """``op``'s value as a float64 NumPy array; None when it was not saved or is not one array."""
-    if not op.saved or op.out is None or not _is_shape(op.shape):
-        return None
-    try:
-        value = as_numpy(op.out, trace.backend)
-    except Exception:  # a tuple, a string, an object the backend does not count as an array
-        return None
-    return value if value.shape == tuple(op.shape) and value.dtype.kind == "f" else None
+def fingerprint_gaps(a: list[Point], b: list[Point]) -> Any:
+    """``gap[i, j]``: how far apart the fingerprints are, over the larger scale; inf where values cannot pair."""
+    import math
+
+    import numpy as np
+
+    from torchlens_core.compare.layout import broadcasts
+
+    gap = np.full((len(a), len(b)), np.inf)
+    ia = [i for i, p in enumerate(a) if p.fingerprint is not None]
+    ib = [j for j, p in enumerate(b) if p.fingerprint is not None]
+    if not ia or not ib:
+        return gap
+    shapes_a = sorted({a[i].shape for i in ia if a[i].shape is not None})
+    shapes_b = sorted({b[j].shape for j in ib if b[j].shape is not None})
+    fits = np.array([[math.prod(sa) == math.prod(sb) or broadcasts(sa, sb) for sb in shapes_b]
+                     for sa in shapes_a], dtype=bool).reshape(len(shapes_a), len(shapes_b))
+    id_a, id_b = {s: k for k, s in enumerate(shapes_a)}, {s: k for k, s in enumerate(shapes_b)}
+    fa = np.stack([a[i].fingerprint for i in ia])
+    fb = np.stack([b[j].fingerprint for j in ib])
+    scale = np.maximum(np.array([a[i].scale for i in ia])[:, None], np.array([b[j].scale for j in ib])[None, :])
+    found = np.zeros((len(ia), len(ib)))
+    for k in range(fa.shape[1]):  # column by column: n * m * QUANTILES at once would be large
+        np.maximum(found, np.abs(fa[:, k, None] - fb[None, :, k]), out=found)
+    zero = scale == 0
+    found = np.where(zero, np.where(found == 0, 0.0, np.inf), found / np.where(zero, 1.0, scale))
+    ka = np.array([a[i].kind for i in ia])
+    kb = np.array([b[j].kind for j in ib])
+    sa = np.array([id_a.get(a[i].shape, -1) for i in ia])
+    sb = np.array([id_b.get(b[j].shape, -1) for j in ib])
+    fit = (sa[:, None] >= 0) & (sb[None, :] >= 0)
+    fit &= fits[np.ix_(np.maximum(sa, 0), np.maximum(sb, 0))] if fits.size else False
+    found[~fit | (ka[:, None] != kb[None, :])] = np.inf
+    gap[np.ix_(ia, ib)] = found
+    return gap
 
 
-def scores(a: list[Point], b: list[Point]) -> Any:
-    """The evidence matrix: ``scores[i, j]`` for pairing ``a[i]`` with ``b[j]`` (NO_PAIR where they cannot)."""
+def scores(a: list[Point], b: list[Point], gap: Any = None) -> Any:
+    """The structural evidence matrix: ``scores[i, j]`` for pairing ``a[i]`` with ``b[j]`` (NO_PAIR: cannot).
+
+    ``gap``: :func:`fingerprint_gaps` of the two, when already worked out.
+    """
     import numpy as np
 
     n, m = len(a), len(b)
@@ -125,7 +425,7 @@ def scores(a: list[Point], b: list[Point]) -> Any:
     known = (ca[:, None] >= 0) & (cb[None, :] >= 0)
     same_class = known & (ca[:, None] == cb[None, :])
     # A decomposed op ends in arithmetic (JAX's softmax in a div): no evidence against it.
-    plain = np.array([c in PLAIN for c in _classes(a)])[:, None] | np.array([c in PLAIN for c in _classes(b)])
+    plain = np.array([p.cls in PLAIN for p in a])[:, None] | np.array([p.cls in PLAIN for p in b])
     score += SAME_CLASS * same_class + OTHER_CLASS * (known & ~same_class & ~plain)
     modules = {p: k for k, p in enumerate({p.module for p in a + b})}
     ma = np.array([modules[p.module] for p in a])
@@ -148,7 +448,7 @@ def scores(a: list[Point], b: list[Point]) -> Any:
     ha = np.array([-1 if p.shape is None else shapes[tuple(sorted(p.shape))] for p in a])
     hb = np.array([-2 if p.shape is None else shapes[tuple(sorted(p.shape))] for p in b])
     score += SAME_SHAPE * (ha[:, None] == hb[None, :])
-    score += _value_evidence(a, b, same_size)
+    score += VALUES_NEAR * ((fingerprint_gaps(a, b) if gap is None else gap) <= NEAR)
     # Arrays of different sizes pair only as one layer seen on both sides (a shape divergence): the same
     # module, or the same class at the same rank.
     ra = np.array([-1 if p.shape is None else len(p.shape) for p in a])
@@ -159,27 +459,6 @@ def scores(a: list[Point], b: list[Point]) -> Any:
     score[~pairable] = NO_PAIR
     score[score < MIN_SCORE] = NO_PAIR
     return score
-
-
-def _value_evidence(a: list[Point], b: list[Point], same_size: Any) -> Any:
-    import numpy as np
-
-    evidence = np.zeros(same_size.shape)
-    ia = [i for i, p in enumerate(a) if p.fingerprint is not None]
-    ib = [j for j, p in enumerate(b) if p.fingerprint is not None]
-    if not ia or not ib:
-        return evidence
-    fa = np.stack([a[i].fingerprint for i in ia])
-    fb = np.stack([b[j].fingerprint for j in ib])
-    scale = np.maximum(np.array([a[i].scale for i in ia])[:, None], np.array([b[j].scale for j in ib])[None, :])
-    gap = np.zeros((len(ia), len(ib)))
-    for k in range(fa.shape[1]):  # column by column: n * m * QUANTILES at once would be large
-        np.maximum(gap, np.abs(fa[:, k, None] - fb[None, :, k]), out=gap)
-    gap /= np.maximum(scale, 1e-30)
-    sub = np.where(gap <= 1e-5, VALUES_CLOSE, np.where(gap <= 3e-2, VALUES_NEAR, 0.0))
-    sub *= same_size[np.ix_(ia, ib)]
-    evidence[np.ix_(ia, ib)] = sub
-    return evidence
 
 
 def best_pairs(score: Any) -> list[tuple[int, int]]:
@@ -206,18 +485,26 @@ def best_pairs(score: Any) -> list[tuple[int, int]]:
 
 
 def groups(trace: Trace, anchors: list[int]) -> list[list[int]]:
-    """For each anchor op (in order), the ops it covers: itself and its not yet covered ancestors.
+    """For each anchor op, the ops it covers: itself and the ancestors no anchor before it covers.
 
-    Input nodes belong to no group but their own; an ancestor already covered
-    by an earlier anchor stops the walk (its pair accounts for it).
+    Anchors are walked in the trace's own execution order (pairs may cross),
+    and the groups returned in the order of ``anchors``. Input nodes belong to
+    no group but their own; an ancestor already covered stops the walk. An op
+    anchoring several pairs (one per array it returned) is in the first one's
+    group; the others' groups hold it alone.
     """
     covered: set[int] = set()
-    found = []
-    for anchor in anchors:
+    anchored = set(anchors)
+    found: dict[int, list[int]] = {}
+    for n in sorted(range(len(anchors)), key=lambda n: (anchors[n], n)):
+        anchor = anchors[n]
+        if anchor in covered:
+            found[n] = [anchor]
+            continue
         group, stack = [], [anchor]
         while stack:
             index = stack.pop()
-            if index in covered:
+            if index in covered or (index != anchor and index in anchored):
                 continue
             op = trace.ops[index]
             if op.kind == "input" and index != anchor:
@@ -225,18 +512,5 @@ def groups(trace: Trace, anchors: list[int]) -> list[list[int]]:
             covered.add(index)
             group.append(index)
             stack.extend(op.parent_indices)
-        found.append(sorted(group))
-    return found
-
-
-def _classes(side: list[Point]) -> list[str | None]:
-    return [p.cls for p in side]
-
-
-def _module_key(key: str, match: dict[str, str] | None) -> str:
-    path, _, pass_num = key.rpartition(":")
-    return f"{normalized_path(path, match)}:{pass_num}"
-
-
-def _is_shape(shape: Any) -> bool:
-    return isinstance(shape, (tuple, list)) and all(isinstance(d, int) and d >= 0 for d in shape)
+        found[n] = sorted(group)
+    return [found[n] for n in range(len(anchors))]

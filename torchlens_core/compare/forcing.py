@@ -21,8 +21,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.backend.manager import hook
-from torchlens_core.compare.align import array_value
 from torchlens_core.compare.metrics import agreement, as_numpy, tolerance_for
+from torchlens_core.compare.points import array_value
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import ReplayError, UnsupportedError
 from torchlens_core.ir.records import ParamRef, Ref
@@ -34,7 +34,14 @@ if TYPE_CHECKING:
 
 def force(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_anchor: list[int],
           b_groups: list[list[int]], upstream: list[list[int]], rtol: float | None, atol: float | None) -> None:
-    """Fill ``local``, ``inherited``, ``amplification``, ``forced`` and ``origin`` of each pair with values."""
+    """Fill ``local``, ``inherited``, ``amplification``, ``forced`` and ``origin`` of each pair with values.
+
+    A group that cannot run on ``a``'s values (its inputs arrive in a shape its
+    ops do not take, an op refuses them) keeps ``local`` None and says why in
+    its note. ``origin`` is set only where the pair's alignment rests on
+    values: its own (basis ``values`` or ``inputs``: every input agreed), or
+    the forced run's (``a``'s values through ``b``'s group agree with ``a``).
+    """
     h = hook()
     _check_replayable(b)
     pair_of_b = {index: n for n, index in enumerate(b_anchor)}
@@ -42,12 +49,25 @@ def force(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_a
     for n, pair in enumerate(pairs):
         if pair.agreement is None:
             continue
-        a_values[n] = pair.layout.apply(array_value(a, a.ops[a_anchor[n]]))
+        value = array_value(a, a.ops[a_anchor[n]])
+        try:
+            a_values[n] = pair.layout.apply(value)
+        except ValueError:  # a broadcast whose larger side is a's: a's value does not fit b's shape
+            continue
     for n, pair in enumerate(pairs):
         if n not in a_values:
             continue
-        values, forced = _run_group(h, b, sorted(b_groups[n]), pair_of_b, a_values)
-        out = as_numpy(values[b_anchor[n]], b.backend)
+        try:
+            values, forced = _run_group(h, b, sorted(b_groups[n]), pair_of_b, a_values)
+            out = as_numpy(values[b_anchor[n]], b.backend)
+        except (ReplayError, UnsupportedError) as exc:
+            pair.note = f"{pair.note}; could not force: {exc}" if pair.note else f"could not force: {exc}"
+            continue
+        if out.shape != a_values[n].shape:
+            note = f"could not force: b's group made {tuple(out.shape)} from a's values, not {a_values[n].shape}"
+            pair.note = f"{pair.note}; {note}" if pair.note else note
+            continue
+        assert pair.agreement is not None
         tolerance = pair.agreement.tolerance if rtol is None and atol is None else \
             tolerance_for(a.ops[a_anchor[n]].dtype, b.ops[b_anchor[n]].dtype, rtol=rtol, atol=atol)
         pair.local = agreement(a_values[n], out, tolerance)
@@ -56,7 +76,7 @@ def force(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_a
         pair.inherited = max(inherited, default=0.0)
         total = pair.agreement.relative
         pair.amplification = total / pair.inherited if pair.inherited > 0 else (math.inf if total > 0 else 1.0)
-        if pair.diverges:
+        if pair.diverges and (pair.basis != "structure" or pair.local.ok):
             pair.origin = "introduced" if not pair.local.ok else "inherited"
 
 

@@ -117,6 +117,24 @@ def tolerance_for(*dtypes: Any, rtol: float | None = None, atol: float | None = 
     return Tolerance(default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
 
 
+# Attention masks are filled with -inf, the dtype's minimum, -1e9 or BERT's -1e4, by the implementer's taste:
+# two fills at one place mean the same thing. A fill is at most -SENTINEL and far below the array's own values.
+SENTINEL = 1e4
+EXACT = Tolerance(0.0, 0.0)  # integer and boolean values: positions, indices, masks agree exactly or not at all
+
+
+def mask_fills(x: Any) -> Any:
+    """Where ``x`` (float64) holds a mask fill: at most -SENTINEL and a thousand times below its typical value."""
+    import numpy as np
+
+    low = np.isneginf(x) | (x <= -SENTINEL)
+    if not low.any():
+        return low
+    rest = np.abs(x[~low & np.isfinite(x)])
+    typical = float(np.median(rest)) if rest.size else 0.0
+    return low & (x <= -max(SENTINEL, 1e3 * typical)) if typical * 1e3 > SENTINEL else low
+
+
 @attrs.frozen
 class Agreement:
     """How ``a`` (put in ``b``'s layout) agrees with ``b``.
@@ -154,25 +172,35 @@ def agreement(a: Any, b: Any, tolerance: Tolerance, ulp_dtype: str | None = None
     if a.size == 0:
         return Agreement(0.0, 0.0, 0.0, None, 0.0, 1.0, tolerance)
     diff = np.abs(a - b)
-    largest = float(np.max(np.abs(b)))
-    if not np.isfinite(diff).all():  # equal infinities and NaN against NaN agree; NaN on one side is worst
-        agree = (np.isnan(a) & np.isnan(b)) | ((a == b) & np.isinf(a))
-        diff = np.where(agree, 0.0, np.where(np.isnan(diff), np.inf, diff))
+    masked = None
+    with np.errstate(invalid="ignore"):
+        filled = bool(np.nanmin(a, initial=0.0) <= -SENTINEL or np.nanmin(b, initial=0.0) <= -SENTINEL)
+    if filled or not np.isfinite(diff).all():
+        # Mask fills agree with each other whatever their value (-inf, the dtype's minimum, -1e9, -1e4); equal
+        # infinities and NaN against NaN agree; NaN on one side is worst.
+        ma, mb = mask_fills(a), mask_fills(b)
+        masked = ma & mb
+        agree = masked | (np.isnan(a) & np.isnan(b)) | ((a == b) & np.isinf(a))
+        diff = np.where(agree, 0.0, np.where(np.isnan(diff) | (ma != mb), np.inf, diff))
+        a, b = np.where(ma, 0.0, a), np.where(mb, 0.0, b)  # fills say nothing of the value's scale
     magnitude = np.abs(b)
+    largest = float(np.max(magnitude[np.isfinite(magnitude)], initial=0.0))
     finite = magnitude[np.isfinite(magnitude)] if not np.isfinite(magnitude).all() else magnitude
     # sums, not BLAS dot products: those start a thread pool per call, slow on a busy machine
     scale = float(np.sqrt(np.sum(finite * finite) / finite.size)) if finite.size else 0.0
     inside = diff <= tolerance.atol + tolerance.rtol * (magnitude + scale)
+    if masked is not None:
+        inside |= masked
     max_abs = float(diff.max())
     if max_abs == 0.0:
         max_rel = ulp = 0.0
     else:
         nonzero = magnitude > 0
         max_rel = float(np.max(diff[nonzero] / magnitude[nonzero])) if nonzero.any() else math.inf
-        bits = PRECISION[ulp_dtype or "float32"][0]
-        smallest = -1022 if bits == 52 else (-126 if bits in (23, 7) else -14)  # below it spacing is constant
-        _, exponent = np.frexp(magnitude)
-        spacing = np.ldexp(1.0, np.maximum(exponent - 1, smallest) - bits)
+        # the spacing of the least precise dtype at b's magnitude (bfloat16: float32's, 16 bits coarser)
+        name = ulp_dtype or "float32"
+        spacing = np.spacing(magnitude.astype({"float64": np.float64, "float16": np.float16}.get(name, np.float32)))
+        spacing = spacing.astype(np.float64) * (65536.0 if name == "bfloat16" else 1.0)
         ulp = float(np.max(diff / spacing))
     norm_a, norm_b = math.sqrt(float(np.sum(a * a))), math.sqrt(float(np.sum(b * b)))
     cosine = None

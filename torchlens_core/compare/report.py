@@ -13,22 +13,22 @@ from typing import Any
 import attrs
 
 from torchlens_core.backend.manager import hook
-from torchlens_core.compare.align import array_value, best_pairs, groups, points, scores
+from torchlens_core.compare.align import Aligner, Match, Unaligned, groups
 from torchlens_core.compare.classes import TABLE_VERSION, register_equivalence
-from torchlens_core.compare.layout import NONE, Layout, candidates
-from torchlens_core.compare.metrics import Agreement, agreement, least_precise, tolerance_for
+from torchlens_core.compare.layout import NONE, Layout
+from torchlens_core.compare.metrics import Agreement
 from torchlens_core.compare.params import ParamPair, compare_params
+from torchlens_core.compare.points import Point, array_value, points
 from torchlens_core.ir.errors import ArgumentTypeError
 from torchlens_core.ir.trace import Trace
 
 VERDICTS = ("agrees", "diverges", "shape", "unknown")
-MAX_SCORE = 13.0  # every piece of evidence at once: a module output, its module, class, shape and values
 CONTEXT = 4  # agreeing pairs shown before the first divergence, and pairs after it, in print(cmp)
 COLUMNS = {"a": "string", "b": "string", "a_group": "object", "b_group": "object", "module": "string",
            "verdict": "string", "layout": "string", "max_abs": "Float64", "max_rel": "Float64", "mean_abs": "Float64",
            "cosine": "Float64", "ulp": "Float64", "within": "Float64", "confidence": "Float64", "evidence": "object",
            "note": "string", "local_max_abs": "Float64", "inherited": "Float64", "amplification": "Float64",
-           "origin": "string"}
+           "origin": "string", "basis": "string"}
 
 
 @attrs.define(slots=True, eq=False)
@@ -41,6 +41,10 @@ class AlignedPair:
     is ``agrees``, ``diverges`` (values outside tolerance), ``shape`` (no
     layout makes one the other's shape) or ``unknown`` (a value was not
     saved). ``layout`` says how ``a``'s value was put in ``b``'s order.
+    ``basis`` says what ties the two ops: ``values`` (they agree),
+    ``inputs`` (they disagree while every input agrees: a divergence starts
+    here) or ``structure`` (downstream of a divergence, aligned by module,
+    class and shape).
     """
 
     a: str
@@ -60,6 +64,9 @@ class AlignedPair:
     amplification: float | None = None  # this pair's relative error over the inherited one
     forced: bool | None = None  # every input of the group came from a (else some kept b's value)
     origin: str | None = None  # a diverging pair: "introduced" (its own error) or "inherited"
+    basis: str = "values"
+    a_path: tuple[Any, ...] = ()  # where the compared array sits in what ``a`` returned, when it returned several
+    b_path: tuple[Any, ...] = ()
 
     @property
     def diverges(self) -> bool:
@@ -70,13 +77,34 @@ class AlignedPair:
         return f"<AlignedPair {self.a} ~ {self.b}: {self.verdict}{numbers}>"
 
 
+@attrs.frozen
+class Coverage:
+    """Of one side's ops that compute from an input (``ops``): how many had their own value compared with a
+    counterpart (``compared``: one to one, or as the output of a group), and how many more sat inside a compared
+    group (``in_groups``: checked only through the group's output)."""
+
+    ops: int
+    compared: int
+    in_groups: int
+
+    @property
+    def fraction(self) -> float:
+        return self.compared / self.ops if self.ops else 1.0
+
+    def __str__(self) -> str:
+        return f"{self.compared} of {self.ops} ops compared ({100 * self.fraction:.0f}%), {self.in_groups} in groups"
+
+
 class Comparison:
     """The result of ``tl.compare(a, b)``; ``print`` it for the aligned table around the first divergence."""
 
     def __init__(self, a: Trace, b: Trace, pairs: list[AlignedPair], unmatched_a: list[str],
                  unmatched_b: list[str], upstream: list[list[int]],
-                 groups: list[tuple[list[int], list[int]]], tolerance: tuple[float | None, float | None]) -> None:
+                 groups: list[tuple[list[int], list[int]]], tolerance: tuple[float | None, float | None],
+                 unaligned: list[Unaligned], coverage: dict[str, Coverage]) -> None:
         self.a, self.b = a, b
+        self.unaligned = unaligned  # ops of a with a candidate the aligner could not stand behind, and why
+        self.coverage = coverage  # "a" and "b": how many ops had their values compared
         self.pairs = pairs
         self.unmatched_a, self.unmatched_b = unmatched_a, unmatched_b
         self.table_version = TABLE_VERSION
@@ -127,8 +155,13 @@ class Comparison:
 
     @property
     def first_divergence(self) -> AlignedPair | None:
-        """The first diverging pair in execution order; None when every compared pair agrees."""
-        return next((p for p in self.pairs if p.diverges), None)
+        """The first pair in ``a``'s execution order where a divergence starts; None when every compared pair agrees.
+
+        A pair aligned by structure alone (basis ``structure``) only inherits a
+        divergence from upstream, so it is never the first one.
+        """
+        return next((p for p in self.pairs if p.diverges and p.basis != "structure"),
+                    next((p for p in self.pairs if p.diverges), None))
 
     @property
     def roots(self) -> list[AlignedPair]:
@@ -153,14 +186,18 @@ class Comparison:
                          "verdict": p.verdict, "layout": str(p.layout), **numbers, "confidence": p.confidence,
                          "evidence": p.evidence, "note": p.note,
                          "local_max_abs": None if p.local is None else p.local.max_abs, "inherited": p.inherited,
-                         "amplification": p.amplification, "origin": p.origin})
+                         "amplification": p.amplification, "origin": p.origin, "basis": p.basis})
         return frame(rows, COLUMNS)
 
     def __str__(self) -> str:
         first = self.first_divergence
         head = (f"Comparison of {self.a.backend} {self.a.model_name} ({len(self.a.ops)} ops) with "
                 f"{self.b.backend} {self.b.model_name} ({len(self.b.ops)} ops): {len(self.pairs)} aligned pairs, "
-                f"{len(self.unmatched_a)} unmatched in a, {len(self.unmatched_b)} in b.")
+                f"{len(self.unmatched_a)} unmatched in a, {len(self.unmatched_b)} in b. Values compared: "
+                f"a {self.coverage['a']}; b {self.coverage['b']}.")
+        if self.unaligned:
+            head += (f" {len(self.unaligned)} ops could not be aligned ({self.unaligned[0].a}: "
+                     f"{self.unaligned[0].why}).")
         if first is None:
             head += " Every compared pair agrees."
             shown = list(range(max(0, len(self.pairs) - 2 * CONTEXT), len(self.pairs)))
@@ -175,8 +212,8 @@ class Comparison:
         for k in shown:
             p = self.pairs[k]
             g = p.agreement
-            a_name = p.a + (f" (+{len(p.a_group) - 1})" if len(p.a_group) > 1 else "")
-            b_name = p.b + (f" (+{len(p.b_group) - 1})" if len(p.b_group) > 1 else "")
+            a_name = p.a + _path(p.a_path) + (f" (+{len(p.a_group) - 1})" if len(p.a_group) > 1 else "")
+            b_name = p.b + _path(p.b_path) + (f" (+{len(p.b_group) - 1})" if len(p.b_group) > 1 else "")
             numbers = ("-", "-", "-") if g is None else (
                 f"{g.max_abs:.3g}", f"{g.max_rel:.3g}", "-" if g.cosine is None else f"{g.cosine:.6f}")
             verdict = p.verdict + (f", {p.origin}" if p.origin else "") + (f" ({p.note})" if p.note else "")
@@ -227,22 +264,30 @@ def compare(a: Trace, b: Trace, *, rtol: float | None = None, atol: float | None
         for cls, funcs in (hook().torchlens_op_classes(backend=backend) or {}).items():
             register_equivalence(cls, funcs=tuple(funcs))
     pa, pb = points(a, match), points(b)
-    score = scores(pa, pb)
-    matched = best_pairs(score)
-    a_anchor = [pa[i].index for i, _ in matched]
-    b_anchor = [pb[j].index for _, j in matched]
+    aligner = Aligner(a, b, pa, pb, rtol, atol)
+    matched = aligner.run()
+    a_anchor = [pa[m.i].index for m in matched]
+    b_anchor = [pb[m.j].index for m in matched]
     a_groups, b_groups = groups(a, a_anchor), groups(b, b_anchor)
     pairs = []
-    for (i, j), ga, gb in zip(matched, a_groups, b_groups):
-        op_a, op_b = a.ops[pa[i].index], b.ops[pb[j].index]
-        pairs.append(AlignedPair(op_a.label, op_b.label, tuple(a.ops[k].label for k in ga),
-                                 tuple(b.ops[k].label for k in gb), op_a.module_passes[-1][0]
-                                 if op_a.module_passes else "", round(min(1.0, score[i, j] / MAX_SCORE), 3),
-                                 _evidence(pa[i], pb[j])))
+    for m, ga, gb in zip(matched, a_groups, b_groups):
+        op_a, op_b = a.ops[pa[m.i].index], b.ops[pb[m.j].index]
+        pair = AlignedPair(op_a.label, op_b.label, tuple(a.ops[k].label for k in ga),
+                           tuple(b.ops[k].label for k in gb),
+                           op_a.module_passes[-1][0] if op_a.module_passes else "",
+                           _confidence(m, pa[m.i], pb[m.j]), _evidence(m, pa[m.i], pb[m.j]),
+                           m.layout, m.agreement, note=m.note, basis=m.basis, a_path=pa[m.i].path,
+                           b_path=pb[m.j].path)
+        if m.agreement is not None:
+            pair.verdict = "agrees" if m.agreement.ok else "diverges"
+            if m.exact:
+                pair.note = "compared exactly (integers)" + (f"; {pair.note}" if pair.note else "")
+        elif m.layout == NONE and " vs " in m.note:
+            pair.verdict = "shape"
+        pairs.append(pair)
     owner = {k: n for n, group in enumerate(a_groups) for k in group}
     upstream = [sorted({owner[p] for k in group for p in a.ops[k].parent_indices
                         if p in owner and owner[p] != n}) for n, group in enumerate(a_groups)]
-    _judge(a, b, pairs, a_anchor, b_anchor, upstream, rtol, atol)
     _randomness(a, b, pairs, a_groups, b_groups)
     if teacher_forcing:
         from torchlens_core.compare.forcing import force
@@ -252,11 +297,47 @@ def compare(a: Trace, b: Trace, *, rtol: float | None = None, atol: float | None
     in_b = {k for g in b_groups for k in g}
     unmatched_a = [op.label for op in a.ops if op.index not in in_a and op.source not in ("parameter", "constant")]
     unmatched_b = [op.label for op in b.ops if op.index not in in_b and op.source not in ("parameter", "constant")]
-    return Comparison(a, b, pairs, unmatched_a, unmatched_b, upstream, list(zip(a_groups, b_groups)), (rtol, atol))
+    coverage = {"a": _coverage(a, pa, a_anchor, a_groups, pairs), "b": _coverage(b, pb, b_anchor, b_groups, pairs)}
+    return Comparison(a, b, pairs, unmatched_a, unmatched_b, upstream, list(zip(a_groups, b_groups)), (rtol, atol),
+                      aligner.unaligned, coverage)
 
 
-def _evidence(pa: Any, pb: Any) -> tuple[str, ...]:
+def _path(path: tuple[Any, ...]) -> str:
+    return "".join(f"[{key!r}]" for key in path)
+
+
+def _coverage(trace: Trace, side_points: list[Point], anchors: list[int], side_groups: list[list[int]],
+              pairs: list[AlignedPair]) -> Coverage:
+    """Of the ops that compute from an input, how many had their value compared, and how many sat in a group."""
+    data = {p.index for p in side_points if trace.ops[p.index].kind not in ("input", "output")}
+    compared = data & {anchor for anchor, pair in zip(anchors, pairs) if pair.agreement is not None}
+    inside = data & {k for group, pair in zip(side_groups, pairs) if pair.agreement is not None for k in group}
+    return Coverage(len(data), len(compared), len(inside - compared))
+
+
+def _confidence(m: Match, pa: Point, pb: Point) -> float:
+    """How sure the aligner is that the two ops correspond, by what ties them (docs/compare.md, "Confidence").
+
+    Values that agree element for element are the strongest tie (0.8 to 1);
+    the start of a divergence rests on its inputs agreeing and on structure
+    (0.5 to 0.8); a pair downstream of a divergence on structure alone (0.2 to
+    0.5).
+    """
+    module_output = bool(pa.module_outputs & pb.module_outputs)
+    same_class = pa.cls is not None and pa.cls == pb.cls
+    if m.basis == "values":
+        telling = pa.distinct > 2 and (pa.size or 0) > 2 and not m.exact
+        return round(0.8 + 0.1 * telling + 0.05 * module_output + 0.05 * same_class, 3)
+    base = 0.5 if m.basis == "inputs" else 0.2
+    return round(base + 0.1 * module_output + 0.1 * same_class + 0.1 * (pa.module == pb.module != ""), 3)
+
+
+def _evidence(m: Match, pa: Point, pb: Point) -> tuple[str, ...]:
     found = []
+    if m.basis == "values":
+        found.append("values")
+    elif m.basis == "inputs":
+        found.append("inputs agree")
     if pa.module_outputs & pb.module_outputs:
         found.append("module output")
     elif pa.module and pa.module == pb.module:
@@ -265,62 +346,7 @@ def _evidence(pa: Any, pb: Any) -> tuple[str, ...]:
         found.append(f"class {pa.cls}")
     if pa.shape is not None and pb.shape is not None and sorted(pa.shape) == sorted(pb.shape):
         found.append("shape")
-    if pa.fingerprint is not None and pb.fingerprint is not None and pa.size == pb.size:
-        import numpy as np
-
-        gap = float(np.max(np.abs(pa.fingerprint - pb.fingerprint))) / max(pa.scale, pb.scale, 1e-30)
-        if gap <= 3e-2:
-            found.append("values")
     return tuple(found)
-
-
-def _judge(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_anchor: list[int],
-           upstream: list[list[int]], rtol: float | None, atol: float | None) -> None:
-    """Each pair's layout, agreement and verdict; layouts found upstream are tried first downstream."""
-    for n, pair in enumerate(pairs):
-        op_a, op_b = a.ops[a_anchor[n]], b.ops[b_anchor[n]]
-        va, vb = array_value(a, op_a), array_value(b, op_b)
-        if va is None or vb is None:
-            pair.note = "value not saved" if not (op_a.saved and op_b.saved) else "not one float array"
-            continue
-        nearby = _carried(pairs, upstream, n)
-        options = candidates(va.shape, vb.shape, nearby)
-        if options == [NONE]:
-            pair.verdict = "shape"
-            pair.note = f"{tuple(va.shape)} vs {tuple(vb.shape)}"
-            continue
-        tolerance = tolerance_for(op_a.dtype, op_b.dtype, rtol=rtol, atol=atol)
-        precision = least_precise(op_a.dtype, op_b.dtype)
-        best: tuple[Layout, Agreement] | None = None
-        for layout in options:
-            found = agreement(layout.apply(va), vb, tolerance, precision)
-            if best is None or (found.ok and not best[1].ok) or (found.ok == best[1].ok and
-                                                                   found.max_abs < best[1].max_abs):
-                best = (layout, found)
-            if found.ok:
-                break
-        assert best is not None
-        pair.layout, pair.agreement = best
-        pair.verdict = "agrees" if best[1].ok else "diverges"
-
-
-def _carried(pairs: list[AlignedPair], upstream: list[list[int]], n: int) -> list[tuple[Layout, str]]:
-    """Permuted layouts of the pairs upstream of pair ``n``, nearest first (breadth-first, bounded)."""
-    found: list[tuple[Layout, str]] = []
-    frontier, seen = list(reversed(upstream[n])), set()
-    while frontier and len(seen) < 64:
-        k = frontier.pop(0)
-        if k in seen:
-            continue
-        seen.add(k)
-        layout = pairs[k].layout
-        if layout.kind == "permuted" and all(layout.perm != f.perm or layout.via_shape != f.via_shape
-                                             for f, _ in found):
-            found.append((layout, f"{pairs[k].a} ~ {pairs[k].b}"))
-        elif layout.kind == "carried":
-            continue  # a flatten's layout is carried from further up; do not carry it twice
-        frontier.extend(reversed(upstream[k]))
-    return found
 
 
 def _randomness(a: Trace, b: Trace, pairs: list[AlignedPair], a_groups: list[list[int]],
@@ -328,21 +354,34 @@ def _randomness(a: Trace, b: Trace, pairs: list[AlignedPair], a_groups: list[lis
     """Say so when a pair's ops on one side include a random op (dropout left on, sampling)."""
     for pair, ga, gb in zip(pairs, a_groups, b_groups):
         for side, trace, group in (("a", a, ga), ("b", b, gb)):
-            random = [trace.ops[k].label for k in group if _is_random(trace, trace.ops[k])]
-            if random:
-                note = f"random op in {side}: {random[0]} (dropout or sampling left on?)"
-                pair.note = f"{pair.note}; {note}" if pair.note else note
+            for k in group:
+                found = _randomness_of(trace, trace.ops[k])
+                if found:
+                    note = (f"random op in {side}: {trace.ops[k].label} (dropout or sampling left on?)"
+                            if found == "random" else f"{found} in {side}: {trace.ops[k].label}")
+                    pair.note = f"{pair.note}; {note}" if pair.note else note
+                    break
 
 
-def _is_random(trace: Trace, op: Any) -> bool:
+def _randomness_of(trace: Trace, op: Any) -> str:
+    """"random" (a draw, a dropout that zeroed elements), "dropout scales by c" (an eval-mode dropout that
+    rescales: deterministic, but not the identity) or ""."""
+    import numpy as np
+
     from torchlens_core.compare.classes import op_class
 
     if op.source == "random" or op_class(op) == "random":
-        return True
+        return "random"
     if op_class(op) != "dropout" or not op.parent_indices:
-        return False
+        return ""
     out, parent = array_value(trace, op), array_value(trace, trace.ops[op.parent_indices[0]])
-    return out is not None and parent is not None and out.shape == parent.shape and bool((out != parent).any())
+    if out is None or parent is None or out.shape != parent.shape or not (out != parent).any():
+        return ""
+    nonzero = parent != 0
+    ratios = out[nonzero] / parent[nonzero]
+    if ratios.size and np.allclose(ratios, ratios[0], rtol=1e-5) and (out[~nonzero] == 0).all():
+        return f"dropout scales by {float(ratios[0]):.6g}"  # Paddle's downscale_in_infer at inference
+    return "random"
 
 
 # fill colours for Comparison.draw: agreeing, diverging (darker with the error), shape, not compared
