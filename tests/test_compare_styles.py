@@ -202,3 +202,33 @@ def test_nothing_is_left_half_aligned_when_the_two_sides_share_no_value():
     cmp = tl.compare(tl.trace(a, ids, mask), other)
     assert cmp.first_divergence is None or cmp.first_divergence.basis == "inputs"
     assert all(p.verdict in ("agrees", "diverges", "shape", "unknown") for p in cmp.pairs)
+
+
+class SpelledGelu(nn.Module):  # GELU's tanh form spelled out, as Keras lowers it on TensorFlow
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense, self.out = nn.Linear(D, HIDDEN), nn.Linear(HIDDEN, D)
+
+    def forward(self, x):
+        h = self.dense(x)
+        inner = h + 0.044715 * torch.pow(h, 3)  # nearly h itself where h is small
+        return self.out(0.5 * h * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * inner)))
+
+
+class FusedGelu(SpelledGelu):  # the same layer with torch's fused op, and a copy of h as Keras's casts make
+    def forward(self, x):
+        return self.out(F.gelu(self.dense(x).clone(), approximate="tanh"))
+
+
+def test_an_intermediate_of_a_decomposition_is_not_a_divergence_when_what_follows_agrees():
+    torch.manual_seed(0)
+    a = SpelledGelu().eval()
+    b = FusedGelu().eval()
+    b.load_state_dict(a.state_dict())
+    x = 0.1 * torch.randn(B, S, D)
+    with torch.no_grad():
+        assert (a(x) - b(x)).abs().max() < 1e-6
+    cmp = tl.compare(tl.trace(a, x), tl.trace(b, x))
+    assert cmp.first_divergence is None, str(cmp)  # `inner` is near b's dense output, but it is not its counterpart
+    gelu = next(p for p in cmp.pairs if tl.trace(b, x)[p.b].func_name == "gelu")
+    assert gelu.verdict == "agrees" and len(gelu.a_group) > 3  # the fused op against the spelled-out form

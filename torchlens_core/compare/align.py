@@ -102,10 +102,12 @@ class Aligner:
         self._values: dict[tuple[str, int], tuple[Any, str]] = {}
         self._pos_b = {p.index: c for c, p in enumerate(pb)}
         self._close, self._close_b = self._closeness(a, pa), self._closeness(b, pb)
+        self._children_a: dict[int, list[int]] = {}
         self._children_b: dict[int, list[int]] = {}
-        for op in b.ops:
-            for parent in op.parent_indices:
-                self._children_b.setdefault(parent, []).append(op.index)
+        for trace, children in ((a, self._children_a), (b, self._children_b)):
+            for op in trace.ops:
+                for parent in op.parent_indices:
+                    children.setdefault(parent, []).append(op.index)
 
     def run(self) -> list[Match]:
         self._value_pairs()
@@ -214,8 +216,9 @@ class Aligner:
         label_a, label_b = self.a.ops[self.pa[k].index].label, self.b.ops[self.pb[c].index].label
         pa, pb = self.pa[k], self.pb[c]
         near = self.gap[k, c] <= NEAR and pa.kind == "float"  # integers: equal or not, never "nearly"
-        strong = bool(pa.module_outputs & pb.module_outputs) or near or (
+        by_structure = bool(pa.module_outputs & pb.module_outputs) or (
             pa.cls is not None and pa.cls == pb.cls and pa.cls not in PLAIN)
+        strong = by_structure or near
         if match.agreement is not None and self._same_multiset(k, c, match.agreement.tolerance):
             self.unaligned.append(Unaligned(label_a, label_b, "the same values, in an order no layout explains"))
             return
@@ -231,8 +234,53 @@ class Aligner:
             self.unaligned.append(Unaligned(label_a, label_b, f"values disagree while every input agrees, and "
                                                               f"{len(rivals)} other candidates fit as well"))
             return
+        healed = None if by_structure else self._healed(k, c)  # a pair held by nearly equal values alone
+        if healed is not None:
+            self.unaligned.append(Unaligned(label_a, label_b, f"values disagree, but {healed}, computed from both, "
+                                                              f"agrees again: not where a divergence starts"))
+            return
         match.basis = "inputs"
         self._accept(match)
+
+    def _healed(self, k: int, c: int) -> str | None:
+        """An agreeing pair downstream of both ops, reached through unpaired ops only, if there is one.
+
+        Asked of pairs that nearly equal values alone hold together: a real
+        divergence carries on downstream, while such a pair whose consumers
+        agree again was no divergence (an intermediate of one side's
+        decomposition paired with the other side's input to it: ``x +
+        0.044715 x³`` against ``x`` inside GELU's tanh form). A module's
+        output or an op of the same class is not asked: a softmax downstream
+        may squeeze a real error below the tolerance.
+        """
+        index_a, index_b = self.pa[k].index, self.pb[c].index
+        stack, seen = list(self._children_a.get(index_a, ())), set()
+        while stack and len(seen) < FRONTIER_WALK:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            if op not in self.paired_a:
+                stack.extend(self._children_a.get(op, ()))
+                continue
+            for point in self.paired_a[op]:
+                match = self.matches[point]
+                if match.basis == "values" and index_b in self._ancestors_b(self.pb[match.j].index, index_b):
+                    return f"{self.a.ops[op].label} ~ {self.b.ops[self.pb[match.j].index].label}"
+        return None
+
+    def _ancestors_b(self, index: int, stop_at: int) -> set[int]:
+        """Ops of ``b`` upstream of op ``index``, no earlier than op ``stop_at`` (a bounded walk)."""
+        found, stack = set(), list(self.b.ops[index].parent_indices)
+        while stack and len(found) < FRONTIER_WALK:
+            op = stack.pop()
+            if op in found or op < stop_at:
+                continue
+            found.add(op)
+            if op == stop_at:
+                break
+            stack.extend(self.b.ops[op].parent_indices)
+        return found
 
     # -- judging one pair ---------------------------------------------------------------------------------------
     def _judge(self, k: int, c: int, basis: str) -> Match:
@@ -441,6 +489,15 @@ def scores(a: list[Point], b: list[Point], gap: Any = None) -> Any:
         for key in p.module_outputs:
             module_output[i, by_key.get(key, [])] = True
     score += MODULE_OUTPUT * module_output
+    # The output of a module both sides have (``key`` on both) against another module's output: evidence against
+    # the pair, as strong as a module output is for one (``query`` is not ``key``, whatever the shapes say).
+    keys_a = {key for p in a for key in p.module_outputs}
+    known_a = np.array([bool(p.module_outputs & set(by_key)) for p in a])
+    known_b = np.array([bool(p.module_outputs & keys_a) for p in b])
+    outputs_a = np.array([bool(p.module_outputs) for p in a])
+    outputs_b = np.array([bool(p.module_outputs) for p in b])
+    other_module = ~module_output & ((known_a[:, None] & outputs_b[None, :]) | (outputs_a[:, None] & known_b[None, :]))
+    score -= MODULE_OUTPUT * other_module
     sa = np.array([-1 if p.size is None else p.size for p in a])
     sb = np.array([-2 if p.size is None else p.size for p in b])
     same_size = sa[:, None] == sb[None, :]
