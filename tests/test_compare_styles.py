@@ -232,3 +232,14 @@ def test_an_intermediate_of_a_decomposition_is_not_a_divergence_when_what_follow
     assert cmp.first_divergence is None, str(cmp)  # `inner` is near b's dense output, but it is not its counterpart
     gelu = next(p for p in cmp.pairs if tl.trace(b, x)[p.b].func_name == "gelu")
     assert gelu.verdict == "agrees" and len(gelu.a_group) > 3  # the fused op against the spelled-out form
+
+
+@pytest.mark.parametrize("bug", ["gelu_tanh", "ln_eps"])
+def test_teacher_forcing_runs_through_crossed_pairs_and_arrays_of_tuples(traces, bug):
+    cmp = tl.compare(traces[""], traces[bug], teacher_forcing=True)
+    first = cmp.first_divergence
+    assert first.origin == "introduced" and first.forced and not first.local.ok, str(cmp)
+    assert [r.a for r in cmp.roots] == [first.a]  # everything after it inherits
+    assert not any("could not force" in p.note for p in cmp.pairs)
+    # b's q, k and v come out of one unbind: each forced pair read a's value for its own array of the tuple
+    assert sum(p.forced is True for p in cmp.pairs) >= len(cmp.pairs) - 2

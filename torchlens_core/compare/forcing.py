@@ -44,7 +44,7 @@ def force(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_a
     """
     h = hook()
     _check_replayable(b)
-    pair_of_b = {index: n for n, index in enumerate(b_anchor)}
+    pair_of_b = {(index, pair.b_path): n for n, (index, pair) in enumerate(zip(b_anchor, pairs))}
     a_values: dict[int, Any] = {}  # pair -> a's value in b's layout (NumPy), for the pairs compared
     for n, pair in enumerate(pairs):
         if pair.agreement is None:
@@ -59,7 +59,7 @@ def force(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_a
             continue
         try:
             values, forced = _run_group(h, b, sorted(b_groups[n]), pair_of_b, a_values)
-            out = as_numpy(values[b_anchor[n]], b.backend)
+            out = as_numpy(tree.get(values[b_anchor[n]], pair.b_path), b.backend)
         except (ReplayError, UnsupportedError) as exc:
             pair.note = f"{pair.note}; could not force: {exc}" if pair.note else f"could not force: {exc}"
             continue
@@ -80,7 +80,7 @@ def force(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_a
             pair.origin = "introduced" if not pair.local.ok else "inherited"
 
 
-def _run_group(h: Any, b: Trace, group: list[int], pair_of_b: dict[int, int],
+def _run_group(h: Any, b: Trace, group: list[int], pair_of_b: dict[tuple[int, Any], int],
                a_values: dict[int, Any]) -> tuple[dict[int, Any], bool]:
     """Run ``b``'s ops of one group, reading ``a``'s value wherever an input is an aligned pair's output."""
     values: dict[int, Any] = {}
@@ -94,10 +94,11 @@ def _run_group(h: Any, b: Trace, group: list[int], pair_of_b: dict[int, int],
             return leaf
         if leaf.index in values:
             return tree.get(values[leaf.index], leaf.path)
-        source = pair_of_b.get(leaf.index)
+        source = pair_of_b.get((leaf.index, tuple(leaf.path)))
         op = b.ops[leaf.index]
-        if source is not None and source in a_values and not leaf.path:
-            return _to_backend(h, b.backend, _cast(a_values[source], op.dtype), op.dtype, op.device)
+        if source is not None and source in a_values:
+            dtype = op.dtype if not leaf.path else _leaf_dtype(h, b, tree.get(op.out, leaf.path))
+            return _to_backend(h, b.backend, _cast(a_values[source], dtype), dtype, op.device)
         forced = False
         return tree.get(_copy(h, b, op.out), leaf.path)  # a copy: an in-place op must not write the trace
 
@@ -119,6 +120,11 @@ def _run_group(h: Any, b: Trace, group: list[int], pair_of_b: dict[int, int],
         for edit in op.edits:
             values[k] = edit.apply(values[k])
     return values, forced
+
+
+def _leaf_dtype(h: Any, trace: Trace, value: Any) -> Any:
+    info = h.torchlens_array_info(backend=trace.backend, value=value)
+    return None if info is None else info[1]
 
 
 def _check_replayable(b: Trace) -> None:
