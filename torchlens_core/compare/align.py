@@ -52,6 +52,10 @@ MIN_SCORE = 3.0
 CLOSE, NEAR = 1e-3, 3e-2  # fingerprint gaps: worth checking element for element; evidence of a counterpart
 CHECKED = 6  # value candidates checked element for element per op
 FRONTIER_WALK = 256  # ops visited looking for the nearest paired ones upstream
+HEALING_HOPS = 6  # how far downstream an agreeing pair shows a disagreement was no divergence (Aligner._healed)
+# Classes of ops that are layers of a model, not steps of arithmetic inside one (Aligner._healed).
+LAYERS = frozenset({"matmul", "linear", "conv", "layer_norm", "batch_norm", "group_norm", "attention", "embedding",
+                    "softmax", "max_pool", "avg_pool", "gelu", "relu", "silu", "dropout"})
 # Classes a decomposition's last primitive often has: a different class on the other side is no evidence.
 PLAIN = frozenset({"add", "sub", "mul", "div", "reshape", "transpose", "sum", "mean"})
 
@@ -101,6 +105,9 @@ class Aligner:
         self.unaligned: list[Unaligned] = []
         self._values: dict[tuple[str, int], tuple[Any, str]] = {}
         self._pos_b = {p.index: c for c, p in enumerate(pb)}
+        self._points_a = {p.index: k for k, p in enumerate(pa) if not p.path}  # ops with one array
+        self._points_b = {p.index: c for c, p in enumerate(pb) if not p.path}
+        self._chains: dict[tuple[str, int], int] = {}
         self._close, self._close_b = self._closeness(a, pa), self._closeness(b, pb)
         self._children_a: dict[int, list[int]] = {}
         self._children_b: dict[int, list[int]] = {}
@@ -111,6 +118,8 @@ class Aligner:
 
     def run(self) -> list[Match]:
         self._value_pairs()
+        if self._learn_prefix():
+            self.score = scores(self.pa, self.pb, self.gap)
         self._structural_pairs()
         return sorted(self.matches.values(), key=lambda m: m.i)
 
@@ -137,7 +146,8 @@ class Aligner:
             found.sort(key=lambda c: (p.cls is None or self.pb[c].cls != p.cls, self.pb[c].func != p.func,
                                       self.pb[c].shape != p.shape,
                                       -self.score[k, c], row[c], self.pb[c].index))
-            consistency = {c: _consistency(frontier, self._mapped(self._frontier_b(self.pb[c].index)))
+            consistency = {c: _consistency(self._canon(frontier),
+                                           self._canon(self._mapped(self._frontier_b(self.pb[c].index))))
                            for c in found[:2 * CHECKED]}
             for c in sorted(consistency, key=lambda c: -consistency[c])[:CHECKED]:
                 consistent = consistency[c]
@@ -178,23 +188,47 @@ class Aligner:
         return np.array([max(CLOSE, 4 * (self.rtol if self.rtol is not None else
                                          tolerance_for(trace.ops[p.index].dtype).rtol)) for p in side])
 
+    def _learn_prefix(self) -> bool:
+        """Module paths that differ by a prefix (``vision_model.encoder...`` against ``encoder...``), learnt from
+        the value pairs: ``b``'s paths rewritten to ``a``'s for the structural step. True if they were."""
+        from collections import Counter
+
+        votes: Counter[tuple[tuple[str, ...], tuple[str, ...]]] = Counter()
+        for match in self.matches.values():
+            for key_a in self.pa[match.i].module_outputs:
+                for key_b in self.pb[match.j].module_outputs:
+                    found = _prefix_difference(key_a.rpartition(":")[0], key_b.rpartition(":")[0])
+                    if found is not None:
+                        votes[found] += 1
+        if not votes:
+            return False
+        (extra_a, extra_b), count = votes.most_common(1)[0]
+        if (not extra_a and not extra_b) or count < 3 or count < 0.6 * sum(votes.values()):
+            return False
+        for q in self.pb:
+            q.module = _swap_prefix(q.module, extra_b, extra_a)
+            q.module_outputs = frozenset(_swap_prefix(key.rpartition(":")[0], extra_b, extra_a) + ":" +
+                                         key.rpartition(":")[2] for key in q.module_outputs)
+        return True
+
     # -- 2. structure ---------------------------------------------------------------------------------------------
     def _structural_pairs(self) -> None:
         import numpy as np
 
-        left_a = [k for k in range(len(self.pa)) if k not in self.b_of_a]
-        left_b = [c for c in range(len(self.pb)) if c not in self.a_of_b]
+        # A value that only re-lays out one already paired (a view of a paired op) has its counterpart: the chain's.
+        left_a = [k for k in range(len(self.pa)) if k not in self.b_of_a and not self._relaid("a", k)]
+        left_b = [c for c in range(len(self.pb)) if c not in self.a_of_b and not self._relaid("b", c)]
         if not left_a or not left_b:
             return
         fa: dict[int, frozenset[int]] = {}
-        fb = {c: self._mapped(self._frontier_b(self.pb[c].index)) for c in left_b}
+        fb = {c: self._canon(self._mapped(self._frontier_b(self.pb[c].index))) for c in left_b}
         sub = self.score[np.ix_(left_a, left_b)].copy()
         for x, k in enumerate(left_a):
             frontier = self._frontier_a(self.pa[k].index, fa)
             is_input = self.a.ops[self.pa[k].index].kind == "input"
             for y in np.flatnonzero(sub[x] > NO_PAIR):
                 both_inputs = is_input and self.b.ops[self.pb[left_b[y]].index].kind == "input"
-                if not (frontier & fb[left_b[y]] or both_inputs):
+                if not (self._canon(frontier) & fb[left_b[y]] or both_inputs):
                     sub[x, y] = NO_PAIR
         chosen = best_pairs(sub)
         for x, y in chosen:
@@ -234,7 +268,7 @@ class Aligner:
             self.unaligned.append(Unaligned(label_a, label_b, f"values disagree while every input agrees, and "
                                                               f"{len(rivals)} other candidates fit as well"))
             return
-        healed = None if by_structure else self._healed(k, c)  # a pair held by nearly equal values alone
+        healed = self._healed(k, c)
         if healed is not None:
             self.unaligned.append(Unaligned(label_a, label_b, f"values disagree, but {healed}, computed from both, "
                                                               f"agrees again: not where a divergence starts"))
@@ -243,31 +277,45 @@ class Aligner:
         self._accept(match)
 
     def _healed(self, k: int, c: int) -> str | None:
-        """An agreeing pair downstream of both ops, reached through unpaired ops only, if there is one.
+        """An agreeing pair that every path downstream of both ops reaches within a few plain ops, if there is one.
 
-        Asked of pairs that nearly equal values alone hold together: a real
-        divergence carries on downstream, while such a pair whose consumers
-        agree again was no divergence (an intermediate of one side's
-        decomposition paired with the other side's input to it: ``x +
-        0.044715 x³`` against ``x`` inside GELU's tanh form). A module's
-        output or an op of the same class is not asked: a softmax downstream
-        may squeeze a real error below the tolerance.
+        A real divergence carries on downstream. Two ops whose every consumer,
+        a few arithmetic ops on, agrees again were never counterparts: an
+        intermediate of one side's decomposition paired with the other side's
+        input to it (``x + 0.044715 x³`` against ``x`` inside GELU's tanh
+        form), scores computed before a scale on one side and after it on the
+        other, a position bias returned with or without the mask added. A path
+        through a layer (an activation, a linear, a norm, a softmax: a softmax
+        may squeeze a real error below the tolerance), a module's output or a
+        pair that disagrees leaves the question open: not healed. A value
+        nobody reads (a dead end) says nothing either way.
         """
         index_a, index_b = self.pa[k].index, self.pb[c].index
-        stack, seen = list(self._children_a.get(index_a, ())), set()
-        while stack and len(seen) < FRONTIER_WALK:
-            op = stack.pop()
+        agreeing = None
+        stack, seen = [(child, 1) for child in self._children_a.get(index_a, ())], set()
+        if not stack:
+            return None
+        while stack:
+            op, hops = stack.pop()
             if op in seen:
                 continue
             seen.add(op)
-            if op not in self.paired_a:
-                stack.extend(self._children_a.get(op, ()))
+            if op in self.paired_a:
+                found = [self.pb[self.matches[point].j].index for point in self.paired_a[op]
+                         if self.matches[point].basis == "values"]
+                found = [j for j in found if index_b in self._ancestors_b(j, index_b)]
+                if not found:
+                    return None
+                agreeing = agreeing or f"{self.a.ops[op].label} ~ {self.b.ops[found[0]].label}"
                 continue
-            for point in self.paired_a[op]:
-                match = self.matches[point]
-                if match.basis == "values" and index_b in self._ancestors_b(self.pb[match.j].index, index_b):
-                    return f"{self.a.ops[op].label} ~ {self.b.ops[self.pb[match.j].index].label}"
-        return None
+            point = self._points_a.get(op)
+            passed_on = bool(self.a.ops[op].meta.get("identity"))  # a value a module returned as it was given
+            layer = point is not None and (self.pa[point].cls in LAYERS or (
+                bool(self.pa[point].module_outputs) and not passed_on))
+            if hops >= HEALING_HOPS or layer:
+                return None
+            stack.extend((child, hops + 1) for child in self._children_a.get(op, ()))  # a dead end reaches nothing
+        return agreeing
 
     def _ancestors_b(self, index: int, stop_at: int) -> set[int]:
         """Ops of ``b`` upstream of op ``index``, no earlier than op ``stop_at`` (a bounded walk)."""
@@ -384,8 +432,65 @@ class Aligner:
                 stack.extend(self.b.ops[k].parent_indices)
         return frozenset(found)
 
+    def _canon(self, frontier: frozenset[int]) -> frozenset[int]:
+        """Points of ``a`` named by the first op of their chain of layout changes (a view, a permute, a copy).
+
+        Two sides that pair such a chain crosswise (a's view with b's reshape,
+        a's permute with b's transpose) still hold the same values upstream of
+        what follows: frontiers are compared by chain, not by op.
+        """
+        return frozenset(self._chain_start("a", k) for k in frontier)
+
+    def _chain_start(self, side: str, k: int) -> int:
+        """The first point of the chain of layout changes (one input, the same values) that ends at point ``k``."""
+        found = self._chains.get((side, k))
+        if found is not None:
+            return found
+        trace, side_points, singles = (self.a, self.pa, self._points_a) if side == "a" else \
+            (self.b, self.pb, self._points_b)
+        found, p = k, side_points[k]
+        parents = [q for q in trace.ops[p.index].parent_indices if q in singles]
+        if len(parents) == 1 and p.fingerprint is not None:
+            q = singles[parents[0]]
+            up = side_points[q]
+            if up.size == p.size and up.fingerprint is not None and up.kind == p.kind and float(
+                    abs(up.fingerprint - p.fingerprint).max()) <= 1e-7 * max(p.scale, 1e-30):
+                found = self._chain_start(side, q)
+        self._chains[(side, k)] = found
+        return found
+
+    def _relaid(self, side: str, k: int) -> bool:
+        """Whether point ``k`` only re-lays out a value that is paired and agrees: it has its counterpart already.
+
+        A layer that passed its input on unchanged (a dropout at inference) is
+        still a layer: the other side's may not have, and that is a divergence.
+        """
+        start = self._chain_start(side, k)
+        paired = self.b_of_a if side == "a" else self.a_of_b
+        if start == k or start not in paired or (self.pa if side == "a" else self.pb)[k].cls in LAYERS:
+            return False
+        match = self.matches[start if side == "a" else paired[start]]
+        return match.basis == "values"
+
     def _mapped(self, frontier_b: frozenset[int]) -> frozenset[int]:
         return frozenset(self.a_of_b[k] for k in frontier_b)
+
+
+def _prefix_difference(path_a: str, path_b: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The leading parts one path has and the other lacks, when the rest is the same (at least two parts)."""
+    pa, pb = tuple(path_a.split(".")) if path_a else (), tuple(path_b.split(".")) if path_b else ()
+    for extra_a in range(len(pa) + 1):
+        for extra_b in range(len(pb) + 1):
+            if (extra_a == 0 or extra_b == 0) and len(pa) - extra_a >= 2 and pa[extra_a:] == pb[extra_b:]:
+                return pa[:extra_a], pb[:extra_b]
+    return None
+
+
+def _swap_prefix(path: str, old: tuple[str, ...], new: tuple[str, ...]) -> str:
+    parts = tuple(path.split(".")) if path else ()
+    if parts[:len(old)] != old:
+        return path
+    return ".".join(new + parts[len(old):])
 
 
 def _chained(trace: Trace, one: int, other: int, paired: dict[int, int]) -> bool:
