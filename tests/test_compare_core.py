@@ -309,3 +309,29 @@ def test_inputs_pair_by_value_and_integers_compare_exactly():
     first = off.first_divergence
     assert first is not None and first.a == "output_1" and first.agreement.tolerance.rtol == 0, str(off)
     assert first.agreement.max_abs == 1.0
+
+
+K = RNG.standard_normal((6, 6)).astype(np.float32)
+
+
+def scale_after(x):  # scores, then the scale: as torch's DistilBERT does
+    k = x @ K.T
+    return np.tanh((x @ k.transpose(0, 2, 1)) * np.float32(0.5))
+
+
+def scale_before(x):  # the scale on the query first: as its Flax port does
+    k = x @ K.T
+    return np.tanh((x * np.float32(0.5)) @ k.transpose(0, 2, 1))
+
+
+def scale_before_wrong(x):  # a real bug at the same place: the wrong scale
+    k = x @ K.T
+    return np.tanh((x * np.float32(0.25)) @ k.transpose(0, 2, 1))
+
+
+def test_a_scale_applied_before_the_matmul_on_one_side_and_after_on_the_other_is_no_divergence():
+    x = RNG.standard_normal((2, 4, 6)).astype(np.float32)
+    cmp = tl.compare(trace(scale_after, x), trace(scale_before, x))
+    assert cmp.first_divergence is None, str(cmp)
+    wrong = tl.compare(trace(scale_after, x), trace(scale_before_wrong, x))
+    assert wrong.first_divergence is not None and wrong.first_divergence.verdict == "diverges", str(wrong)

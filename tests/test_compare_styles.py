@@ -243,3 +243,40 @@ def test_teacher_forcing_runs_through_crossed_pairs_and_arrays_of_tuples(traces,
     assert not any("could not force" in p.note for p in cmp.pairs)
     # b's q, k and v come out of one unbind: each forced pair read a's value for its own array of the tuple
     assert sum(p.forced is True for p in cmp.pairs) >= len(cmp.pairs) - 2
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, D), nn.Tanh())
+        self.fc2, self.fc3 = nn.Linear(D, D), nn.Linear(D, D)
+
+    def forward(self, x):  # fc2 and fc3 side by side: shape, class and inputs cannot tell them apart
+        h = self.pre(x)
+        return self.fc2(h) * torch.sigmoid(self.fc3(h))
+
+
+class Wrapped(nn.Module):  # the port nests the same layers one level down, as Flax's CLIP nests vision_model
+    def __init__(self) -> None:
+        super().__init__()
+        self.vision_model = Stack()
+
+    def forward(self, x):
+        return self.vision_model(x)
+
+
+def test_module_paths_that_differ_by_a_prefix_still_name_the_layers_with_the_bugs():
+    torch.manual_seed(0)
+    a, b = Stack().eval(), Wrapped().eval()
+    b.vision_model.load_state_dict(a.state_dict())
+    with torch.no_grad():  # both copied without their transpose
+        b.vision_model.fc2.weight.copy_(a.fc2.weight.T)
+        b.vision_model.fc3.weight.copy_(a.fc3.weight.T)
+    x = torch.randn(B, S, D)
+    ta, tb = tl.trace(a, x), tl.trace(b, x)
+    cmp = tl.compare(ta, tb)
+    # the paths are learnt from the pairs whose values agree (pre.0 ~ vision_model.pre.0...): each diverging
+    # projection is told from its twin by its module, not left unaligned
+    roots = [(ta[p.a].module_outputs, tb[p.b].module_outputs) for p in cmp.roots]
+    assert roots == [(["fc2:1"], ["vision_model.fc2:1"]), (["fc3:1"], ["vision_model.fc3:1"])], str(cmp)
+    assert cmp.first_divergence.basis == "inputs" and cmp.unaligned == []
