@@ -108,6 +108,7 @@ class Aligner:
         self._points_a = {p.index: k for k, p in enumerate(pa) if not p.path}  # ops with one array
         self._points_b = {p.index: c for c, p in enumerate(pb) if not p.path}
         self._chains: dict[tuple[str, int], int] = {}
+        self._role: set[tuple[int, int]] = set()  # pairs that end each side's chain of ops on one same input
         self._close, self._close_b = self._closeness(a, pa), self._closeness(b, pb)
         self._children_a: dict[int, list[int]] = {}
         self._children_b: dict[int, list[int]] = {}
@@ -230,9 +231,48 @@ class Aligner:
                 both_inputs = is_input and self.b.ops[self.pb[left_b[y]].index].kind == "input"
                 if not (self._canon(frontier) & fb[left_b[y]] or both_inputs):
                     sub[x, y] = NO_PAIR
+        self._same_role(sub, left_a, left_b, fa, fb)
         chosen = best_pairs(sub)
         for x, y in chosen:
             self._classify(left_a[x], left_b[y], x, y, sub, left_a, left_b)
+
+    def _same_role(self, sub: Any, left_a: list[int], left_b: list[int], fa: dict[int, frozenset[int]],
+                   fb: dict[int, frozenset[int]]) -> None:
+        """Pair the last op of each side's chain of one-input ops on the same value (``self._role``).
+
+        An activation and its replacement (SiLU against GELU's eight
+        primitives) share no class, module or value: what ties them is their
+        role, the end of a chain of ops computed from one and the same input
+        before it meets any other.
+        """
+        ends_a = {k: f for k in left_a if len(f := self._canon(self._frontier_a(self.pa[k].index, fa))) == 1
+                  and self._chain_end(self.a, self.pa[k].index, f, lambda i: self._canon(self._frontier_a(i, fa)))}
+        ends_b: dict[frozenset[int], list[int]] = {}
+        for c in left_b:
+            if len(fb[c]) == 1 and self._chain_end(self.b, self.pb[c].index, fb[c], lambda i: self._canon(
+                    self._mapped(self._frontier_b(i)))):
+                ends_b.setdefault(fb[c], []).append(c)
+        position_b = {c: y for y, c in enumerate(left_b)}
+        for x, k in enumerate(left_a):
+            for c in ends_b.get(ends_a.get(k, frozenset()), []) if k in ends_a else []:
+                if self.pa[k].size == self.pb[c].size and self.pa[k].kind == self.pb[c].kind == "float":
+                    y = position_b[c]
+                    sub[x, y] = max(sub[x, y], MIN_SCORE)
+                    self._role.add((k, c))
+
+    def _chain_end(self, trace: Trace, index: int, frontier: frozenset[int], frontier_of: Any) -> bool:
+        """Whether op ``index`` ends its chain: every op reading it is a layer (a linear...), changes the size,
+        or is computed from more than ``frontier``."""
+        side, points_of = (self.pa, self._points_a) if trace is self.a else (self.pb, self._points_b)
+        children = (self._children_a if trace is self.a else self._children_b).get(index, ())
+        size = side[points_of[index]].size if index in points_of else None
+
+        def ends(child: int) -> bool:
+            point = points_of.get(child)
+            return point is None or side[point].cls in LAYERS or side[point].size != size or \
+                frontier_of(child) != frontier
+
+        return bool(children) and all(ends(child) for child in children)
 
     def _classify(self, k: int, c: int, x: int, y: int, sub: Any, left_a: list[int], left_b: list[int]) -> None:
         import numpy as np
@@ -250,7 +290,7 @@ class Aligner:
         label_a, label_b = self.a.ops[self.pa[k].index].label, self.b.ops[self.pb[c].index].label
         pa, pb = self.pa[k], self.pb[c]
         near = self.gap[k, c] <= NEAR and pa.kind == "float"  # integers: equal or not, never "nearly"
-        by_structure = bool(pa.module_outputs & pb.module_outputs) or (
+        by_structure = bool(pa.module_outputs & pb.module_outputs) or (k, c) in self._role or (
             pa.cls is not None and pa.cls == pb.cls and pa.cls not in PLAIN)
         strong = by_structure or near
         if match.agreement is not None and self._same_multiset(k, c, match.agreement.tolerance):
@@ -260,10 +300,15 @@ class Aligner:
             self.unaligned.append(Unaligned(label_a, label_b, "values disagree while every input agrees, and "
                                                               "neither module, class nor values tie the two"))
             return
+        # A rival fits as well, is not on the chosen op's own chain, and sits as many ops past the agreeing inputs
+        # (the dropout of a later layer, far downstream of the same inputs, is no rival of this one's).
+        depth_a, depth_b = _depth(self.a, pa.index, self.paired_a), _depth(self.b, pb.index, self.paired_b)
         rivals = [r for r in (left_b[v] for v in np.flatnonzero(sub[x] >= sub[x, y]) if v != y)
-                  if not _chained(self.b, self.pb[r].index, pb.index, self.paired_b)]
+                  if not _chained(self.b, self.pb[r].index, pb.index, self.paired_b) and
+                  abs(_depth(self.b, self.pb[r].index, self.paired_b) - depth_b) <= 1]
         rivals += [r for r in (left_a[u] for u in np.flatnonzero(sub[:, y] >= sub[x, y]) if u != x)
-                   if not _chained(self.a, self.pa[r].index, pa.index, self.paired_a)]
+                   if not _chained(self.a, self.pa[r].index, pa.index, self.paired_a) and
+                   abs(_depth(self.a, self.pa[r].index, self.paired_a) - depth_a) <= 1]
         if rivals:
             self.unaligned.append(Unaligned(label_a, label_b, f"values disagree while every input agrees, and "
                                                               f"{len(rivals)} other candidates fit as well"))
@@ -491,6 +536,18 @@ def _swap_prefix(path: str, old: tuple[str, ...], new: tuple[str, ...]) -> str:
     if parts[:len(old)] != old:
         return path
     return ".".join(new + parts[len(old):])
+
+
+def _depth(trace: Trace, index: int, paired: dict[int, list[int]]) -> int:
+    """How many ops op ``index`` sits past the nearest paired op upstream (a bounded breadth-first walk)."""
+    frontier, seen, depth = list(trace.ops[index].parent_indices), set(), 1
+    while frontier and len(seen) < FRONTIER_WALK:
+        if any(k in paired for k in frontier):
+            return depth
+        seen.update(frontier)
+        frontier = [p for k in frontier for p in trace.ops[k].parent_indices if p not in seen]
+        depth += 1
+    return depth
 
 
 def _chained(trace: Trace, one: int, other: int, paired: dict[int, int]) -> bool:

@@ -171,7 +171,8 @@ def agreement(a: Any, b: Any, tolerance: Tolerance, ulp_dtype: str | None = None
     a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
     if a.size == 0:
         return Agreement(0.0, 0.0, 0.0, None, 0.0, 1.0, tolerance)
-    diff = np.abs(a - b)
+    with np.errstate(invalid="ignore"):  # inf - inf: handled below
+        diff = np.abs(a - b)
     masked = None
     with np.errstate(invalid="ignore"):
         filled = bool(np.nanmin(a, initial=0.0) <= -SENTINEL or np.nanmin(b, initial=0.0) <= -SENTINEL)
