@@ -90,11 +90,54 @@ def compare(session: nox.Session) -> None:
             session.error(f"the {builder} port is built with the {backend} session's virtualenv, which is missing: "
                           f"run `nox -s {backend}` first")
         session.run(str(python), f"tests/ports/build_{builder}.py", str(traces), external=True)
+    # the comparison menagerie's sample: transformers' PyTorch models against their Flax ports (bench/compare_menagerie)
+    menagerie = pathlib.Path(session.create_tmp()) / "menagerie_traces"
+    shutil.rmtree(menagerie, ignore_errors=True)
+    for side, backend in (("torch", "torch"), ("flax", "jax")):  # side a first: it writes what side b reads
+        session.run(str(envs / backend / "bin" / "python"), "-m", "bench.compare_menagerie", "--build-side", side,
+                    "--out", str(menagerie), "--sample", external=True)
     # docs/compare.md's worked port and teacher forcing run ops in those sessions' virtualenvs
     pythons = {f"TORCHLENS_PYTHON_{name.upper()}": str(envs / name / "bin" / "python")
                for name in ("torch", "jax", "paddle")}
-    session.run("pytest", "tests/test_compare_ports.py", "tests/test_docs_compare.py", "-q", *WORKERS, *session.posargs,
-                env={"TORCHLENS_PORT_TRACES": str(traces), **pythons})
+    tests = ("tests/test_compare_ports.py", "tests/test_docs_compare.py", "tests/test_compare_menagerie.py")
+    session.run("pytest", *tests, "-q", *WORKERS, *session.posargs,
+                env={"TORCHLENS_PORT_TRACES": str(traces), "TORCHLENS_MENAGERIE_TRACES": str(menagerie), **pythons})
+
+
+# comparison menagerie pair -> its sides in build order, each (side, the backend session whose virtualenv builds it)
+MENAGERIE_SIDES = {"hf-torch-flax": (("torch", "torch"), ("flax", "jax"))}
+
+
+@nox.session(python=PYTHON, name="compare-menagerie")
+def compare_menagerie(session: nox.Session) -> None:
+    """tl.compare on independently written ports of one architecture (bench/compare_menagerie/), with bugs injected.
+
+    Side a (transformers' PyTorch models) is built in the torch session's virtualenv, side b (its Flax ports) in
+    the jax session's; the comparisons run in this session's, which has NumPy and no framework. Not a default
+    session. `-- --sample` builds four small architectures (about a minute on two cores; a full run about six);
+    `-- --out DIR` keeps the traces and results there (default: this session's scratch folder); `-- --pair NAME`
+    picks another framework pair. A full run rewrites docs/compare-menagerie.md.
+    """
+    session.install("-e", ".")
+    args = list(session.posargs)
+    out = pathlib.Path(session.create_tmp()) / "compare_menagerie"
+    if "--out" in args:
+        out = pathlib.Path(args.pop(args.index("--out") + 1))
+        args.remove("--out")
+    pair = args[args.index("--pair") + 1] if "--pair" in args else "hf-torch-flax"
+    if pair not in MENAGERIE_SIDES:
+        session.error(f"no sides known for pair {pair!r}: add it to MENAGERIE_SIDES")
+    envs = pathlib.Path(session.virtualenv.location).parent
+    for side, backend in MENAGERIE_SIDES[pair]:  # side a first: it writes what side b reads
+        python = envs / backend / "bin" / "python"
+        if not python.exists():
+            session.error(f"the {side} side is built with the {backend} session's virtualenv, which is missing: "
+                          f"run `nox -s {backend}` first")
+        session.run(str(python), "-m", "bench.compare_menagerie", "--build-side", side, "--out", str(out), *args,
+                    external=True)
+    session.run("python", "-m", "bench.compare_menagerie", "--compare", "--out", str(out), *args)
+    if "--sample" not in args and "--only" not in args:
+        session.run("python", "-m", "bench.compare_menagerie", "--report", "--out", str(out))
 
 
 @nox.session(python=PYTHON)
