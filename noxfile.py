@@ -136,6 +136,9 @@ def compare_menagerie(session: nox.Session) -> None:
         session.run(str(python), "-m", "bench.compare_menagerie", "--build-side", side, "--out", str(out), *args,
                     external=True)
     session.run("python", "-m", "bench.compare_menagerie", "--compare", "--out", str(out), *args)
+    # teacher forcing runs side b's ops again: in side b's virtualenv
+    session.run(str(envs / MENAGERIE_SIDES[pair][1][1] / "bin" / "python"), "-m", "bench.compare_menagerie", "--force",
+                "--out", str(out), *args, external=True)
     if "--sample" not in args and "--only" not in args:
         session.run("python", "-m", "bench.compare_menagerie", "--report", "--out", str(out))
 

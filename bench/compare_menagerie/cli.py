@@ -4,6 +4,7 @@
     python -m bench.compare_menagerie --build-side flax  --out DIR [--only ...] [--sample]
     python -m bench.compare_menagerie --compare --out DIR     # DIR/<pair>/results.json
     python -m bench.compare_menagerie --report --out DIR      # docs/compare-menagerie.md
+    .nox/jax/bin/python -m bench.compare_menagerie --force --out DIR   # teacher forcing, in side b's virtualenv
 
 Each ``--build-side`` runs in that side's virtualenv (``nox -s
 compare-menagerie`` picks them: side a with the torch session's python, side b
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     action.add_argument("--build-side", metavar="SIDE", help="build this side (torch or flax for hf-torch-flax)")
     action.add_argument("--compare", action="store_true", help="tl.compare every built pair: results.json")
     action.add_argument("--report", action="store_true", help="write the markdown report from results.json")
+    action.add_argument("--force", action="store_true",
+                        help="teacher forcing on every built variant (side b's virtualenv): forced.json")
     parser.add_argument("--out", type=pathlib.Path, required=True, help="where the sides and results go")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="these architectures")
     parser.add_argument("--sample", action="store_true", help="only the small CI sample (4 architectures)")
@@ -106,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.compare_menagerie.compare import compare_all
 
         return compare_all(pair, args.out, archs)
+    if args.force:
+        from bench.compare_menagerie.force import force_all
+
+        return force_all(pair, args.out, archs)
     from bench.compare_menagerie.report import write_report
 
     return write_report(args.out, args.doc)

@@ -231,7 +231,13 @@ def write_report(out: pathlib.Path, doc: pathlib.Path) -> int:
             continue
         found = True
         runs_path = out / name / "runs.json"
-        lines += pair_section(read_json(path), read_json(runs_path) if runs_path.exists() else {})
+        results = read_json(path)
+        lines += pair_section(results, read_json(runs_path) if runs_path.exists() else {})
+        forced_path = out / name / "forced.json"
+        if forced_path.exists():
+            from bench.compare_menagerie.force import summary
+
+            lines += ["", summary(read_json(forced_path), results), ""]
     if not found:
         raise SystemExit(f"no results.json under {out}: run --compare first")
     findings = HERE / "findings.md"
