@@ -154,7 +154,10 @@ class Aligner:
                 consistent = consistency[c]
                 telling = p.distinct > 2 and (p.size or 0) > 2 and p.kind == "float"
                 is_input = self.a.ops[p.index].kind == "input" and self.b.ops[self.pb[c].index].kind == "input"
-                if not (telling or consistent or is_input):
+                # A value that says little (all zeros, a 0/1 mask, a position count) pairs only with an op of its
+                # kind computed from the same inputs: an all-False comparison is not a gather of zeros.
+                if not (telling or is_input or (consistent == 2 and _kin(p, self.pb[c])) or
+                        (consistent and p.distinct > 2)):
                     continue
                 match = self._judge(k, c, "values")
                 if match.agreement is not None and match.agreement.ok:
@@ -279,8 +282,10 @@ class Aligner:
 
         match = self._judge(k, c, "structure")
         if match.agreement is not None and match.agreement.ok:
-            match.basis = "values"
-            self._accept(match)
+            p = self.pa[k]
+            if p.distinct > 2 or _kin(p, self.pb[c]):  # two all-zero arrays agree, and say nothing of each other
+                match.basis = "values"
+                self._accept(match)
             return
         upstream = self._frontier_a(self.pa[k].index, {}) | self._mapped(self._frontier_b(self.pb[c].index))
         inherited = [u for u in upstream if u in self.matches and self.matches[u].basis != "values"]
@@ -563,6 +568,11 @@ def _chained(trace: Trace, one: int, other: int, paired: dict[int, int]) -> bool
         seen.add(k)
         stack.extend(trace.ops[k].parent_indices)
     return False
+
+
+def _kin(p: Point, q: Point) -> bool:
+    """The same class, the same function or the output of the same module."""
+    return (p.cls is not None and p.cls == q.cls) or p.func == q.func or bool(p.module_outputs & q.module_outputs)
 
 
 def _consistency(frontier_a: frozenset[int], frontier_b: frozenset[int]) -> int:
