@@ -335,3 +335,22 @@ def test_a_scale_applied_before_the_matmul_on_one_side_and_after_on_the_other_is
     assert cmp.first_divergence is None, str(cmp)
     wrong = tl.compare(trace(scale_after, x), trace(scale_before_wrong, x))
     assert wrong.first_divergence is not None and wrong.first_divergence.verdict == "diverges", str(wrong)
+
+
+def token_types(ids):  # zeros made from the ids (as a token-type default), then used
+    types = np.zeros_like(ids)
+    return np.tanh(ids * 0.1 + types)
+
+
+def negative_flags(ids):  # the port: an all-False check of the same ids, used the same way
+    flags = ids < 0
+    return np.tanh(ids * 0.1 + flags)
+
+
+def test_values_that_say_little_pair_only_with_ops_of_their_kind():
+    ids = RNG.integers(0, 50, (2, 5))
+    cmp = tl.compare(tl.trace(token_types, ids, backend="numpy"), tl.trace(negative_flags, ids, backend="numpy"))
+    assert cmp.first_divergence is None, str(cmp)
+    pairs = {p.a: p.b for p in cmp.pairs}
+    assert "zeros_like_1_1" not in pairs, pairs  # all zeros against all False: equal, and no counterparts
+    assert pairs["tanh_1_4"] == "tanh_1_4"
