@@ -196,8 +196,9 @@ class Comparison:
                 f"{len(self.unmatched_a)} unmatched in a, {len(self.unmatched_b)} in b. Values compared: "
                 f"a {self.coverage['a']}; b {self.coverage['b']}.")
         if self.unaligned:
-            head += (f" {len(self.unaligned)} ops could not be aligned ({self.unaligned[0].a}: "
-                     f"{self.unaligned[0].why}).")
+            count = len(self.unaligned)
+            head += (f" {count} op{'s' if count > 1 else ''} could not be aligned ({self.unaligned[0].a}: "
+                     f"{self.unaligned[0].why}{'; cmp.unaligned lists all' if count > 1 else ''}).")
         if first is None:
             head += " Every compared pair agrees."
             shown = list(range(max(0, len(self.pairs) - 2 * CONTEXT), len(self.pairs)))
