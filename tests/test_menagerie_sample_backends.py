@@ -19,7 +19,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.menagerie.diagnoses import DIAGNOSES  # noqa: E402
 
-FRAMEWORKS = {"jax": "flax", "tf": "keras", "paddle": "paddle", "tinygrad": "tinygrad"}
+# The module that says the backend's session runs here: Keras 3 installs without TensorFlow (on torch or JAX), so
+# the tf sample needs tensorflow itself.
+FRAMEWORKS = {"jax": "flax", "tf": "tensorflow", "paddle": "paddle", "tinygrad": "tinygrad"}
 
 
 @pytest.mark.parametrize("backend", sorted(FRAMEWORKS))
