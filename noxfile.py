@@ -105,7 +105,13 @@ def compare(session: nox.Session) -> None:
 
 
 # comparison menagerie pair -> its sides in build order, each (side, the backend session whose virtualenv builds it)
-MENAGERIE_SIDES = {"hf-torch-flax": (("torch", "torch"), ("flax", "jax"))}
+MENAGERIE_SIDES = {"hf-torch-flax": (("torch", "torch"), ("flax", "jax")),
+                   "keras-tf-torch": (("keras-tf", "tf"), ("keras-torch", "torch")),
+                   "keras-tf-jax": (("keras-tf", "tf"), ("keras-jax", "jax"))}
+# Keras 3 and keras_hub for the keras-tf-* pairs' side b, added to the torch or jax session's virtualenv when such a
+# pair runs (the tf session's has them). --no-deps: keras-hub declares tensorflow-text, which pulls full TensorFlow.
+KERAS_SIDE_PACKAGES = (("keras>=3.10",), ("--no-deps", "keras-hub", "regex", "kagglehub", "kagglesdk",
+                                          "sentencepiece", "tokenizers", "protobuf"))
 
 
 @nox.session(python=PYTHON, name="compare-menagerie")
@@ -113,7 +119,9 @@ def compare_menagerie(session: nox.Session) -> None:
     """tl.compare on independently written ports of one architecture (bench/compare_menagerie/), with bugs injected.
 
     Side a (transformers' PyTorch models) is built in the torch session's virtualenv, side b (its Flax ports) in
-    the jax session's; the comparisons run in this session's, which has NumPy and no framework. Not a default
+    the jax session's; the comparisons run in this session's, which has NumPy and no framework; teacher forcing in
+    side b's. `-- --pair keras-tf-torch` and `-- --pair keras-tf-jax` compare Keras 3 models on TensorFlow with the
+    same models on PyTorch or JAX (Keras and keras_hub are added to that side's virtualenv). Not a default
     session. `-- --sample` builds four small architectures (about a minute on two cores; a full run about six);
     `-- --out DIR` keeps the traces and results there (default: this session's scratch folder); `-- --pair NAME`
     picks another framework pair. A full run rewrites docs/compare-menagerie.md.
@@ -133,6 +141,9 @@ def compare_menagerie(session: nox.Session) -> None:
         if not python.exists():
             session.error(f"the {side} side is built with the {backend} session's virtualenv, which is missing: "
                           f"run `nox -s {backend}` first")
+        if side in ("keras-torch", "keras-jax"):
+            for packages in KERAS_SIDE_PACKAGES:
+                session.run(str(python), "-m", "pip", "install", "-q", *packages, external=True)
         session.run(str(python), "-m", "bench.compare_menagerie", "--build-side", side, "--out", str(out), *args,
                     external=True)
     session.run("python", "-m", "bench.compare_menagerie", "--compare", "--out", str(out), *args)

@@ -55,7 +55,8 @@ def summarize(cmp: Any) -> dict[str, Any]:
         "max_abs": None if first.agreement is None else float(first.agreement.max_abs),
         "a_module": _module(cmp.a, first.a), "b_module": _module(cmp.b, first.b), "index": index,
         "before_all_agree": all(p.verdict == "agrees" for p in cmp.pairs[:index]),
-        "before_verdicts": sorted({p.verdict for p in cmp.pairs[:index]}), "note": first.note or None}
+        "before_verdicts": sorted({p.verdict for p in cmp.pairs[:index]}), "note": first.note or None,
+        "b_has_modules": len(cmp.b.modules) > 1}
     return record
 
 
@@ -83,6 +84,8 @@ def locate(record: dict[str, Any], injection: dict[str, Any]) -> dict[str, Any]:
     hit = next((k for k, s in enumerate(sites) if _in_site(first["b_module"], s, known)), None)
     a_hit = next((k for k, s in enumerate(sites) if within(first["a_module"], s["a"])), None)
     landed = f"{first['b']} in {first['b_module'] or '(root)'} (a: {first['a']} in {first['a_module'] or '(root)'})"
+    if hit is None and a_hit is not None and not first.get("b_has_modules", True):
+        hit = a_hit  # side b recorded no module at all (Keras layers on torch and JAX): side a's module says where
     if hit is None or not first["before_all_agree"]:
         why = "earlier pairs do not all agree" if hit is not None else "outside the injected module"
         return {"outcome": "missed", "landed": landed, "why": why, "a_side_in_site": a_hit is not None}

@@ -49,8 +49,13 @@ class FrameworkPair:
 
 HF_TORCH = Side("torch", "HF PyTorch", "torch", "bench.compare_menagerie.hf_torch")
 HF_FLAX = Side("flax", "HF Flax", "jax", "bench.compare_menagerie.hf_flax")
+KERAS_TF = Side("keras-tf", "Keras 3 on TensorFlow", "tf", "bench.compare_menagerie.keras_tf")
+KERAS_TORCH = Side("keras-torch", "Keras 3 on PyTorch", "torch", "bench.compare_menagerie.keras_torch")
+KERAS_JAX = Side("keras-jax", "Keras 3 on JAX", "jax", "bench.compare_menagerie.keras_jax")
 
 PAIRS = {pair.name: pair for pair in (
     FrameworkPair("hf-torch-flax", HF_TORCH, HF_FLAX, "bench.compare_menagerie.hf_archs"),
+    FrameworkPair("keras-tf-torch", KERAS_TF, KERAS_TORCH, "bench.compare_menagerie.keras_archs"),
+    FrameworkPair("keras-tf-jax", KERAS_TF, KERAS_JAX, "bench.compare_menagerie.keras_archs"),
 )}
 DEFAULT_PAIR = "hf-torch-flax"

@@ -31,6 +31,16 @@ traced with TorchLens, saved, loaded where no framework is installed and
 compared with `tl.compare(a, b)`. Then each porting bug is injected on side b
 and compared again.
 
+The second and third framework pairs run one Keras 3 source on three backends:
+Keras on TensorFlow (side a) against the same model on PyTorch and on JAX
+(side b), weights saved and loaded with Keras's own `save_weights` and
+`load_weights` (35 rows: keras_hub backbones and `keras.applications` models,
+`bench/compare_menagerie/keras_archs.py`). The lowerings differ in op order,
+fusion, casts and layout. TorchLens records no module path for a Keras layer
+run on PyTorch or JAX (the layers are neither torch submodules nor flax
+modules), so on those pairs a bug counts as located when side a's op is in the
+injected layer.
+
 ## Running it
 
 ```bash

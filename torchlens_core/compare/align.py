@@ -52,7 +52,7 @@ MIN_SCORE = 3.0
 CLOSE, NEAR = 1e-3, 3e-2  # fingerprint gaps: worth checking element for element; evidence of a counterpart
 CHECKED = 6  # value candidates checked element for element per op
 FRONTIER_WALK = 256  # ops visited looking for the nearest paired ones upstream
-HEALING_HOPS = 6  # how far downstream an agreeing pair shows a disagreement was no divergence (Aligner._healed)
+HEALING_HOPS = 24  # how far downstream an agreeing pair shows a disagreement was no divergence (Aligner._healed)
 # Classes of ops that are layers of a model, not steps of arithmetic inside one (Aligner._healed).
 LAYERS = frozenset({"matmul", "linear", "conv", "layer_norm", "batch_norm", "group_norm", "attention", "embedding",
                     "softmax", "max_pool", "avg_pool", "gelu", "relu", "silu", "dropout"})

@@ -1,0 +1,8 @@
+"""The Keras 3 pairs' side on the jax backend: importing this module selects it (before Keras is imported).
+
+See :mod:`bench.compare_menagerie.keras_side`.
+"""
+
+from bench.compare_menagerie.keras_side import backend_build
+
+build = backend_build("jax")
