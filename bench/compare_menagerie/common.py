@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import pathlib
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -65,3 +66,20 @@ def failure(stage: str, exc: BaseException) -> dict[str, Any]:
     text = str(exc).strip().splitlines()
     return {"status": "failed", "stage": stage, "error": f"{type(exc).__name__}: {text[0] if text else ''}"[:400],
             "traceback": traceback.format_exc()[-2500:]}
+
+
+def build_variants(folder: pathlib.Path, bugs: Any, inject: Callable[[str, pathlib.Path], dict[str, Any]]
+                   ) -> dict[str, Any]:
+    """Each bug built on its own, ``inject(bug, folder/b/bug)`` writing its trace; a failure is recorded as the
+    bug's record and the others still run. Returns each bug's status."""
+    found: dict[str, Any] = {}
+    for bug in bugs:
+        bug_dir = folder / "b" / bug
+        try:
+            record = inject(bug, bug_dir)
+        except Exception as exc:  # noqa: BLE001 - one bug's failure is recorded, the others still run
+            record = {"variant": bug, **failure("inject", exc)}
+        write_json(bug_dir / "meta.json", record)
+        found[bug] = record.get("status")
+    return found
+

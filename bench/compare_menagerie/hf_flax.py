@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from bench.compare_menagerie import bugs as B
-from bench.compare_menagerie.common import REL_TOL, failure, gap, read_json, write_json
+from bench.compare_menagerie.common import REL_TOL, build_variants, failure, gap, read_json, write_json
 from bench.compare_menagerie.convert import Conversion, convert, source_name, split
 from bench.compare_menagerie.hf_archs import Arch
 
@@ -270,14 +270,7 @@ def build(arch: Arch, folder: pathlib.Path) -> dict[str, Any]:
     meta.update(status="built", **_traced(side, model, apply_args, correct_dir, out))
     write_json(correct_dir / "meta.json", meta)
     summary["status"] = "built"
-    for bug in B.BUGS:
-        bug_dir = folder / "b" / bug
-        try:
-            record = _bug(side, bug, bug_dir)
-        except Exception as exc:  # noqa: BLE001 - one bug's failure is recorded, the others still run
-            record = {"variant": bug, **failure("inject", exc)}
-        write_json(bug_dir / "meta.json", record)
-        summary[bug] = record.get("status")
+    summary.update(build_variants(folder, B.BUGS, lambda bug, bug_dir: _bug(side, bug, bug_dir)))
     return summary
 
 
