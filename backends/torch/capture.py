@@ -739,10 +739,37 @@ def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[in
         parts = name.split(".")
         for depth in range(1, len(parts)):
             under.setdefault(".".join(parts[:depth]), []).append(name)
-    for path, module in modules:
+    for path, module in modules + _keras_layers(model, {id(module) for _, module in modules}):
         paths[id(module)] = path
         if path:
             builder.add_module(path, type(module).__name__, under.get(path, []))
+
+
+def _keras_layers(model: torch.nn.Module, known: set[int]) -> list[tuple[str, torch.nn.Module]]:
+    """Keras 3 layers run on torch, named by their nesting of layer names under the model.
+
+    Keras keeps a model's layers in its own lists, not as torch submodules, so
+    ``named_modules()`` sees the model alone; each layer is still a torch module
+    whose calls the module hooks see. (A layer's Keras ``path`` is set only
+    once it has variables: a dropout has none.)
+    """
+    if not any(cls.__module__.startswith("keras.") for cls in type(model).__mro__):
+        return []
+    found: list[tuple[str, torch.nn.Module]] = []
+    stack: list[tuple[str, Any]] = [("", model)]
+    while stack and len(found) < 100_000:
+        prefix, parent = stack.pop()
+        flatten = getattr(parent, "_flatten_layers", None)
+        children = list(flatten(include_self=False, recursive=False)) if callable(flatten) else []
+        for layer in reversed(children):
+            name = getattr(layer, "name", None)
+            if not isinstance(layer, torch.nn.Module) or not isinstance(name, str) or id(layer) in known:
+                continue
+            known.add(id(layer))
+            path = f"{prefix}.{name}" if prefix else name
+            found.append((path, layer))
+            stack.append((path, layer))
+    return sorted(found, key=lambda entry: entry[0])
 
 
 def _members(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
