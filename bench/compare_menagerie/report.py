@@ -36,10 +36,10 @@ Keras on TensorFlow (side a) against the same model on PyTorch and on JAX
 (side b), weights saved and loaded with Keras's own `save_weights` and
 `load_weights` (35 rows: keras_hub backbones and `keras.applications` models,
 `bench/compare_menagerie/keras_archs.py`). The lowerings differ in op order,
-fusion, casts and layout. TorchLens records no module path for a Keras layer
-run on PyTorch or JAX (the layers are neither torch submodules nor flax
-modules), so on those pairs a bug counts as located when side a's op is in the
-injected layer.
+fusion, casts and layout. TorchLens names a Keras layer run on PyTorch by its
+nesting of layer names, as on TensorFlow; on JAX it records no module path for
+one yet (Keras opens its own name scopes there), so on the JAX pair a bug counts
+as located when side a's op is in the injected layer.
 
 ## Running it
 
