@@ -96,7 +96,7 @@ class Aligner:
         self.paired_b: dict[int, list[int]] = {}
         self.unaligned: list[Unaligned] = []
         self._values: dict[tuple[str, int], tuple[Any, str]] = {}
-        self._pos_b = {p.index: c for c, p in enumerate(pb)}
+        self._module_b = {p.index: p.module for p in pb}  # op index -> its module (the same for each of its arrays)
         self._points_a = {p.index: k for k, p in enumerate(pa) if not p.path}  # ops with one array
         self._points_b = {p.index: c for c, p in enumerate(pb) if not p.path}
         self._chains: dict[tuple[str, int], int] = {}
@@ -168,14 +168,10 @@ class Aligner:
             if key in q.module_outputs or not outputs_b.get(key):
                 continue
             path = key.rpartition(":")[0]
-            modules = [q.module] + [self._module_b(k) for k in self._children_b.get(q.index, ())]
+            modules = [q.module] + [self._module_b.get(k, "") for k in self._children_b.get(q.index, ())]
             if any(m == path or m.startswith(path + ".") for m in modules):
                 return True
         return False
-
-    def _module_b(self, index: int) -> str:
-        c = self._pos_b.get(index)
-        return self.pb[c].module if c is not None else ""
 
     def _closeness(self, trace: Trace, side: list[Point]) -> Any:
         """Per point: the fingerprint gap under which a pair is worth checking element for element (its dtype's)."""
