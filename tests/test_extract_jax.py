@@ -96,7 +96,8 @@ def test_linen_through_apply_and_plain_functions(tmp_path: pathlib.Path) -> None
                                 output_dir=tmp_path / "linen", backend="jax", progress=False)
     batch = jnp.stack(data)
     hidden = module.apply(variables, batch, capture_intermediates=True)[1]["intermediates"]["fc1"]["__call__"][0]
-    assert np.array_equal(handle["max_1_4"][:], np.asarray(jax.nn.relu(hidden)))
+    # batches of 4 and 2 against one of 6: XLA's CPU matmul may round the last bit differently per batch shape
+    np.testing.assert_allclose(handle["max_1_4"][:], np.asarray(jax.nn.relu(hidden)), rtol=1e-6, atol=1e-7)
 
     def gelu_net(x: Any, scale: Any) -> Any:
         return jnp.tanh(jax.nn.gelu(x) * scale)
