@@ -45,22 +45,28 @@ def core(session: nox.Session) -> None:
     session.run("pytest", "conformance", "--backend", "numpy", "-q", *WORKERS)
 
 
+# Keras 3 and keras_hub beside a backend that runs Keras models (tf; jax, with KERAS_BACKEND=jax). --no-deps:
+# keras-hub declares tensorflow-text, which pulls the full `tensorflow` wheel; these are the dependencies it imports.
+KERAS_PACKAGES = (("keras>=3.10",), ("--no-deps", "keras-hub", "regex", "kagglehub", "kagglesdk", "sentencepiece",
+                                     "tokenizers", "protobuf"))
+
+
 def _backend_session(name: str, extras: str, needs: tuple[str, str] | None) -> None:
     def run(session: nox.Session) -> None:
         if needs is not None and shutil.which(needs[0]) is None:
             session.error(needs[1])
         session.install("-e", f".[{extras}]")
-        if name == "tf":
-            # keras_hub's backbones for the menagerie's CI sample. --no-deps: keras-hub declares tensorflow-text,
-            # which pulls the full `tensorflow` wheel over tensorflow-cpu; these are the dependencies it imports.
-            session.install("--no-deps", "keras-hub", "regex", "kagglehub", "kagglesdk", "sentencepiece",
-                            "tokenizers")
+        env = {}
+        if name in ("tf", "jax"):  # Keras models: keras.applications and keras_hub's backbones
+            for packages in KERAS_PACKAGES:
+                session.install(*packages)
         if name == "jax":
             # transformers' Flax architectures for the menagerie's CI sample: the 4.x series is the last to ship
             # them (bench/menagerie/jax_hf_entries.py)
             session.install("transformers>=4.40,<5")
-        session.run("pytest", "tests", "-q", *WORKERS, *session.posargs)  # `-- --runslow` adds the slow tests
-        session.run("pytest", "conformance", "--backend", name, "-q", *WORKERS)
+            env["KERAS_BACKEND"] = "jax"  # Keras picks its backend at import: its models join the jax zoos
+        session.run("pytest", "tests", "-q", *WORKERS, *session.posargs, env=env)  # `-- --runslow`: slow tests too
+        session.run("pytest", "conformance", "--backend", name, "-q", *WORKERS, env=env)
 
     run.__doc__ = f"{name} backend tests and the {name} conformance zoo."
     nox.session(python=PYTHON, name=name)(run)
@@ -108,10 +114,6 @@ def compare(session: nox.Session) -> None:
 MENAGERIE_SIDES = {"hf-torch-flax": (("torch", "torch"), ("flax", "jax")),
                    "keras-tf-torch": (("keras-tf", "tf"), ("keras-torch", "torch")),
                    "keras-tf-jax": (("keras-tf", "tf"), ("keras-jax", "jax"))}
-# Keras 3 and keras_hub for the keras-tf-* pairs' side b, added to the torch or jax session's virtualenv when such a
-# pair runs (the tf session's has them). --no-deps: keras-hub declares tensorflow-text, which pulls full TensorFlow.
-KERAS_SIDE_PACKAGES = (("keras>=3.10",), ("--no-deps", "keras-hub", "regex", "kagglehub", "kagglesdk",
-                                          "sentencepiece", "tokenizers", "protobuf"))
 
 
 @nox.session(python=PYTHON, name="compare-menagerie")
@@ -141,8 +143,8 @@ def compare_menagerie(session: nox.Session) -> None:
         if not python.exists():
             session.error(f"the {side} side is built with the {backend} session's virtualenv, which is missing: "
                           f"run `nox -s {backend}` first")
-        if side in ("keras-torch", "keras-jax"):
-            for packages in KERAS_SIDE_PACKAGES:
+        if side == "keras-torch":  # Keras beside torch (the tf and jax sessions install it themselves)
+            for packages in KERAS_PACKAGES:
                 session.run(str(python), "-m", "pip", "install", "-q", *packages, external=True)
         session.run(str(python), "-m", "bench.compare_menagerie", "--build-side", side, "--out", str(out), *args,
                     external=True)

@@ -2,7 +2,9 @@
 
 A flax.nnx or equinox model (or a bound method of one) is split into a flat
 list of parameter arrays and a function that rebuilds the callable from them,
-so that parameters become named inputs of the jaxpr. flax.linen's
+so that parameters become named inputs of the jaxpr. So is a Keras 3 model
+run on Keras's JAX backend: its variables become the parameters, and the
+model runs in a ``keras.StatelessScope`` that maps each to its jaxpr input. flax.linen's
 ``model.apply`` takes its variables as first argument: those become the
 parameters. Anything else is a plain function, whose array arguments are
 inputs.
@@ -22,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from torchlens_core.backend.keras_layers import is_keras_layer, keras_module, layer_paths, sanitize, variable_names
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_jax.arrays import to_numpy
 from torchlens_jax.jitted import unjitted
@@ -40,7 +43,7 @@ class ParamLeaf:
 class ModelView:
     """A target split into parameter arrays and a function that rebuilds the callable from them."""
 
-    kind: str  # "nnx", "equinox", "linen" or "function"
+    kind: str  # "nnx", "equinox", "linen", "keras" or "function"
     target: Any
     type_name: str
     params: list[ParamLeaf]
@@ -55,6 +58,8 @@ class ModelView:
     def objects_of(self, call: Any) -> list[tuple[str, Any]]:
         """The submodules of ``call``, a model (or bound method) that :attr:`rebuild` made: an nnx copy is merged
         from the view's own graph definition, so its submodules are at the view's paths."""
+        if self.kind == "keras":  # no copy: the rebuilt call runs the model's own layers
+            return self.objects
         if self.module_paths is not None:
             found = _at_paths(call.__self__ if inspect.ismethod(call) else call, self.module_paths)
             if found is not None:
@@ -63,8 +68,9 @@ class ModelView:
 
     def call_plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call the model the ordinary way. An nnx model runs as a copy built from the
-        same state, so that neither the user's model nor the capture advances the other."""
-        if self.kind == "nnx":
+        same state, so that neither the user's model nor the capture advances the other; a Keras model in a
+        stateless scope, so that the call assigns nothing (a dropout's seed, batch statistics in training)."""
+        if self.kind in ("nnx", "keras"):
             return self.rebuild([p.value for p in self.params])(*args, **kwargs)
         return self.target(*args, **kwargs)
 
@@ -72,6 +78,8 @@ class ModelView:
         """What routes submodule calls through ``scopes`` while the jaxpr is traced."""
         if self.kind in ("nnx", "equinox"):
             return wrapped_calls(callable_classes([m for _, m in self.objects]), scopes)
+        if self.kind == "keras":  # the user's own layers, which other threads may be calling: this thread's only
+            return wrapped_calls(callable_classes([m for _, m in self.objects]), _this_thread(scopes))
         if self.kind == "linen":
             import flax.linen as nn
 
@@ -101,6 +109,8 @@ def view_model(target: Any, args: tuple[Any, ...] = ()) -> ModelView:
     if inspect.ismethod(target) and framework_of(target.__self__) is not None:
         root, method = target.__self__, target.__func__.__name__
     kind = framework_of(root)
+    if kind is None and is_keras_on_jax(root):
+        return _view_keras(target, root)
     if kind == "nnx":
         return _view_nnx(target, root, method)
     if kind == "equinox":
@@ -173,6 +183,61 @@ def _view_linen_apply(target: Any, model: Any, variables: Any) -> ModelView:
         return functools.partial(target, jax.tree_util.tree_unflatten(treedef, leaves))
 
     return ModelView("linen", target, type(model).__name__, params, rebuild, param_args=1)
+
+
+def is_keras_on_jax(obj: Any) -> bool:
+    """Whether ``obj`` is a Keras 3 layer (or model) and Keras runs on JAX (checked without importing Keras)."""
+    keras = keras_module()
+    return keras is not None and is_keras_layer(obj) and keras.backend.backend() == "jax"
+
+
+def _view_keras(target: Any, model: Any) -> ModelView:
+    """A Keras model on JAX: its variables (weights, batch statistics, seed-generator states) are the
+    parameters, named as every backend names them (:mod:`torchlens_core.backend.keras_layers`).
+
+    The rebuilt callable is the model's own ``__call__`` run in a ``keras.StatelessScope`` mapping each
+    variable to the array given for it: the layers read those arrays, and what they assign (a dropout's
+    seed state, batch statistics in training) stays in the scope instead of leaking a tracer into the
+    model. A bound method other than ``__call__`` is refused: Keras's JAX trainer owns those.
+    """
+    import keras
+
+    if inspect.ismethod(target) and target.__func__.__name__ != "__call__":
+        raise UnsupportedError(
+            f"{type(model).__name__}.{target.__func__.__name__} is a method of a Keras model; trace the model "
+            f"itself (tl.trace(model, x, backend='jax')), which runs its __call__")
+    if not model.built:
+        raise UnsupportedError(
+            f"{type(model).__name__} is a Keras model that is not built yet, so its variables do not exist; "
+            f"call it once (or build it with keras.Input) before tracing")
+    layers = layer_paths(model)
+    names = variable_names(model, layers)
+    variables = list(model.variables)
+    params = []
+    for v in variables:
+        name, _, trainable, is_buffer = names.get(id(v)) or (sanitize(v.path), "", bool(v.trainable), True)
+        params.append(ParamLeaf(name, v.value, trainable, is_buffer))
+
+    def rebuild(leaves: list[Any]) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with keras.StatelessScope(state_mapping=list(zip(variables, leaves))):
+                return model(*args, **kwargs)
+
+        return call
+
+    return ModelView("keras", target, type(model).__name__, params, rebuild, objects=layers)
+
+
+def _this_thread(hook_of_calls: Callable[..., Any]) -> Callable[..., Any]:
+    """A call hook passing this thread's calls to ``hook_of_calls``; other threads' calls run as they would."""
+    ident = threading.get_ident()
+
+    def hook(module: Any, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if threading.get_ident() != ident:
+            return original(module, *args, **kwargs)
+        return hook_of_calls(module, original, args, kwargs)
+
+    return hook
 
 
 def submodules(model: Any) -> list[tuple[str, Any]]:
@@ -335,7 +400,8 @@ def observe_module_outputs(target: Any, args: tuple[Any, ...], kwargs: dict[str,
         outputs[key] = fill(template, [to_numpy(x) for x in arrays]) if concrete else None
         return out
 
-    with jax.disable_jit(), wrapped_calls(callable_classes([m for _, m in objects]), hook):
+    installed = _this_thread(hook) if view.kind == "keras" else hook  # the user's own layers: this thread's calls
+    with jax.disable_jit(), wrapped_calls(callable_classes([m for _, m in objects]), installed):
         call(*args, **kwargs)
     return outputs
 

@@ -32,9 +32,10 @@ class JaxBackend(Backend):
         jax = sys.modules.get("jax")
         if jax is None:
             return False
-        from torchlens_jax.modules import framework_of
+        from torchlens_jax.modules import framework_of, is_keras_on_jax
 
-        if framework_of(getattr(target, "__self__", target)) is not None:  # a module, or a bound method of one
+        owner = getattr(target, "__self__", target)
+        if framework_of(owner) is not None or is_keras_on_jax(owner):  # a module, or a bound method of one
             return True
         if type(target).__module__.startswith(("jax.", "jaxlib.")):  # jax.jit-wrapped functions, custom_jvp...
             return True

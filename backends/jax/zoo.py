@@ -312,8 +312,36 @@ def eqx_cnn() -> Built:
     return CNN(jax.random.key(22)), (_normal(jax.random.key(23), 1, 8, 8, scale=1.0),), {}
 
 
+def keras_cnn() -> Built:
+    """A Keras 3 functional model on Keras's JAX backend: convolution, batch norm, a dropout (off), a head."""
+    import jax
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    h = keras.layers.Dropout(0.2, name="drop")(keras.layers.GlobalAveragePooling2D(name="pool")(h))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(h), name="keras_cnn")
+    return model, (_normal(jax.random.key(30), 2, 8, 8, 3, scale=1.0),), {}
+
+
+def keras_runs_on_jax() -> bool:
+    """Whether Keras is installed and runs on JAX in this process (Keras picks its backend once, at import,
+    from ``KERAS_BACKEND``): the Keras cases join the zoo only then."""
+    import importlib.util
+    import os
+    import sys
+
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        return keras.backend.backend() == "jax"
+    return os.environ.get("KERAS_BACKEND") == "jax" and importlib.util.find_spec("keras") is not None
+
+
 def cases() -> list[Case]:
-    """The JAX zoo. Functions have no modules to observe (``check_modules=False``)."""
+    """The JAX zoo. Functions have no modules to observe (``check_modules=False``); Keras's model joins where
+    Keras runs on JAX (the jax session sets ``KERAS_BACKEND=jax``)."""
     residual: dict[str, Any] = {}
 
     def build_residual() -> Built:
@@ -336,4 +364,5 @@ def cases() -> list[Case]:
         Case("nnx_scan_rnn", nnx_scan_rnn),
         Case("eqx_mlp", eqx_mlp),
         Case("eqx_cnn", eqx_cnn),
+        *([Case("keras_cnn", keras_cnn)] if keras_runs_on_jax() else []),
     ]

@@ -1,21 +1,12 @@
 """Layers and variables of what is traced: their paths, and the interception of layer calls.
 
-Paths. A Keras layer's path is the chain of Keras layer names from the traced
-model down to it, joined by dots, as torch joins attribute names: ``fc1``,
-``encoder.dense_1``, ``conv_pw_3_bn``. Children are what Keras itself tracks
-(``layer._flatten_layers(recursive=False)``: sublayers held in attributes,
-lists and dicts of a subclassed layer; the layers of a Sequential or
-functional model). ``InputLayer`` placeholders are left out: they never run.
-A layer reachable along several routes keeps its first path; two siblings
-with the same name are told apart by the attribute that holds the second
-(or ``name_2``). The traced model itself is the root, not a module, as in
-torch. A plain function's Keras layers, tf.Modules and variables found in its
-closure or in the globals it names are roots named by their Python names.
-
-Variables are named ``<layer path>.<variable name>`` (``fc1.kernel``,
-``bn.moving_mean``); a tf.Module's by its attribute path (``dense.w``). Keras
-weights (trainable or not) are parameters; Keras seed-generator states and
-variables found nowhere else are buffers.
+Paths and variable names of Keras layers are the ones every backend gives
+them (:mod:`torchlens_core.backend.keras_layers`). A plain function's Keras
+layers, tf.Modules and variables found in its closure or in the globals it
+names are roots named by their Python names; a tf.Module's variables by their
+attribute path (``dense.w``). Keras weights (trainable or not) are
+parameters; Keras seed-generator states and variables found nowhere else are
+buffers.
 
 Layer calls. ``keras.layers.Layer.__call__`` is replaced, while at least one
 capture or observation runs, by a wrapper that reports each call of a known
@@ -31,8 +22,6 @@ replacement instead of the layer's call (``tl.splice_module``).
 from __future__ import annotations
 
 import contextlib
-import functools
-import re
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -41,6 +30,7 @@ from typing import Any
 
 import attrs
 
+from torchlens_core.backend.keras_layers import is_keras_layer, keras_module, layer_paths, layer_variables, sanitize
 from torchlens_core.capture.threads import shared_patch
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_tf.arrays import resource_variable
@@ -69,21 +59,6 @@ class ModelView:
         return {id(layer): path for path, layer in self.layers}
 
 
-def keras_module() -> Any:
-    """Keras 3, if it is imported (never imported here)."""
-    return sys.modules.get("keras")
-
-
-def is_keras_layer(obj: Any) -> bool:
-    keras = keras_module()
-    if keras is None:
-        return False
-    try:
-        return isinstance(obj, keras.layers.Layer)
-    except AttributeError:  # a partly imported keras
-        return False
-
-
 def check_keras_backend() -> None:
     keras = keras_module()
     if keras is not None and keras.backend.backend() != "tensorflow":
@@ -96,75 +71,6 @@ def check_keras_backend() -> None:
 def _is_tf_module(obj: Any) -> bool:
     tf = sys.modules["tensorflow"]
     return isinstance(obj, tf.Module)
-
-
-def _sanitize(name: Any) -> str:
-    return _sanitized(str(name))
-
-
-@functools.lru_cache(maxsize=4096)  # every capture names the same layers and variables again
-def _sanitized(name: str) -> str:
-    return _SEPARATORS.sub("_", name) or "layer"
-
-
-_SEPARATORS = re.compile(r"[.:/\s]+")
-
-
-def _children(layer: Any) -> list[Any]:
-    keras = keras_module()
-    out = []
-    for child in layer._flatten_layers(include_self=False, recursive=False):
-        if isinstance(child, keras.layers.InputLayer):
-            continue
-        out.append(child)
-    return out
-
-
-def _attribute_names(layer: Any) -> dict[int, str]:
-    names: dict[int, str] = {}
-    for key, value in vars(layer).items():
-        if key.startswith("_") or id(value) in names:
-            continue
-        if is_keras_layer(value):
-            names[id(value)] = key
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                if is_keras_layer(item):
-                    names.setdefault(id(item), f"{key}_{i}")
-    return names
-
-
-def _walk_layers(layer: Any, path: str, out: list[tuple[str, Any]], seen: set[int]) -> None:
-    used: set[str] = set()
-    attr_names: dict[int, str] | None = None
-    for child in _children(layer):
-        if id(child) in seen:
-            continue
-        seen.add(id(child))
-        segment = _sanitize(child.name)
-        if segment in used:
-            if attr_names is None:
-                attr_names = _attribute_names(layer)
-            segment = _sanitize(attr_names.get(id(child), segment))
-            k = 2
-            base = segment
-            while segment in used:
-                segment, k = f"{base}_{k}", k + 1
-        used.add(segment)
-        child_path = f"{path}.{segment}" if path else segment
-        out.append((child_path, child))
-        _walk_layers(child, child_path, out, seen)
-
-
-def _layer_variables(layer: Any, path: str) -> Iterator[tuple[str, Any, bool, bool]]:
-    """(name, variable, trainable, is_buffer) of the variables ``layer`` holds directly."""
-    prefix = f"{path}." if path else ""
-    for v in list(layer._trainable_variables) + list(layer._non_trainable_variables):
-        yield prefix + _sanitize(v.name), v, bool(v.trainable), False
-    for k, sg in enumerate(getattr(layer, "_seed_generators", ())):
-        state = getattr(sg, "state", None)
-        if state is not None:  # Keras numbers seed generators globally: name them by position instead
-            yield prefix + ("seed_generator" if k == 0 else f"seed_generator_{k + 1}") + ".state", state, False, True
 
 
 class _Collector:
@@ -194,21 +100,21 @@ class _Collector:
             self.layers.append((path, layer))
         self.seen_layers.add(id(layer))
         start = len(self.layers)
-        _walk_layers(layer, path, self.layers, self.seen_layers)
+        self.layers.extend(layer_paths(layer, path, self.seen_layers))
         for p, owner in [(path, layer), *self.layers[start:]]:
-            for name, v, trainable, is_buffer in _layer_variables(owner, p):
+            for name, v, trainable, is_buffer in layer_variables(owner, p):
                 self.variable(name, v, p, trainable, is_buffer)
         # Variables Keras knows of but no tracked layer holds directly (most are known by now: looked up first).
         for v in layer.variables:
             rv = resource_variable(v)
             if rv is not None and id(rv) not in self.seen_vars:
-                self.variable((f"{path}." if path else "") + _sanitize(v.path), v, path, bool(v.trainable), True)
+                self.variable((f"{path}." if path else "") + sanitize(v.path), v, path, bool(v.trainable), True)
 
     def tf_module(self, module: Any, path: str) -> None:
         tf = sys.modules["tensorflow"]
         prefix = f"{path}." if path else ""
         for where, v in module._flatten(predicate=lambda x: isinstance(x, tf.Variable), with_path=True):
-            self.variable(prefix + ".".join(_sanitize(str(p)) for p in where), v, path, bool(v.trainable), False)
+            self.variable(prefix + ".".join(sanitize(str(p)) for p in where), v, path, bool(v.trainable), False)
 
     def anything(self, obj: Any, name: str, depth: int = 0) -> None:
         tf = sys.modules["tensorflow"]
@@ -225,7 +131,7 @@ class _Collector:
                 self.anything(item, f"{name}.{i}", depth + 1)
         elif isinstance(obj, dict) and len(obj) < 1000 and depth < 3:
             for key, item in obj.items():
-                self.anything(item, f"{name}.{_sanitize(str(key))}", depth + 1)
+                self.anything(item, f"{name}.{sanitize(str(key))}", depth + 1)
 
 
 def _function_globals(fn: Any) -> Iterator[tuple[str, Any]]:
@@ -285,7 +191,7 @@ def view_model(target: Any) -> ModelView:
             for name, value in _function_globals(getattr(fn, "__func__", fn)):
                 if is_keras_layer(value):
                     check_keras_backend()
-                collect.anything(value, _sanitize(name))
+                collect.anything(value, sanitize(name))
     return ModelView(type_name=type_name, root=owner, layers=collect.layers, variables=collect.variables)
 
 

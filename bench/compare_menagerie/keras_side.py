@@ -33,11 +33,10 @@ per porting bug, each on a freshly built model with the weights loaded:
 
 The ground truth of each site is the layer the bug was injected into, named
 by its Keras layer path (layer names from the model down, as TorchLens's tf
-backend names modules). TorchLens's torch and jax backends see no Keras
-layers (every op is at the top level), so side b's paths match nothing;
-``KERAS_MENAGERIE_TORCH_MODULES=1`` (an experiment, torch only) registers the
-layers as torch submodules before tracing, and the sites' side b paths are
-then their torch paths.
+backend names modules). TorchLens's torch and jax backends name Keras layers
+the same way; ``KERAS_MENAGERIE_TORCH_MODULES=1`` (an experiment, torch only)
+registers the layers as torch submodules before tracing instead, and the
+sites' side b paths are then their torch paths.
 """
 
 from __future__ import annotations
@@ -204,24 +203,11 @@ def unit_scale(model: Any) -> None:
 
 # -- layers: paths and call order -----------------------------------------------------------------------------------
 def layer_paths(model: Any) -> dict[int, str]:
-    """Each layer's path, as TorchLens's tf backend names it: layer names from the model down (the model itself is
-    the root, ``""``; InputLayers are left out; a layer reached twice keeps its first path)."""
-    import keras
+    """Each layer's path, as TorchLens's backends name it (:mod:`torchlens_core.backend.keras_layers`); the model
+    itself is the root, ``""``."""
+    from torchlens_core.backend import keras_layers
 
-    paths: dict[int, str] = {id(model): ""}
-
-    def walk(layer: Any, prefix: str) -> None:
-        seen: set[str] = set()
-        for child in layer._flatten_layers(include_self=False, recursive=False):
-            if id(child) in paths or isinstance(child, keras.layers.InputLayer):
-                continue
-            name = child.name if child.name not in seen else f"{child.name}_2"
-            seen.add(name)
-            paths[id(child)] = f"{prefix}.{name}" if prefix else name
-            walk(child, paths[id(child)])
-
-    walk(model, "")
-    return paths
+    return {id(model): "", **{id(layer): path for path, layer in keras_layers.layer_paths(model)}}
 
 
 def call_order(model: Any, inputs: Any) -> list[Any]:
@@ -460,9 +446,8 @@ def _transpose_kernel(layer: Any) -> str:
 
 def _dropout_on(layer: Any, seed: int | None) -> None:
     """``layer`` (a Dropout) drops as in training: its own call with ``training=True`` (``seed`` None), or
-    ``keras.random.dropout`` with a fixed integer ``seed``. The JAX side needs the latter: the layer's own seed
-    generator is a variable its call assigns, which ``tl.trace`` on the JAX backend cannot trace (it traces under
-    jit, and the new seed state leaks out as a tracer: UnexpectedTracerError); an integer seed is a stateless draw."""
+    ``keras.random.dropout`` with a fixed integer ``seed``. The JAX side uses the latter, so that the plain call
+    and the traced one draw one mask: the layer's own seed generator is a variable each plain call advances."""
     import keras
 
     original = layer.call

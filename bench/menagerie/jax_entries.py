@@ -7,7 +7,9 @@ encoder-decoder with cross-attention; each in flax.nnx, most also in
 flax.linen (through ``model.apply``) and equinox. Every layer comes from the
 library, so a layer that changes upstream changes here. Weights are random
 (fixed keys), nothing is downloaded, models are in inference mode. transformers'
-Flax architectures, enumerated from its own registry, come from jax_hf_entries.py.
+Flax architectures, enumerated from its own registry, come from jax_hf_entries.py. Where Keras 3 runs on JAX
+(``KERAS_BACKEND=jax``: the jax session sets it), Keras's applications, blocks and keras_hub backbones join, as
+the TensorFlow menagerie enumerates them (tf_entries.py).
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from bench.menagerie.entries import Built, Entry
 
 def entries() -> list[Entry]:
     from bench.menagerie.jax_hf_entries import entries as transformers_entries
+    from bench.menagerie.tf_entries import keras_entries
+    from torchlens_jax.zoo import keras_runs_on_jax
 
-    return [Entry("jax", f"{library}/{name}", library, f"{library}.{name}", functools.partial(_build, library, name),
-                  rtol=1e-4)
-            for library, builders in (("flax.nnx", _NNX), ("flax.linen", _LINEN), ("equinox", _EQX))
-            for name in builders] + transformers_entries()
+    written = [Entry("jax", f"{library}/{name}", library, f"{library}.{name}", functools.partial(_build, library, name),
+                     rtol=1e-4)
+               for library, builders in (("flax.nnx", _NNX), ("flax.linen", _LINEN), ("equinox", _EQX))
+               for name in builders]
+    return written + transformers_entries() + (keras_entries("jax") if keras_runs_on_jax() else [])
 
 
 def _build(library: str, name: str) -> Built:

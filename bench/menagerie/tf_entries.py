@@ -6,6 +6,8 @@ itself. Each is built with random weights (``weights=None``) at the smallest
 input it accepts: 32x32, or the minimum Keras names when it refuses that
 (``Input size must be at least 75x75``). Nothing is downloaded. Where
 keras_hub is installed, its backbones join (:mod:`bench.menagerie.tf_hub_entries`).
+The same entries run on the JAX backend where Keras runs on JAX
+(:mod:`bench.menagerie.jax_entries`): one Keras source, lowered to each.
 """
 
 from __future__ import annotations
@@ -19,15 +21,20 @@ from bench.menagerie.entries import Built, Entry
 
 
 def entries() -> list[Entry]:
-    found = _applications() + _blocks()
-    if importlib.util.find_spec("keras_hub") is not None:  # an optional library: the tf session installs it
+    return keras_entries("tf")
+
+
+def keras_entries(backend: str) -> list[Entry]:
+    """Keras's applications, blocks and (where installed) keras_hub backbones, as entries of ``backend``."""
+    found = _applications(backend) + _blocks(backend)
+    if importlib.util.find_spec("keras_hub") is not None:  # an optional library: the tf and jax sessions install it
         from bench.menagerie import tf_hub_entries
 
-        found += tf_hub_entries.entries()
+        found += tf_hub_entries.entries(backend)
     return found
 
 
-def _applications() -> list[Entry]:
+def _applications(backend: str) -> list[Entry]:
     import keras
 
     found = []
@@ -36,7 +43,7 @@ def _applications() -> list[Entry]:
         if not name[0].isupper() or not callable(builder):
             continue
         family = builder.__module__.rsplit(".", 1)[-1]  # Keras's own grouping: keras.src.applications.convnext
-        found.append(Entry("tf", f"keras.applications/{name}", "keras.applications", f"keras.applications.{family}",
+        found.append(Entry(backend, f"keras.applications/{name}", "keras.applications", f"keras.applications.{family}",
                            functools.partial(_build_application, name), rtol=1e-4))
     return found
 
@@ -65,8 +72,8 @@ _BLOCKS = {"multi_head_attention": "attention", "transformer_block": "transforme
            "bidirectional_gru": "recurrent", "conv_lstm": "recurrent", "group_query_attention": "attention"}
 
 
-def _blocks() -> list[Entry]:
-    return [Entry("tf", f"keras.layers/{name}", "keras.layers", f"keras.layers.{family}",
+def _blocks(backend: str) -> list[Entry]:
+    return [Entry(backend, f"keras.layers/{name}", "keras.layers", f"keras.layers.{family}",
                   functools.partial(_build_block, name), rtol=1e-4) for name, family in _BLOCKS.items()]
 
 

@@ -66,7 +66,7 @@ class CannotShrink(Exception):
     """A required argument of a backbone that neither the name rules nor the override table give a value for."""
 
 
-def entries() -> list[Entry]:
+def entries(backend: str = "tf") -> list[Entry]:
     import keras_hub
 
     found = []
@@ -74,7 +74,7 @@ def entries() -> list[Entry]:
         cls = getattr(keras_hub.models, name)
         alias = name != getattr(cls, "__name__", name) and getattr(keras_hub.models, cls.__name__, None) is cls
         if _is_architecture(cls, keras_hub.models.Backbone) and not alias:  # SmolLMBackbone is SmolLM3Backbone
-            found.append(Entry("tf", f"keras_hub/{name}", "keras_hub", f"keras_hub.{name}",
+            found.append(Entry(backend, f"keras_hub/{name}", "keras_hub", f"keras_hub.{name}",
                                functools.partial(build, name), rtol=1e-4))
     return found
 
