@@ -4,8 +4,9 @@ Each mutation damages a folder saved from a real zoo model of the backend:
 bytes (truncation, bit flips, appended and zeroed bytes, with and without
 hashes recomputed to match), hand-edited JSON (wrong types, references to
 nothing, out-of-range, NaN and huge numbers, deep nesting, fields removed,
-added, duplicated or swapped; hashes recomputed), manifest edits, and the
-folder itself (symbolic links, FIFOs, directories and oversized files in place
+added, duplicated or swapped; hashes recomputed), manifest edits, memory
+bombs (unused bytes, JSON that parses to far more than its size, a declared
+terabyte), and the folder itself (symbolic links, FIFOs, directories and oversized files in place
 of its files). After each, ``tl.load`` must raise ``TraceFileError`` or give a
 trace on which every view, ``replay()`` and ``audit()`` raise nothing but
 TorchLens errors; anything else is an escape.
@@ -248,6 +249,31 @@ class Fuzzer:
         self.attempt("manifest edits", "a 2 MB manifest", lambda: (self.folder / "manifest.json").write_bytes(
             self.originals["manifest.json"] + b" " * (2 << 20)), must_refuse=True)
 
+    def bombs(self) -> None:
+        """Folders whose files would cost far more to load than they are worth (issue 36 item 13): all refused."""
+        array_file = self.originals["arrays.bin"]
+
+        def unused_tail() -> None:  # bytes no array uses, hashes to match: read and held for nothing, before
+            (self.folder / "arrays.bin").write_bytes(array_file + bytes(1 << 20))
+            self.rehash()
+
+        def nested_lists() -> None:  # 1.8 MB of "[]," parse to some 40 MB of lists
+            records = json.loads(self.originals["trace.json"])
+            records["notes"] = {"dict": [["bomb", {"list": [[]] * 600_000}]]}
+            (self.folder / "trace.json").write_bytes(json.dumps(records).encode())
+            self.rehash()
+
+        def terabyte() -> None:  # sparse: 1 TiB on paper, size and (made-up) hash in the manifest to match
+            with open(self.folder / "arrays.bin", "r+b") as f:
+                f.truncate(1 << 40)
+            manifest = json.loads(self.originals["manifest.json"])
+            manifest["files"]["arrays.bin"]["size"] = 1 << 40
+            (self.folder / "manifest.json").write_text(json.dumps(manifest))
+
+        self.attempt("memory bombs", "arrays.bin with 1 MiB no array uses", unused_tail, must_refuse=True)
+        self.attempt("memory bombs", "trace.json notes of 600 000 empty lists", nested_lists, must_refuse=True)
+        self.attempt("memory bombs", "arrays.bin of 1 TiB, declared", terabyte, must_refuse=True)
+
     def filesystem(self) -> None:
         outside = self.scratch / "outside"
         outside.mkdir(exist_ok=True)
@@ -314,7 +340,7 @@ def _show(path: tuple[Any, ...]) -> str:
     return "".join(f"[{k!r}]" for k in path)
 
 
-def fuzz(backend: str, seed: int = 0, json_edits: int = 110, byte_edits: int = 30) -> dict[str, Any]:
+def fuzz(backend: str, seed: int = 0, json_edits: int = 140, byte_edits: int = 30) -> dict[str, Any]:
     """Fuzz folders saved from the backend's seed models; the counts, escapes and refusals that should have been."""
     from torchlens_core.backend.manager import hook
 
@@ -335,6 +361,7 @@ def fuzz(backend: str, seed: int = 0, json_edits: int = 110, byte_edits: int = 3
             fuzzer.bytes_(byte_edits, rehash=True)
             fuzzer.json_edits(json_edits)
             fuzzer.manifest_edits()
+            fuzzer.bombs()
             fuzzer.filesystem()
             fuzzer.restore()
             for key in ("tried", "refused", "loaded_and_used", "escapes"):

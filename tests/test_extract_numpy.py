@@ -83,3 +83,51 @@ def test_a_dask_cluster_runs_the_numpy_backend(tmp_path: pathlib.Path) -> None:
     assert len([task for task in tasks.data if "_on_worker" in str(task["key"])]) == 3  # batch 0 runs here
     assert np.array_equal(handle[tanh][:], reference[tanh][:])
     assert np.array_equal(handle[tanh][:], np.tanh(np.stack(data) @ weights))
+
+
+def test_a_full_disk_is_an_extract_error_and_the_rerun_resumes_exactly(tmp_path: pathlib.Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 36 item 5: a full disk surfaced as a raw OSError from deep in zarr. Each file zarr writes (index,
+    # array metadata, chunks, markers) goes through its LocalStore's _put: the disk fills at the k-th.
+    import errno
+    import itertools
+    import os
+
+    from zarr.storage import _local
+
+    data = list(np.random.default_rng(5).standard_normal((10, 6)))
+    tanh = next(op.label for op in tl.trace(mlp, np.stack(data[:2]), backend="numpy").ops if op.func_name == "tanh")
+    expected = np.tanh(np.stack(data) @ WEIGHTS)
+    real_put, calls = _local._put, []
+
+    def counting(path: Any, value: Any, exclusive: bool = False) -> int:
+        calls.append(str(path))
+        return real_put(path, value, exclusive=exclusive)
+
+    monkeypatch.setattr(_local, "_put", counting)
+    tl.extract_dataset(mlp, data, [tanh], batch_size=4, output_dir=tmp_path / "count", backend="numpy",
+                       progress=False)
+    total = len(calls)
+    monkeypatch.undo()
+    for k in sorted({1, 2, 3, total // 2, total - 1, total}):  # the index first ... the index marked complete
+        out = tmp_path / f"full{k}"
+
+        seen = itertools.count(1)
+
+        def full(path: Any, value: Any, exclusive: bool = False, seen: Any = seen, k: int = k) -> int:
+            if next(seen) >= k:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            return real_put(path, value, exclusive=exclusive)
+
+        monkeypatch.setattr(_local, "_put", full)
+        with pytest.raises(extract.ExtractError, match=rf"activation store at {out} failed: No space left on device.*"
+                                                  rf"free some space.*rerun the same call"):
+            tl.extract_dataset(mlp, data, [tanh], batch_size=4, output_dir=out, backend="numpy", progress=False)
+        monkeypatch.undo()
+        # As a killed zarr write leaves them: a partial file beside the group's and an array's metadata.
+        for where in (out, out / extract.MARKERS):
+            if where.is_dir():
+                (where / f"zarr.{'0123abcd' * 4}.partial").write_bytes(b"{")
+        handle = tl.extract_dataset(mlp, data, [tanh], batch_size=4, output_dir=out, backend="numpy",
+                                    progress=False)
+        assert handle.complete and np.array_equal(handle[tanh][:], expected), k

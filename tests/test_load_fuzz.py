@@ -38,6 +38,7 @@ def test_no_mutation_escapes_as_anything_but_a_torchlens_error(backend: str) -> 
     kinds = counts["by_kind"]
     assert kinds["links and special files"][0] == kinds["links and special files"][1] > 0
     assert kinds["manifest edits"][0] == kinds["manifest edits"][1] > 0
+    assert kinds["memory bombs"][0] == kinds["memory bombs"][1] > 0
     assert kinds["unchanged"] == [len(SEEDS[backend]), 0]  # the folders as saved load, and are used
     # Enough mutations load to exercise every view, replay and audit on damaged traces.
     assert counts["loaded_and_used"] >= 40 and counts["tried"] >= 400

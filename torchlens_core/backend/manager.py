@@ -86,6 +86,11 @@ def plugin_manager() -> pluggy.PluginManager:
             continue
         try:
             pm.register(ep.load(), name=ep.name)
+        except MemoryError:
+            # Transient: this function's result is cached for the life of the process, and a manager
+            # cached without the backend would refuse every later capture, memory or not. Raising
+            # leaves nothing cached, so the next call loads every plugin again.
+            raise
         except Exception as exc:  # noqa: BLE001 - reported, not hidden
             broken_plugins[ep.name] = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"TorchLens backend plugin {ep.name!r} ({ep.value}) failed to load: {exc}",

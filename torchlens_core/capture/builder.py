@@ -28,6 +28,7 @@ from torchlens_core.ir.records import (
     refs_in,
     shape_at,
 )
+from torchlens_core.ir.schema import module_problem, op_problem, param_problem
 from torchlens_core.ir.trace import Trace
 
 
@@ -54,15 +55,24 @@ class TraceBuilder:
 
     # -- declared once, before the forward -------------------------------------------
     def add_module(self, path: str, type_name: str, params: list[str] | None = None) -> None:
+        problem = module_problem(path, type_name, params or [], None)
+        if problem is not None:
+            raise CaptureError(f"the {self.backend} backend declared module {path!r} with {problem} "
+                               "(TraceBuilder.add_module(path: str, type_name: str, params: list[str]))")
         self.modules[path] = ModuleRecord(path=path, type_name=type_name, params=params or [])
 
     def add_param(self, record: ParamRecord) -> None:
+        problem = param_problem(record)
+        if problem is not None:
+            raise CaptureError(f"the {self.backend} backend declared parameter {record.name!r} with a record "
+                               f"tl.save would write and tl.load refuse: {problem}")
         self.params[record.name] = record
 
     # -- while the forward runs ------------------------------------------------------
     def add_input(self, value: Any, shape: Any = None, dtype: Any = None, device: Any = None) -> OpRecord:
         op = OpRecord(index=len(self.ops), kind="input", func_name="input", out=value,
                       shape=shape, dtype=dtype, device=device)
+        self._check(op)
         self.ops.append(op)
         self.namer.name(op)
         return op
@@ -73,6 +83,15 @@ class TraceBuilder:
                in_place: bool = False, code_context: tuple[Any, ...] = (), layer_key: Any = None,
                meta: dict[str, Any] | None = None, elapsed: float | None = None,
                conditions: tuple[int, ...] = ()) -> OpRecord:
+        """Record one call; the fields are checked against :mod:`torchlens_core.ir.schema` (CaptureError if off).
+
+        ``args``/``kwargs``: a tuple and a dict with str keys, every recorded array replaced by its
+        :class:`Ref` and every parameter by its :class:`ParamRef`; ``parent_indices`` and ``params``: the
+        indices and names those name, no others. ``shape``: None, a tuple of ints for one array, or for
+        several outputs a tuple with one such entry per output (``((2, 3), (2,))``, never a list, never
+        NumPy integers). ``dtype``/``device``: names as str. ``in_place``: a bool. ``elapsed``: a float
+        of seconds. ``code_context``: :class:`CodeLocation` entries. ``meta``: a dict with str keys.
+        """
         source = None
         if not parent_indices:
             source = "random" if random else "parameter" if params else "constant"
@@ -82,6 +101,7 @@ class TraceBuilder:
                       in_place=in_place, code_context=code_context, layer_key=layer_key,
                       parent_indices=parent_indices, meta=meta if meta is not None else {},
                       elapsed=elapsed, condition_indices=conditions)
+        self._check(op)
         self.ops.append(op)
         self.namer.name(op)
         if self.editor is not None:
@@ -91,6 +111,14 @@ class TraceBuilder:
         if self.policy.active:
             self.policy.recorded(op)  # may drop op.out, or raise HaltCapture
         return op
+
+    def _check(self, op: OpRecord) -> None:
+        """Refuse a record ``tl.load`` would refuse, now, naming the field and what to pass instead."""
+        problem = op_problem(op, self.params)
+        if problem is not None:
+            raise CaptureError(
+                f"the {self.backend} backend recorded {op.kind} {op.index} ({op.func_name!r}) with a field tl.save "
+                f"would write and tl.load refuse: {problem}. See TraceBuilder.add_op for what each field takes.")
 
     def to_python(self, op_index: int, path: tuple[Any, ...], how: str, result: Any) -> None:
         """The forward turned op ``op_index``'s value (the leaf at ``path``) into a Python value.

@@ -53,6 +53,10 @@ class GraphvizNotFoundError(TorchLensError, RuntimeError):
     """The Graphviz ``dot`` program is not installed."""
 
 
+class OutputPathError(TorchLensError, OSError):
+    """A drawing or viewer page cannot be written where asked (no such folder, a folder, a name the system refuses)."""
+
+
 class ExtractError(TorchLensError, ValueError):
     """The dataset, or the store at ``output_dir``, cannot be extracted as asked."""
 

@@ -252,11 +252,15 @@ class Trace:
 
         return to_networkx(self)
 
-    def summary(self) -> str:
-        """The module table: name and type, output shape, parameters, trainable; then totals."""
+    def summary(self, depth: int | None = 1) -> str:
+        """The module table: name and type, output shape, parameters, trainable; then totals.
+
+        ``depth`` is how many levels of modules to show (``None``: all); each parameter is counted in
+        one row, the deepest shown that holds it.
+        """
         from torchlens_core.views.summary import summary
 
-        return summary(self)
+        return summary(self, depth)
 
     def replay(self, *args: Any, **kwargs: Any) -> Any:
         """Run the recorded graph again, op by op (with its edits), and return its output.

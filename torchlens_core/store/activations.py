@@ -28,9 +28,12 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -271,9 +274,34 @@ def _numpy_dtype(name: str) -> Any:
 
 
 # -- the store -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def store_io(location: str, doing: str) -> Iterator[None]:
+    """An OSError of the store's files (a full disk, no permission) as an ExtractError saying what to do.
+
+    Only store operations run inside: an OSError of the model or the dataset stays what it is. Every
+    write of the store is atomic (zarr writes a file beside and renames it), so a failed one leaves
+    what was there: the rerun resumes as after an interruption.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            todo = "free some space on that disk, then rerun the same call"
+        elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            todo = "choose an output_dir you can write, or fix its permissions and rerun the same call"
+        else:
+            todo = "fix that, then rerun the same call"
+        file = f" ({exc.filename})" if exc.filename else ""
+        raise ExtractError(f"{doing} the activation store at {location} failed: {exc.strerror or exc}{file}; "
+                           f"{todo}: it resumes, keeping every batch already written") from None
+
+
 def location_of(path: str | os.PathLike) -> str:
     path = os.fspath(path)
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+_PARTIAL = re.compile(r"zarr\.[0-9a-f]+\.partial")  # zarr writes a file under this name, then renames it
 
 
 def open_store(location: str, overwrite: bool) -> tuple[Any, dict[str, Any] | None]:
@@ -281,17 +309,24 @@ def open_store(location: str, overwrite: bool) -> tuple[Any, dict[str, Any] | No
     zarr = import_zarr()
 
     if overwrite:
-        return zarr.open_group(location, mode="w"), None
+        with store_io(location, "creating"):
+            return zarr.open_group(location, mode="w"), None
     local = "://" not in location
-    if local and os.path.isdir(location) and os.listdir(location) and not os.path.isfile(
-            os.path.join(location, "zarr.json")):
+    # (a "zarr.<hex>.partial" is zarr's own: the group's metadata, being written when a run was killed)
+    names = os.listdir(location) if local and os.path.isdir(location) else []
+    if any(not _PARTIAL.fullmatch(name) for name in names) and not os.path.isfile(os.path.join(location, "zarr.json")):
         raise ExtractError(f"{location} exists and is not an activation store: pick another output_dir, "
                            f"or pass overwrite=True to replace what is there")
     try:
-        group = zarr.open_group(location, mode="a")
+        with store_io(location, "opening"):
+            group = zarr.open_group(location, mode="a")
     except zarr.errors.ContainsArrayError:
         raise ExtractError(f"{location} holds a Zarr array, not an activation store; pass overwrite=True "
                            f"to replace it") from None
+    for name in names:  # what a killed run left of the group's metadata (zarr warns of it at every listing)
+        if _PARTIAL.fullmatch(name):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(location, name))
     index = group.attrs.asdict().get(INDEX)
     if index is None and next(iter(group.keys()), None) is not None:
         raise ExtractError(f"{location} holds a Zarr group that tl.extract_dataset did not write; pass "
@@ -339,6 +374,11 @@ def create_arrays(group: Any, index: dict[str, Any], plan: Plan, values: list[An
     Sharding makes a batch one file (one write per batch and layer, as before, so workers never share a
     file) while a chunk holds one sample: reading a sample decompresses that sample, not its whole batch.
     """
+    with store_io(plan.store, "creating the arrays of"):
+        return _create_arrays(group, index, plan, n)
+
+
+def _create_arrays(group: Any, index: dict[str, Any], plan: Plan, n: int) -> Writer:
     import numpy as np
     from zarr.codecs import ZstdCodec
 
@@ -378,25 +418,29 @@ class Writer:
     grows the arrays (``ensure``)."""
 
     def __init__(self, plan: Plan, group: Any = None) -> None:
-        group = group if group is not None else import_zarr().open_group(plan.store, mode="r+")
-        self.batch_size = plan.batch_size
-        self.arrays = [group[name] for name in plan.arrays]
-        self.markers = group[MARKERS]
+        self.store = plan.store
+        with store_io(plan.store, "opening"):
+            group = group if group is not None else import_zarr().open_group(plan.store, mode="r+")
+            self.batch_size = plan.batch_size
+            self.arrays = [group[name] for name in plan.arrays]
+            self.markers = group[MARKERS]
 
     def ensure(self, stop: int) -> None:
         """Grow the arrays (and markers) to hold ``stop`` samples: a dataset of unknown length grows as it comes."""
-        for array in self.arrays:
-            if array.shape[0] < stop:
-                array.resize((stop, *array.shape[1:]))
-        chunks = math.ceil(stop / self.batch_size)
-        if self.markers.shape[0] < chunks:
-            self.markers.resize((chunks,))
+        with store_io(self.store, "growing the arrays of"):
+            for array in self.arrays:
+                if array.shape[0] < stop:
+                    array.resize((stop, *array.shape[1:]))
+            chunks = math.ceil(stop / self.batch_size)
+            if self.markers.shape[0] < chunks:
+                self.markers.resize((chunks,))
 
     def write(self, k: int, start: int, values: list[Any]) -> None:
         count = len(values[0])
-        for array, value in zip(self.arrays, values):
-            array[start:start + count] = value
-        self.markers[k] = count  # last: the batch counts as written only now
+        with store_io(self.store, f"writing batch {k} to"):
+            for array, value in zip(self.arrays, values):
+                array[start:start + count] = value
+            self.markers[k] = count  # last: the batch counts as written only now
 
 
 def finish_store(group: Any, index: dict[str, Any], plan: Plan, n: int, ids: list[Any] | None) -> None:
@@ -406,15 +450,17 @@ def finish_store(group: Any, index: dict[str, Any], plan: Plan, n: int, ids: lis
     if ids is not None and len(ids) != n:
         raise ExtractError(f"sample_ids has {len(ids)} ids but the dataset gave {n} samples")
     writer = Writer(plan, group)
-    for array in writer.arrays:
-        if array.shape[0] != n:
-            array.resize((n, *array.shape[1:]))
-    n_batches = math.ceil(n / plan.batch_size)
-    if writer.markers.shape[0] != n_batches:
-        writer.markers.resize((n_batches,))
-    counts = writer.markers[:].tolist()
+    with store_io(plan.store, "finishing"):
+        for array in writer.arrays:
+            if array.shape[0] != n:
+                array.resize((n, *array.shape[1:]))
+        n_batches = math.ceil(n / plan.batch_size)
+        if writer.markers.shape[0] != n_batches:
+            writer.markers.resize((n_batches,))
+        counts = writer.markers[:].tolist()
     missing = [k for k, count in enumerate(counts) if count != min(plan.batch_size, n - k * plan.batch_size)]
     if missing:
         raise ExtractError(f"batches {missing[:10]} were not written; rerun the same call to complete them")
     index.update(n_samples=n, sample_ids=ids, complete=True)
-    group.attrs[INDEX] = index
+    with store_io(plan.store, "writing the index of"):
+        group.attrs[INDEX] = index

@@ -338,7 +338,8 @@ def check_table(table: Any, blob_size: int) -> list[dict[str, Any]]:
     overlapping one region could make loading cost many times the file's size.
     A framework array may not be decoded to a wider dtype than its bytes hold
     (again what tl.save never writes), so what load allocates stays within a
-    small multiple of what the manifest declares.
+    small multiple of what the manifest declares; and the file must end where
+    its last array does, so tl.load can check this before reading the file.
     """
     from torchlens_core.ir.records import itemsize
 
@@ -377,6 +378,11 @@ def check_table(table: Any, blob_size: int) -> list[dict[str, Any]]:
     for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
         if start < end:
             raise TraceFileError(f"arrays {a} and {b} share bytes of the array file, which tl.save never writes")
+    # tl.save's array file ends with its last array: bytes beyond it would be read (and held) for nothing.
+    end = max((int(entry["offset"]) + int(entry["nbytes"]) for entry in rows), default=0)
+    if end != blob_size:
+        raise TraceFileError(f"the array file has {blob_size} bytes but its arrays end at byte {end}: "
+                             f"tl.save writes no bytes that no array uses")
     return rows
 
 

@@ -43,6 +43,7 @@ from torchlens_core.store.activations import (
     key_name,
     location_of,
     open_store,
+    store_io,
     stored_form,
 )
 from torchlens_core.store.datasets import Source, fields, refuse_batched, to_backend
@@ -119,7 +120,8 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: LayerKey | Seque
                  "keys": [key_name(path) for path in keys], "batch_axes": list(axes), "batch_size": batch_size,
                  "layers": None, "inputs": None, "n_samples": source.n, "sample_ids": ids, "complete": False,
                  "markers": MARKERS}
-        group.attrs[INDEX] = index
+        with store_io(location, "writing the index of"):
+            group.attrs[INDEX] = index
     else:
         index.setdefault("batch_axes", [0] * len(index["keys"]))  # a store from before batch_axis=: all first
         check_same(index, output_dir, keys=[key_name(path) for path in keys], batch_axes=list(axes),
@@ -137,7 +139,8 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: LayerKey | Seque
                             dtypes=tuple(entry["dtype"] for entry in index["layers"]),
                             layouts=tuple((entry.get("layout"), None if entry.get("spatial_axes") is None
                                            else tuple(entry["spatial_axes"])) for entry in index["layers"]))
-        counts = group[MARKERS][:].tolist()
+        with store_io(location, "reading the batch markers of"):
+            counts = group[MARKERS][:].tolist()
     else:
         counts = []
 

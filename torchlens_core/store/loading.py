@@ -34,9 +34,10 @@ from torchlens_core.ir.records import (
     Ref,
     refs_in,
 )
+from torchlens_core.ir.schema import module_problem, op_problem, param_problem, shape_problem, sizes_problem
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.checked import LOADED, value_shape
-from torchlens_core.store.encoding import MAX_DIM, Decoder
+from torchlens_core.store.encoding import Decoder
 from torchlens_core.store.saving import NOT_REPLAYABLE
 
 TRACE_KEYS = frozenset({"backend", "framework_version", "model_name", "halted", "notes", "params", "modules", "ops",
@@ -52,16 +53,21 @@ EDIT_OP_KEYS = OP_KEYS | {"edits", "pre_edit"}  # format version 3 on
 GRAD_OP_KEYS = EDIT_OP_KEYS | {"grad_status", "grad"}  # format version 4 on
 EDIT_KEYS = frozenset({"site", "kind", "path", "helpers", "text", "func_name", "module", "in_place"})
 MAX_COUNT = 1 << 62  # counts, sizes and ordinals above this only overflow the tables' int64 columns
-MAX_ELEMENTS = 1 << 56  # elements of one op's output(s): times 16 bytes still fits an int64
 MAX_LINE = 1 << 31
 UNSAVED_PARAMS = "the values of parameters it reads were not saved (tl.save(..., params=False)): "
 
 
+def check_fields(records: Any) -> dict[str, Any]:
+    """``records`` (parsed trace.json), if it is a dict of exactly the fields tl.save writes."""
+    if not isinstance(records, dict) or set(records) != TRACE_KEYS:
+        found = sorted(records)[:40] if isinstance(records, dict) else type(records).__name__
+        raise TraceFileError(f"trace.json should hold the fields {sorted(TRACE_KEYS)}, not {str(found)[:400]}")
+    return records
+
+
 def build(records: Any, blob: bytearray, version: int) -> Trace:
     """The Trace ``records`` (parsed trace.json of format ``version``) and ``blob`` (arrays.bin) describe."""
-    if not isinstance(records, dict) or set(records) != TRACE_KEYS:
-        found = sorted(records) if isinstance(records, dict) else type(records).__name__
-        raise TraceFileError(f"trace.json should hold the fields {sorted(TRACE_KEYS)}, not {found}")
+    check_fields(records)
     backend = _get(records, "backend", str, "trace")
     _opt(records, "framework_version", str, "trace")
     info = next((i for i in backend_infos() if i.name == backend), None)
@@ -126,6 +132,7 @@ def _params(records: dict[str, Any], dec: Decoder) -> tuple[dict[str, ParamRecor
                                    trainable=_get(p, "trainable", bool, where),
                                    module=_get(p, "module", str, where),
                                    is_buffer=_get(p, "is_buffer", bool, where), value=decoded)
+        _schema(param_problem(params[name]), where)
     return params, unsaved
 
 
@@ -140,6 +147,7 @@ def _modules(records: dict[str, Any], dec: Decoder, params: dict[str, ParamRecor
             raise TraceFileError(f"{where}: module {path!r} is listed twice")
         rec = ModuleRecord(path=path, type_name=_get(m, "type_name", str, where),
                            params=[_known(n, params, "parameter", where) for n in _get(m, "params", list, where)])
+        _schema(module_problem(rec.path, rec.type_name, rec.params, params), where)
         passes = _get(m, "passes", list, where)
         inputs = _get(m, "inputs", list, where) if version >= 5 else [None] * len(passes)
         if len(inputs) != len(passes):
@@ -215,6 +223,7 @@ def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str,
         module_outputs=[_check(n, str, where) for n in _get(o, "module_outputs", list, where)],
         cost=(_amount(cost[0], "flops", where), _amount(cost[1], "macs", where)))
     _known_passes(op, modules, where)
+    _schema(op_problem(op, params), where)  # what TraceBuilder checked when the record was made
     edits_why = _edits(op, o, dec, h, backend, where) if version >= 3 else None
     if version >= 4:
         _grads(op, o, dec, where)
@@ -477,25 +486,18 @@ def _amount(value: Any, what: str, where: str) -> float | None:
     return value
 
 
+def _schema(problem: str | None, where: str) -> None:
+    """Refuse a record that breaks the schema (:mod:`torchlens_core.ir.schema`) the builder holds backends to."""
+    if problem is not None:
+        raise TraceFileError(f"{where}: {problem}")
+
+
 def _sizes(shape: Any, where: str) -> tuple[int, ...]:
-    if not (isinstance(shape, tuple) and len(shape) <= 64 and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)):
-        raise TraceFileError(f"{where}: a shape should be a list of sizes, not {str(shape)[:80]}")
+    _schema(sizes_problem(shape), where)
     return shape
-
-
-def _elements(s: Any, shape: Any, depth: int, where: str) -> int:
-    """The number of elements of shape ``s``, part of op shape ``shape``."""
-    if s is None:
-        return 0
-    if isinstance(s, tuple) and all(type(d) is int for d in s):
-        return math.prod(_sizes(s, where))
-    if isinstance(s, tuple) and depth < 8:
-        return sum(_elements(x, shape, depth + 1, where) for x in s)
-    raise TraceFileError(f"{where}: shape should be a list of sizes (or of those), not {str(shape)[:80]}")
 
 
 def _shape(shape: Any, where: str) -> Any:
     """An op's shape: None, a list of sizes, or (several outputs) a list of those."""
-    if _elements(shape, shape, 0, where) > MAX_ELEMENTS:
-        raise TraceFileError(f"{where}: shape {str(shape)[:80]} has more elements than any array")
+    _schema(shape_problem(shape), where)
     return shape

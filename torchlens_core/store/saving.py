@@ -8,9 +8,12 @@
   encoded by :mod:`torchlens_core.store.encoding`;
 - ``arrays.bin``: the raw bytes of every array, placed by ``trace.json``'s table.
 
+Saving writes the three files beside the folder and swaps them in
+(:mod:`torchlens_core.store.atomic`): an interrupted save leaves the old trace.
 Loading reads the files as :mod:`torchlens_core.store.folder` says (plain
-files only, sizes checked before reading, nothing read beyond what the
-manifest declares), checks the format and version, both hashes, then every
+files only, sizes checked and bounded before reading, hashes checked before
+anything is held, nothing read beyond what the manifest declares, trace.json's
+parsing cost bounded), checks the format and version, both hashes, then every
 field and reference (:mod:`torchlens_core.store.loading`); whatever is wrong
 raises :class:`TraceFileError`. Nothing in a file is unpickled or evaluated:
 calls are rebuilt by the backend's ``torchlens_decode_call``, which accepts
@@ -31,6 +34,7 @@ from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, TraceFileError
 from torchlens_core.ir.records import EditRecord, ModuleRecord, OpRecord, ParamRecord, ParamRef
 from torchlens_core.ir.trace import Trace
+from torchlens_core.store.atomic import write_folder
 
 if TYPE_CHECKING:
     from torchlens_core.store.encoding import Encoder
@@ -44,14 +48,19 @@ FORMAT_VERSION = 5
 # 1: every parameter value present; 1 and 2: no op edited; 1 to 3: no gradients; 1 to 4: no module inputs
 READS_VERSIONS = (1, 2, 3, 4, 5)
 MANIFEST, RECORDS, ARRAYS = "manifest.json", "trace.json", "arrays.bin"
+TRACE_FILES = frozenset({MANIFEST, RECORDS, ARRAYS})
 NOT_REPLAYABLE = "not_replayable"  # trace.notes key: {op label: why it cannot be replayed}
 
 
 def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pathlib.Path:
     """Write ``trace`` (a Trace, or a ``tl.record`` Recording) to the folder ``path``; returns it.
 
-    The folder is created; one that already holds a saved trace is overwritten,
-    any other non-empty folder or a file is refused. Values that cannot be
+    The folder is created; one that already holds a saved trace (and nothing
+    else) is replaced, any other non-empty folder or a file is refused. The
+    new trace is written beside the folder and swapped in at the end
+    (:mod:`torchlens_core.store.atomic`): a save that is killed, or runs out
+    of disk, leaves the folder holding the trace it held before, and an
+    ``OSError`` becomes a :class:`TraceFileError` naming the path. Values that cannot be
     saved (objects no backend knows) do not fail the save: the ops that need
     them load as not replayable.
 
@@ -67,10 +76,7 @@ def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pa
     if not isinstance(trace, Trace):
         raise TypeError(f"tl.save saves a Trace, not {type(trace).__name__}")
     folder = pathlib.Path(os.fspath(path))
-    if folder.exists() and not folder.is_dir():
-        raise TraceFileError(f"cannot save to {str(folder)!r}: it is a file; tl.save writes a folder")
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).exists():
-        raise TraceFileError(f"cannot save to {str(folder)!r}: it is a non-empty folder that holds no saved trace")
+    target = _target(folder)
     from torchlens_core.store.encoding import Encoder
 
     h = hook()
@@ -90,20 +96,49 @@ def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pa
     }
     records["arrays"] = enc.arrays
     text = json.dumps(records, allow_nan=False, separators=(",", ":")).encode()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / MANIFEST).unlink(missing_ok=True)  # a save that stops half-way leaves no loadable folder
-    (folder / RECORDS).write_bytes(text)
     digest = hashlib.sha256()
-    with open(folder / ARRAYS, "wb") as f:
-        for chunk in enc.chunks:
-            f.write(chunk)
-            digest.update(chunk)
+    for chunk in enc.chunks:
+        digest.update(chunk)
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "torchlens_version": _version("torchlens"),
         "files": {RECORDS: {"size": len(text), "sha256": hashlib.sha256(text).hexdigest()},
                   ARRAYS: {"size": enc.size, "sha256": digest.hexdigest()}},
     }
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    # Written beside the folder and swapped in: a save that stops anywhere leaves the old trace or the new one.
+    write_folder(target, [(RECORDS, [text]), (ARRAYS, enc.chunks),
+                          (MANIFEST, [(json.dumps(manifest, indent=1) + "\n").encode()])], TRACE_FILES)
+    return folder
+
+
+def _target(folder: pathlib.Path) -> pathlib.Path:
+    """Where ``save`` writes: the folder (the one a link to a folder points to); refuses what it must not replace."""
+    if folder.is_symlink() and folder.is_dir():
+        folder = folder.resolve()  # the link stays; the trace is replaced where it points
+    elif folder.is_symlink() and not folder.exists():
+        raise TraceFileError(f"cannot save to {str(folder)!r}: it is a link to nothing; tl.save writes a folder")
+    folder = pathlib.Path(os.path.abspath(folder))
+    if folder.exists() and not folder.is_dir():
+        raise TraceFileError(f"cannot save to {str(folder)!r}: it is a file; tl.save writes a folder")
+    if not folder.is_dir():
+        return folder
+    try:
+        names = set(os.listdir(folder))
+    except OSError as exc:
+        raise TraceFileError(f"cannot save to {str(folder)!r}: {exc.strerror or exc}") from None
+    if names and MANIFEST not in names:
+        raise TraceFileError(f"cannot save to {str(folder)!r}: it is a non-empty folder that holds no saved trace; "
+                             "pick another path, or empty the folder")
+    if names - TRACE_FILES:
+        others = ", ".join(sorted(names - TRACE_FILES)[:5])
+        raise TraceFileError(f"cannot save to {str(folder)!r}: besides a saved trace it holds other files ({others}), "
+                             "which replacing the folder would delete; move them out, or pick another path")
+    try:
+        inside = os.path.commonpath([os.path.abspath(os.getcwd()), str(folder)]) == str(folder)
+    except (OSError, ValueError):  # no working directory any more, or another drive
+        inside = False
+    if inside:
+        raise TraceFileError(f"cannot save to {str(folder)!r}: it is (or holds) the working directory, which tl.save "
+                             "would have to replace; save from outside it")
     return folder
 
 
@@ -114,7 +149,10 @@ def load(path: str | os.PathLike[str]) -> Trace:
     the trace can then be replayed and audited; without the framework they load
     as NumPy arrays and everything but replay works. Raises
     :class:`TraceFileError` for a missing, truncated, tampered, malformed or
-    newer-format folder, and for links or special files inside it.
+    newer-format folder, for links or special files inside it, and for one
+    whose loading would take memory out of proportion to its size or beyond
+    this machine's (:mod:`torchlens_core.store.folder` sets the bounds and
+    refuses before reading what it refuses).
     """
     from torchlens_core.store import folder as files
 
@@ -136,27 +174,47 @@ def load(path: str | os.PathLike[str]) -> Trace:
     entries = manifest.get("files")
     if not isinstance(entries, dict) or set(entries) != {RECORDS, ARRAYS}:
         raise TraceFileError(f"{str(root / MANIFEST)!r} should list {RECORDS} and {ARRAYS}")
-    text = files.read_checked(root, RECORDS, entries[RECORDS], limit=files.MAX_RECORDS_BYTES)
-    blob = files.read_checked(root, ARRAYS, entries[ARRAYS])
-    records = _parse_json(bytes(text), root / RECORDS)
-    del text
-    from torchlens_core.store.loading import build
-
+    # What the manifest declares is bounded before any file is read (arrays.bin: it must fit in memory), and
+    # trace.json's table must account for every byte of arrays.bin before arrays.bin is read.
+    blob_size = files.declared_size(ARRAYS, entries[ARRAYS], files.memory_limit(), "loading needs it all in memory, "
+                                    "and that is more than this machine's memory")
     try:
+        raw = files.read_checked(root, RECORDS, entries[RECORDS], limit=files.MAX_RECORDS_BYTES,
+                                 cost=files.JsonCost())
+        text = _utf8(raw, root / RECORDS)
+        del raw  # the bytes are not needed while the objects are made
+        records = _parse_json(text, root / RECORDS)
+        del text
+        from torchlens_core.store.encoding import check_table
+        from torchlens_core.store.loading import build, check_fields
+
+        check_table(check_fields(records)["arrays"], blob_size)
+        blob = files.read_checked(root, ARRAYS, entries[ARRAYS])
         return build(records, blob, version)
-    except (TorchLensError, MemoryError):  # out of memory is this machine's limit, not the file's fault
+    except TorchLensError:
         raise
+    except MemoryError:  # within the bounds above, but more than this machine has free now
+        raise TraceFileError(f"{str(root)!r} needs more memory to load than is free here ({RECORDS}: "
+                             f"{entries[RECORDS]['size']} bytes, {ARRAYS}: {blob_size} bytes): free memory, or load "
+                             "it on a larger machine") from None
     except Exception as exc:  # noqa: BLE001 - anything a well-formed file cannot cause
         raise TraceFileError(f"{str(root)!r} is malformed: {type(exc).__name__}: {exc}") from exc
 
 
-def _parse_json(raw: bytes, file: pathlib.Path) -> Any:
+def _utf8(raw: bytes | bytearray, file: pathlib.Path) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceFileError(f"{str(file)!r} is not valid JSON (truncated or corrupted?): {exc}") from None
+
+
+def _parse_json(raw: bytes | str, file: pathlib.Path) -> Any:
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=no_constants)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return json.loads(raw if isinstance(raw, str) else _utf8(raw, file), parse_constant=no_constants)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise TraceFileError(f"{str(file)!r} is not valid JSON (truncated or corrupted?): {exc}") from None
 
 

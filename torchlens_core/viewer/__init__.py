@@ -22,6 +22,7 @@ from torchlens_core.ir.trace import Trace
 from torchlens_core.viewer.data import module_passes, op_records
 from torchlens_core.viewer.layouts import MAX_LAYOUT_NODES, layouts
 from torchlens_core.viewer.page import page
+from torchlens_core.views.filenames import checked_output, default_name, write_error
 
 if TYPE_CHECKING:
     from torchlens_core.compare.report import AlignedPair
@@ -62,13 +63,18 @@ def view(target: Trace | Comparison, path: str | os.PathLike[str] | None = None,
          values: bool = True, max_nodes: int = MAX_LAYOUT_NODES, open_browser: bool = False) -> str:
     """Write the viewer for ``target`` (a trace or a ``tl.compare`` result) to ``path``; returns the path.
 
-    ``path`` defaults to ``<model name>.html`` in the working directory; ``open_browser=True`` opens it.
+    ``path`` defaults to ``<model name>.html`` in the working directory (the name made one path component:
+    a loaded trace's model name comes from its file); ``open_browser=True`` opens it.
     """
     trace, _ = _trace_of(target, side)
-    path = os.fspath(path) if path is not None else f"{trace.model_name or 'trace'}.html"
+    path = checked_output(path if path is not None else default_name(trace.model_name or "trace", suffix=".html"),
+                          "the viewer page")
     text = render_html(target, side=side, values=values, max_nodes=max_nodes)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except (OSError, ValueError) as exc:
+        raise write_error(path, "the viewer page", exc) from None
     if open_browser:
         webbrowser.open(pathlib.Path(path).resolve().as_uri())
     return path

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from torchlens_core.ir.errors import GraphvizNotFoundError, TorchLensError, UnsupportedError
+from torchlens_core.views.filenames import checked_output, default_name, write_error
 from torchlens_core.views.summary import params_and_buffers
 
 if TYPE_CHECKING:
@@ -277,7 +278,12 @@ def _emit(level: dict[Any, Any], v: View, indent: int, colors: dict[str, str]) -
     return lines
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
 def _esc(text: str) -> str:
+    # Control characters (a NUL in a loaded trace's names) end or break DOT strings: shown as \xNN instead.
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
@@ -294,9 +300,9 @@ def draw(trace: Trace, path: str | os.PathLike[str] | None = None, file_format: 
     if file_format not in FORMATS:
         raise UnsupportedError(f"file_format must be one of {FORMATS}, not {file_format!r}")
     source = to_dot(trace, vis_mode, collapse, module, colors)
-    if path is None:
-        path = f"{trace.model_name or 'trace'}{'_' + module if module else ''}_{vis_mode}.{file_format}"
-    path = os.fspath(path)
+    if path is None:  # named after the trace, which a loaded file chose: one path component, in the working folder
+        path = default_name(trace.model_name or "trace", module, vis_mode, suffix=f".{file_format}")
+    path = checked_output(path, "a drawing")
     if not path.endswith("." + file_format):
         path = f"{path}.{file_format}"
     render(source, path, file_format)
@@ -310,7 +316,10 @@ def render(source: str, path: str, file_format: str) -> None:
             "drawing needs the Graphviz 'dot' program, which is not on PATH: install Graphviz "
             "(apt-get install graphviz, brew install graphviz, conda install graphviz). "
             "trace.to_dot() gives the DOT source without it.")
-    result = subprocess.run([dot, f"-T{file_format}", "-o", path], input=source.encode(), capture_output=True)
+    try:
+        result = subprocess.run([dot, f"-T{file_format}", "-o", path], input=source.encode(), capture_output=True)
+    except (OSError, ValueError) as exc:  # the path or the DOT text as the system refuses them
+        raise write_error(path, "a drawing", exc) from None
     if result.returncode != 0:
         raise TorchLensError(f"Graphviz failed to render {path}: {result.stderr.decode(errors='replace').strip()}")
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.ir.records import num_bytes
+import attrs
+
+from torchlens_core.ir.errors import ArgumentTypeError
+from torchlens_core.ir.records import ParamRecord, num_bytes
 
 if TYPE_CHECKING:
-    from torchlens_core.ir.records import OpRecord, ParamRecord
+    from torchlens_core.ir.records import OpRecord
     from torchlens_core.ir.trace import Trace
 
 
@@ -58,23 +61,64 @@ def params_and_buffers(trace: Trace, names: Iterable[str]) -> tuple[list[ParamRe
     return [p for p in records if not p.is_buffer], [p for p in records if p.is_buffer]
 
 
-def summary(trace: Trace) -> str:
+@attrs.define(slots=True)
+class SummaryRow:
+    """One module row of ``trace.summary()``: what it shows, with the exact parameter count."""
+
+    path: str  # "" for the row of the parameters the model holds itself
+    type_name: str | None  # None for a parent path that no module record names
+    shape: str  # the last pass's output shape(s), "-" for a module that never ran itself
+    num_passes: int
+    params: list[ParamRecord]  # the parameters counted in this row, and in no other
+    expanded: bool  # modules below it have rows of their own
+
+
+def summary_rows(trace: Trace, depth: int | None = 1) -> list[SummaryRow]:
+    """The module rows of ``trace.summary(depth)``, parents before their children.
+
+    Every parameter is counted in exactly one row, the deepest one shown that holds it, so the rows'
+    counts add up to the model's. A container that never ran itself (``nn.ModuleList``, ``nnx.List``)
+    has a row with no output shape and does not use up a level: the modules in it that ran are shown
+    beside their siblings.
+    """
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+        raise ArgumentTypeError(f"summary(depth=) takes a number of module levels >= 1, or None for every level; "
+                                f"got {depth!r}")
+    tree = _ModuleTree(trace)
+    shown = tree.shown(depth)
+    visible = set(shown)
+    counted = tree.counted(visible)
+    rows = [SummaryRow("", None, "-", 0, counted[""], False)] if counted.get("") else []
+    for path in shown:
+        module = trace.modules.get(path)
+        expanded = any(child in visible for child in tree.children[path])
+        if module is None:
+            rows.append(SummaryRow(path, None, "-", 0, counted.get(path, []), expanded))
+            continue
+        shape = "-"  # never called itself: a container, or a module this forward did not use
+        if module.passes:
+            shapes = module.passes[-1].output_shapes
+            shape = _shape(shapes[0]) if len(shapes) == 1 else " ".join(_shape(s) for s in shapes)
+        rows.append(SummaryRow(path, module.type_name, shape, module.num_passes, counted.get(path, []), expanded))
+    return rows
+
+
+def summary(trace: Trace, depth: int | None = 1) -> str:
+    """The module table down to ``depth`` levels (``None``: all), then the totals (see :func:`summary_rows`)."""
     rows = [("Layer", "Output Shape", "Params", "Train")]
     for label in trace.input_labels:
         rows.append(("input" if len(trace.input_labels) == 1 else label, _shape(trace[label].shape), "0", "-"))
-    for module in trace.modules.values():
-        if "." in module.path or not module.passes:
-            continue
-        shapes = module.passes[-1].output_shapes
-        shape = _shape(shapes[0]) if len(shapes) == 1 else " ".join(_shape(s) for s in shapes)
-        params, _ = params_and_buffers(trace, module.params)
-        count = sum(p.numel for p in params)
-        train = "-" if not params else "yes" if all(p.trainable for p in params) else \
-            "no" if not any(p.trainable for p in params) else "partly"
-        name = f"{module.path} ({module.type_name})"
-        if module.num_passes > 1:
-            name += f" x{module.num_passes}"
-        rows.append((name, shape, _count(count), train))
+    partial = False  # a row with modules shown below it also holds parameters of its own
+    for row in summary_rows(trace, depth):
+        if not row.path:
+            name = "(model's own)"
+        else:
+            name = "  " * row.path.count(".") + row.path + (f" ({row.type_name})" if row.type_name else "")
+        if row.num_passes > 1:
+            name += f" x{row.num_passes}"
+        partial = partial or (row.expanded and bool(row.params))
+        cells = ("-", "-") if row.expanded and not row.params else _params_cells(row.params)
+        rows.append((name, row.shape, *cells))
     for label in trace.output_labels:
         rows.append(("output" if len(trace.output_labels) == 1 else label, _shape(trace[label].shape), "-", "-"))
 
@@ -91,11 +135,73 @@ def summary(trace: Trace) -> str:
     return "\n".join([
         f"Model: {trace.model_name or 'function'} ({trace.backend})",
         rule, line(rows[0]), rule, *map(line, rows[1:]), rule,
+        *(["(a row with modules shown below it counts only the parameters it holds itself)"] if partial else []),
         f"Params: {total:,} unique; trainable: {trainable:,}" + (f"; buffers: {in_buffers:,}" if buffers else ""),
         f"Ops: {trace.num_ops} total",
         f"Edges: {trace.num_edges} total",
         f"Forward FLOPs: {flops_text(trace)}  MACs: {_si(trace.macs, '')}",
     ])
+
+
+class _ModuleTree:
+    """The module paths of a trace as a tree: every recorded module, and each parent path of one."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.children: dict[str, list[str]] = {"": []}
+        paths = list(trace.modules)
+        paths += [p.module for p in trace.params.values() if p.module and p.module not in trace.modules]
+        for path in paths:
+            self._add(path)
+        self.ran: dict[str, bool] = {}  # the module or one below it ran
+        for path in reversed(list(self.children)):
+            module = trace.modules.get(path)
+            self.ran[path] = bool(module is not None and module.passes) or any(self.ran[c] for c in self.children[path])
+
+    def _add(self, path: str) -> None:
+        if path in self.children:
+            return
+        parent = path.rpartition(".")[0]
+        self._add(parent)
+        self.children[parent].append(path)
+        self.children[path] = []
+
+    def uses_a_level(self, path: str) -> bool:
+        """False for a container that never ran while modules in it did: its rows are its modules' rows."""
+        module = self.trace.modules.get(path)
+        return bool(module is not None and module.passes) or not self.ran[path]
+
+    def shown(self, depth: int | None) -> list[str]:
+        """The paths shown down to ``depth`` levels, parents before their children."""
+        found: list[str] = []
+        stack = [(child, 1) for child in reversed(self.children[""])]
+        while stack:
+            path, level = stack.pop()
+            if depth is not None and level > depth:
+                continue
+            found.append(path)
+            below = level + 1 if self.uses_a_level(path) else level
+            stack.extend((child, below) for child in reversed(self.children[path]))
+        return found
+
+    def counted(self, visible: set[str]) -> dict[str, list[ParamRecord]]:
+        """Each parameter under the deepest shown path holding it ("" for the model's own): counted once."""
+        rows: dict[str, list[ParamRecord]] = {}
+        for record in self.trace.params.values():
+            if record.is_buffer:
+                continue
+            path = record.module
+            while path and path not in visible:
+                path = path.rpartition(".")[0]
+            rows.setdefault(path, []).append(record)
+        return rows
+
+
+def _params_cells(params: list[ParamRecord]) -> tuple[str, str]:
+    """The Params and Train cells of one summary row."""
+    train = "-" if not params else "yes" if all(p.trainable for p in params) else \
+        "no" if not any(p.trainable for p in params) else "partly"
+    return _count(sum(p.numel for p in params)), train
 
 
 def flops_text(trace: Trace) -> str:

@@ -1,0 +1,136 @@
+"""One schema for op, parameter and module records: TraceBuilder refuses at capture what tl.load refuses at load.
+
+The reference is the loader itself: a record the builder takes is saved with tl.save and read back with
+tl.load, which must accept it; a record the loader would refuse never gets past the builder.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torchlens_numpy")
+
+import torchlens as tl  # noqa: E402
+import torchlens_numpy.capture as numpy_capture  # noqa: E402
+from torchlens_core.backend.manager import hook  # noqa: E402
+from torchlens_core.capture.builder import TraceBuilder  # noqa: E402
+from torchlens_core.ir.records import CodeLocation, ParamRecord, ParamRef, Ref  # noqa: E402
+from torchlens_core.ir.schema import shape_problem  # noqa: E402
+from torchlens_core.store.encoding import Decoder, Encoder  # noqa: E402
+
+
+def two_outputs(x):
+    return np.divmod(x, 3.0)  # one op, two arrays: its shape has one entry per output
+
+
+def test_a_list_of_shapes_is_refused_where_the_op_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin that records a multi-output shape as a list of tuples hears so at capture, not at tl.load."""
+    real = numpy_capture._info
+
+    def listed(v):  # the third-party backend of the report: a list where the schema has a tuple
+        shape, dtype = real(v)
+        return (list(shape) if shape and isinstance(shape[0], tuple) else shape), dtype
+
+    monkeypatch.setattr(numpy_capture, "_info", listed)
+    with pytest.raises(tl.CaptureError) as info:
+        tl.trace(two_outputs, np.arange(6.0).reshape(2, 3), backend="numpy")
+    text = str(info.value)
+    assert "numpy backend" in text and "divmod" in text and "shape" in text and "((2, 3), (2,))" in text, text
+    monkeypatch.setattr(numpy_capture, "_info", real)
+    trace = tl.trace(two_outputs, np.arange(6.0).reshape(2, 3), backend="numpy")  # nothing left behind
+    assert [op.func_name for op in trace.ops if op.kind == "op"] == ["divmod"]
+
+
+def test_the_same_trace_with_tuples_saves_and_loads(tmp_path: pathlib.Path) -> None:
+    x = np.arange(6.0).reshape(2, 3)
+    trace = tl.trace(two_outputs, x, backend="numpy")
+    op = next(op for op in trace.ops if op.kind == "op")
+    assert op.shape == ((2, 3), (2, 3))
+    tl.save(trace, tmp_path / "t")
+    loaded = tl.load(tmp_path / "t")
+    assert loaded[op.label].shape == op.shape
+    for got, want in zip(loaded.replay(), np.divmod(x, 3.0)):
+        assert np.array_equal(got, want)
+
+
+def test_a_file_with_a_list_of_shapes_is_refused_with_the_builders_words(tmp_path: pathlib.Path) -> None:
+    import hashlib
+
+    trace = tl.trace(two_outputs, np.arange(6.0).reshape(2, 3), backend="numpy")
+    folder = tl.save(trace, tmp_path / "t")
+    records = json.loads((folder / "trace.json").read_text())
+    index = next(i for i, o in enumerate(records["ops"]) if o["kind"] == "op")
+    records["ops"][index]["shape"] = {"list": records["ops"][index]["shape"]}  # what a list of tuples saves as
+    text = json.dumps(records, separators=(",", ":")).encode()
+    (folder / "trace.json").write_bytes(text)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["trace.json"] = {"size": len(text), "sha256": hashlib.sha256(text).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(tl.TraceFileError) as info:
+        tl.load(folder)
+    assert f"op {index}: " + shape_problem([(2, 3), (2, 3)]) in str(info.value)
+
+
+BAD_SHAPES = [[(2, 3), (2,)], [2, 3], (np.int64(2), 3), (2.0, 3), (True, 3), (-1, 3), ("2", 3), ((2, 3), [2]),
+              (2, (3,)), (1 << 62,), tuple(range(65))]
+GOOD_SHAPES = [None, (), (2, 3), ((2, 3), (2,)), ((2, 3), None), (((1,), (2,)), (3,)), (0,)]
+
+
+@pytest.mark.parametrize(("shape", "good"), [(s, False) for s in BAD_SHAPES] + [(s, True) for s in GOOD_SHAPES],
+                         ids=repr)
+def test_the_builder_takes_a_shape_exactly_when_its_saved_form_loads(shape, good: bool) -> None:
+    """For each shape: the builder's verdict, and the loader's on the value tl.save writes and tl.load decodes."""
+    builder = TraceBuilder("numpy")
+    x = builder.add_input(np.zeros(3), shape=(3,), dtype="float64", device="cpu")
+    try:
+        builder.add_op("f", np.negative, (Ref(x.index),), {}, (x.index,), None, shape=shape)
+        taken = True
+    except tl.CaptureError as exc:
+        assert "shape" in str(exc)
+        taken = False
+    enc = Encoder(hook(), "numpy")
+    data = json.loads(json.dumps(enc.encode(shape)))
+    decoded = Decoder(hook(), "numpy", enc.arrays, bytearray(b"".join(enc.chunks)), framework=True).decode(data)
+    assert taken == (shape_problem(decoded) is None)
+    assert taken == good
+
+
+def test_other_fields_a_file_cannot_hold_are_refused_at_capture() -> None:
+    builder = TraceBuilder("numpy")
+    builder.add_param(ParamRecord("w", (3,), "float64", 3, True, ""))
+    x = builder.add_input(np.zeros(3), shape=(3,), dtype="float64", device="cpu")
+    ok = {"shape": (3,), "dtype": "float64", "device": "cpu"}
+    cases = [
+        ({"dtype": np.dtype("float64")}, "dtype"),
+        ({"in_place": 1}, "in_place"),
+        ({"elapsed": np.float64(0.1)}, "elapsed"),
+        ({"elapsed": float("nan")}, "elapsed"),
+        ({"code_context": (("f.py", 3, "g"),)}, "code_context"),
+        ({"meta": {1: "a"}}, "meta"),
+        ({"params": ("v",)}, "params"),
+    ]
+    for extra, field in cases:
+        with pytest.raises(tl.CaptureError, match=field):
+            builder.add_op("f", np.negative, (Ref(x.index),), {}, (x.index,), None, **{**ok, **extra})
+    with pytest.raises(tl.CaptureError, match="parent_indices"):  # an argument the record does not list
+        builder.add_op("f", np.add, (Ref(x.index), ParamRef("w")), {}, (), None, params=("w",), **ok)
+    with pytest.raises(tl.CaptureError, match="params"):
+        builder.add_op("f", np.add, (Ref(x.index), ParamRef("w")), {}, (x.index,), None, **ok)
+    with pytest.raises(tl.CaptureError, match="args should be a tuple"):
+        builder.add_op("f", np.negative, [Ref(x.index)], {}, (x.index,), None, **ok)
+    with pytest.raises(tl.CaptureError, match="earlier ops"):
+        builder.add_op("f", np.negative, (Ref(5),), {}, (5,), None, **ok)
+    with pytest.raises(tl.CaptureError, match="does not run before it"):
+        builder.add_op("f", np.negative, (Ref(5),), {}, (), None, **ok)
+    with pytest.raises(tl.CaptureError, match="a shape should be a tuple"):
+        builder.add_param(ParamRecord("v", [3], "float64", 3, True, ""))
+    with pytest.raises(tl.CaptureError, match="trainable"):
+        builder.add_param(ParamRecord("v", (3,), "float64", 3, np.bool_(True), ""))
+    assert len(builder.ops) == 1 and list(builder.params) == ["w"]  # nothing refused was kept
+    op = builder.add_op("f", np.add, (Ref(x.index), ParamRef("w")), {}, (x.index,), None, params=("w",),
+                        code_context=(CodeLocation("f.py", 3, "g"),), elapsed=0.5, **ok)
+    assert op.index == 1
