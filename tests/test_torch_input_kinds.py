@@ -59,18 +59,25 @@ def test_a_packed_sequence_through_an_lstm():
 
 
 @pytest.mark.parametrize("transform", ["vmap", "grad", "operator"])
-def test_torch_func_transforms_inside_the_forward_are_refused(transform):
+def test_torch_func_transforms_inside_the_forward(transform):
+    # vmap and grad are recorded as one op each (tests/test_torch_func_transforms.py); functionalize is not, and
+    # its ops are refused, here from inside a tensor operator, which turns a TypeError into NotImplemented
     def batched(x):
         return torch.func.vmap(lambda row: torch.sin(row) * 2)(x)
 
-    def operator(x):  # a refusal raised in a tensor operator, which turns a TypeError into NotImplemented
-        return torch.func.vmap(lambda row: row + row)(x)
+    def operator(x):
+        return torch.func.functionalize(lambda row: row + row)(x)
 
     def gradient(x):
         return torch.func.grad(lambda row: torch.sin(row).sum())(x)
 
     model = {"vmap": batched, "grad": gradient, "operator": operator}[transform]
-    with pytest.raises(UnsupportedError, match="torch.func transform"):
-        tl.trace(model, torch.randn(3) if transform == "grad" else torch.randn(3, 4))
+    x = torch.randn(3) if transform == "grad" else torch.randn(3, 4)
+    if transform == "operator":
+        with pytest.raises(UnsupportedError, match="torch.func transform"):
+            tl.trace(model, x)
+    else:
+        trace = tl.trace(model, x)
+        assert torch.equal(trace.output, model(x)) and trace.audit()
     assert torch._C._functorch.peek_interpreter_stack() is None  # the transform unwound
     assert tl.trace(lambda x: torch.sin(x) * 2, torch.randn(3)).audit()  # and capture works after it

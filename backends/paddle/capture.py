@@ -52,7 +52,7 @@ from torchlens_core.ir.errors import TorchLensError, UnsupportedError
 from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_paddle.arrays import allocation, device_name, dtype_name, snapshot
-from torchlens_paddle.intercept import STATE, OpInfo, Patches, to_static_enabled
+from torchlens_paddle.intercept import STATE, OpInfo, Patches, amp_casting, amp_refusal, to_static_enabled
 from torchlens_paddle.layer_calls import LayerCalls
 from torchlens_paddle.splice import spliced
 
@@ -240,6 +240,30 @@ class Recorder:
         found = self.producer(t)
         if found is not None and isinstance(out, Tensor) and out is not t:
             self.producers[id(out)] = (weakref.ref(out), *found)
+
+    def before_share(self, dst: Tensor) -> None:
+        """``dst`` is about to take another tensor's data (intercept.SHARING): a parameter or buffer keeps its
+        value from before, for replay to start from."""
+        if isinstance(dst, Tensor):
+            self._protect(dst)
+
+    def shared(self, src: Tensor, dst: Tensor) -> None:
+        """``dst`` now holds ``src``'s data (intercept.SHARING): later reads of ``dst`` read ``src``'s op."""
+        if not isinstance(dst, Tensor) or dst is src:
+            return
+        found = self.producer(src)
+        if found is not None:
+            self._produced(dst, found[0], found[1], alias=True)
+            return
+        self.producers.pop(id(dst), None)  # no recorded value: read from now on as what it holds
+        name = self.param_names.get(id(dst))
+        if name is not None:
+            exc = UnsupportedError(
+                f"parameter {name!r} was given the data of a tensor from outside the trace "
+                f"(Tensor._share_underline_tensor_to) during the forward, which replay cannot repeat: set the "
+                f"parameter before tracing")
+            self.failure = self.failure or exc  # _capture raises it, also if the model caught it
+            raise exc
 
     def _record(self, info: OpInfo, a: tuple[Any, ...], k: dict[str, Any], parents: list[int], params: list[str],
                 out: Any, targets: list[Tensor], written: Any, meta: dict[str, Any], elapsed: float) -> Any:
@@ -514,6 +538,8 @@ class Recorder:
 
 def _refuse_unsupported(model: Any, layers: list[tuple[str, Any]]) -> None:
     """Raise UnsupportedError for what cannot be captured op by op."""
+    if amp_casting():  # auto_cast around tl.trace; one entered inside the forward is refused by intercept's guard
+        raise amp_refusal("around tl.trace")
     from paddle.jit import TranslatedLayer
     from paddle.jit.dy2static.program_translator import StaticFunction
 

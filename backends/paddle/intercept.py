@@ -112,6 +112,11 @@ DECIDING: dict[str, tuple[str, bool]] = {
 # which adaptive pooling applies to its input): no op, but the new object is linked to the op whose
 # value it is, or the op reading it would see a constant (a lost edge). Replay passes the value on.
 ALIASING = ("_use_gpudnn",)
+# Tensor methods that make their argument hold the data of the tensor they are called on, under the
+# argument's own Tensor object (``out._share_underline_tensor_to(var)``): how paddle.nn.initializer's
+# initializers, and conv and norm layers reshaping a parameter, write a tensor or parameter. No op, but
+# from then on the argument is the value of the op that made ``out``.
+SHARING = ("_share_underline_tensor_to",)
 
 
 class OpInfo:
@@ -209,6 +214,26 @@ def _make_alias(orig: Callable[..., Any]) -> Callable[..., Any]:
     return alias
 
 
+def _make_share(orig: Callable[..., Any]) -> Callable[..., Any]:
+    state = STATE
+
+    def share(self: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = state.recorder
+        if rec is None or rec.depth or rec.thread != _get_ident():
+            return orig(self, dst, *args, **kwargs)
+        rec.before_share(dst)
+        out = orig(self, dst, *args, **kwargs)
+        rec.shared(self, dst)
+        return out
+
+    share.__name__ = getattr(orig, "__name__", "share")
+    share.__qualname__ = share.__name__
+    share.__doc__ = getattr(orig, "__doc__", None)
+    share.__wrapped__ = orig  # type: ignore[attr-defined]
+    share._torchlens_wrapper = True  # type: ignore[attr-defined]
+    return share
+
+
 def _make_decider(orig: Callable[..., Any], attr: str) -> Callable[..., Any]:
     state = STATE
     how, exact = DECIDING[attr]
@@ -281,8 +306,13 @@ def _prepare() -> None:
         orig = tensor.__dict__.get(attr)
         if orig is not None:
             _SITES.append((tensor, attr, orig, _make_alias(orig)))
+    for attr in SHARING:
+        orig = tensor.__dict__.get(attr)
+        if orig is not None:
+            _SITES.append((tensor, attr, orig, _make_share(orig)))
     cls, orig, guard = _static_function_guard()
     _SITES.append((cls, "__call__", orig, guard))
+    _SITES.extend(_amp_guard_sites())
 
 
 def _alias_sites(module: Any) -> list[Site]:
@@ -406,6 +436,52 @@ def _static_function_guard() -> tuple[Any, Any, Callable[..., Any]]:
 
     __call__._torchlens_wrapper = True  # type: ignore[attr-defined]
     return StaticFunction, orig, __call__
+
+
+def amp_casting() -> bool:
+    """Is ``paddle.amp.auto_cast`` in effect now? On CPU it never is: Paddle enables it only on CUDA, XPU and
+    custom places, and otherwise warns that it "makes no effect"."""
+    from paddle.base import core, framework
+
+    tracer = framework._dygraph_tracer()
+    return tracer is not None and tracer._amp_level != core.AmpLevel.O0
+
+
+def amp_refusal(where: str) -> Exception:
+    from torchlens_core.ir.errors import UnsupportedError
+
+    return UnsupportedError(
+        f"paddle.amp.auto_cast is in effect {where}: Paddle casts inside each C op (to float16 or bfloat16, by its "
+        f"own op lists), which a trace does not record, so replay and audit() would compute in float32. Trace "
+        f"without auto_cast, or cast the inputs and the model (paddle.amp.decorate(level='O2'), layer.to(dtype=...))"
+        f" so that every op's dtype is in the recorded arguments")
+
+
+def _amp_guard_sites() -> list[Site]:
+    """``amp_guard`` (what ``paddle.amp.auto_cast`` enters) replaced by one refusing a cast that takes effect
+    inside a captured forward."""
+    import contextlib
+
+    module = sys.modules.get("paddle.amp.auto_cast")
+    orig = getattr(module, "amp_guard", None) if module is not None else None
+    if orig is None:  # another Paddle: no guard to watch
+        return []
+    state = STATE
+
+    @contextlib.contextmanager
+    def amp_guard(*args: Any, **kwargs: Any) -> Any:
+        with orig(*args, **kwargs):
+            rec = state.recorder
+            if rec is not None and rec.thread == _get_ident() and not rec.depth and amp_casting():
+                exc = amp_refusal("inside the traced forward")
+                rec.failure = rec.failure or exc  # _capture raises it, also if the model caught it
+                raise exc
+            yield
+
+    amp_guard._torchlens_wrapper = True  # type: ignore[attr-defined]
+    owners = [module, sys.modules.get("paddle.amp")]
+    return [(owner, "amp_guard", orig, amp_guard) for owner in owners
+            if owner is not None and vars(owner).get("amp_guard") is orig]
 
 
 class Patches:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from torchlens_core.backend.keras_layers import is_keras_object, layer_paths
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder, returned
 from torchlens_core.capture.edits import PassThroughs
@@ -42,6 +43,7 @@ from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, UnsupportedError
 from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref, refs_in
 from torchlens_core.ir.trace import Trace
+from torchlens_torch import autocast
 from torchlens_torch.compiled import (
     WRAPPED,
     check_compiled_support,
@@ -52,8 +54,12 @@ from torchlens_torch.compiled import (
 )
 from torchlens_torch.escapes import ShadowMode
 from torchlens_torch.fastpath import recorded_as_run
+from torchlens_torch.global_hooks import GlobalHooks
 from torchlens_torch.grads import hook_grads
+from torchlens_torch.replay import GENERATOR_STATE, WRITTEN_KEYWORD
+from torchlens_torch.restore import function_mode
 from torchlens_torch.splice import spliced
+from torchlens_torch.transforms import module_in_transform, recorded_transforms, unrecorded_transform
 
 Tensor = torch.Tensor
 
@@ -70,6 +76,9 @@ _RANDOM = frozenset({
     "multinomial", "normal", "normal_", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
     "randperm", "uniform_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_", "poisson",
     "gumbel_softmax", "fractional_max_pool2d", "fractional_max_pool3d",
+    # torch.nn.init's drawing initializers, seen as one call when they dispatch through handle_torch_function
+    "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "trunc_normal_", "orthogonal_",
+    "sparse_",
 })
 # Factories whose output is whatever the memory held: replay reuses the recorded bytes.
 _UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
@@ -77,6 +86,9 @@ _UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
 _IGNORED = frozenset({"requires_grad_", "retain_grad", "share_memory_", "register_hook", "detach_"})
 # Calls that turn a tensor's value into a Python value, which an ``if`` or ``while`` may test.
 _DECIDING = frozenset({"__bool__", "item", "__int__", "__float__", "__index__", "tolist", "__len__"})
+# Gradients computed inside the forward: replay runs the recorded ops without autograd, and backward() writes
+# .grad of tensors outside the trace, so neither can run again. Refused at capture (UnsupportedError).
+_AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
 _INPLACE_DUNDERS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul",
                               "iand", "ior", "ixor", "ilshift", "irshift"})
 _RENAMED = {"radd": "add", "rmul": "mul", "rand": "and", "ror": "or", "rxor": "xor", "truediv": "div"}
@@ -91,7 +103,7 @@ class FuncInfo:
     """What capture needs to know about one torch callable, worked out once."""
 
     __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "training_flag", "uninitialized",
-                 "decides", "stats", "collective", "plain")
+                 "decides", "stats", "collective", "autograd", "target_names", "plain")
 
     def __init__(self, func: Any) -> None:
         raw = getattr(func, "__name__", None) or type(func).__name__
@@ -112,13 +124,17 @@ class FuncInfo:
         self.training_flag = _training_flag(func, self.name) if self.random else None
         self.uninitialized = self.name in _UNINITIALIZED
         self.inplace_pos = _inplace_position(func)
+        # the keywords the written tensor may come by, when it is not passed first by position
+        self.target_names = _target_names(func) if self.in_place or self.inplace_pos is not None else ()
+        self.autograd = func in _AUTOGRAD_CALLS
         self.stats = _RUNNING_STATS.get(func)
         # torch.distributed's collectives reach the mode too (they write in place, or into lists): recorded
         # only by tl.distributed.arm()'s wrappers, which call them with the mode off
         self.collective = getattr(func, "__module__", None) == "torch.distributed.distributed_c10d"
         # Most calls need none of the special handling below: one flag for the hot path.
         self.plain = not (self.ignored or self.decides or self.in_place or self.random or self.uninitialized
-                          or self.inplace_pos is not None or self.stats is not None or self.collective)
+                          or self.inplace_pos is not None or self.stats is not None or self.collective
+                          or self.autograd)
 
 
 def _training_flag(func: Any, name: str) -> tuple[int, str, Any] | None:
@@ -144,6 +160,39 @@ def _draws(info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> boo
     pos, name, default = flag
     value = args[pos] if len(args) > pos else kwargs.get(name, default)
     return value is not False  # native_dropout's train=None means "train" as well
+
+
+def _target_names(func: Any) -> tuple[str, ...]:
+    """The keyword(s) an in-place call's first parameter, the tensor it writes, may be passed by.
+
+    A Python function's signature names it (``torch.nn.init.kaiming_uniform_(tensor=w)``, ``F.relu(input=x,
+    inplace=True)``); a torch builtin has no signature, and takes it as ``input`` (``torch.relu_(input=x)``).
+    """
+    try:
+        names = list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return ("input", "self")
+    return (names[0],) if names else ()
+
+
+def _written(info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str | None]:
+    """The tensor an in-place call writes into (None: it writes none), and the keyword it came by (None: ``out=``
+    or by position)."""
+    target = kwargs.get("out")
+    if target is not None:
+        return target, None
+    if info.inplace_pos is not None and not info.in_place:
+        pos = info.inplace_pos
+        if not (kwargs.get("inplace") or (len(args) > pos and args[pos] is True)):
+            return None, None
+    elif not info.in_place:
+        return None, None
+    if args:
+        return args[0], None
+    for name in info.target_names:
+        if name in kwargs:
+            return kwargs[name], name
+    return None, None
 
 
 def _inplace_position(func: Any) -> int | None:
@@ -251,6 +300,8 @@ class _Recorder(TorchFunctionMode):
         self.depth = 0  # recorded calls (and module hooks) running now: escape_detector's "inside" (escapes.py)
         self.pass_throughs = PassThroughs(self.producers, builder.ops)
         self.failure: TorchLensError | None = None  # the first error a recorded call raised
+        self.transform: str | None = None  # the torch.func transform being recorded as one op now (transforms.py)
+        self.last_autocast: Any = None  # the last autocast state recorded (shared by the ops it is the same for)
 
     # -- the hot path ------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -267,6 +318,8 @@ class _Recorder(TorchFunctionMode):
                 return out
             if kwargs is None:
                 kwargs = {}
+            if info.autograd:
+                raise self._autograd_refused(info)
             if info.ignored:
                 return func(*args, **kwargs)
             if info.collective:
@@ -279,29 +332,31 @@ class _Recorder(TorchFunctionMode):
                     self.branches.condition(found[1].index)
                     self.builder.to_python(found[1].index, found[1].path, info.name, result)
                 return result
-            target = kwargs.get("out")
-            if target is None and args:
-                if info.in_place:
-                    target = args[0]
-                elif info.inplace_pos is not None:
-                    pos = info.inplace_pos
-                    if kwargs.get("inplace") or (len(args) > pos and args[pos] is True):
-                        target = args[0]
+            target, keyword = _written(info, args, kwargs)
             if target is not None and isinstance(target, Tensor):
                 self._protect(target)
             else:
-                target = None
+                target = keyword = None
             if info.stats is not None:  # batch norm in training: the kernel updates the running statistics
                 for stat in _running_stats_written(info.stats, args, kwargs):
                     self._protect(stat)
             random = info.random and _draws(info, args, kwargs)
             meta = _rng_states() if random else None
+            drawn_from = kwargs.get("generator") if random else None
+            if isinstance(drawn_from, torch.Generator):  # its own generator, not the global one: keep its state
+                meta[GENERATOR_STATE] = {"device": drawn_from.device.type, "state": drawn_from.get_state()}
             start = perf_counter()
             out = func(*args, **kwargs)
             elapsed = perf_counter() - start
+            if isinstance(drawn_from, torch.Generator):
+                # replay makes one from the state: a Generator is no value a trace can save, and the user's has
+                # moved on
+                kwargs = {**kwargs, "generator": None}
             if info.uninitialized and isinstance(out, Tensor):
                 with torch.no_grad(), torch._C.DisableTorchFunction():
                     meta = {"uninitialized": out.detach().clone()}
+            if keyword is not None:  # replay copies what it writes into, when that is not a recorded value
+                meta = {**meta, WRITTEN_KEYWORD: keyword} if meta else {WRITTEN_KEYWORD: keyword}
             if isinstance(out, Tensor):
                 return self._record(func, info, args, kwargs, out, target, meta, elapsed, random)
             if target is not None:  # __setitem__ and friends return None but wrote into target
@@ -316,11 +371,8 @@ class _Recorder(TorchFunctionMode):
     def _record(self, func: Any, info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                 target: Tensor | None, meta: dict[str, Any] | None, elapsed: float, random: bool = False) -> Any:
         """Record one call; returns what the forward gets back (``out``, or what intervene= made of it)."""
-        if _transform_running() is not None:
-            raise UnsupportedError(
-                f"{info.name} ran inside a torch.func transform (vmap, grad, jacrev, jvp...): its tensors are the "
-                f"transform's wrappers (per-sample views, tangents), whose values a trace cannot hold or replay. "
-                f"Trace the function the transform wraps, outside it, or loop over the samples instead")
+        if _transform_running() is not None:  # one the recorder is not recording whole (transforms.py)
+            raise unrecorded_transform(info.name)
         parents: list[int] = []
         params: list[str] = []
         a = self._template(args, parents, params)
@@ -332,6 +384,8 @@ class _Recorder(TorchFunctionMode):
             leaves = [t for t in out if isinstance(t, Tensor)]
             shape = tuple(tuple(t.shape) if isinstance(t, Tensor) else None for t in out)
             dtype, device = (_dtype_name(leaves[0].dtype), leaves[0].device.type)
+        if autocast.any_enabled():  # what the op computed depends on it: replay runs under the same
+            meta = self._with_autocast(meta)
         builder = self.builder
         op = builder.add_op(
             info.name, func, a, k, _unique(parents), out, shape=shape, dtype=dtype, device=device,
@@ -351,6 +405,30 @@ class _Recorder(TorchFunctionMode):
         if self.grads and builder.grad_wanted(op):
             hook_grads(op, out)
         return out
+
+    def _with_autocast(self, meta: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``meta`` with the autocast state on now (autocast.py); the ops of one autocast region share one entry."""
+        state = autocast.recorded_state()
+        if not state:
+            return meta
+        if state == self.last_autocast:
+            state = self.last_autocast
+        self.last_autocast = state
+        return {**meta, autocast.META_KEY: state} if meta else {autocast.META_KEY: state}
+
+    def _autograd_refused(self, info: FuncInfo) -> UnsupportedError:
+        """The error for a gradient computed inside the forward, naming the call, its module and its line."""
+        where = self.sites.stack(skip=2)
+        stack = self.builder.module_stack
+        inside = f" in module '{stack[-1][0]}'" if stack else ""
+        at = f" at {where[0]}" if where else ""
+        call = "torch.autograd.grad" if info.name == "grad" else f"{info.name}()"
+        return UnsupportedError(
+            f"{call} ran inside the traced forward{inside}{at}: a trace replays its ops without autograd (and "
+            f"backward() writes .grad of tensors outside the trace), so this gradient could not be computed "
+            f"again, and replay and audit() would fail. Compute the gradient outside tl.trace and pass what it "
+            f"gives in (a meta-learning inner step: trace the outer forward with the adapted weights, e.g. "
+            f"through torch.func.functional_call), or trace the forward without the gradient step")
 
     def _produced(self, t: Tensor, op: OpRecord, path: tuple[Any, ...]) -> None:
         # The Ref is made once here, and shared by every op that reads this value (Refs are frozen).
@@ -485,6 +563,8 @@ class _Recorder(TorchFunctionMode):
             try:
                 path = paths.get(id(module))
                 if path:
+                    if self.transform is not None:  # its pass would return the transform's wrappers
+                        raise module_in_transform(path, self.transform)
                     inputs = self.module_inputs(args)  # now: a write inside the module must not move the Refs
                     builder.enter_module(path, None if inputs is None else (inputs, {}))
                     self.sites.enter(path, sys._getframe(1))  # torch's frame that runs the hooks calls the forward
@@ -661,8 +741,6 @@ class _ShadowedRecorder(_Recorder):
 
 def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace."""
-    from torch.nn.modules import module as nn_module
-
     is_module = isinstance(model, torch.nn.Module)
     refuse_unrunnable(model)
     check_compiled_support(model)
@@ -681,13 +759,13 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
             op = builder.add_input(leaf, shape=tuple(leaf.shape), dtype=_dtype_name(leaf.dtype),
                                    device=leaf.device.type)
             recorder._produced(leaf, op, ())
-    handles = []
+    # the global module hooks go out of torch's registries last, and surely (global_hooks.py, restore.py)
+    hooks = GlobalHooks(recorder.module_pre_hook(paths), recorder.module_post_hook(paths))
     try:
-        handles.append(nn_module.register_module_forward_pre_hook(recorder.module_pre_hook(paths)))
-        handles.append(nn_module.register_module_forward_hook(recorder.module_post_hook(paths), with_kwargs=True))
         # tl.splice_module first: a spliced module is left alone by the fused-path rewriting
         # compiled regions run their Python (torchlens_torch.compiled); fused paths run as untraced
-        with eager_stance.held(), spliced(model, builder), recorded_as_run(model, recorder), recorder, watching:
+        with hooks, eager_stance.held(), spliced(model, builder), recorded_as_run(model, recorder), \
+                recorded_transforms(recorder), function_mode(recorder), watching:
             output = named(*args, **kwargs)  # under force_eager the wrapper would only call what it wraps
     except TypeError:
         if recorder.failure is not None:  # ours, made "unsupported operand type(s)" by a tensor operator
@@ -695,8 +773,6 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
         raise
     finally:
         recorder.branches.close()
-        for handle in handles:
-            handle.remove()
     if recorder.failure is not None:  # the model caught it and went on: the trace misses that call
         raise recorder.failure
     template, output = recorder.outputs(output, None)
@@ -746,30 +822,17 @@ def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[in
 
 
 def _keras_layers(model: torch.nn.Module, known: set[int]) -> list[tuple[str, torch.nn.Module]]:
-    """Keras 3 layers run on torch, named by their nesting of layer names under the model.
+    """Keras 3 layers run on torch, named as every backend names them
+    (:mod:`torchlens_core.backend.keras_layers`).
 
     Keras keeps a model's layers in its own lists, not as torch submodules, so
     ``named_modules()`` sees the model alone; each layer is still a torch module
-    whose calls the module hooks see. (A layer's Keras ``path`` is set only
-    once it has variables: a dropout has none.)
+    whose calls the module hooks see.
     """
-    if not any(cls.__module__.startswith("keras.") for cls in type(model).__mro__):
+    if not is_keras_object(model):
         return []
-    found: list[tuple[str, torch.nn.Module]] = []
-    stack: list[tuple[str, Any]] = [("", model)]
-    while stack and len(found) < 100_000:
-        prefix, parent = stack.pop()
-        flatten = getattr(parent, "_flatten_layers", None)
-        children = list(flatten(include_self=False, recursive=False)) if callable(flatten) else []
-        for layer in reversed(children):
-            name = getattr(layer, "name", None)
-            if not isinstance(layer, torch.nn.Module) or not isinstance(name, str) or id(layer) in known:
-                continue
-            known.add(id(layer))
-            path = f"{prefix}.{name}" if prefix else name
-            found.append((path, layer))
-            stack.append((path, layer))
-    return sorted(found, key=lambda entry: entry[0])
+    return [(path, layer) for path, layer in layer_paths(model, seen={id(model)})
+            if isinstance(layer, torch.nn.Module) and id(layer) not in known]
 
 
 def _members(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from torchlens_core.ir.errors import UnsupportedError
+from torchlens_torch.restore import until_done
 
 WRAPPED = "_orig_mod"  # the attribute an OptimizedModule holds the compiled module under
 
@@ -72,6 +73,7 @@ class _EagerStance:
         self._lock = threading.Lock()
         self._users = 0
         self._held: Any = None  # the stance's context manager, entered by the first user
+        self._put_back = self._restore  # bound once: the finally that calls it must not need to allocate it
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -91,8 +93,14 @@ class _EagerStance:
             with self._lock:
                 self._users -= 1
                 if not self._users:
-                    held, self._held = self._held, None
-                    held.__exit__(None, None, None)  # back to the stance from before the first capture
+                    until_done(self._put_back)  # a MemoryError must not leave "force_eager" on for the process
+
+    def _restore(self) -> None:
+        """Back to the stance from before the first capture (idempotent: retried after a MemoryError)."""
+        held = self._held
+        if held is not None:
+            held.__exit__(None, None, None)
+            self._held = None
 
 
 eager_stance = _EagerStance()

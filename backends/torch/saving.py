@@ -10,7 +10,9 @@ calls a TorchFunctionMode capture can record that compute on tensors
   (``torch.overrides.get_overridable_functions()``: ``torch.*`` functions taking
   tensors, ``torch.nn.functional``, Tensor methods and operators), and the
   Python functions of those namespaces that dispatch through
-  ``handle_torch_function`` as they do (the list misses ``F.hardswish``...);
+  ``handle_torch_function`` as they do (the list misses ``F.hardswish``, and
+  ``torch.nn.init``'s ``kaiming_uniform_``, ``uniform_``, ``normal_``,
+  ``constant_``, which write into the tensor they are given);
 - ATen operator bindings (``torch._C._VariableFunctions``, ``_nn``, ``_linalg``,
   ``_fft``, ``_special``, Tensor methods) that return a tensor or write into a
   tensor argument: factories such as ``torch.zeros`` and fused kernels;
@@ -31,13 +33,15 @@ from __future__ import annotations
 
 import functools
 import operator
+import sys
 import types
 from typing import Any
 
 from torchlens_core.ir.errors import TraceFileError
 
 NAMESPACES = ("torch", "torch.Tensor", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
-              "torch._C._nn", "torch._C._linalg", "torch._C._fft", "torch._C._special", "torch._C._VariableFunctions")
+              "torch._C._nn", "torch._C._linalg", "torch._C._fft", "torch._C._special", "torch._C._VariableFunctions",
+              "torch.nn.init")  # its initializers that dispatch as one tensor function (kaiming_uniform_...)
 # Where ATen operators are bound: every callable there is one (by its __name__).
 _ATEN_NAMESPACES = ("torch._C._VariableFunctions", "torch._C._nn", "torch._C._linalg", "torch._C._fft",
                     "torch._C._special")
@@ -125,6 +129,9 @@ def encode_call(op: Any) -> Any:
     call = op.call
     if call is None:
         return None
+    transforms = sys.modules.get("torchlens_torch.transforms")  # loaded by any capture that could record one
+    if transforms is not None and isinstance(call, transforms.TransformCall):
+        raise TraceFileError(call.unsaveable())  # the op is saved as not replayable, with this reason
     if getattr(call, "__name__", None) == "__get__":  # a property read (Tensor.T): the descriptor's getter
         import torch
 

@@ -28,7 +28,7 @@ def _seed() -> None:
 def entries() -> list[Entry]:
     from bench.menagerie import torch_diffusion_entries, torch_graph_entries
 
-    return (_torchvision() + _timm() + _transformers() + torch_graph_entries.entries()
+    return (_torchvision() + _timm() + _transformers() + _transformers_eager() + torch_graph_entries.entries()
             + torch_diffusion_entries.entries())
 
 
@@ -269,6 +269,39 @@ def _transformers_inputs(model: Any, config: Any) -> dict[str, Any]:
     if getattr(config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = torch.randint(0, min(int(vocab), 100), (1, 8))
     return inputs
+
+
+# Decoders with eager attention (what output_attentions=True needs), on a left-padded batch of two: transformers 4.x
+# builds their attention masks under torch.vmap (transformers.masking_utils), which a trace records as one op whose
+# closure reads the padding mask (backends/torch/transforms.py); 5.x builds them without vmap. The padding mask is an
+# input, which the replay-on-other-inputs check shuffles. (Whisper, whose default attention builds its decoder's
+# mask under vmap on 4.x too, is transformers/whisper above.)
+_EAGER = ("llama", "mistral", "gemma", "gpt2")
+
+
+def _transformers_eager() -> list[Entry]:
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+    except ImportError:
+        return []
+    return [Entry("torch", f"transformers-eager/{model_type}", "transformers", "transformers",
+                  functools.partial(_build_transformers_eager, model_type))
+            for model_type in _EAGER if model_type in MODEL_MAPPING_NAMES]
+
+
+def _build_transformers_eager(model_type: str) -> Built:
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    _seed()
+    config = AutoConfig.for_model(model_type)
+    _shrink(config)
+    model = AutoModel.from_config(config, attn_implementation="eager").eval()
+    ids = _transformers_inputs(model, config)["input_ids"]
+    ids = torch.cat([ids, ids.flip(1)])  # a batch of two, the second left-padded by three tokens
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    return model, (), {"input_ids": ids, "attention_mask": mask}
 
 
 class UnsupportedInput(Exception):
