@@ -36,10 +36,9 @@ Keras on TensorFlow (side a) against the same model on PyTorch and on JAX
 (side b), weights saved and loaded with Keras's own `save_weights` and
 `load_weights` (35 rows: keras_hub backbones and `keras.applications` models,
 `bench/compare_menagerie/keras_archs.py`). The lowerings differ in op order,
-fusion, casts and layout. TorchLens names a Keras layer run on PyTorch by its
-nesting of layer names, as on TensorFlow; on JAX it records no module path for
-one yet (Keras opens its own name scopes there), so on the JAX pair a bug counts
-as located when side a's op is in the injected layer.
+fusion, casts and layout. TorchLens names a Keras layer by its nesting of layer
+names on every backend (`torchlens_core/backend/keras_layers.py`), so a bug is
+located when the first divergence is in the injected layer on both sides.
 
 ## Running it
 

@@ -96,7 +96,6 @@ class Aligner:
         self.paired_b: dict[int, list[int]] = {}
         self.unaligned: list[Unaligned] = []
         self._values: dict[tuple[str, int], tuple[Any, str]] = {}
-        self._module_b = {p.index: p.module for p in pb}  # op index -> its module (the same for each of its arrays)
         self._points_a = {p.index: k for k, p in enumerate(pa) if not p.path}  # ops with one array
         self._points_b = {p.index: c for c, p in enumerate(pb) if not p.path}
         self._chains: dict[tuple[str, int], int] = {}
@@ -157,21 +156,16 @@ class Aligner:
                     break
 
     def _inside_other_output(self, p: Point, q: Point, outputs_b: dict[str, list[int]]) -> bool:
-        """Whether ``q`` runs inside, or feeds, a module pass whose output ``p`` is, while ``b`` returns another op.
+        """Whether ``p`` is the output of a module pass that ``b`` ran too, returning an op other than ``q``.
 
-        A module's output pairs with the same module's output: a value inside
-        the module, or going into it, that happens to equal it (the input of a
-        dropout left on, a copy at the module's boundary) is a coincidence of
-        values, not the counterpart.
+        A module's output pairs with the same module's output: another value
+        of ``b`` that happens to equal it (the input of a dropout left on, a
+        dtype copy of the softmax before it, a copy at the module's boundary)
+        is a coincidence of values, not the counterpart. Where the two
+        modules' outputs disagree, the structural step pairs them, as a
+        divergence.
         """
-        for key in p.module_outputs:
-            if key in q.module_outputs or not outputs_b.get(key):
-                continue
-            path = key.rpartition(":")[0]
-            modules = [q.module] + [self._module_b.get(k, "") for k in self._children_b.get(q.index, ())]
-            if any(m == path or m.startswith(path + ".") for m in modules):
-                return True
-        return False
+        return any(key not in q.module_outputs and outputs_b.get(key) for key in p.module_outputs)
 
     def _closeness(self, trace: Trace, side: list[Point]) -> Any:
         """Per point: the fingerprint gap under which a pair is worth checking element for element (its dtype's)."""
