@@ -11,6 +11,7 @@ from typing import Any
 from torchlens_core.ir.records import OpRecord
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.evaluator import Observe, interpret
+from torchlens_jax import meta_check
 
 
 def replay_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -19,6 +20,7 @@ def replay_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     ``op.kwargs`` are those params again, for reading (``op.config``, FLOP
     formulas); they are static, so the originals are bound and ``kwargs`` is not."""
     primitive, params = op.call
+    meta_check.check_loaded(op, args)  # a loaded file's parameters go through JAX's shape rules first
     out = primitive.bind(*args, **params)
     return tuple(out) if primitive.multiple_results else out
 
