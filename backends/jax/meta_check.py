@@ -25,7 +25,7 @@ import numpy as np
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import ReplayError
 from torchlens_core.ir.records import OpRecord
-from torchlens_core.replay.checked import LOADED
+from torchlens_core.replay.checked import LOADED, PassedChecks
 
 
 def check_loaded(op: OpRecord, args: tuple[Any, ...]) -> None:
@@ -42,19 +42,10 @@ def check(op: OpRecord, args: tuple[Any, ...]) -> None:
     the same recorded shape) passes again without tracing: abstract evaluation sees nothing else, and a
     model repeats the same calls in each of its blocks.
     """
-    key = _signature(op, args)
-    if key is not None and key in _PASSED:
-        return
-    _check(op, args)
-    if key is not None:
-        if len(_PASSED) >= MAX_REMEMBERED:
-            _PASSED.clear()
-        _PASSED[key] = None
+    _PASSED.run(_signature(op, args), lambda: _check(op, args))
 
 
-# Calls that passed, by signature (see check): bounded, as a process may load many traces.
-_PASSED: dict[Any, None] = {}
-MAX_REMEMBERED = 1 << 14
+_PASSED = PassedChecks()  # calls that passed, by signature (see check)
 
 
 def _is_array(value: Any) -> bool:

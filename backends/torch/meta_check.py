@@ -27,7 +27,7 @@ import torch
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import ReplayError
 from torchlens_core.ir.records import OpRecord
-from torchlens_core.replay.checked import LOADED
+from torchlens_core.replay.checked import LOADED, PassedChecks
 
 # What torch says when a call cannot be made on meta tensors at all, besides NotImplementedError (no meta
 # kernel): a result that depends on values. The op then runs unchecked; any other error is the arguments' fault.
@@ -52,19 +52,10 @@ def check(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     so their verdict depends on nothing else, and some are slow Python decompositions (batch_norm's costs a
     millisecond), while a model repeats the same calls in each of its blocks.
     """
-    key = _signature(op, args, kwargs)
-    if key is not None and key in _PASSED:
-        return
-    _check(op, args, kwargs)
-    if key is not None:
-        if len(_PASSED) >= MAX_REMEMBERED:
-            _PASSED.clear()
-        _PASSED[key] = None
+    _PASSED.run(_signature(op, args, kwargs), lambda: _check(op, args, kwargs))
 
 
-# Calls that passed, by signature (see check): bounded, as a process may load many traces.
-_PASSED: dict[Any, None] = {}
-MAX_REMEMBERED = 1 << 14
+_PASSED = PassedChecks()  # calls that passed, by signature (see check)
 _CONSTANTS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout,
                         torch.memory_format})
 

@@ -13,6 +13,7 @@ record.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.backend.manager import hook
@@ -25,6 +26,26 @@ if TYPE_CHECKING:
     from torchlens_core.replay.evaluator import Observe
 
 LOADED = "loaded_from_file"  # trace.notes key set by tl.load: replay checks values against their records
+
+
+class PassedChecks:
+    """The calls a backend's check before replaying a loaded op has passed, by signature, so that a model's
+    repeated blocks are checked once; bounded, as a process may load many traces (emptied when full)."""
+
+    def __init__(self, limit: int = 1 << 14) -> None:
+        self.limit = limit
+        self._passed: dict[Any, None] = {}
+
+    def run(self, signature: Any, check: Callable[[], None]) -> None:
+        """``check()`` unless a call of this ``signature`` passed before (None: a call that cannot be keyed,
+        always checked); remembered if it passes (it raises otherwise)."""
+        if signature is not None and signature in self._passed:
+            return
+        check()
+        if signature is not None:
+            if len(self._passed) >= self.limit:
+                self._passed.clear()
+            self._passed[signature] = None
 
 
 def value_shape(backend: str, value: Any) -> Any:
