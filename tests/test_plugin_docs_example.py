@@ -134,8 +134,8 @@ def test_backend_info_and_case_fields_are_the_documented_ones() -> None:
     from torchlens_core.backend import BackendInfo, Case
 
     fields = [f.name for f in attrs.fields(BackendInfo)]
-    assert fields == ["name", "framework", "install", "aliases", "capabilities"]
-    assert "BackendInfo(name, framework, install, aliases, capabilities)" in OVERVIEW
+    assert fields == ["name", "framework", "install", "aliases", "capabilities", "contract"]
+    assert "BackendInfo(name, framework, install, aliases, capabilities, contract)" in OVERVIEW
     with pytest.raises(TypeError):  # the docs once said `extra`
         BackendInfo(name="x", framework="numpy", extra="")  # type: ignore[call-arg]
     for field in attrs.fields(Case):

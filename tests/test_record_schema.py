@@ -134,3 +134,29 @@ def test_other_fields_a_file_cannot_hold_are_refused_at_capture() -> None:
     op = builder.add_op("f", np.add, (Ref(x.index), ParamRef("w")), {}, (x.index,), None, params=("w",),
                         code_context=(CodeLocation("f.py", 3, "g"),), elapsed=0.5, **ok)
     assert op.index == 1
+
+
+def test_a_backend_written_for_contract_1_is_warned_and_its_trace_is_not_saved(monkeypatch: pytest.MonkeyPatch,
+                                                                                tmp_path: pathlib.Path) -> None:
+    """Contract 2 made the schema an error at capture; a plugin that declares no contract (1) still captures,
+    hears a PluginContractWarning, and gets a TraceFileError from tl.save instead of a file tl.load refuses."""
+    from torchlens_core.backend import manager
+    from torchlens_core.capture import builder as builder_module
+
+    real = numpy_capture._info
+
+    def listed(v):
+        shape, dtype = real(v)
+        return (list(shape) if shape and isinstance(shape[0], tuple) else shape), dtype
+
+    monkeypatch.setattr(manager, "contract_of", lambda name: 1)
+    monkeypatch.setattr(builder_module, "_WARNED", set())
+    monkeypatch.setattr(numpy_capture, "_info", listed)
+    x = np.arange(6.0).reshape(2, 3)
+    with pytest.warns(tl.PluginContractWarning, match="shape"):
+        trace = tl.trace(two_outputs, x, backend="numpy")
+    for got, want in zip(trace.output, np.divmod(x, 3.0)):  # the capture itself still works
+        assert np.array_equal(got, want)
+    with pytest.raises(tl.TraceFileError, match="shape"):
+        tl.save(trace, tmp_path / "t")
+    assert not (tmp_path / "t").exists()

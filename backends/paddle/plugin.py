@@ -40,10 +40,10 @@ class PaddleBackend(Backend):
         # "intervene": edited values are handed to the model as ops and layer calls return (depth paused for
         # the helpers); "splice": a layer a splice names gets an instance-level forward for the capture.
         # "gradients": trace.log_backward replays the graph under autograd, hooking each wanted op (grads.py).
-        return BackendInfo(name=self.name, framework=_distribution(), install="pip install 'torchlens[paddle]'",
-                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt", "timing", "branches", "intervene", "splice",
-                                                   "new_inputs", "gradients"}))
+        return BackendInfo(
+            contract=2, name=self.name, framework=_distribution(), install="pip install 'torchlens[paddle]'",
+            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow", "save", "halt",
+                                    "timing", "branches", "intervene", "splice", "new_inputs", "gradients"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         paddle = sys.modules.get("paddle")

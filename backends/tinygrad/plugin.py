@@ -25,10 +25,10 @@ class TinygradBackend(Backend):
         # "intervene": edited values are realized and handed to the model as ops and layer calls return;
         # "splice": the layer's __call__ wrapper runs the replacement on its arguments instead.
         # "gradients": trace.log_backward replays the graph lazily with a zero added at each wanted op (grads.py).
-        return BackendInfo(name=self.name, framework="tinygrad", install="pip install 'torchlens[tinygrad]'",
-                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt", "timing", "branches", "intervene", "splice",
-                                                   "new_inputs", "gradients"}))
+        return BackendInfo(
+            contract=2, name=self.name, framework="tinygrad", install="pip install 'torchlens[tinygrad]'",
+            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow", "save", "halt",
+                                    "timing", "branches", "intervene", "splice", "new_inputs", "gradients"}))
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         tinygrad = sys.modules.get("tinygrad")

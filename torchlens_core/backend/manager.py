@@ -51,6 +51,9 @@ class BackendInfo:
     install: str  # the command that installs this backend and its framework
     aliases: tuple[str, ...] = ()
     capabilities: frozenset[str] = frozenset()
+    # The version of the plugin contract the backend is written for (CONTRACT_VERSION when it was written):
+    # a rule added in a later version warns (PluginContractWarning) until the plugin declares that version.
+    contract: int = 1
 
     @property
     def framework_version(self) -> str | None:
@@ -74,6 +77,18 @@ def _installed_version(distribution: str) -> str | None:
 # Entry points that failed to load, with the reason: one broken plugin must not
 # take the other backends down with it.
 broken_plugins: dict[str, str] = {}
+
+
+# The plugin contract's version: what TorchLens holds a backend to (CHANGELOG.md, "For plugin authors").
+#   1: the hooks, TraceBuilder and the conformance suite as in TorchLens 0.1.
+#   2: TraceBuilder refuses (CaptureError) a record tl.load would refuse; under contract 1 it warns and
+#      tl.save refuses the trace, so that a trace that saves always loads.
+CONTRACT_VERSION = 2
+
+
+def contract_of(name: str) -> int:
+    """The contract version backend ``name`` declares (1 for a name no installed plugin has)."""
+    return next((info.contract for info in backend_infos() if info.name == name), 1)
 
 
 @functools.lru_cache(maxsize=1)

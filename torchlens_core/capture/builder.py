@@ -8,6 +8,7 @@ Everything here is cheap per op; naming happens once at the end.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from torchlens_core.capture.edits import Editor
 from torchlens_core.capture.policy import CaptureOptions, Policy
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import CaptureError
+from torchlens_core.ir.errors import CaptureError, PluginContractWarning
 from torchlens_core.ir.records import (
     GRAD_NOT_SELECTED,
     GRAD_WAITING,
@@ -28,8 +29,10 @@ from torchlens_core.ir.records import (
     refs_in,
     shape_at,
 )
-from torchlens_core.ir.schema import module_problem, op_problem, param_problem
+from torchlens_core.ir.schema import UNSAVEABLE, module_problem, op_problem, param_problem
 from torchlens_core.ir.trace import Trace
+
+_WARNED: set[str] = set()  # backends already warned about a record the schema refuses
 
 
 class TraceBuilder:
@@ -57,15 +60,15 @@ class TraceBuilder:
     def add_module(self, path: str, type_name: str, params: list[str] | None = None) -> None:
         problem = module_problem(path, type_name, params or [], None)
         if problem is not None:
-            raise CaptureError(f"the {self.backend} backend declared module {path!r} with {problem} "
-                               "(TraceBuilder.add_module(path: str, type_name: str, params: list[str]))")
+            self._refuse(f"the {self.backend} backend declared module {path!r} with {problem} "
+                         "(TraceBuilder.add_module(path: str, type_name: str, params: list[str]))")
         self.modules[path] = ModuleRecord(path=path, type_name=type_name, params=params or [])
 
     def add_param(self, record: ParamRecord) -> None:
         problem = param_problem(record)
         if problem is not None:
-            raise CaptureError(f"the {self.backend} backend declared parameter {record.name!r} with a record "
-                               f"tl.save would write and tl.load refuse: {problem}")
+            self._refuse(f"the {self.backend} backend declared parameter {record.name!r} with a record tl.load "
+                         f"would refuse: {problem}")
         self.params[record.name] = record
 
     # -- while the forward runs ------------------------------------------------------
@@ -116,9 +119,24 @@ class TraceBuilder:
         """Refuse a record ``tl.load`` would refuse, now, naming the field and what to pass instead."""
         problem = op_problem(op, self.params)
         if problem is not None:
-            raise CaptureError(
-                f"the {self.backend} backend recorded {op.kind} {op.index} ({op.func_name!r}) with a field tl.save "
-                f"would write and tl.load refuse: {problem}. See TraceBuilder.add_op for what each field takes.")
+            self._refuse(f"the {self.backend} backend recorded {op.kind} {op.index} ({op.func_name!r}) with a field "
+                         f"tl.load would refuse: {problem}. See TraceBuilder.add_op for what each field takes.")
+
+    def _refuse(self, problem: str) -> None:
+        """A record the schema refuses: CaptureError for a backend written for contract 2 or later. One written
+        for contract 1 hears it as a PluginContractWarning (once per backend and process); its record is
+        kept, and tl.save refuses the trace (:data:`UNSAVEABLE`), so that a trace that saves always loads."""
+        from torchlens_core.backend.manager import contract_of  # the plugin layer: asked only on a problem
+
+        if contract_of(self.backend) >= 2:
+            raise CaptureError(problem)
+        self.notes.setdefault(UNSAVEABLE, problem)
+        if self.backend not in _WARNED:
+            _WARNED.add(self.backend)
+            warnings.warn(f"{problem} With contract 1 the record is kept and tl.save refuses the trace; a backend "
+                          f"declaring contract 2 (BackendInfo(contract=2)) gets a CaptureError, as every backend "
+                          f"will in the next release (CHANGELOG.md, 'For plugin authors').",
+                          PluginContractWarning, stacklevel=4)
 
     def to_python(self, op_index: int, path: tuple[Any, ...], how: str, result: Any) -> None:
         """The forward turned op ``op_index``'s value (the leaf at ``path``) into a Python value.

@@ -22,6 +22,12 @@ class CaptureError(TorchLensError, RuntimeError):
     """Capture failed; nothing of it is left installed."""
 
 
+class PluginContractWarning(FutureWarning):
+    """A backend plugin does something the next version of the plugin contract refuses (CHANGELOG.md, "For
+    plugin authors"): it works in this version, and fails once the plugin declares the new one, or in the
+    release after this one."""
+
+
 class TraceFileError(TorchLensError, ValueError):
     """A saved trace cannot be read: missing, truncated, tampered, malformed or of another format version."""
 

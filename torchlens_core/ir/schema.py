@@ -34,6 +34,10 @@ _SCALARS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 SHAPE_FORM = ("None (no array), a tuple of ints for one array (``(2, 3)``), or for several outputs a tuple with "
               "one entry per output, each one of these (``((2, 3), (2,))``)")
 
+# trace.notes key: the first record of the trace that tl.load would refuse (kept from a backend written for
+# plugin contract 1, which TraceBuilder only warns), or absent. tl.save refuses a trace that has it.
+UNSAVEABLE = "unsaveable"
+
 
 def _show(value: Any) -> str:
     text = repr(value)

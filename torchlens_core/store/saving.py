@@ -33,6 +33,7 @@ from torchlens_core.backend.manager import backend_infos, hook
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, TraceFileError
 from torchlens_core.ir.records import EditRecord, ModuleRecord, OpRecord, ParamRecord, ParamRef
+from torchlens_core.ir.schema import UNSAVEABLE
 from torchlens_core.ir.trace import Trace
 from torchlens_core.store.atomic import write_folder
 
@@ -75,6 +76,10 @@ def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pa
         trace = trace.to_trace()
     if not isinstance(trace, Trace):
         raise TypeError(f"tl.save saves a Trace, not {type(trace).__name__}")
+    unsaveable = trace.notes.get(UNSAVEABLE)
+    if unsaveable:
+        raise TraceFileError(f"tl.save refuses this trace, which tl.load would refuse: {unsaveable} The backend "
+                             f"plugin must record such fields as TraceBuilder.add_op says (PluginContractWarning)")
     folder = pathlib.Path(os.fspath(path))
     target = _target(folder)
     from torchlens_core.store.encoding import Encoder

@@ -28,7 +28,7 @@ NAME = "numpy"  # the name users pass as backend= (rename it in capture.py too)
 @hookimpl
 def torchlens_backend_info() -> BackendInfo:
     # NumPy is a dependency of torchlens itself; this plugin is its own distribution.
-    return BackendInfo(name=NAME, framework="numpy", install="pip install torchlens-numpy",
+    return BackendInfo(contract=2, name=NAME, framework="numpy", install="pip install torchlens-numpy",
                        # "intervene" at op sites; no "splice": plain functions have no module calls to replace.
                        # "new_inputs": every conversion of a Tracked array to a Python value is reported.
                        capabilities=frozenset({"functions", "in_place", "random", "control_flow", "save", "halt",
