@@ -29,6 +29,7 @@ from tensorflow.python.eager import context, execute
 from torchlens_core.ir.records import OpRecord
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.evaluator import Observe, RunOp, interpret
+from torchlens_tf import meta_check
 from torchlens_tf.saving import input_count
 
 # Set by torchlens_tf.grads while it replays under its GradientTape: the run_op that records each op on the
@@ -43,6 +44,7 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if expected is not None and len(args) != expected:  # the eager executor crashes on extra inputs
         raise ValueError(f"{call.op_type} takes {expected} inputs with these attributes, not {len(args)}")
     if kind == "op":
+        meta_check.check_loaded(op, args)  # a loaded file's attributes go through TF's shape inference first
         out = execute.quick_execute(call.op_type, call.num_outputs, list(args), call.attrs, context.context())
         return out[0] if len(out) == 1 else tuple(out)
     if kind == "read":
