@@ -23,15 +23,13 @@ import jax
 import numpy as np
 
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import ReplayError
 from torchlens_core.ir.records import OpRecord
-from torchlens_core.replay.checked import LOADED, PassedChecks
+from torchlens_core.replay.checked import PassedChecks, from_file, refused, wrong_shape
 
 
 def check_loaded(op: OpRecord, args: tuple[Any, ...]) -> None:
     """Refuse ``op``'s bind with these arguments when its trace was loaded and abstract evaluation disagrees."""
-    trace = op.trace_ref() if op.trace_ref is not None else None
-    if trace is not None and trace.notes.get(LOADED):
+    if from_file(op):
         check(op, args)
 
 
@@ -92,14 +90,11 @@ def _check(op: OpRecord, args: tuple[Any, ...]) -> None:
     try:
         out = jax.eval_shape(bind, *specs)
     except Exception as exc:  # noqa: BLE001 - JAX's shape rules raise TypeError, ValueError, IndexError...
-        raise ReplayError(f"{op.label} ({op.func_name}) of this loaded trace is refused: its recorded parameters do "
-                          f"not fit its arguments ({type(exc).__name__}: {str(exc)[:300]}). The file was changed "
-                          "after tl.save wrote it") from None
+        raise refused(op, f"its recorded parameters do not fit its arguments "
+                          f"({type(exc).__name__}: {str(exc)[:300]})") from None
     got = _shape(tuple(out) if primitive.multiple_results else out)
     if got is not None and op.shape is not None and got != tuple(op.shape):
-        raise ReplayError(f"{op.label} ({op.func_name}) of this loaded trace is refused: with its recorded parameters "
-                          f"it gives shape {got}, its record says {tuple(op.shape)}. The file was changed after "
-                          "tl.save wrote it")
+        raise wrong_shape(op, got, "parameters")
 
 
 def _shape(value: Any) -> Any:

@@ -28,9 +28,8 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import op_def_registry
 
-from torchlens_core.ir.errors import ReplayError
 from torchlens_core.ir.records import OpRecord
-from torchlens_core.replay.checked import LOADED, PassedChecks
+from torchlens_core.replay.checked import PassedChecks, from_file, refused, wrong_shape
 
 _CONSTANT_LIMIT = 64  # integer arguments up to this many elements go in as constants (shapes, axes, perms)
 _UNCHECKABLE = (tf.resource, tf.variant, tf.string)
@@ -38,8 +37,7 @@ _UNCHECKABLE = (tf.resource, tf.variant, tf.string)
 
 def check_loaded(op: OpRecord, args: tuple[Any, ...]) -> None:
     """Refuse ``op``'s call with these arguments when its trace was loaded and shape inference disagrees."""
-    trace = op.trace_ref() if op.trace_ref is not None else None
-    if trace is not None and trace.notes.get(LOADED):
+    if from_file(op):
         check(op, args)
 
 
@@ -144,14 +142,11 @@ def _check(op: OpRecord, args: tuple[Any, ...]) -> None:
             # the flat inputs: the graph groups them into the definition's list arguments itself, by its attributes
             built = graph._create_op_internal(call.op_type, inputs, attrs=attrs)  # noqa: SLF001
         except Exception as exc:  # noqa: BLE001 - shape functions raise ValueError, InvalidArgumentError...
-            raise ReplayError(f"{op.label} ({op.func_name}) of this loaded trace is refused: its recorded attributes "
-                              f"do not fit its arguments ({type(exc).__name__}: {str(exc)[:300]}). The file was "
-                              "changed after tl.save wrote it") from None
+            raise refused(op, f"its recorded attributes do not fit its arguments "
+                              f"({type(exc).__name__}: {str(exc)[:300]})") from None
     shapes = [o.shape for o in built.outputs]
     if op.shape is None or any(not s.is_fully_defined() for s in shapes):
         return  # the output's shape depends on values: the record check after the call still applies
     got = tuple(shapes[0].as_list()) if len(shapes) == 1 else tuple(tuple(s.as_list()) for s in shapes)
     if got != tuple(op.shape):
-        raise ReplayError(f"{op.label} ({op.func_name}) of this loaded trace is refused: with its recorded "
-                          f"attributes it gives shape {got}, its record says {tuple(op.shape)}. The file was "
-                          "changed after tl.save wrote it")
+        raise wrong_shape(op, got, "attributes")

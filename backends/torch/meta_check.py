@@ -25,9 +25,8 @@ from typing import Any
 import torch
 
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import ReplayError
 from torchlens_core.ir.records import OpRecord
-from torchlens_core.replay.checked import LOADED, PassedChecks
+from torchlens_core.replay.checked import PassedChecks, from_file, refused, wrong_shape
 
 # What torch says when a call cannot be made on meta tensors at all, besides NotImplementedError (no meta
 # kernel): a result that depends on values. The op then runs unchecked; any other error is the arguments' fault.
@@ -39,8 +38,7 @@ _NO_META = ("tensor.item() cannot be called on meta tensors", "cannot repeat_int
 
 def check_loaded(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Refuse ``op``'s call with these arguments when its trace was loaded and the call on meta tensors disagrees."""
-    trace = op.trace_ref() if op.trace_ref is not None else None
-    if trace is not None and trace.notes.get(LOADED):
+    if from_file(op):
         check(op, args, kwargs)
 
 
@@ -111,14 +109,10 @@ def _check(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         text = str(exc)
         if any(phrase in text.lower() for phrase in _NO_META):
             return
-        raise ReplayError(f"{op.label} ({op.func_name}) of this loaded trace is refused: its recorded arguments do "
-                          f"not fit together ({type(exc).__name__}: {text[:300]}). The file was changed after "
-                          "tl.save wrote it; running the call could corrupt memory") from None
+        raise refused(op, f"its recorded arguments do not fit together ({type(exc).__name__}: {text[:300]})") from None
     got = _shape(out)
     if got is not None and op.shape is not None and got != tuple(op.shape):
-        raise ReplayError(f"{op.label} ({op.func_name}) of this loaded trace is refused: with its recorded arguments "
-                          f"it gives shape {got}, its record says {tuple(op.shape)}. The file was changed after "
-                          "tl.save wrote it; running the call could corrupt memory")
+        raise wrong_shape(op, got, "arguments")
 
 
 class _Unchecked(Exception):

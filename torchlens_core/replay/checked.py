@@ -28,6 +28,24 @@ if TYPE_CHECKING:
 LOADED = "loaded_from_file"  # trace.notes key set by tl.load: replay checks values against their records
 
 
+def from_file(op: OpRecord) -> bool:
+    """Whether ``op`` belongs to a trace ``tl.load`` read: the ops a backend checks before replaying them (a live
+    trace's ran with these very arguments in the model's forward)."""
+    trace = op.trace_ref() if op.trace_ref is not None else None
+    return trace is not None and bool(trace.notes.get(LOADED))
+
+
+def refused(op: OpRecord, reason: str) -> ReplayError:
+    """The error for a loaded op a backend's check refuses before running it, ``reason`` saying what disagreed."""
+    return ReplayError(f"{op.label} ({op.func_name}) of this loaded trace is refused: {reason}. The file was changed "
+                       "after tl.save wrote it; the call is not run, as it could fail or corrupt memory")
+
+
+def wrong_shape(op: OpRecord, got: Any, what: str) -> ReplayError:
+    """:func:`refused` for a call whose ``what`` (its recorded arguments, parameters...) give shape ``got``."""
+    return refused(op, f"with its recorded {what} it gives shape {got}, its record says {tuple(op.shape)}")
+
+
 class PassedChecks:
     """The calls a backend's check before replaying a loaded op has passed, by signature, so that a model's
     repeated blocks are checked once; bounded, as a process may load many traces (emptied when full)."""
