@@ -13,7 +13,8 @@ Interleaved in one process, one thread, medians:
   (torch also copies the tensor an in-place op is about to overwrite, as the capture does).
 - ``trace``: ``tl.trace``.
 
-``trace`` minus ``hold`` is TorchLens's own cost; ``hold`` is the floor a capture that keeps every value cannot
+``trace`` minus ``hold`` is TorchLens's own cost; ``us/unit`` divides it by the units a recorder handles (ops
+and module passes), the recorder's own cost per op; ``hold`` is the floor a capture that keeps every value cannot
 go under (on a CPU, mostly the first touch of fresh memory: a plain forward reuses its allocator's blocks). The
 ``faults`` columns are the minor page faults of ``hold`` and ``trace`` (medians): each is a page of fresh memory
 the kernel maps and zeroes. glibc gives freed memory back to the system (large blocks at once, the top of the heap
@@ -108,12 +109,24 @@ def main() -> None:
 
         torch.set_num_threads(1)
         torch.set_grad_enabled(False)
-    print(f"{'model':24s} {'plain ms':>9s} {'bare':>6s} {'hold':>6s} {'trace':>6s} {'faults hold':>12s} "
-          f"{'faults trace':>12s}")
+    print(f"{'model':24s} {'plain ms':>9s} {'bare':>6s} {'hold':>6s} {'trace':>6s} {'trace/hold':>10s} "
+          f"{'units':>6s} {'us/unit':>8s} {'faults hold':>12s} {'faults trace':>12s}")
     for name, build in build_models(options.backend, names).items():
-        plain, ratios, faults = measure(options.backend, *build(), options.repeats)
+        built = build()
+        plain, ratios, faults = measure(options.backend, *built, options.repeats)
+        units = recorded_units(options.backend, *built)
+        own = (ratios["trace"] - ratios["hold"]) * plain / units * 1e6
         print(f"{name:24s} {plain * 1e3:9.1f} " + " ".join(f"{ratios[m]:5.2f}x" for m in ("bare", "hold", "trace"))
+              + f" {ratios['trace'] / ratios['hold']:9.2f}x {units:6d} {own:8.1f}"
               + f" {faults['hold']:12.0f} {faults['trace']:12.0f}", flush=True)
+
+
+def recorded_units(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """What the recorder handles in one capture: its ops and its module passes."""
+    import torchlens as tl
+
+    trace = tl.trace(model, *args, backend=backend, **kwargs)
+    return sum(op.kind == "op" for op in trace.ops) + sum(len(m.passes) for m in trace.modules.values())
 
 
 def measure(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int

@@ -143,6 +143,44 @@ def test_a_plugin_that_misses_a_call_fails_naming_the_op_after_it(tmp_path: path
                      "values", output), output[-4000:]
 
 
+# The numpy plugin with its ArrayOps.mean broken (a sum where a mean is asked for), declaring ``contract``.
+# Patched as conftest.py is imported, before the suite resolves the backend and caches what it declares.
+BROKEN_MEAN = """
+import attrs
+from torchlens_core.backend import manager
+from torchlens_numpy import arrays
+from torchlens_numpy.plugin import NumpyBackend
+
+declared = NumpyBackend.info
+NumpyBackend.info = lambda self: attrs.evolve(declared(self), contract={contract})
+manager._INFOS = None
+arrays.ARRAY_OPS.mean = lambda x, axes: arrays.ARRAY_OPS.sum(x, axes[0])
+"""
+
+
+def _run_broken_mean(tmp_path: pathlib.Path, contract: int) -> tuple[int, str]:
+    work = tmp_path / f"contract{contract}"
+    work.mkdir()
+    site = make_site(work, {"numpy": "torchlens_numpy.plugin"})
+    (work / "conftest.py").write_text(BROKEN_MEAN.format(contract=contract))
+    done = run_pytest(work, site, "--torchlens-backend", "numpy", "-k", "mlp and array_ops_agree_with_numpy", "-rfx")
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_rule_of_contract_3_fails_a_backend_declaring_3_and_warns_one_declaring_2(tmp_path: pathlib.Path) -> None:
+    """A new rule warns for one release before it fails (CHANGELOG.md, "For plugin authors"): the same broken
+    ArrayOps fail the check under contract 3, and under contract 2 make it an xfail with a PluginContractWarning
+    that names the check, what failed and the version to declare."""
+    code, output = _run_broken_mean(tmp_path, 3)
+    assert code == 1 and "FAILED" in output and "mean over (0,) of a float32 array is off NumPy's" in output, \
+        output[-3000:]
+    code, output = _run_broken_mean(tmp_path, 2)
+    assert code == 0, output[-3000:]
+    assert counts(output) == {"xfailed": 1}, output[-3000:]
+    assert "PluginContractWarning" in output and "declares plugin contract 2; test_array_ops_agree_with_numpy is a " \
+           "rule of contract 3" in output and "BackendInfo(contract=3)" in output, output[-3000:]
+
+
 def copy_template(where: pathlib.Path, package: str, backend: str) -> pathlib.Path:
     """The numpy plugin copied as docs/writing-a-backend.md says to start a backend: package and name renamed."""
     target = where / package

@@ -47,3 +47,24 @@ def test_registration_precedence() -> None:
         flops._USER.clear()
     with pytest.raises(TypeError):
         flops.register_flops("made_up_op", "not a function")  # type: ignore[arg-type]
+
+
+def test_a_registration_overrides_the_backends_table_for_its_backend_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the backend files each checked on their own framework: the core's lookup, on the numpy plugin."""
+    pytest.importorskip("torchlens_numpy")
+    import numpy as np
+
+    import torchlens as tl
+
+    monkeypatch.setattr(flops, "_USER", {})  # registrations end with the test
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    table = tl.trace(lambda v: np.tanh(v) @ v.T, x, backend="numpy")
+    assert (table["tanh_1_1"].flops, table["matmul_1_3"].macs) == (12, 3 * 4 * 3)  # the plugin's own table
+    tl.register_flops("tanh", lambda call: (7 * call.out_numel, call.inputs[0].numel), backend="numpy")
+    tl.register_flops("matmul", lambda call: (1, 0), backend="torch")  # another backend's: not used
+    traced = tl.trace(lambda v: np.tanh(v) @ v.T, x, backend="numpy")
+    ops = {op.func_name: op for op in traced.ops}
+    assert (ops["tanh"].flops, ops["tanh"].macs) == (7 * 12, 12)
+    assert (ops["matmul"].flops, ops["matmul"].macs) == (2 * 36, 36)
+    tl.register_flops("tanh", lambda call: None, backend="numpy")  # a formula may decline: unknown
+    assert flops.count(traced, ops["tanh"]) == (None, None)

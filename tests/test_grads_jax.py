@@ -14,7 +14,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core.ir.records import GRAD_NO_DEPENDENCE, GRAD_NOT_DIFFERENTIABLE, GRAD_NOT_SELECTED  # noqa: E402
+from torchlens_core.ir.records import GRAD_NO_DEPENDENCE, GRAD_NOT_DIFFERENTIABLE  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 
@@ -231,27 +231,16 @@ def test_statuses_say_why_an_op_has_no_gradient() -> None:
     assert _ops(trace, "exp")[0].grad_status == GRAD_NO_DEPENDENCE  # only through stop_gradient
     assert _ops(trace, "argmax")[0].grad_status == GRAD_NOT_DIFFERENTIABLE
     _close(trace["input_1"].grad, jnp.cos(x) * jnp.exp(x))
-
-    narrow = tl.trace(two_heads, x, save_grads=tl.func("sin"))
-    narrow.log_backward(lambda out: out[0].sum())
-    _close(_ops(narrow, "sin")[0].grad, jnp.exp(x))
-    assert _ops(narrow, "cos")[0].grad is None and _ops(narrow, "cos")[0].grad_status == GRAD_NOT_SELECTED
-    _close(narrow["input_1"].grad, jnp.cos(x) * jnp.exp(x))  # input nodes are always kept
+    # (ops save_grads= did not select: the conformance suite's, on every backend)
 
 
 def test_gradients_are_refused_where_they_cannot_be_given() -> None:
+    # (save_grads= with halt=, no save_grads=, a loss of several numbers: the conformance suite's, on every backend)
     x = _normal(13, 3, 4)
-    with pytest.raises(tl.UnsupportedError, match="halt"):
-        tl.trace(_mlp, {"w1": _normal(0, 4, 8), "b1": _normal(1, 8), "w2": _normal(2, 8, 3)}, x,
-                 save_grads=True, halt=tl.func("tanh"))
     model = _Net(nnx.Rngs(1))
-    with pytest.raises(tl.UnsupportedError, match="save_grads"):
-        tl.trace(model, x).log_backward(lambda out: out.sum())
     trace = tl.trace(model, x, save_grads=True)
     with pytest.raises(tl.UnsupportedError, match="function of the trace's output"):
         trace.log_backward(trace.output.sum())
-    with pytest.raises(tl.UnsupportedError, match="one number"):
-        trace.log_backward(lambda out: out * 2)
     trace.log_backward(lambda out: out.sum())  # a refused call leaves the trace usable
     assert trace.params["fc1.kernel"].grad is not None
 
@@ -277,23 +266,9 @@ def test_the_user_s_model_is_untouched_by_a_training_mode_backward() -> None:
     _close(trace.params["fc.kernel"].grad, expected["fc"]["kernel"][...])
 
 
-def test_a_loaded_trace_gives_the_same_gradients(tmp_path: Any) -> None:
-    model = _Net(nnx.Rngs(3))
+def test_a_loaded_trace_refuses_a_custom_derivative_it_no_longer_has(tmp_path: Any) -> None:
+    # (a loaded trace's gradients, otherwise those of the live one: the conformance suite's, on every backend)
     x = _normal(15, 3, 4)
-    live = tl.trace(model, x, save_grads=True)
-    live.log_backward(lambda out: (out ** 2).sum())
-    loaded = tl.load(tl.save(live, tmp_path / "t"))
-    # the file keeps what save_grads= picked and the gradients log_backward kept
-    assert [op.grad_status for op in loaded.ops] == [op.grad_status for op in live.ops]
-    loaded.log_backward(lambda out: (out ** 2).sum())
-    compared = 0
-    for op in live.ops:
-        if op.kind in ("input", "op") and op.grad is not None:
-            _close(loaded.ops[op.index].grad, op.grad)
-            compared += 1
-    assert compared > 5
-    _close(loaded.params["fc1.kernel"].grad, live.params["fc1.kernel"].grad)
-
     relu = tl.trace(lambda v: jax.nn.relu(v) * 2.0, x, save_grads=True)
     again = tl.load(tl.save(relu, tmp_path / "relu"))
     with pytest.raises(tl.UnsupportedError, match="relu"):  # its custom_jvp rule is code, not saved

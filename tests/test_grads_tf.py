@@ -405,37 +405,13 @@ def test_gradients_through_an_intervention_are_those_of_the_edited_forward() -> 
     assert _close(traced.params["fc1.kernel"].grad, params["fc1.kernel"])
 
 
-def test_a_loaded_trace_gives_the_same_gradients(tmp_path: Any) -> None:
-    model = _mlp()
-    x = _normal(3, 5, seed=11)
-    live = tl.trace(model, x, save_grads=True)
-    live.log_backward(_square_loss)
-    loaded = tl.load(tl.save(live, tmp_path / "t"))
-    # the file keeps what save_grads= picked and the gradients log_backward kept
-    assert [op.grad_status for op in loaded.ops] == [op.grad_status for op in live.ops]
-    loaded.log_backward(_square_loss)
-    compared = 0
-    for op in live.ops:
-        if op.kind in ("input", "op"):
-            assert _close(loaded.ops[op.index].grad, op.grad, atol=0), op.label
-            compared += 1
-    assert compared == len(live.ops) - 1
-    for name, record in live.params.items():
-        assert _close(loaded.params[name].grad, record.grad, atol=0), name
-
-
 def test_gradients_are_refused_where_they_cannot_be_given() -> None:
     model = _mlp()
     x = _normal(2, 5)
-    with pytest.raises(tl.UnsupportedError, match="halt"):
-        tl.trace(model, x, save_grads=True, halt=tl.module("fc2"))
-    with pytest.raises(tl.UnsupportedError, match="save_grads"):
-        tl.trace(model, x).log_backward(_square_loss)
+    # (save_grads= with halt=, no save_grads=, a loss of several numbers: the conformance suite's, on every backend)
     traced = tl.trace(model, x, save_grads=True)
     with pytest.raises(tl.UnsupportedError, match="function of the trace's output"):
         traced.log_backward(tf.reduce_sum(traced.output))  # an eager tensor: no record of how it was computed
-    with pytest.raises(tl.UnsupportedError, match="one number"):
-        traced.log_backward(lambda out: out * 2.0)
     with pytest.raises(tl.UnsupportedError, match="not a TensorFlow tensor"):
         traced.log_backward(lambda out: np.sum(out.numpy()))
     assert all(op.grad_status == "waiting for trace.log_backward(loss)" for op in traced.ops if op.kind == "op")

@@ -130,24 +130,7 @@ def test_each_pass_of_a_reused_module_and_each_view_has_its_own_gradient() -> No
         assert torch.allclose(view.grad, 2 * mul.grad, atol=1e-6)
 
 
-def test_an_op_the_loss_does_not_depend_on_says_so() -> None:
-    class TwoHeads(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a, self.b = nn.Linear(3, 2), nn.Linear(3, 2)
-
-        def forward(self, x: Any) -> Any:
-            return self.a(x), torch.tanh(self.b(x))
-
-    log = tl.trace(TwoHeads(), torch.randn(4, 3), save_grads=True)
-    log.log_backward(lambda out: out[0].sum())
-    assert log["a"].grad is not None
-    assert log["tanh_1"].grad is None and log["tanh_1"].grad_status == "the loss does not depend on this value"
-    assert "Gradient: none (the loss does not depend" in str(log["tanh_1"])
-    assert log.params["b.weight"].grad is None and log.params["a.weight"].grad is not None
-
-
-def test_a_trace_without_a_graph_is_replayed_under_autograd(tmp_path: Any) -> None:
+def test_a_trace_without_a_graph_is_replayed_under_autograd() -> None:
     torch.manual_seed(3)
     model = torchvision.models.resnet18(weights=None).eval()
     x = torch.randn(1, 3, 48, 48)
@@ -156,24 +139,17 @@ def test_a_trace_without_a_graph_is_replayed_under_autograd(tmp_path: Any) -> No
     with torch.no_grad():  # no graph at all: the backward must come from a replay
         plain = tl.trace(model, x, save_grads=True)
     plain.log_backward(lambda out: (out * out).sum())
-    loaded = tl.load(tl.save(live, tmp_path / "t"))
-    # the file keeps what save_grads= picked and the gradients log_backward kept
-    assert [op.grad_status for op in loaded.ops] == [op.grad_status for op in live.ops]
-    loaded.log_backward(lambda out: (out * out).sum())
-    for other in (plain, loaded):
-        for op in live.ops:
-            if op.kind in ("input", "op") and op.grad is not None and op.dtype == "float32":
-                assert torch.allclose(other.ops[op.index].grad, op.grad, atol=1e-4, rtol=1e-4), op.label
-        assert torch.allclose(other.params["fc.weight"].grad, live.params["fc.weight"].grad, atol=1e-4)
+    # (a loaded trace, replayed likewise: the conformance suite's test_a_loaded_trace_gives_the_same_gradients)
+    for op in live.ops:
+        if op.kind in ("input", "op") and op.grad is not None and op.dtype == "float32":
+            assert torch.allclose(plain.ops[op.index].grad, op.grad, atol=1e-4, rtol=1e-4), op.label
+    assert torch.allclose(plain.params["fc.weight"].grad, live.params["fc.weight"].grad, atol=1e-4)
 
 
 def test_gradients_are_refused_where_they_cannot_be_given() -> None:
     model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     x = torch.randn(2, 3)
-    with pytest.raises(tl.UnsupportedError, match="halt"):
-        tl.trace(model, x, save_grads=True, halt=tl.module("0"))
-    with pytest.raises(tl.UnsupportedError, match="save_grads"):
-        tl.trace(model, x).log_backward(lambda out: out.sum())
+    # (save_grads= with halt=, log_backward without save_grads=: the conformance suite's, on every backend)
     with pytest.raises(TypeError, match="save_grads"):
         tl.trace(model, x, save_grads="relu")
     with pytest.raises(TypeError, match="given twice"):

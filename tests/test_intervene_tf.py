@@ -7,6 +7,13 @@ place of another), and are run without TorchLens. Edited values are checked
 against those runs only; a plain trace serves to name sites and to show that
 values recorded before an edit are untouched, and audit() replays each trace
 with its edits.
+
+What every backend with the ``intervene`` capability must do (each built-in
+helper at an op and at a module call, splices, refused and failing edits, the
+array operations, gradients through an edit) is checked on each backend's zoo
+by the conformance suite (torchlens/conformance/edit_checks.py); these are
+TensorFlow's own: Keras layers, variables, tf.function control flow, masks,
+TF's two execution paths.
 """
 
 from __future__ import annotations
@@ -121,50 +128,22 @@ def _close(a: Any, b: Any) -> None:
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
-def _unit(d: Any, ndim: int) -> Any:
-    return tf.constant((d / np.linalg.norm(d)).reshape([1] * (ndim - 1) + [-1]), tf.float32)
-
-
 VECTOR = np.linspace(-1, 1, WIDTH)
-DIRECTION = np.linspace(0.5, 2.0, WIDTH)
 
 
 def _hand_made(name: str, reference: Any, site_value: Callable[[Any], Any]) -> tuple[Any, Callable[[Any], Any]]:
     """(helper, the same edit written by hand in TensorFlow); ``site_value(v)`` is the reference's value there."""
-    if name == "zero_ablate":
-        return tl.zero_ablate(), tf.zeros_like
-    if name == "mean_ablate":
-        return tl.mean_ablate(), lambda v: tf.broadcast_to(tf.reduce_mean(v, axis=0, keepdims=True), v.shape)
-    if name == "mean_ablate_reference":
-        return tl.mean_ablate(reference, dims=(0, 2)), \
-            lambda v: tf.broadcast_to(tf.reduce_mean(site_value(v), axis=(0, 2), keepdims=True), v.shape)
-    if name == "resample_ablate":
-        rows = np.random.default_rng(5).permutation(2)[:2]
-        return tl.resample_ablate(reference, seed=5), lambda v: tf.gather(site_value(v), rows)
-    if name == "steer":
+    if name == "steer":  # a TensorFlow tensor as the vector
         return tl.steer(tf.constant(VECTOR, tf.float32), scale=2.5), lambda v: v + 2.5 * VECTOR.astype(np.float32)
-    if name == "steer_numpy":
-        return tl.steer(VECTOR, scale=-1.0), lambda v: v - VECTOR.astype(np.float32)
-    if name == "scale":
-        return tl.scale(0.5), lambda v: v * 0.5
-    if name == "clamp":
-        return tl.clamp(min=0.1, max=0.4), lambda v: tf.clip_by_value(v, 0.1, 0.4)
-    if name == "noise":
-        return tl.noise(0.3, seed=7), \
-            lambda v: v + (np.random.default_rng(7).standard_normal(tuple(v.shape)) * 0.3).astype(np.float32)
-    if name == "project_onto":
-        return tl.project_onto(DIRECTION), \
-            lambda v: tf.reduce_sum(v * _unit(DIRECTION, v.ndim), -1, keepdims=True) * _unit(DIRECTION, v.ndim)
-    if name == "project_off":
-        return tl.project_off(tf.constant(DIRECTION)), \
-            lambda v: v - tf.reduce_sum(v * _unit(DIRECTION, v.ndim), -1, keepdims=True) * _unit(DIRECTION, v.ndim)
-    if name == "swap_with":
+    if name == "swap_with":  # another trace's value at the same site
         return tl.swap_with(reference), site_value
     raise AssertionError(name)
 
 
-HELPERS = ["zero_ablate", "mean_ablate", "mean_ablate_reference", "resample_ablate", "steer", "steer_numpy", "scale",
-           "clamp", "noise", "project_onto", "project_off", "swap_with"]
+# Every built-in helper's arithmetic, at an op and at a module call of each zoo case, is the conformance suite's
+# (torchlens/conformance/edit_checks.py, against NumPy); these two are checked here against the edit written into
+# the model.
+HELPERS = ["steer", "swap_with"]
 RELUS_IN_BLOCK1 = tl.func("relu") & tl.in_module("block1")
 
 
@@ -439,30 +418,6 @@ def test_a_layers_keras_mask_is_kept_on_its_edited_output() -> None:
     assert traced.audit()
 
 
-# -- splices ----------------------------------------------------------------------------------
-def test_splice_module_runs_the_replacement_instead_of_the_layer(net: Net, inputs: Any) -> None:
-    x, _ = inputs
-    keras.utils.set_random_seed(4)
-    replacement = keras.Sequential([keras.layers.Conv2D(WIDTH, 3, padding="same", name="rep_conv"),
-                                    keras.layers.ReLU(name="rep_relu")], name="replacement")
-    replacement.build((None, 8, 8, WIDTH))
-    call_before = keras.layers.Layer.__dict__["__call__"]
-    traced = tl.trace(net, x, intervene=tl.when(tl.module("block2"), tl.splice_module(replacement)))
-    expected = _by_hand(net, x, splices={"block2": replacement})
-    _close(traced.output, expected)
-    assert keras.layers.Layer.__dict__["__call__"] is call_before
-    inside = [op.func_name for op in traced.ops if op.module_passes and op.module_passes[0][0] == "block2"]
-    alone = [op.func_name for op in tl.trace(replacement, tf.zeros((2, 8, 8, WIDTH))).ops if op.kind == "op"]
-    assert inside == alone and "conv2d" in inside and inside[-1] == "relu"
-    assert not traced.modules["block2.conv1"].passes  # the block's own layers never ran
-    assert traced.audit()
-
-    doubled = tl.trace(net, x, intervene=tl.when(tl.module("block1"), tl.splice_module(lambda h: h * 2.0)))
-    _close(doubled.output, _by_hand(net, x, splices={"block1": lambda h: h * 2.0}))
-    assert [op.func_name for op in doubled.ops if op.module == "block1"] == ["mul"]
-    assert doubled.audit()
-
-
 # -- save=, halt= and gradients --------------------------------------------------------------
 def test_save_and_halt_keep_working_with_edits(net: Net, inputs: Any) -> None:
     x, _ = inputs
@@ -604,23 +559,12 @@ def test_an_edited_module_output_read_again_where_the_model_kept_it_is_refused()
     np.testing.assert_allclose(traced.output.numpy(), -6.0 * y + 1.0, rtol=1e-6)
 
 
-def test_an_edit_that_changes_the_shape_or_dtype_is_refused_naming_the_site(net: Net, inputs: Any) -> None:
+def test_an_edit_returning_a_numpy_array_is_refused_naming_the_site(net: Net, inputs: Any) -> None:
+    # (another shape or dtype, refused naming the site: the conformance suite's, on every backend)
     x, _ = inputs
     relu = tl.trace(net, x).find(RELUS_IN_BLOCK1)[0].label
-    with pytest.raises(tl.InterventionError, match=rf"{relu}:1.*\[2, 8, 8, 16\].*\[2, 8, 8, 1\]"):
-        tl.trace(net, x, intervene=tl.when(tl.label(relu), lambda v, site: v[..., :1]))
-    with pytest.raises(tl.InterventionError, match=r"block1:1.*float32.*float64"):
-        tl.trace(net, x, intervene=tl.when(tl.module("block1"), lambda v, site: tf.cast(v, tf.float64)))
     with pytest.raises(tl.InterventionError, match="not a TensorFlow tensor"):
         tl.trace(net, x, intervene=tl.when(tl.label(relu), lambda v, site: v.numpy()))
-
-
-def test_selectors_that_pick_nothing_are_refused(net: Net, inputs: Any) -> None:
-    x, _ = inputs
-    with pytest.raises(tl.LabelNotFoundError, match=r"tl.func\('rellu'\) picked no site.*'relu"):
-        tl.trace(net, x, intervene=tl.when(tl.func("rellu"), tl.zero_ablate()))
-    with pytest.raises(tl.LabelNotFoundError, match=r"tl.module\('block3'\) picked no site"):
-        tl.trace(net, x, intervene=tl.when(tl.module("block3"), tl.zero_ablate()))
 
 
 def _interception_state() -> tuple[Any, ...]:
@@ -709,8 +653,8 @@ def test_array_operations_agree_with_the_numpy_reference() -> None:
 
     reference = NumpyArrayOps()
     rng = np.random.default_rng(0)
-    arrays = [rng.standard_normal((3, 4, 5)).astype(np.float32), rng.integers(-9, 9, (3, 4, 5)).astype(np.int32),
-              rng.integers(0, 255, (3, 4, 5)).astype(np.uint8), rng.standard_normal((3, 4, 5)) > 0.3]
+    # the zoo's float and integer arrays: the conformance suite's; here the dtypes its models do not make
+    arrays = [rng.integers(0, 255, (3, 4, 5)).astype(np.uint8), rng.standard_normal((3, 4, 5)) > 0.3]
     for a in arrays:
         t = tf.constant(a)
         cases: list[tuple[str, Callable[[Any, Any], Any]]] = [

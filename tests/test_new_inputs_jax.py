@@ -9,7 +9,6 @@ model (or function) on the new inputs, or a closed form of the edited forward.
 
 from __future__ import annotations
 
-import pathlib
 from typing import Any
 
 import numpy as np
@@ -263,15 +262,6 @@ def test_an_input_or_parameter_that_decides_directly() -> None:
         trace.replay({"consts": {"go": jnp.array(False)}}, x)
 
 
-def test_a_saved_trace_keeps_its_decisions(tmp_path: pathlib.Path) -> None:
-    trace = tl.trace(branchy, positive(29))
-    tl.save(trace, tmp_path / "branchy")
-    loaded = tl.load(tmp_path / "branchy")
-    replays_like(loaded, branchy, positive(30))
-    with pytest.raises(tl.GraphDoesNotHold, match=decider_of(trace, "sin")):
-        loaded.replay(-positive(30))
-
-
 # -- edits -------------------------------------------------------------------------------------------
 def test_fork_edit_that_flips_a_cond() -> None:
     x = positive(31)
@@ -336,14 +326,11 @@ def test_an_edited_identity_op_is_what_the_model_reads() -> None:
 
 
 # -- bad inputs --------------------------------------------------------------------------------------
-def test_new_inputs_of_another_shape_dtype_or_count_are_refused() -> None:
+def test_new_inputs_of_another_kind_or_parameters_of_another_shape_are_refused() -> None:
+    # (JAX arrays of another shape or dtype, one argument too many: the conformance suite's replay checks)
     trace = tl.trace(branchy, positive(37))
-    for bad, why in [((jnp.ones((5, 3)),), "shape \\[5, 3\\]"), ((jnp.ones((4, 3), jnp.int32),), "int32"),
-                     ((np.ones((4, 3), np.float64),), "float64"), (("x",), "not an array")]:
-        with pytest.raises(ArgumentTypeError, match=why):
-            trace.replay(*bad)
-    with pytest.raises(ArgumentTypeError, match="1 positional"):
-        trace.replay(positive(37), positive(38))
+    with pytest.raises(ArgumentTypeError, match="float64"):
+        trace.replay(np.ones((4, 3), np.float64))
     with pytest.raises(ArgumentTypeError, match="keyword"):
         trace.replay(positive(37), extra=positive(38))
 

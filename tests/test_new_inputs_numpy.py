@@ -19,8 +19,7 @@ pytest.importorskip("torchlens_numpy")
 import numpy as np  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core.ir.errors import ArgumentTypeError, TorchLensError, UnsupportedError  # noqa: E402
-from torchlens_core.replay.evaluator import replay_values  # noqa: E402
+from torchlens_core.ir.errors import UnsupportedError  # noqa: E402
 from torchlens_numpy import zoo  # noqa: E402
 
 X = np.array([[0.5, 1.5, 2.3, 0.25], [1.0, 0.75, 2.0, 0.125], [0.5, 0.5, 1.25, 1.75]])
@@ -215,43 +214,6 @@ def test_without_the_checks_the_changed_inputs_would_have_replayed_wrong() -> No
 
 
 # -- real functions: the zoo ------------------------------------------------------------------------------
-def _nudged(value, rng):
-    if isinstance(value, np.ndarray) and value.dtype.kind == "f":
-        return (value * (1 + 0.01 * rng.standard_normal(value.shape))).astype(value.dtype)
-    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
-        return rng.permutation(value)  # row indices stay valid
-    return value
-
-
-@pytest.mark.parametrize("case", zoo.cases(), ids=lambda c: c.name)
-def test_zoo_functions_replay_on_new_inputs_as_they_run_on_them(case) -> None:
-    fn, args, kwargs = case.build()
-    rng = np.random.default_rng(11)
-    new = tuple(_nudged(a, rng) for a in args)
-    if case.reset:
-        case.reset()
-    t = trace(fn, *args, **kwargs)
-    if case.reset:
-        case.reset()
-    own = fn(*new, **kwargs)
-    replayed = t.replay(*new, **kwargs)
-    for got, want in zip(_leaves(replayed), _leaves(own), strict=True):
-        assert np.allclose(got, want, rtol=1e-6, atol=1e-7)
-    if case.reset:
-        case.reset()
-    values = replay_values(t, new_inputs=(new, kwargs))
-    moved = [op.label for op in t.ops if op.kind == "op" and not np.array_equal(values[op.index], op.out)]
-    assert moved, "no op's value changed with the inputs: replay might have ignored them"
-
-
-def _leaves(value):
-    if isinstance(value, dict):
-        return [np.asarray(value[k]) for k in sorted(value)]
-    if isinstance(value, (tuple, list)):
-        return [np.asarray(v) for v in value]
-    return [np.asarray(value)]
-
-
 def _settling_steps(x, w):
     """How many steps zoo.rnn_until_settled runs, counted by hand."""
     h = x
@@ -409,34 +371,6 @@ def test_replay_leaves_the_new_inputs_as_they_were() -> None:
     kept = new.copy()
     assert close(t.replay(new), writes_its_input(kept.copy()))
     assert np.array_equal(new, kept)
-
-
-def test_a_loaded_trace_keeps_its_checks(tmp_path) -> None:
-    t = trace(by_allclose, X)
-    loaded = tl.load(tl.save(t, tmp_path / "trace"))
-    assert close(loaded.replay(X + 1), by_allclose(X + 1))  # a loaded trace takes its arrays in order
-    with pytest.raises(tl.GraphDoesNotHold, match="allclose"):
-        loaded.replay(X * 0)
-
-
-@pytest.mark.parametrize(("new", "why"), [
-    (np.ones((3, 5)), "shape"),
-    (X.astype(np.float32), "float32"),
-    ([[1.0] * 4] * 3, "not an array"),
-])
-def test_new_inputs_of_another_shape_or_dtype_are_refused(new, why) -> None:
-    t = trace(by_bool, X)
-    with pytest.raises(ArgumentTypeError, match=why) as caught:
-        t.replay(new)
-    assert isinstance(caught.value, TorchLensError)
-
-
-def test_the_wrong_number_of_inputs_is_refused(tmp_path) -> None:
-    t = trace(lambda a, b: a + b, X, X * 2)
-    with pytest.raises(ArgumentTypeError, match="2 positional"):
-        t.replay(X)
-    with pytest.raises(ArgumentTypeError, match="one array per input node"):
-        tl.load(tl.save(t, tmp_path / "trace")).replay(X)
 
 
 def test_a_conversion_too_large_to_keep_refuses_replay_on_new_inputs() -> None:

@@ -21,9 +21,7 @@ import paddle.nn.functional as F  # noqa: E402
 from paddle import nn  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core.ir import tree  # noqa: E402
 from torchlens_core.ir.errors import ArgumentTypeError, TorchLensError, UnsupportedError  # noqa: E402
-from torchlens_core.replay.evaluator import replay_values  # noqa: E402
 from torchlens_paddle import intercept, zoo  # noqa: E402
 
 X_NP = np.array([[0.5, 1.5, 2.3, 0.25], [1.0, 0.75, 2.0, 0.125], [0.5, 0.5, 1.25, 1.75]], dtype=np.float32)
@@ -260,37 +258,6 @@ def test_a_value_too_large_to_keep_refuses_new_inputs() -> None:
 
 
 # -- real models -----------------------------------------------------------------------------------------
-def nudged(value: Any, rng: np.random.Generator) -> Any:
-    if isinstance(value, paddle.Tensor) and value.dtype == paddle.float32:
-        a = np_(value)
-        return P(a + 0.05 * (float(a.std()) or 1.0) * rng.standard_normal(a.shape))
-    return value
-
-
-@pytest.mark.parametrize("name", ["resnet18", "lstm_classifier", "transformer_encoder_layer", "branch_positive",
-                                  "branch_negative", "keyword_inputs", "tuple_input_output"])
-def test_zoo_models_replay_on_new_inputs_as_they_run_on_them(name: str) -> None:
-    (case,) = [c for c in zoo.cases() if c.name == name]
-    model, args, kwargs = case.build()
-    rng = np.random.default_rng(7)
-    new_args = tuple(nudged(a, rng) if not isinstance(a, tuple) else tuple(nudged(v, rng) for v in a)
-                     for a in args)
-    new_kwargs = {k: nudged(v, rng) for k, v in kwargs.items()}
-    t = tl.trace(model, *args, **kwargs)
-    own = model(*new_args, **new_kwargs)
-    replayed = t.replay(*new_args, **new_kwargs)
-    for got, want in zip(_leaves(replayed), _leaves(own), strict=True):
-        assert close(got, want, tol=1e-4)
-    values = replay_values(t, new_inputs=(new_args, new_kwargs))
-    moved = [op.label for op in t.ops if op.kind == "op" and op.saved and isinstance(op.out, paddle.Tensor)
-             and not close(values[op.index], op.out, 0)]
-    assert moved, "no op's value changed with the inputs: replay might have ignored them"
-
-
-def _leaves(value: Any) -> list[np.ndarray]:
-    return [np_(v) for _, v in tree.leaves(value, lambda v: isinstance(v, paddle.Tensor))]
-
-
 def test_the_zoo_branch_reports_its_test_and_refuses_the_other_sign() -> None:
     (case,) = [c for c in zoo.cases() if c.name == "branch_positive"]
     model, (x,), _ = case.build()
@@ -436,20 +403,6 @@ def test_a_failing_conversion_leaves_nothing_patched() -> None:
 
 
 # -- how new inputs are matched, and what is refused -------------------------------------------------------
-def test_new_inputs_of_another_shape_dtype_or_count_raise_typed_errors(gate: Gate) -> None:
-    x = P(X_NP[:2])
-    t = tl.trace(gate, x)
-    with pytest.raises(ArgumentTypeError, match=r"shape \[3, 4\]"):
-        t.replay(P(X_NP))
-    with pytest.raises(ArgumentTypeError, match="float64"):
-        t.replay(x.astype("float64"))
-    with pytest.raises(ArgumentTypeError, match="not an array"):
-        t.replay(X_NP[:2])
-    with pytest.raises(ArgumentTypeError, match="positional"):
-        t.replay(x, x)
-    assert issubclass(ArgumentTypeError, TorchLensError)
-
-
 def test_keyword_inputs_are_matched_where_the_model_took_them() -> None:
     (case,) = [c for c in zoo.cases() if c.name == "keyword_inputs"]
     model, (x,), kwargs = case.build()
@@ -469,11 +422,3 @@ def test_replay_leaves_the_new_inputs_as_they_were() -> None:
     new = P(X_NP + 5)
     assert close(t.replay(new), (X_NP + 6) * 2)
     assert close(new, X_NP + 5)
-
-
-def test_a_loaded_trace_keeps_its_checks(tmp_path: Any) -> None:
-    t = tl.trace(by_int, P(X_NP))
-    loaded = tl.load(tl.save(t, tmp_path / "trace"))
-    same = with_at(X_NP, (0, 0), 0.1)
-    assert close(loaded.replay(P(same)), by_int(P(same)))
-    raises_naming(loaded, "max", P(X_NP + 1))

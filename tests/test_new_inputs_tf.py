@@ -25,8 +25,6 @@ import numpy as np  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 from torchlens_core.ir.errors import ArgumentTypeError, TorchLensError, UnsupportedError  # noqa: E402
-from torchlens_core.replay.evaluator import replay_values  # noqa: E402
-from torchlens_tf import zoo  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras runs on another backend")
 
@@ -297,18 +295,6 @@ def test_a_branch_tf_code_took_is_checked_though_the_branch_tracker_skips_it() -
         fork.replay()
 
 
-def test_zoo_models_replay_on_new_inputs_as_they_run_on_them() -> None:
-    cases = {case.name: case for case in zoo.cases()}
-    for name in ("sequential_cnn", "subclassed_loop", "lstm", "multi_head_attention", "tf_function"):
-        model, args, kwargs = cases[name].build()
-        t = tl.trace(model, *args, **kwargs)
-        new = tf.nest.map_structure(lambda a: a * 1.01 if a.dtype.is_floating else a, args)
-        own = model(*new, **kwargs)
-        assert close(t.replay(*new, **kwargs), own), name
-        values = replay_values(t, new_inputs=(new, kwargs))
-        assert any(op.kind == "op" and not np.array_equal(values[op.index], op.out) for op in t.ops), name
-
-
 def test_a_keras_model_without_control_flow_takes_keywords_and_checks_them() -> None:
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu"),
@@ -429,9 +415,8 @@ def test_nothing_stays_replaced_after_a_capture_or_an_error_in_the_model(error) 
 
 
 # -- inputs that do not fit the recorded graph -------------------------------------------------------
+# (another shape, dtype or count of TensorFlow tensors: the conformance suite's replay checks, on every backend)
 @pytest.mark.parametrize(("new", "why"), [
-    (tf.ones((3, 4)), "shape"),
-    (tf.ones((2, 4), dtype=tf.float64), "float64"),
     (np.ones((2, 4), dtype=np.float64), "float64"),
     ([[1.0] * 4] * 2, "not an array"),
 ])
@@ -440,11 +425,3 @@ def test_new_inputs_of_another_shape_or_dtype_are_refused(new, why) -> None:
     with pytest.raises(ArgumentTypeError, match=why) as caught:
         t.replay(new)
     assert isinstance(caught.value, TorchLensError)
-
-
-def test_the_wrong_number_of_inputs_is_refused(tmp_path) -> None:
-    t = tl.trace(lambda a, b: a + b, X, X * 2.0)
-    with pytest.raises(ArgumentTypeError, match="2 positional"):
-        t.replay(X)
-    with pytest.raises(ArgumentTypeError, match="one array per input node"):
-        tl.load(tl.save(t, tmp_path / "trace")).replay(X)

@@ -23,9 +23,7 @@ pytest.importorskip("tinygrad")
 from tinygrad import Tensor, nn  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core.ir import tree  # noqa: E402
-from torchlens_core.ir.errors import ArgumentTypeError, TorchLensError, UnsupportedError  # noqa: E402
-from torchlens_core.replay.evaluator import replay_values  # noqa: E402
+from torchlens_core.ir.errors import ArgumentTypeError, UnsupportedError  # noqa: E402
 from torchlens_tinygrad import capture, zoo  # noqa: E402
 
 X_NP = np.array([[0.5, 1.5, 2.3, 0.25], [1.0, 0.75, 2.0, 0.125], [0.5, 0.5, 1.25, 1.75]], dtype=np.float32)
@@ -218,29 +216,6 @@ def test_a_value_too_large_to_keep_refuses_new_inputs() -> None:
 
 
 # -- real models -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["mlp", "cnn_batchnorm", "residual_block", "lstm_cell_ops", "transformer_block",
-                                  "layer_reuse_loop", "branch_positive", "branch_negative", "multi_output",
-                                  "functional_mlp"])
-def test_zoo_models_replay_on_new_inputs_as_they_run_on_them(name: str) -> None:
-    (case,) = [c for c in zoo.cases() if c.name == name]
-    model, args, _ = case.build()
-    rng = np.random.default_rng(7)
-    new = tuple(T(np_(a) + 0.05 * (float(np_(a).std()) or 1.0) * rng.standard_normal(a.shape)) for a in args)
-    t = tl.trace(model, *args)
-    own = model(*new)
-    replayed = t.replay(*new)
-    for got, want in zip(_leaves(replayed), _leaves(own), strict=True):
-        assert close(got, want, tol=1e-4)
-    values = replay_values(t, new_inputs=(new, {}))
-    moved = [op.label for op in t.ops if op.kind == "op" and op.saved and isinstance(op.out, Tensor)
-             and not close(values[op.index], op.out, 0)]
-    assert moved, "no op's value changed with the inputs: replay might have ignored them"
-
-
-def _leaves(value: Any) -> list[np.ndarray]:
-    return [np_(v) for _, v in tree.leaves(value, lambda v: isinstance(v, Tensor))]
-
-
 def test_the_zoo_branch_reports_its_test_and_refuses_the_other_sign() -> None:
     (case,) = [c for c in zoo.cases() if c.name == "branch_positive"]
     model, (x, w), _ = case.build()
@@ -380,18 +355,11 @@ def test_a_failing_conversion_leaves_nothing_patched() -> None:
 
 
 # -- how new inputs are matched, and what is refused -------------------------------------------------------
-def test_new_inputs_of_another_shape_dtype_or_count_raise_typed_errors() -> None:
-    gate, x = Gate(), T(X_NP[:2])
-    t = tl.trace(gate, x)
-    with pytest.raises(ArgumentTypeError, match=r"shape \[3, 4\]"):
-        t.replay(T(X_NP))
-    with pytest.raises(ArgumentTypeError, match="int"):
-        t.replay(Tensor(np.ones((2, 4), dtype=np.int32)).realize())
+def test_a_numpy_array_is_not_a_new_input() -> None:
+    # (another shape, dtype or count: the conformance suite's replay checks, on every backend)
+    t = tl.trace(Gate(), T(X_NP[:2]))
     with pytest.raises(ArgumentTypeError, match="not an array"):
         t.replay(X_NP[:2])
-    with pytest.raises(ArgumentTypeError, match="positional"):
-        t.replay(x, x)
-    assert issubclass(ArgumentTypeError, TorchLensError)
 
 
 def test_replay_leaves_the_new_inputs_as_they_were() -> None:
@@ -403,11 +371,3 @@ def test_replay_leaves_the_new_inputs_as_they_were() -> None:
     new = T(X_NP + 5)
     assert close(t.replay(new), (X_NP + 6) * 2)
     assert close(new, X_NP + 5)
-
-
-def test_a_loaded_trace_keeps_its_checks(tmp_path: Any) -> None:
-    t = tl.trace(by_int, T(X_NP))
-    loaded = tl.load(tl.save(t, tmp_path / "trace"))
-    same = with_at(X_NP, (0, 0), 0.1)
-    assert close(loaded.replay(T(same)), by_int(T(same)))
-    raises_naming(loaded, "max", T(X_NP + 1))

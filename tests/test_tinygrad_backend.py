@@ -524,3 +524,21 @@ def test_stack_batches_samples() -> None:
     samples = [_randn(2, 3) for _ in range(4)]
     batch = backend.stack(samples)
     assert batch.shape == (4, 2, 3) and np.array_equal(_np(batch)[2], _np(samples[2]))
+
+
+def test_a_write_whose_target_is_passed_by_keyword_keeps_the_value_it_overwrote():
+    """`Tensor.assign(self=buf, x=...)`: the written tensor arrives by keyword; the value recorded before the
+    write stays what it was (closed form: 2x), and the trace replays to the plain function's output."""
+    def f(x):
+        buf = (x * 2).contiguous()
+        Tensor.assign(self=buf, x=x + 1)
+        return buf * 3
+
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    trace = tl.trace(f, Tensor(data), backend="tinygrad")
+    written = [op for op in trace.ops if op.func_name == "assign"]
+    assert len(written) == 1 and written[0].in_place
+    before = next(op for op in trace.ops if op.func_name == "contiguous")
+    np.testing.assert_array_equal(before.out.numpy(), data * 2)
+    np.testing.assert_array_equal(trace.replay(Tensor(data)).numpy(), f(Tensor(data)).numpy())
+    assert trace.audit()

@@ -473,9 +473,7 @@ def _amp_guard_sites() -> list[Site]:
         with orig(*args, **kwargs):
             rec = state.recorder
             if rec is not None and rec.thread == _get_ident() and not rec.depth and amp_casting():
-                exc = amp_refusal("inside the traced forward")
-                rec.failure = rec.failure or exc  # _capture raises it, also if the model caught it
-                raise exc
+                raise rec.remember(amp_refusal("inside the traced forward"))  # _capture raises it, also if caught
             yield
 
     amp_guard._torchlens_wrapper = True  # type: ignore[attr-defined]

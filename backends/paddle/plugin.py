@@ -41,7 +41,7 @@ class PaddleBackend(Backend):
         # the helpers); "splice": a layer a splice names gets an instance-level forward for the capture.
         # "gradients": trace.log_backward replays the graph under autograd, hooking each wanted op (grads.py).
         return BackendInfo(
-            contract=2, name=self.name, framework=_distribution(), install="pip install 'torchlens[paddle]'",
+            contract=3, name=self.name, framework=_distribution(), install="pip install 'torchlens[paddle]'",
             capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow", "save", "halt",
                                     "timing", "branches", "intervene", "splice", "new_inputs", "gradients"}))
 

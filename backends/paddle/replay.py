@@ -28,6 +28,7 @@ from torchlens_core.ir import tree
 from torchlens_core.ir.records import OpRecord, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.evaluator import Observe, interpret
+from torchlens_paddle import meta_check
 from torchlens_paddle.arrays import attached_copy, snapshot
 from torchlens_paddle.capture import drop_scratch
 
@@ -48,6 +49,7 @@ def _copy_tensors(value: Any) -> Any:
 def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if "undefined" in op.meta:  # paddle.empty: its value is whatever memory it got, as recorded
         return _copy_tensors(op.meta["undefined"])
+    meta_check.check_loaded(op, args, kwargs)  # a loaded file's call goes through Paddle's static InferMeta first
     writes = op.meta.get("writes", ())
     if writes:
         args, kwargs = list(args), dict(kwargs)

@@ -167,8 +167,9 @@ def _counted(fn: Any, needed: tuple[tuple[str, Any], ...]) -> Any:
 _NO_DEFAULT = object()
 
 
+@functools.cache  # read once per process: the stub is parsed whole (about 0.1 s), and every loaded op asks
 def arities() -> dict[str, tuple[tuple[str, Any], ...]]:
-    """C op name -> the arguments its binding reads, in order, with their stub defaults.
+    """C op name -> the arguments its binding reads, in order, with their stub defaults (do not modify it).
 
     Read with ``ast``, never run: a default is kept only where it is a literal
     (``False``, ``[1, 1]``, ``"NCHW"``), else ``_NO_DEFAULT``. Every argument

@@ -70,20 +70,20 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context, execute
 from tensorflow.python.framework import op_def_registry
+from tensorflow.python.framework.ops import _EagerTensorBase
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from torchlens_core.capture.branches import BranchTracker
 from torchlens_core.capture.builder import TraceBuilder
-from torchlens_core.capture.edits import PassThroughs
 from torchlens_core.capture.policy import CaptureOptions, HaltCapture
+from torchlens_core.capture.recorder import Recorder as BaseRecorder
 from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.capture.threads import SharedPatch, shared_patch
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import CaptureError, UnsupportedError
-from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
+from torchlens_core.ir.errors import CaptureError, InterventionError, UnsupportedError
+from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_tf.arrays import device_name
-from torchlens_tf.conversions import ValueReads
 from torchlens_tf.conversions import patches as value_read_patches
 from torchlens_tf.custom_grads import noting_custom_gradients
 from torchlens_tf.edits import Handover, gradients_through_edits
@@ -350,27 +350,31 @@ class _VarState:
         self.address: int | None = None
 
 
-class Recorder:
-    """The op callback: records every eager op of one forward into a TraceBuilder."""
+class Recorder(BaseRecorder):
+    """The op callback: records every eager op of one forward into a TraceBuilder.
+
+    TensorFlow's own here: the op callback (op types, attributes, the outputs
+    given after the op ran), variables (resource handles, their states, reads
+    TensorFlow does not report) and handing the model an op's edit
+    (:class:`~torchlens_tf.edits.Handover`); the bookkeeping is
+    :class:`torchlens_core.capture.recorder.Recorder`'s. ``failure`` is the
+    first error of an op or a pass's end, any BaseException (a halt, a
+    refusal): nothing is recorded after it. Eager tensors are immutable:
+    nothing is protected before a write (variables' writes are states here).
+    """
+
+    array_types = (_EagerTensorBase,)
 
     def __init__(self, builder: TraceBuilder, view: ModelView) -> None:
-        self.builder = builder
-        # id(tensor) -> (weakref to it, Ref to the op output it is). Nothing here
-        # holds the tensor (save= may drop it, and it is then freed); the weakref
-        # tells a live entry from a freed tensor whose id a new tensor has taken.
-        self.producers: dict[int, tuple[weakref.ref[Any], Ref]] = {}
-        self.pass_throughs = PassThroughs(self.producers, builder.ops)
+        super().__init__(builder)
         # id(resource handle) -> what is known of that variable, and its current state template.
         self.vars: dict[int, _VarState] = {}
-        self.busy = False
-        self.error: BaseException | None = None
         self.graph_ops = 0
         self.multi_outputs = False  # a leaf of a multi-output op's value was produced (shape reads reported)
         self.tf_functions: list[str] = []
         sites = _call_sites()
         self.sites = PassSites(sites)  # each op's call-site walk ends at its layer call
         self.branches = BranchTracker(sites.internal)
-        self.reads = ValueReads(builder)  # Python values made from recorded tensors (torchlens_tf.conversions)
         self.untracked: list[str] = []
         self.other_resources: dict[int, Any] = {}  # resource handles that are not variables, held
         # intervene=: op outputs replaced by their edits (torchlens_tf.edits); empty without edits
@@ -398,6 +402,48 @@ class Recorder:
             self.var_keys.add((value._shape_tuple(), value._datatype_enum()))
             self.unaddressed[id(var)] = (var, value)
 
+    # -- what the base asks of the backend ---------------------------------------------------
+    def is_array(self, value: Any) -> bool:
+        """An eager tensor, or a variable: a layer may return one, recorded as its value then (:meth:`as_output`)."""
+        return isinstance(value, _EagerTensorBase) or resource_variable(value) is not None
+
+    def describe(self, value: Any) -> tuple[tuple[int, ...], str, str]:
+        return _info(value)
+
+    def copy(self, value: Any) -> Any:
+        return value  # eager tensors are immutable: the tensor is its value as it ran
+
+    def produced(self, value: Any, ref: Ref, alias: bool = False) -> None:
+        """As the base's, less memories and versions (nothing is written in place); notes a multi-output
+        op's value, whose shape reads are reported (:mod:`torchlens_tf.conversions`)."""
+        self.producers[id(value)] = (weakref.ref(value), ref)
+        if ref.path:
+            self.multi_outputs = True
+
+    def adopt(self, op: OpRecord, value: Any) -> None:
+        """What a module site's (or a pass-through op's) edit hands the model must be a tensor."""
+        if not isinstance(value, _EagerTensorBase):
+            site = op.edits[-1].site if op.edits else f"{op.layer_label}:{op.pass_num}"
+            raise InterventionError(f"intervene= at {site}: a helper returned {type(value).__name__}, not a "
+                                    f"TensorFlow tensor; return one (tf.constant(...), or arithmetic on the "
+                                    f"value it was given)")
+
+    def as_output(self, value: Any, inside: tuple[str, int] | None) -> tuple[Ref, Any]:
+        """The base's, for a tensor; a variable returned as it is stands for its value now, from its state."""
+        if not isinstance(value, _EagerTensorBase):  # then a variable (is_array)
+            variable = resource_variable(value)
+            current = variable.read_value()
+            var = self.vars.get(id(variable.handle))
+            if var is not None and var.state is not None:
+                shape, dtype, device = _info(current)
+                return Ref(self.builder.identity_op(var.state, current, shape=shape, dtype=dtype,
+                                                    device=device).index), None
+            value = current
+        if self.replaced and self.producer(value) is None:
+            self.handover.check_not_replaced(value)
+        return super().as_output(value, inside)
+
+    # -- variables -----------------------------------------------------------------------------
     def _remember_buffer(self, var: _VarState, value: Any) -> None:
         """``value`` (which shares the variable's buffer) is the variable's value from now on."""
         self.unaddressed.pop(id(var), None)
@@ -416,30 +462,18 @@ class Recorder:
         var = self.buffers.get(address)  # type: ignore[arg-type]
         if var is None or var.info is None:
             return None
-        now = gen_resource_variable_ops.read_variable_op(var.handle, var.dtype)  # not recorded: busy
+        now = gen_resource_variable_ops.read_variable_op(var.handle, var.dtype)  # not recorded: inside the op callback
         return var if _buffer_address(now) == address else None
-
-    def _produced(self, t: Any, ref: Ref) -> None:
-        self.producers[id(t)] = (weakref.ref(t), ref)
-        if ref.path:
-            self.multi_outputs = True
-
-    def producer(self, t: Any) -> Ref | None:
-        """The Ref of the op output ``t`` is, if a recorded op (or the caller) produced it."""
-        found = self.producers.get(id(t))
-        if found is not None and found[0]() is t:
-            return found[1]
-        return None
 
     # -- the hot path ------------------------------------------------------------------
     def __call__(self, op_type: Any, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None,
                  graph: Any = None) -> None:
-        if self.busy or self.error is not None:  # ops the recorder itself runs; after a halt or refusal
+        if self.depth or self.failure is not None:  # ops the recorder itself runs; after a halt or refusal
             return None
         if graph is not None:  # graph construction: a function traced during the forward
             self.graph_ops += 1
             return None
-        self.busy = True
+        self.depth += 1
         try:
             if type(op_type) is str:  # the fast path: the gradient tape has seen the op already
                 self._record(op_type, inputs, attrs, outputs or ())
@@ -447,12 +481,11 @@ class Recorder:
                 if self.editing:  # before the helpers run on its outputs (torchlens_tf.edits)
                     self.handover.record_gradient_first(op_type, inputs, attrs, outputs)
                 self._record(op_type.decode(), inputs, attrs, outputs or ())
-        except BaseException as exc:
-            if self.error is None:
-                self.error = exc
+        except BaseException as exc:  # a halt included: nothing is recorded after it
+            self.remember(exc)
             raise
         finally:
-            self.busy = False
+            self.depth -= 1
         return None
 
     def _record(self, op_type: str, inputs: Any, raw_attrs: Any, outputs: Any) -> None:
@@ -556,10 +589,10 @@ class Recorder:
             values = self.handover.op_output(op, out, values, outputs, n_out, var_args, writes)
         if len(values) == 1:
             if n_out:
-                self._produced(values[0], Ref(index))
+                self.produced(values[0], Ref(index))
         else:
             for k in range(n_out):
-                self._produced(values[k], Ref(index, (k,)))
+                self.produced(values[k], Ref(index, (k,)))
         k = n_out
         for i, var in var_args:
             if i in writes:
@@ -615,85 +648,61 @@ class Recorder:
         self._remember_buffer(var, value)
         return var
 
-    # -- layer calls ----------------------------------------------------------------------
+
+    # -- layer calls (torchlens_tf.layers.LayerCalls) ------------------------------------------
     # After a halt (or a refusal) nothing more is recorded: the passes still open
     # stay open, as when torch's forward hooks never run. Closing a pass may
-    # itself halt the capture (HaltCapture from exit_module), which then
-    # propagates through the layers' calls.
+    # itself halt the capture (HaltCapture from exit_module), which is remembered
+    # and propagates through the layers' calls.
     def enter(self, path: str) -> None:
-        if self.error is None:
-            self.builder.enter_module(path)
+        if self.failure is None:
+            self.enter_pass(path)
             self.sites.enter(path, sys._getframe(1))  # the layer wrapper's frame: it calls the layer
-
-    def failed(self, path: str) -> None:
-        """A layer call raised (and its caller may go on): close its pass, with no output."""
-        if self.error is None and any(p == path for p, _ in self.builder.module_stack):
-            self._exit(path, None)
-
-    def leave(self, path: str, output: Any) -> Any:
-        """Close the layer call's pass; returns what the caller gets instead of ``output``, or None."""
-        if self.error is not None:
-            return None
-        builder = self.builder
-        current = next((p for p in reversed(builder.module_stack) if p[0] == path), None)
-        edited = output
-        self.busy = True  # reading values below (and intervene='s helpers) must not record ops
-        try:
-            template = tree.map_leaves(lambda v: self.as_output(v, current), output)
-            if self.editing:
-                edited, template = self.handover.module_output(path, template, output)
-        except HaltCapture as exc:  # an identity op standing for a returned value completed halt=
-            self.error = exc
-            raise
-        except Exception as exc:  # a helper's error: the capture fails even if the model catches it
-            if self.editing:
-                self.error = exc
-            raise
-        finally:
-            self.busy = False
-        self._exit(path, template)
-        return None if edited is output else edited
 
     def splice(self, path: str) -> Any:
         """What runs instead of this call of layer ``path`` (``tl.splice_module``), or None."""
-        return self.builder.splice_for(path) if self.error is None else None
+        return self.builder.splice_for(path) if self.failure is None else None
 
-    def _exit(self, path: str, template: Any) -> None:
+    def leave(self, path: str, output: Any) -> Any:
+        """Close the layer call's pass; returns what the caller gets instead of ``output``, or None."""
+        if self.failure is not None:
+            return None
+        edited = self._close(path, self.exit_pass, output)
+        if edited is output:
+            return None
+        _keep_masks(output, edited)
+        return edited
+
+    def failed(self, path: str) -> None:
+        """A layer call raised (and its caller may go on): close its pass, with no output."""
+        if self.failure is None and any(p == path for p, _ in self.builder.module_stack):
+            self._close(path, self.builder.exit_module, None)
+
+    def _close(self, path: str, close: Any, output: Any) -> Any:
+        """``close(path, output)``, which reads values (a variable returned) and runs intervene='s helpers: no op
+        is recorded. A halt, and with edits any error (a helper's), ends the capture even if the model catches
+        it (the base remembers the capture's own errors)."""
         self.sites.exit(path)
+        self.depth += 1
         try:
-            self.builder.exit_module(path, template)
-        except HaltCapture as exc:
-            self.error = exc
+            return close(path, output)
+        except BaseException as exc:
+            if isinstance(exc, HaltCapture) or (self.editing and isinstance(exc, Exception)):
+                self.remember(exc)
             raise
+        finally:
+            self.depth -= 1
 
-    def as_output(self, value: Any, inside: tuple[str, int] | None) -> Any:
-        """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model)."""
-        variable = resource_variable(value)
-        if variable is not None:  # a variable returned as it is: its value now, from its state
-            current = variable.read_value()
-            var = self.vars.get(id(variable.handle))
-            if var is not None and var.state is not None:
-                shape, dtype, device = _info(current)
-                return Ref(self.builder.identity_op(var.state, current, shape=shape, dtype=dtype,
-                                                    device=device).index)
-            value = current
-        if not _is_eager_tensor(value):
-            return value
-        ref = self.producer(value)
-        if ref is None and self.replaced:
-            self.handover.check_not_replaced(value)
-        if ref is None and self.pass_throughs.unedited:
-            self.pass_throughs.check_read(value)
-        if ref is not None and (inside is None or inside in self.builder.ops[ref.index].module_passes):
-            return ref
-        # Returned, not computed, here (an input passed through, a constant, a
-        # value computed in another layer): an explicit pass-through op.
-        source: Any = ref if ref is not None else value
-        shape, dtype, device = _info(value)
-        op = self.builder.identity_op(source, value, shape=shape, dtype=dtype, device=device)
-        self.pass_throughs.take(value, op.index)  # the caller may hold the same tensor
-        self._produced(value, Ref(op.index))  # later readers read what the layer returned
-        return Ref(op.index)
+
+def _keep_masks(output: Any, edited: Any) -> None:
+    """A Keras mask the layer set on a tensor it returned (read by the next layer) goes to that tensor's edit."""
+    for at, leaf in tree.leaves(edited, lambda v: isinstance(v, _EagerTensorBase)):
+        before = tree.get(output, at)
+        if before is leaf:
+            continue
+        mask = getattr(before, "_keras_mask", None)
+        if mask is not None and getattr(leaf, "_keras_mask", None) is None:
+            leaf._keras_mask = mask
 
 
 def _patches() -> list[SharedPatch]:
@@ -917,7 +926,7 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
         if recorder.producer(leaf) is not None:
             continue  # the same tensor passed twice is one input
         op = builder.add_input(leaf, *_info(leaf))
-        recorder._produced(leaf, Ref(op.index))
+        recorder.produced(leaf, Ref(op.index))
 
     # Everything installed below is removed in the finally, whatever ends the
     # forward: its return, an exception, a KeyboardInterrupt, a refusal or
@@ -945,13 +954,11 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
         except BaseException as exc:
             # A refusal raised inside the callback may reach here wrapped (a
             # concrete function re-raises TypeErrors as its own): raise it as it was.
-            error = recorder.error
+            error = recorder.failure
             if error is not None and error is not exc:
                 raise error from exc
             raise
-        error = recorder.error
-        if error is not None:  # raised inside the callback (or a halt) and swallowed by the model
-            raise error
+        recorder.raise_remembered()  # raised inside the callback (or a halt) and swallowed by the model
         if execute.execute is not execute.execute_with_callbacks:
             raise CaptureError("TensorFlow's op callbacks were switched off for every thread during the capture "
                                "(op_callbacks.remove_op_callback in another thread), so ops may be missing from "
@@ -960,7 +967,7 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
         # The exception on its way out holds this frame (and the recorder's) in its
         # traceback: holding it here too would make a cycle that keeps every value
         # those frames saw, dropped ones included, alive until the cyclic GC runs.
-        error = recorder.error = None
+        error = recorder.failure = None
         try:
             installed.close()
         finally:
@@ -968,8 +975,8 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
             recorder.sites.open.clear()  # frames of layer calls a halt left open: they hold the model's locals
             _add_notes(builder, recorder)  # a halted trace has them too
 
-    recorder.busy = True
-    template = tree.map_leaves(lambda v: recorder.as_output(v, None), output)
+    with recorder.paused():  # reading a variable returned records no op
+        template, output = recorder.returned(output, None)
     builder.add_outputs(template, values_now(output))
     return builder.finish()
 

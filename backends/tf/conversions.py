@@ -33,7 +33,8 @@ compares:
   shape with the recorded one anyway (a shape depends on values only after
   ops such as ``tf.where``, ``tf.unique``).
 
-Each report is made once per op output and conversion: tensors are
+Each report is made once per op output and conversion
+(:meth:`torchlens_core.capture.recorder.Recorder.report`): tensors are
 immutable, so a second read gives the same value. The reads that decide a
 Python ``if``/``while`` also tell the branch tracker (shape reads do not: a
 shape is static but for data-dependent ops, and ``if x.shape[0] > 1`` would
@@ -62,7 +63,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tensorflow.python.framework import ops
 
-from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.threads import SharedPatch, shared_patch
 from torchlens_core.ir.records import Ref
 
@@ -91,58 +91,41 @@ def _element(dtype: Any) -> tuple[str, Callable[[Any], Any]] | None:
     return None  # complex, strings, quantized: no conversion of an EagerTensor reproduces them
 
 
-class ValueReads:
-    """The conversions one capture reported, each once per op output and kind."""
+def _report_shape(recorder: Recorder, ref: Ref, dims: tuple[int, ...]) -> None:
+    """The tensor's shape was read: each dimension, as ``int(value.shape[k])``.
 
-    __slots__ = ("builder", "seen")
+    Only for an output of a multi-output op (``tf.unique``'s, ``tf.dynamic_partition``'s): replay on new
+    inputs checks the shape of every single-output op's value (and of each new input) itself.
+    """
+    if ref.path:
+        for k, dim in enumerate(dims):
+            recorder.report(ref.index, (*ref.path, "shape", k), "int", dim)
 
-    def __init__(self, builder: TraceBuilder) -> None:
-        self.builder = builder
-        self.seen: set[tuple[int, tuple[Any, ...], str]] = set()
 
-    def _first(self, ref: Ref, kind: str) -> bool:
-        key = (ref.index, ref.path, kind)
-        if key in self.seen:
-            return False
-        self.seen.add(key)
-        return True
-
-    def converted(self, ref: Ref, how: str, result: Any) -> None:
-        """``how`` (``bool``, ``int``, ``float``, ``index``, ``len``) of the tensor gave ``result``."""
-        if self._first(ref, how):
-            self.builder.to_python(ref.index, ref.path, how, result)
-
-    def shape(self, ref: Ref, dims: tuple[int, ...]) -> None:
-        """The tensor's shape was read: each dimension, as ``int(value.shape[k])``.
-
-        Only for an output of a multi-output op (``tf.unique``'s, ``tf.dynamic_partition``'s): replay on new
-        inputs checks the shape of every single-output op's value (and of each new input) itself.
-        """
-        if ref.path and self._first(ref, "shape"):
-            for k, dim in enumerate(dims):
-                self.builder.to_python(ref.index, (*ref.path, "shape", k), "int", dim)
-
-    def whole(self, ref: Ref, t: Any) -> None:
-        """The tensor's whole value was read into NumPy."""
-        dtype = t.dtype
-        if not dtype.is_numpy_compatible or not self._first(ref, "whole"):
-            return  # a handle (resource, variant) has no value to read
-        dims = t._shape_tuple()
-        element = _element(dtype)
-        if element is None or math.prod(dims) > ELEMENT_BUDGET:
-            # Reported as a value the builder does not keep (the tensor is not stored): replay on new
-            # inputs refuses the trace rather than check less than was read.
-            self.builder.to_python(ref.index, ref.path, "tolist", t)
-            return
-        how, convert = element
-        value = t._numpy()  # the buffer, read as numpy() does, without a copy
-        to_python, index, path = self.builder.to_python, ref.index, ref.path
-        if not dims:
-            to_python(index, path, how, convert(value))
-            return
-        self.shape(ref, dims)
-        for at in np.ndindex(dims):
-            to_python(index, (*path, at), how, convert(value[at]))
+def _report_whole(recorder: Recorder, ref: Ref, t: Any) -> None:
+    """The tensor's whole value was read into NumPy."""
+    dtype = t.dtype
+    # once per op output, marked among the recorder's reported conversions: its elements are not read again
+    key = (ref.index, ref.path, "whole")
+    if not dtype.is_numpy_compatible or key in recorder.reported:
+        return  # a handle (resource, variant) has no value to read
+    recorder.reported.add(key)
+    dims = t._shape_tuple()
+    element = _element(dtype)
+    to_python, index, path = recorder.builder.to_python, ref.index, ref.path
+    if element is None or math.prod(dims) > ELEMENT_BUDGET:
+        # Reported as a value the builder does not keep (the tensor is not stored): replay on new
+        # inputs refuses the trace rather than check less than was read.
+        to_python(index, path, "tolist", t)
+        return
+    how, convert = element
+    value = t._numpy()  # the buffer, read as numpy() does, without a copy
+    if not dims:
+        to_python(index, path, how, convert(value))
+        return
+    _report_shape(recorder, ref, dims)
+    for at in np.ndindex(dims):
+        to_python(index, (*path, at), how, convert(value[at]))
 
 
 def patches() -> list[SharedPatch]:
@@ -161,7 +144,7 @@ def _reporting(kind: str) -> Callable[[Any, dict[int, Recorder]], Any]:
 
         def read(t: Any, *args: Any, **kwargs: Any) -> Any:
             recorder = find(get_ident())
-            if recorder is None or recorder.busy or recorder.error is not None:
+            if recorder is None or recorder.depth or recorder.failure is not None:
                 return original(t, *args, **kwargs)
             ref = recorder.producer(t)
             if ref is None:  # a constant the forward made, not a recorded value: the graph holds it as is
@@ -169,13 +152,12 @@ def _reporting(kind: str) -> Callable[[Any, dict[int, Recorder]], Any]:
             if kind != "iter":  # a for loop is no branch the tracker knows
                 recorder.branches.condition(ref.index)
             result = original(t, *args, **kwargs)  # raises (a non-scalar's bool, say) before anything is reported
-            reads = recorder.reads
             if kind == "iter":
-                reads.converted(ref, "len", t._shape_tuple()[0])
+                recorder.report(ref.index, ref.path, "len", t._shape_tuple()[0])
             elif kind == "whole" or (kind == "format" and not t._shape_tuple()):
-                reads.whole(ref, t)
+                _report_whole(recorder, ref, t)
             elif kind != "format":
-                reads.converted(ref, kind, result)
+                recorder.report(ref.index, ref.path, kind, result)
             return result
 
         read.__name__ = read.__qualname__ = original.__name__
@@ -199,11 +181,11 @@ def _reporting_shape(original: Any, recorders: dict[int, Recorder]) -> Any:
     def shape(t: Any) -> Any:
         result = get(t)
         recorder = find(get_ident())
-        # Only outputs of multi-output ops are reported (see ValueReads.shape): Keras reads shapes all the time.
-        if recorder is not None and recorder.multi_outputs and not recorder.busy and recorder.error is None:
+        # Only outputs of multi-output ops are reported (see _report_shape): Keras reads shapes all the time.
+        if recorder is not None and recorder.multi_outputs and not recorder.depth and recorder.failure is None:
             ref = recorder.producer(t)
             if ref is not None and ref.path:
-                recorder.reads.shape(ref, t._shape_tuple())
+                _report_shape(recorder, ref, t._shape_tuple())
         return result
 
     return property(shape, doc=original.__doc__)
@@ -216,11 +198,11 @@ def _reporting_numpy(original: Any, recorders: dict[int, Recorder]) -> Any:
     def make_array(a: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(a, *args, **kwargs)  # NumPy's own errors first
         recorder = find(get_ident())
-        if recorder is not None and not recorder.busy and recorder.error is None:
+        if recorder is not None and not recorder.depth and recorder.failure is None:
             ref = recorder.producer(a)  # the tensor itself: a list of tensors is read unseen
             if ref is not None:
                 recorder.branches.condition(ref.index)
-                recorder.reads.whole(ref, a)
+                _report_whole(recorder, ref, a)
         return result
 
     make_array.__name__ = make_array.__qualname__ = original.__name__

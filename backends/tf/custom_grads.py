@@ -70,7 +70,7 @@ def _noting(original: Any, recorders: dict[int, Recorder]) -> Any:
     def record_operation(op_type: Any, output_tensors: Any, input_tensors: Any, backward_function: Any,
                          *args: Any, **kwargs: Any) -> Any:
         recorder = find(get_ident())
-        if recorder is not None and not recorder.busy and _is_custom_gradient(backward_function):
+        if recorder is not None and not recorder.depth and _is_custom_gradient(backward_function):
             outputs = [recorder.producer(t) for t in output_tensors]
             inputs = tuple(recorder.producer(t) or t for t in input_tensors)
             if outputs and all(ref is not None for ref in outputs):

@@ -29,14 +29,15 @@ generator draw) has the variable's new state as its value; later reads go to
 the variable, so an edit of that state is assigned to the variable itself
 (unrecorded), and later ops read the edited state, as replay does.
 
-Layers. What a Keras layer's ``__call__`` returned is edited in the layer
-wrapper (:mod:`torchlens_tf.layers`), which returns the edited value to the
-caller; a Keras mask the layer set on a tensor is carried over to its edit.
-``tl.splice_module`` runs the replacement instead of the layer's
+Layers. What a Keras layer's ``__call__`` returned is edited when its pass
+closes (:meth:`torchlens_core.capture.recorder.Recorder.exit_pass`, from the
+layer wrapper of :mod:`torchlens_tf.layers`), which returns the edited value
+to the caller; a Keras mask the layer set on a tensor is carried over to its
+edit. ``tl.splice_module`` runs the replacement instead of the layer's
 ``__call__``, with the arguments the layer was called with.
 
-Helpers run inside the op callback or the layer wrapper while the recorder
-is busy, so their own TensorFlow ops are not recorded as the model's.
+Helpers run inside the op callback or the layer wrapper while the recorder's
+depth is above 0, so their own TensorFlow ops are not recorded as the model's.
 """
 
 from __future__ import annotations
@@ -50,9 +51,8 @@ from tensorflow.python.eager import backprop, execute
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from torchlens_core.capture.threads import shared_patch
-from torchlens_core.ir import tree
 from torchlens_core.ir.errors import CaptureError, InterventionError, UnsupportedError
-from torchlens_core.ir.records import OpRecord, Ref
+from torchlens_core.ir.records import OpRecord
 
 if TYPE_CHECKING:
     from torchlens_tf.capture import Recorder
@@ -67,12 +67,11 @@ def _is_eager_tensor(x: Any) -> bool:
 class Handover:
     """Hands the model the values ``intervene=`` edited, for one capture's Recorder."""
 
-    __slots__ = ("recorder", "builder", "replaced", "recorded_early")
+    __slots__ = ("builder", "replaced", "recorded_early")
 
     def __init__(self, recorder: Recorder) -> None:
-        # A proxy: the recorder holds this object, and a strong reference back would be a cycle that keeps
-        # the recorder, its builder and an entry per op alive until the cyclic GC (7,800 objects on ResNet50).
-        self.recorder = weakref.proxy(recorder)
+        # Not the recorder itself: it holds this object, and a reference back would be a cycle that keeps the
+        # recorder, its builder and an entry per op alive until the cyclic GC (7,800 objects on ResNet50).
         self.builder = recorder.builder
         # id(op output the model must no longer see) -> (weakref to it, index of its op)
         self.replaced: dict[int, tuple[weakref.ref[Any], int]] = recorder.replaced
@@ -114,7 +113,7 @@ class Handover:
             if i not in writes:
                 continue
             if edited[k] is not values[k]:
-                # the recorder is busy: neither the write nor the read back is recorded
+                # inside the op callback: neither the write nor the read back is recorded
                 gen_resource_variable_ops.assign_variable_op(var.handle, edited[k])
                 edited[k] = gen_resource_variable_ops.read_variable_op(var.handle, edited[k].dtype)
             k += 1
@@ -135,27 +134,6 @@ class Handover:
             raise CaptureError(f"the model went on with the value of {op.layer_label}:{op.pass_num} from before "
                                f"its edit: TensorFlow did not return the edited tensor the op callback put in "
                                f"its place, so intervene= cannot be honoured on this TensorFlow")
-
-    # -- layer calls ----------------------------------------------------------------------------
-    def module_output(self, path: str, template: Any, output: Any) -> tuple[Any, Any]:
-        """What layer call ``path`` returns to its caller after intervene=, and its template."""
-        edited, template = self.builder.edit_module_output(path, template, output)
-        if edited is output:
-            return output, template
-        for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
-            leaf, before = tree.get(edited, leaf_path), tree.get(output, leaf_path)
-            if leaf is before:
-                continue
-            if not _is_eager_tensor(leaf):
-                raise InterventionError(f"intervene= at {path}: a helper returned {type(leaf).__name__}, not a "
-                                        f"TensorFlow tensor; return one (tf.constant(...), or arithmetic on the "
-                                        f"value it was given)")
-            mask = getattr(before, "_keras_mask", None)
-            if mask is not None and getattr(leaf, "_keras_mask", None) is None:
-                leaf._keras_mask = mask  # what Keras set on the layer's output, for the layers after it
-            self.recorder._produced(leaf, ref)  # later ops read the edit as the value of ref's op
-            self.recorder.pass_throughs.replaced(before, ref.index)
-        return edited, template
 
 
 def gradients_through_edits(handover: Handover) -> contextlib.AbstractContextManager[None]:

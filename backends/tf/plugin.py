@@ -42,7 +42,7 @@ class TFBackend(Backend):
         # "new_inputs": every EagerTensor method that makes a Python value of a recorded tensor reports it
         # (torchlens_tf.conversions); reads through the buffer protocol (np.asarray(t)) are not seen.
         # "gradients": the graph replayed under a GradientTape, a zero added at each wanted op (torchlens_tf.grads).
-        return BackendInfo(contract=2, name=self.name, framework=_distribution(), install="pip install 'torchlens[tf]'",
+        return BackendInfo(contract=3, name=self.name, framework=_distribution(), install="pip install 'torchlens[tf]'",
                            aliases=("tensorflow",),
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
                                                    "save", "halt", "branches", "intervene", "splice",

@@ -52,7 +52,6 @@ from __future__ import annotations
 import inspect
 import math
 import types
-import weakref
 from threading import get_ident
 from time import perf_counter
 from typing import Any
@@ -62,14 +61,14 @@ from tinygrad import Tensor
 from tinygrad.helpers import TRAINING
 
 from torchlens_core.capture.branches import BranchTracker
-from torchlens_core.capture.builder import TraceBuilder, returned
-from torchlens_core.capture.edits import PassThroughs
+from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.policy import HaltCapture
+from torchlens_core.capture.recorder import Recorder as BaseRecorder
 from torchlens_core.capture.sites import CallSites
 from torchlens_core.capture.threads import OneCaptureAtATime
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, UnsupportedError
-from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
+from torchlens_core.ir.records import OpRecord, ParamRecord, Ref
 from torchlens_core.ir.trace import Trace
 from torchlens_tinygrad.arrays import (
     buffer_key,
@@ -211,38 +210,60 @@ def rng_state() -> dict[str, Any]:
 _ONE_AT_A_TIME = OneCaptureAtATime("tinygrad")
 
 
-class Recorder:
-    """Records the outermost Tensor calls of one forward into a TraceBuilder."""
+class Recorder(BaseRecorder):
+    """Records the outermost Tensor calls of one forward into a TraceBuilder.
+
+    What is tinygrad's own here: the wrappers, realizing outputs in batches
+    (``flush``), and keeping a lazy framework's views apart before a write
+    (``protect``); the bookkeeping is :class:`torchlens_core.capture.recorder.Recorder`'s.
+    """
+
+    array_types = (Tensor,)
 
     def __init__(self, builder: TraceBuilder, param_names: dict[int, str]) -> None:
-        self.builder = builder
-        self.param_names = param_names
-        self.depth = 0  # > 0 while a recorded call (or capture's own work) runs
-        self.thread = get_ident()
-        # id(tensor) -> (weakref, op index, path in that op's output)
-        self.producers: dict[int, tuple[weakref.ref[Tensor], int, tuple[Any, ...]]] = {}
-        self.pass_throughs = PassThroughs(self.producers, builder.ops)
-        self.failure: TorchLensError | None = None  # the first error a recorded call raised
-        # id(BUFFER node) -> recorded (op index, path) reading it, for copy-before-write. Entries
-        # name ops, not tensors: a value save= drops is then really freed.
-        self.storages: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
-        self.snapshots: set[tuple[int, tuple[Any, ...]]] = set()  # values replaced by copies already
+        super().__init__(builder, param_names)
         self.own_buffers: set[int] = set()  # ids of BUFFER nodes capture realized (lazy in a plain run)
-        self.params_before_write: dict[str, Tensor] = {}
         self.saved: dict[str, Any] = {}  # Tensor attributes replaced by wrappers (None: was inherited)
         self.cells: list[tuple[Any, Any]] = []  # tinygrad metadata wrappers' cells, with what they held
         self.branches = BranchTracker(_SITES.internal)
-        # id(BUFFER node) -> ops whose value before an edit (op.pre_edit) reads it, copied before a write too
-        self.pre_edits: dict[int, list[int]] = {}
-        # id(BUFFER node) -> index of the op that last wrote into it (not recorded yet then), for conversions
-        self.written_at: dict[int, int] = {}
-        self.reported: set[tuple[Any, ...]] = set()  # conversions reported: (op index, path, how)
-        # Recorded outputs not computed yet (see flush), and produce() entries whose buffer they wait for.
+        # Recorded outputs not computed yet (see flush), and produced() entries whose buffer they wait for.
         self.unrealized: list[Tensor] = []
-        self.unlinked: list[tuple[Tensor, int, tuple[Any, ...]]] = []
+        self.unlinked: list[tuple[Tensor, Ref]] = []
         # Edits at op sites read each op's value as it is recorded: then every op is realized as it returns.
-        # Module sites alone keep the batches: the values are realized just before a module's edit (_edit_output).
+        # Module sites alone keep the batches: the values are realized just before a module's edit (settle).
         self.batched = builder.editor is None or not builder.editor.op_selectors
+
+    # -- tinygrad's arrays -------------------------------------------------------------------
+    def describe(self, value: Tensor) -> tuple[Any, str, str]:
+        return shape_of(value), dtype_name(value.dtype), device_name(value)
+
+    def copy(self, value: Tensor) -> Tensor:
+        return snapshot(value)
+
+    def memory(self, value: Tensor) -> int | None:
+        key = buffer_key(value)
+        return None if key is None else id(key)
+
+    def settle(self) -> None:
+        if self.unrealized:
+            self.flush()
+
+    def adopt(self, op: OpRecord, value: Any) -> None:
+        """An edited value is computed now, as every recorded value is; its buffers are capture's own (a plain
+        run with the same edit made by hand would leave it lazy)."""
+        tensors = [t for _, t in tree.leaves(value, lambda v: isinstance(v, Tensor))]
+        fresh = [t for t in tensors if buffer_key(t) is None]
+        realize(tensors)
+        self._own(fresh)
+
+    def adopt_value(self, value: Tensor) -> None:
+        realize([value])
+
+    def produced(self, value: Any, ref: Ref, alias: bool = False) -> None:
+        super().produced(value, ref, alias)
+        # not computed yet: its buffer is known after flush
+        if self.unrealized and buffer_key(value) is None and not is_weak(value) and self.builder.ops[ref.index].saved:
+            self.unlinked.append((value, ref))
 
     # -- installing the wrappers -----------------------------------------------------------
     def install(self) -> None:
@@ -305,15 +326,18 @@ class Recorder:
         try:
             if spec.opaque:
                 return func(*args, **kwargs)
-            target = args[0] if spec.in_place and args and isinstance(args[0], Tensor) else None
+            target = None
+            if spec.in_place:  # the written tensor is `self`, however it is passed (`Tensor.assign(self=t, x=v)`)
+                written = args[0] if args else kwargs.get("self")
+                target = written if isinstance(written, Tensor) else None
             meta: dict[str, Any] = {}
-            if target is not None and self._protect(target):
+            if target is not None and self._isolate(target):
                 meta["isolate"] = True
             # The call's template is taken before it runs: a constant it writes into is kept as it was.
             parents: list[int] = []
             params: list[str] = []
-            a = self._template(args, parents, params)
-            k = self._template(kwargs, parents, params) if kwargs else {}
+            a = self.template(args, parents, params)
+            k = self.template(kwargs, parents, params) if kwargs else {}
             if random:
                 meta.update(rng=rng_state(), training=TRAINING.value)
             start = perf_counter()
@@ -327,10 +351,9 @@ class Recorder:
             else:
                 return result
             seen = self._record(spec, func, a, k, parents, params, out, tensors, target, meta, random, start)
-            return result if seen is None else seen
+            return result if seen is out else seen
         except TorchLensError as exc:  # _capture raises it, also if the model caught it
-            self.failure = self.failure or exc
-            raise
+            raise self.remember(exc) from None
         finally:
             self.depth -= 1
 
@@ -344,60 +367,30 @@ class Recorder:
         """
         if self.unrealized:
             self.flush()
-        found = self.producers.get(id(t))
-        if found is not None and found[0]() is t and self._written_since(t, found[1]):
-            t = t.clone()  # written since its op ran: a recorded copy, read as it is now (and edited, if so)
-            found = self.producers.get(id(t))
-        if found is None or found[0]() is not t:
-            self.depth += 1
-            try:
-                return func(t, *args, **kwargs)
-            finally:
-                self.depth -= 1
-        self.branches.condition(found[1])
-        self.depth += 1  # what the conversion calls inside (data(), cast) is part of it, not an op
-        try:
+        ref = self.producer(t)
+        if ref is not None and self.written_since(t, ref.index):
+            # Written since its op ran (only a buffer realized before the capture can be: other views of one
+            # capture realized get copies before a write): a recorded copy, read as it is now (and edited, if so)
+            t = t.clone()
+            ref = self.producer(t)
+        with self.paused():  # what the conversion calls inside (data(), cast) is part of it, not an op
             result = func(t, *args, **kwargs)
-            key = (found[1], found[2], decides[0])
-            if key not in self.reported:  # a value converts alike each time: once is enough
-                self.reported.add(key)
-                self._converted(found[1], found[2], decides, t, result)
-            return result
-        finally:
-            self.depth -= 1
-
-    def _written_since(self, t: Tensor, index: int) -> bool:
-        """Was ``t``'s buffer written after op ``index`` made it?
-
-        Only a buffer realized before the capture (an input's) can be: other
-        views of one capture realized get copies before a write (``_protect``),
-        and a write into ``t`` itself makes it the writing op's value.
-        """
-        if not self.written_at:
-            return False
-        key = buffer_key(t)
-        written = self.written_at.get(id(key)) if key is not None else None
-        return written is not None and written > index
-
-    def _converted(self, index: int, path: tuple[Any, ...], decides: tuple[str, bool], t: Tensor,
-                   result: Any) -> None:
-        """Report that op ``index``'s value ``t`` (at ``path``) became ``result``, for replay to check.
-
-        Where the method's result is not what the conversion kind gives (a
-        NumPy array, a memoryview, a Buffer), ``t`` is converted that way
-        here (the wrappers pass through: depth is up). A tensor too large to
-        keep as a list is reported with the raw result, which the builder does
-        not keep: replay on new inputs then refuses.
-        """
-        how, exact = decides
-        if not exact:
-            result = t.tolist() if math.prod(shape_of(t)) <= _LARGEST_LIST else result
-        self.builder.to_python(index, path, how, result)
+            if ref is not None:
+                self.branches.condition(ref.index)
+                how, exact = decides
+                if not exact and (ref.index, ref.path, how) not in self.reported:
+                    # not what the conversion kind gives (a NumPy array, a Buffer): converted that way here; a
+                    # tensor too large to keep as a list is reported raw, which replay on new inputs refuses
+                    converted = t.tolist() if math.prod(shape_of(t)) <= _LARGEST_LIST else result
+                    self.report(ref.index, ref.path, how, converted)
+                else:
+                    self.report(ref.index, ref.path, how, result)
+        return result
 
     def _record(self, spec: OpSpec, func: Any, a: tuple[Any, ...], k: dict[str, Any], parents: list[int],
                 params: list[str], out: Any, tensors: list[Tensor], target: Tensor | None, meta: dict[str, Any],
                 random: bool, start: float) -> Any:
-        """Record one call that returned ``out``; returns what intervene= made of it for the forward, or None."""
+        """Record one call that returned ``out``; returns what the forward gets back."""
         fresh = [t for t in tensors if buffer_key(t) is None]  # the rest are views of a buffer: nothing to compute
         elapsed: float | None = None
         if self.batched and not spec.eager and not random:
@@ -408,39 +401,10 @@ class Recorder:
             self._own(fresh)
         if spec.uninitialized and isinstance(out, Tensor):
             meta["uninitialized"] = snapshot(out)
-        if isinstance(out, Tensor):
-            shape: Any = shape_of(out)
-            dtype, device = dtype_name(out.dtype), device_name(out)
-        else:
-            shape = tuple(shape_of(t) if isinstance(t, Tensor) else None for t in out)
-            dtype, device = dtype_name(tensors[0].dtype), device_name(tensors[0])
-        op = self.builder.add_op(
-            spec.func_name, func, a, k, tuple(dict.fromkeys(parents)), out, shape=shape, dtype=dtype,
-            device=device, params=tuple(dict.fromkeys(params)), random=random, in_place=target is not None,
-            code_context=_SITES.stack(), meta=meta or None, elapsed=elapsed, conditions=self.branches.current())
-        seen = None
-        if self.builder.editor is not None:  # intervene=: later ops see (and link to) the edited value
-            edited = self.builder.seen_value(op, out)  # an in-place op's edit is assigned into `out` itself
-            if edited is not out:
-                seen = out = edited
-                self._realize_edit(op, out)
-        if isinstance(out, Tensor):
-            self.produced(out, op.index, ())
-        else:
-            for i, t in enumerate(out):
-                if isinstance(t, Tensor):
-                    self.produced(t, op.index, (i,))
-        return seen
-
-    def produced(self, t: Tensor, index: int, path: tuple[Any, ...]) -> None:
-        self.producers[id(t)] = (weakref.ref(t), index, path)
-        if not getattr(self.builder.ops[index], "saved", True):  # dropped by save=: keep no reference
-            return
-        key = buffer_key(t)
-        if key is not None:
-            self.storages.setdefault(id(key), []).append((index, path))
-        elif self.unrealized and not is_weak(t):  # not computed yet: its buffer is known after flush
-            self.unlinked.append((t, index, path))
+        return self.record(spec.func_name, func, a, k, parents, params, out,
+                           written=() if target is None else (target,), random=random,
+                           code_context=_SITES.stack(), meta=meta or None, elapsed=elapsed,
+                           conditions=self.branches.current())
 
     def flush(self) -> None:
         """Realize every recorded output not computed yet, in one schedule, and note the buffers they got.
@@ -451,17 +415,14 @@ class Recorder:
         writes one, at a halt and at the end of the forward.
         """
         todo, self.unrealized = self.unrealized, []
-        self.depth += 1  # Tensor.realize is wrapped while capture runs: this is capture's own call
-        try:
+        with self.paused():  # Tensor.realize is wrapped while capture runs: this is capture's own call
             realize(todo)
-        finally:
-            self.depth -= 1
         self._own(todo)
         waiting, self.unlinked = self.unlinked, []
-        for t, index, path in waiting:
+        for t, ref in waiting:
             key = buffer_key(t)
-            if key is not None and self.builder.ops[index].out is not None:  # not dropped by save= since
-                self.storages.setdefault(id(key), []).append((index, path))
+            if key is not None and self.builder.ops[ref.index].out is not None:  # not dropped by save= since
+                self.memories.setdefault(id(key), []).append((ref.index, ref.path))
 
     def _own(self, computed: list[Tensor]) -> None:
         """Note the buffers of ``computed``, realized by capture: values that are lazy in a plain run."""
@@ -470,35 +431,11 @@ class Recorder:
             if key is not None:
                 self.own_buffers.add(id(key))
 
-    def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
-        if isinstance(x, Tensor):
-            # A parameter written in place during the forward is, from then on,
-            # the output of the op that wrote it: look producers up first.
-            found = self.producers.get(id(x))
-            if found is not None and found[0]() is x:
-                parents.append(found[1])
-                return Ref(found[1], found[2])
-            name = self.param_names.get(id(x))
-            if name is not None:
-                params.append(name)
-                return ParamRef(name)
-            if self.pass_throughs.unedited:
-                self.pass_throughs.check_read(x)
-            return snapshot(x)  # a tensor from outside the trace: a constant, as it is now
-        t = type(x)
-        if t is tuple or t is list:
-            return t([self._template(v, parents, params) for v in x]) if x else x
-        if t is dict:
-            return {key: self._template(v, parents, params) for key, v in x.items()}
-        return x
-
-    def _protect(self, target: Tensor) -> bool:
+    def _isolate(self, target: Tensor) -> bool:
         """Before ``target`` is written: keep every value the write must not change; True if views were isolated.
 
         Readers first: a lazy tensor reading the written buffer (a plain
         call's unrealized output) is computed now, as its plain run would have.
-        A parameter or buffer written for the first time keeps its value from
-        before the forward in its ParamRecord, which is what replay starts from.
 
         Then views. In a plain run an intermediate is lazy: a write into it
         changes that Tensor object only, and a view taken before keeps the old
@@ -507,138 +444,31 @@ class Recorder:
         realized gets a copy of its own first (a buffer that was realized
         before capture, an input's or a parameter's, is shared as tinygrad
         shares it). Last, recorded values the write would still reach are
-        replaced by copies.
+        replaced by copies (:meth:`protect`): the written tensor's own value
+        among them, even where it is a view with no buffer of its own.
         """
         settle_readers(target)
         key = buffer_key(target)
-        if key is not None:  # what a conversion reads there from now on is not what ops recorded before this one
-            self.written_at[id(key)] = len(self.builder.ops)
-        if self.pre_edits:
-            self._protect_pre_edits(target)
-        name = self.param_names.get(id(target))
-        if name is not None and name not in self.params_before_write:
-            self.params_before_write[name] = self.builder.params[name].value = snapshot(target)
         isolated = key is not None and id(key) in self.own_buffers
         if isolated:
             for copy in isolate_views(target):
                 self.own_buffers.add(id(buffer_key(copy)))
-        entries = self.storages.pop(id(key), []) if key is not None else []
-        found = self.producers.get(id(target))
-        if found is not None and found[0]() is target:
-            entries.append((found[1], found[2]))
-        ops = self.builder.ops
-        copies: dict[int, Tensor] = {}
-        for index, path in entries:
-            op = ops[index]
-            if op.out is None or (index, path) in self.snapshots:  # dropped by save=, or copied already
-                continue
-            t = tree.get(op.out, path)
-            if t is not target and buffer_key(t) is not key:  # a view given a copy of its own just now
-                continue
-            copy = copies.get(id(t))
-            if copy is None:
-                copy = copies[id(t)] = snapshot(t)
-            op.out = copy if not path else tree.rebuild(op.out, [
-                copy if i == path[0] else v for i, v in enumerate(op.out)])
-            self.snapshots.add((index, path))
+            # views given a copy of their own just now no longer live in the written buffer
+            entries = self.memories.get(id(key), ())
+            ops = self.builder.ops
+            self.memories[id(key)] = [(i, p) for i, p in entries if ops[i].out is None
+                                      or buffer_key(tree.get(ops[i].out, p)) is key]
+        ref = self.producer(target)
+        self.protect(target)
+        if ref is not None:
+            self.copy_recorded([(ref.index, ref.path)])
         return isolated
-
-    # -- interventions ---------------------------------------------------------------------
-    def _realize_edit(self, op: OpRecord, value: Any) -> None:
-        """Compute the edited ``value`` now, as every recorded value is, and keep ``op.pre_edit`` safe.
-
-        Its buffers are capture's own (a plain run with the same edit made
-        by hand would leave the value lazy), and the value before the edit,
-        which the model never sees, may still read a buffer the model writes
-        into later (the edited op was a view): noted for :meth:`_protect`.
-        """
-        tensors = [t for _, t in tree.leaves(value, lambda v: isinstance(v, Tensor))]
-        fresh = [t for t in tensors if buffer_key(t) is None]
-        realize(tensors)
-        self.own_buffers.update(id(key) for key in map(buffer_key, fresh) if key is not None)
-        if op.pre_edit is None:
-            return
-        for _, t in tree.leaves(op.pre_edit, lambda v: isinstance(v, Tensor)):
-            key = buffer_key(t)
-            if key is not None:
-                self.pre_edits.setdefault(id(key), []).append(op.index)
-
-    def _protect_pre_edits(self, target: Tensor) -> None:
-        key = buffer_key(target)
-        if key is None:
-            return
-        for index in self.pre_edits.pop(id(key), ()):
-            op = self.builder.ops[index]
-            if op.pre_edit is not None:
-                op.pre_edit = tree.map_leaves(
-                    lambda v: snapshot(v) if isinstance(v, Tensor) and buffer_key(v) is key else v, op.pre_edit)
-
-    def _edit_output(self, path: str, template: Any, output: Any) -> tuple[Any, Any]:
-        """What layer call ``path`` returns to the model after intervene=, and its template."""
-        builder = self.builder
-        if self.unrealized and builder.editor.wants_module(*builder.module_stack[-1]):  # type: ignore[union-attr]
-            self.flush()  # the helpers edit the values that ran, and the values before the edit get their buffers
-        self.depth += 1  # the helpers' own Tensor calls are not the model's ops
-        try:
-            edited, template = builder.edit_module_output(path, template, output)
-            if edited is output:
-                return output, template
-            for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
-                leaf, original = tree.get(edited, leaf_path), tree.get(output, leaf_path)
-                if leaf is not original:  # a new tensor: later ops read it as ref's value
-                    self._realize_edit(self.builder.ops[ref.index], leaf)
-                    self.produced(leaf, ref.index, ref.path)
-                    self.pass_throughs.replaced(original, ref.index)
-        finally:
-            self.depth -= 1
-        return edited, template
 
     # -- module passes -----------------------------------------------------------------------
     def around_layer(self, path: str, layer: Any, call: Any) -> Any:
         if self.depth or self.thread != get_ident():  # called from inside an op: part of it
             return call()
-        builder = self.builder
-        n = builder.enter_module(path)
-        # tl.splice_module: the replacement runs on the layer's arguments instead of its own __call__
-        out = call() if builder.editor is None else call(builder.splice_for(path))
-        try:
-            template, out = self.returned(out, (path, n))
-            if builder.editor is not None:  # intervene=: the layer's output may be edited
-                out, template = self._edit_output(path, template, out)
-        except TorchLensError as exc:  # _capture raises it, also if the model caught it
-            self.failure = self.failure or exc
-            raise
-        builder.exit_module(path, template)
-        return out
-
-    def returned(self, output: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:
-        """Refs to what module pass ``inside`` (None: the model) returned, and what the forward gets back."""
-        return returned(output, lambda v: isinstance(v, Tensor), lambda v: self._as_output(v, inside))
-
-    def _as_output(self, value: Tensor, inside: tuple[str, int] | None) -> tuple[Ref, Tensor | None]:
-        """A Ref to ``value`` as returned by pass ``inside``, and what intervene= made of it (None: nothing)."""
-        self.depth += 1  # intervene= helpers may run here (on an identity op): their calls are not the model's ops
-        try:
-            parents: list[int] = []
-            ref = self._template(value, parents, [])
-            if parents and (inside is None or inside in self.builder.ops[ref.index].module_passes):
-                return ref, None
-            # Returned, not computed, here (an input, a parameter, a constant): an
-            # explicit pass-through op keeps "every returned array is an op's
-            # output" and "module outputs are computed inside the module" true.
-            realize([value])
-            op = self.builder.identity_op(ref, value, shape=shape_of(value), dtype=dtype_name(value.dtype),
-                                          device=device_name(value))
-            seen = value if self.builder.editor is None else self.builder.seen_value(op, value)
-            if seen is not value:  # edited: the tensor returned keeps the producer it had
-                self._realize_edit(op, seen)
-            else:  # one object with what the caller may hold: later reads of it read the op
-                self.pass_throughs.take(value, op.index)
-            self.produced(seen, op.index, ())
-            return Ref(op.index), None if seen is value else seen
-        finally:
-            self.depth -= 1
-
+        return self.module_pass(path, call)
 
 
 def _sdpa_dropout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -743,7 +573,7 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
         if id(leaf) not in recorder.producers and id(leaf) not in param_names:
             op = builder.add_input(leaf, shape=shape_of(leaf), dtype=dtype_name(leaf.dtype),
                                    device=device_name(leaf))
-            recorder.produced(leaf, op.index, ())
+            recorder.produced(leaf, Ref(op.index))
     from tinygrad.engine.jit import _TinyJit
 
     jit_call = vars(_TinyJit)["__call__"]
@@ -761,8 +591,7 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
     except HaltCapture:
         recorder.flush()  # the values recorded up to the halt are computed before the trace is built
         raise
-    if recorder.failure is not None:  # the model caught it and went on: the trace misses that call
-        raise recorder.failure
+    recorder.raise_remembered()  # the model caught an error of a recorded call and went on
     recorder.flush()
     builder.add_outputs(*recorder.returned(output, None))
     return builder.finish()

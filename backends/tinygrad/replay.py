@@ -28,7 +28,9 @@ from tinygrad.helpers import Context
 from torchlens_core.ir import tree
 from torchlens_core.ir.records import OpRecord, Ref
 from torchlens_core.ir.trace import Trace
+from torchlens_core.replay.checked import from_file
 from torchlens_core.replay.evaluator import Observe, interpret
+from torchlens_tinygrad import meta_check
 from torchlens_tinygrad.arrays import buffer_key, is_weak, isolate_views, realize, settle_readers, snapshot
 
 # Replay realizes each op's output, except for the backward of trace.log_backward (grads.py).
@@ -70,6 +72,12 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any], protecte
     """Run one recorded op; ``protected`` holds the ids of BUFFER nodes no replayed write may reach."""
     if "uninitialized" in op.meta:
         return snapshot(op.meta["uninitialized"])
+    rng = op.meta.get("rng")
+    if rng is None:
+        meta_check.check_loaded(op, args, kwargs)  # a loaded file's call is first made lazily on empty tensors
+    elif from_file(op):  # a random call draws in the check too: from the recorded state, in a copy of its own
+        with _RngState(rng), Context(TRAINING=op.meta.get("training", 0)):
+            meta_check.check(op, args, kwargs)
     lazy = AUTOGRAD.get()
     if op.in_place and args and isinstance(args[0], Tensor):
         key = buffer_key(args[0])
@@ -79,7 +87,6 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any], protecte
             settle_readers(args[0])
             if op.meta.get("isolate"):  # as capture did: the write changes its target alone
                 isolate_views(args[0])
-    rng = op.meta.get("rng")
     if rng is None:
         out = op.call(*args, **kwargs)
     else:

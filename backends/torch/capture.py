@@ -25,7 +25,6 @@ import contextlib
 import inspect
 import sys
 import warnings
-import weakref
 from threading import get_ident
 from time import perf_counter
 from typing import Any
@@ -35,9 +34,9 @@ from torch.overrides import TorchFunctionMode
 
 from torchlens_core.backend.keras_layers import is_keras_object, layer_paths
 from torchlens_core.capture.branches import BranchTracker
-from torchlens_core.capture.builder import TraceBuilder, returned
-from torchlens_core.capture.edits import PassThroughs
+from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.policy import CaptureOptions
+from torchlens_core.capture.recorder import Recorder as BaseRecorder
 from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, UnsupportedError
@@ -251,13 +250,6 @@ def _info(func: Any) -> FuncInfo:
     return info
 
 
-def _unique(items: list[Any]) -> tuple[Any, ...]:
-    """``items`` in order, each once (most ops read one or two values: skip the dict for those)."""
-    if len(items) < 2 or (len(items) == 2 and items[0] != items[1]):
-        return tuple(items)
-    return tuple(dict.fromkeys(items))
-
-
 def _dtype_name(dtype: Any) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
@@ -277,31 +269,53 @@ def _rng_states() -> dict[str, Any]:
     return states
 
 
-class _Recorder(TorchFunctionMode):
-    """Records every torch call of one forward into a TraceBuilder."""
+class _Recorder(BaseRecorder, TorchFunctionMode):
+    """Records every torch call of one forward into a TraceBuilder.
+
+    What is torch's own here: the function mode and the module hooks, and how a
+    call is described (its name, what it writes, autocast, random state); the
+    bookkeeping is :class:`torchlens_core.capture.recorder.Recorder`'s.
+    """
+
+    array_types = (Tensor,)
 
     def __init__(self, builder: TraceBuilder, param_names: dict[int, str]) -> None:
-        super().__init__()
-        self.builder = builder
-        self.param_names = param_names
-        # id(tensor) -> (weakref, the Ref later ops read it by: op index and path in its output). The weakref
-        # guards against a freed tensor's id being reused.
-        self.producers: dict[int, tuple[weakref.ref[Tensor], Ref]] = {}
-        # storage address -> recorded (op index, path) living there, for copy-before-write. Entries
-        # name ops, not tensors: a value save= drops is then really freed.
-        self.storages: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
-        self.versions: list[tuple[int, tuple[Any, ...], int, int]] = []  # (op, path, id(tensor), version)
-        self.snapshots: set[tuple[int, tuple[Any, ...]]] = set()
-        self.params_before_write: dict[str, Tensor] = {}
+        TorchFunctionMode.__init__(self)
+        BaseRecorder.__init__(self, builder, param_names)
         self.branches = BranchTracker(_SITES.internal)
         self.sites = PassSites(_SITES)  # each op's call-site walk ends at its module call
-        self.thread = get_ident()  # the module hooks are global: other threads' calls are not this capture's
         self.grads = builder.options.save_grads is not False  # save_grads=: hook each wanted output's gradient
-        self.depth = 0  # recorded calls (and module hooks) running now: escape_detector's "inside" (escapes.py)
-        self.pass_throughs = PassThroughs(self.producers, builder.ops)
-        self.failure: TorchLensError | None = None  # the first error a recorded call raised
+        # self.depth: recorded calls (and module hooks) running now: escape_detector's "inside" (escapes.py)
         self.transform: str | None = None  # the torch.func transform being recorded as one op now (transforms.py)
         self.last_autocast: Any = None  # the last autocast state recorded (shared by the ops it is the same for)
+
+    # -- torch's tensors ------------------------------------------------------------------
+    def describe(self, value: Tensor) -> tuple[tuple[int, ...], str, str]:
+        return tuple(value.shape), _dtype_name(value.dtype), value.device.type
+
+    def copy(self, value: Tensor) -> Tensor:
+        with torch.no_grad(), torch._C.DisableTorchFunction():
+            return value.detach().clone()
+
+    def memory(self, value: Tensor) -> int | None:
+        try:
+            return value.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # tensors without storage (meta, sparse...)
+            return None
+
+    def version(self, value: Tensor) -> int:
+        return value._version
+
+    @contextlib.contextmanager
+    def own_work(self) -> Any:
+        with torch._C.DisableTorchFunction():  # the mode is off for the recorder's own tensor calls
+            yield
+
+    def recorded(self, op: OpRecord, value: Any) -> None:
+        if type(value) is Tensor and value.grad_fn is not None and not op.meta.get("identity"):
+            op.meta["grad_fn"] = value.grad_fn.name()  # what autograd will run backward for this op
+        if self.grads and self.builder.grad_wanted(op):
+            hook_grads(op, value)
 
     # -- the hot path ------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -334,12 +348,12 @@ class _Recorder(TorchFunctionMode):
                 return result
             target, keyword = _written(info, args, kwargs)
             if target is not None and isinstance(target, Tensor):
-                self._protect(target)
+                self.protect(target)
             else:
                 target = keyword = None
             if info.stats is not None:  # batch norm in training: the kernel updates the running statistics
                 for stat in _running_stats_written(info.stats, args, kwargs):
-                    self._protect(stat)
+                    self.protect(stat)
             random = info.random and _draws(info, args, kwargs)
             meta = _rng_states() if random else None
             drawn_from = kwargs.get("generator") if random else None
@@ -365,8 +379,7 @@ class _Recorder(TorchFunctionMode):
                 return self._record(func, info, args, kwargs, out, None, meta, elapsed, random)
             return out
         except TorchLensError as exc:  # torch turns a TypeError in an operator into NotImplemented: capture()
-            self.failure = self.failure or exc  # raises it, also if the model caught it
-            raise
+            raise self.remember(exc) from None  # raises it, also if the model caught it
 
     def _record(self, func: Any, info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                 target: Tensor | None, meta: dict[str, Any] | None, elapsed: float, random: bool = False) -> Any:
@@ -375,8 +388,8 @@ class _Recorder(TorchFunctionMode):
             raise unrecorded_transform(info.name)
         parents: list[int] = []
         params: list[str] = []
-        a = self._template(args, parents, params)
-        k = self._template(kwargs, parents, params) if kwargs else {}
+        a = self.template(args, parents, params)
+        k = self.template(kwargs, parents, params) if kwargs else {}
         if isinstance(out, Tensor):
             shape, dtype = tuple(out.shape), _DTYPE_NAMES.get(out.dtype) or _dtype_name(out.dtype)
             device = "cpu" if out.is_cpu else out.device.type
@@ -386,25 +399,10 @@ class _Recorder(TorchFunctionMode):
             dtype, device = (_dtype_name(leaves[0].dtype), leaves[0].device.type)
         if autocast.any_enabled():  # what the op computed depends on it: replay runs under the same
             meta = self._with_autocast(meta)
-        builder = self.builder
-        op = builder.add_op(
-            info.name, func, a, k, _unique(parents), out, shape=shape, dtype=dtype, device=device,
-            params=_unique(params) if params else (), random=random, in_place=target is not None,
-            code_context=self.sites.stack(skip=2), meta=meta, elapsed=elapsed,
-            conditions=self.branches.current() if self.branches.open else ())
-        if builder.edited_values:  # an edit made in place is already in `out`
-            out = builder.seen_value(op, out)
-        if isinstance(out, Tensor):
-            if out.grad_fn is not None:  # what autograd will run backward for this op
-                op.meta["grad_fn"] = out.grad_fn.name()
-            self._produced(out, op, ())
-        else:
-            for i, t in enumerate(out):
-                if isinstance(t, Tensor):
-                    self._produced(t, op, (i,))
-        if self.grads and builder.grad_wanted(op):
-            hook_grads(op, out)
-        return out
+        return self.record(info.name, func, a, k, parents, params, out, written=() if target is None else (target,),
+                           shape=shape, dtype=dtype, device=device, random=random,
+                           code_context=self.sites.stack(skip=2), meta=meta, elapsed=elapsed,
+                           conditions=self.branches.current() if self.branches.open else ())
 
     def _with_autocast(self, meta: dict[str, Any] | None) -> dict[str, Any] | None:
         """``meta`` with the autocast state on now (autocast.py); the ops of one autocast region share one entry."""
@@ -430,59 +428,6 @@ class _Recorder(TorchFunctionMode):
             f"gives in (a meta-learning inner step: trace the outer forward with the adapted weights, e.g. "
             f"through torch.func.functional_call), or trace the forward without the gradient step")
 
-    def _produced(self, t: Tensor, op: OpRecord, path: tuple[Any, ...]) -> None:
-        # The Ref is made once here, and shared by every op that reads this value (Refs are frozen).
-        self.producers[id(t)] = (weakref.ref(t), Ref(op.index, path))
-        if not op.saved:
-            return
-        try:
-            key = t.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):  # tensors without storage (meta, sparse...)
-            return
-        self.storages.setdefault(key, []).append((op.index, path))
-        self.versions.append((op.index, path, id(t), t._version))
-
-    def _template(self, x: Any, parents: list[int], params: list[str]) -> Any:
-        if isinstance(x, Tensor):
-            # A parameter written in place during the forward is, from then on,
-            # the output of the op that wrote it: look producers up first.
-            found = self.producers.get(id(x))
-            if found is not None and found[0]() is x:
-                ref = found[1]
-                parents.append(ref.index)
-                return ref
-            name = self.param_names.get(id(x))
-            if name is not None:
-                params.append(name)
-                return ParamRef(name)
-            # a tensor from outside the trace: keep its value as it is now (the copy is not one of the model's
-            # ops; callers on the fast path, module post hooks, run with the recorder's mode active)
-            if self.pass_throughs.unedited:
-                self.pass_throughs.check_read(x)
-            with torch.no_grad(), torch._C.DisableTorchFunction():
-                return x.detach().clone()
-        t = type(x)
-        if t is tuple or t is list:
-            if not x:
-                return x
-            producers = self.producers
-            items = []
-            for v in x:  # most arguments: recorded tensors and numbers, handled here without a call each
-                if type(v) in _SCALARS:
-                    items.append(v)
-                    continue
-                found = producers.get(id(v))
-                if found is not None and found[0]() is v:
-                    ref = found[1]
-                    parents.append(ref.index)
-                    items.append(ref)
-                else:
-                    items.append(self._template(v, parents, params))
-            return t(items)
-        if t is dict:
-            return {key: self._template(v, parents, params) for key, v in x.items()}
-        return x
-
     def _unrecorded_collective(self, name: str) -> None:
         """A torch.distributed call the capture cannot record (tl.distributed is not armed): say so, once."""
         unrecorded = self.builder.notes.setdefault(UNRECORDED_COLLECTIVES, [])
@@ -492,57 +437,9 @@ class _Recorder(TorchFunctionMode):
                           f"before capturing (docs/distributed.md)", RuntimeWarning, stacklevel=4)
         unrecorded.append(name)
 
-    def _protect(self, target: Tensor) -> None:
-        """Copy every recorded value that shares ``target``'s storage, before it is written.
-
-        A parameter or buffer written for the first time keeps its value from
-        before the forward in its ParamRecord, which is what replay starts from.
-        """
-        name = self.param_names.get(id(target))
-        if name is not None and name not in self.params_before_write:
-            with torch.no_grad(), torch._C.DisableTorchFunction():
-                self.params_before_write[name] = target.detach().clone()
-            self.builder.params[name].value = self.params_before_write[name]
-        self._snapshot(target)
-
-    def _snapshot(self, target: Tensor) -> None:
-        """Replace every recorded value living in ``target``'s storage by a copy."""
-        try:
-            key = target.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
-            return
-        entries = self.storages.pop(key, None)
-        if not entries:
-            return
-        ops = self.builder.ops
-        with torch.no_grad(), torch._C.DisableTorchFunction():
-            for index, path in entries:
-                op = ops[index]
-                if op.out is None or (index, path) in self.snapshots:  # dropped by save=, or copied already
-                    continue
-                copy = tree.get(op.out, path).clone()
-                op.out = copy if not path else tree.rebuild(op.out, [
-                    copy if i == path[0] else v for i, v in enumerate(op.out)])
-                self.snapshots.add((index, path))
-
     # -- for calls the function mode does not see (tl.distributed's collectives) ---------
     # These run with the mode on, in the model's code: each turns torch functions off, so that its own
     # tensor work (copies before a write, constants) is not recorded as the model's.
-    def producer(self, t: Tensor) -> Ref | None:
-        """The Ref later ops read ``t`` by, or None if no recorded op made it."""
-        found = self.producers.get(id(t))
-        return found[1] if found is not None and found[0]() is t else None
-
-    def protect(self, target: Tensor) -> None:
-        """Copy every recorded value sharing ``target``'s memory: something is about to write into it."""
-        with torch._C.DisableTorchFunction():
-            self._protect(target)
-
-    def template(self, value: Any) -> Any:
-        """``value`` with recorded tensors as Refs, parameters as ParamRefs, other tensors copied."""
-        with torch._C.DisableTorchFunction():
-            return self._template(value, [], [])
-
     def record_call(self, func: Any, args: tuple[Any, ...], out: Any, written: Tensor | None,
                     meta: dict[str, Any], elapsed: float) -> Any:
         """Record ``func(*args)``, which returned ``out`` (and wrote into ``written``), as the next op.
@@ -555,7 +452,7 @@ class _Recorder(TorchFunctionMode):
 
     # -- module hooks -------------------------------------------------------------------
     def module_pre_hook(self, paths: dict[int, str]) -> Any:
-        builder, thread = self.builder, self.thread
+        thread = self.thread
 
         def pre(module: Any, args: Any) -> None:
             if get_ident() != thread:
@@ -566,60 +463,40 @@ class _Recorder(TorchFunctionMode):
                     if self.transform is not None:  # its pass would return the transform's wrappers
                         raise module_in_transform(path, self.transform)
                     inputs = self.module_inputs(args)  # now: a write inside the module must not move the Refs
-                    builder.enter_module(path, None if inputs is None else (inputs, {}))
+                    self.enter_pass(path, None if inputs is None else (inputs, {}))
                     self.sites.enter(path, sys._getframe(1))  # torch's frame that runs the hooks calls the forward
             except TorchLensError as exc:  # capture() raises it, also if the model caught it
-                self.failure = self.failure or exc
-                raise
+                raise self.remember(exc) from None
 
         return pre
 
     def module_post_hook(self, paths: dict[int, str]) -> Any:
         builder, thread = self.builder, self.thread
 
-        def counted(module: Any, args: Any, kwargs: Any, output: Any) -> Any:  # escape_detector: its own kernels
+        # `output=None`: a module call in another thread that read the hook just before __exit__ took it and its
+        # with_kwargs flag out calls it without kwargs (torch checks the flag when it calls); it returns at once
+        def counted(module: Any, args: Any, kwargs: Any, output: Any = None) -> Any:  # escape_detector
             self.depth += 1
             try:
                 return post(module, args, kwargs, output)
             finally:
                 self.depth -= 1
 
-        def post(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
+        def post(module: Any, args: Any, kwargs: Any, output: Any = None) -> Any:
             if get_ident() != thread:
                 return None
+            path = paths.get(id(module))
+            if not path:
+                return None
+            stack = builder.module_stack
+            current = stack[-1] if stack else None
+            if kwargs and current is not None and current[0] == path:
+                self._add_keyword_inputs(current, kwargs)
             try:
-                path = paths.get(id(module))
-                if not path:
-                    return None
-                stack = builder.module_stack
-                current = stack[-1] if stack else None
-                if kwargs and current is not None and current[0] == path:
-                    self._add_keyword_inputs(current, kwargs)
-                editor = builder.editor
-                # intervene=: what a module named by a site returns may be edited, as a hook would
-                wanted = editor is not None and (current is None or current[0] != path
-                                                 or editor.wants_module(*current))
-                if not wanted and isinstance(output, Tensor):  # most passes: one tensor, not a site
-                    template, seen = self.as_output(output, current)
-                    self.sites.exit(path)
-                    builder.exit_module(path, template)
-                    return seen  # None: the output as it was; else what intervene= made of a pass-through op
-                template, edited = self.outputs(output, current)
-                if wanted:
-                    with torch._C.DisableTorchFunction():  # the helpers' own tensor calls are not the model's ops
-                        edited, template = builder.edit_module_output(path, template, edited)
-                if edited is not output:
-                    for leaf_path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
-                        leaf, original = tree.get(edited, leaf_path), tree.get(output, leaf_path)
-                        if leaf is not original:  # a new tensor: later ops read it as ref's
-                            self._produced(leaf, builder.ops[ref.index], ref.path)
-                            self.pass_throughs.replaced(original, ref.index)
+                edited = self.exit_pass(path, output)  # intervene= may edit it, as a hook would
+            finally:
                 self.sites.exit(path)
-                builder.exit_module(path, template)
-                return None if edited is output else edited
-            except TorchLensError as exc:  # capture() raises it, also if the model caught it
-                self.failure = self.failure or exc
-                raise
+            return None if edited is output else edited
 
         return counted if builder.options.escape_detector else post
 
@@ -665,68 +542,6 @@ class _Recorder(TorchFunctionMode):
         else:
             module_pass.in_template = (module_pass.in_template[0], mapped)
 
-    def as_output(self, value: Tensor, inside: tuple[str, int] | None) -> tuple[Ref, Tensor | None]:
-        """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model), and what
-        intervene= made of it (None: nothing)."""
-        found = self.producers.get(id(value))
-        if found is not None and found[0]() is value:
-            source = found[1]
-            if inside is None or inside in self.builder.ops[source.index].module_passes:
-                return source, None
-        else:
-            source = self._template(value, [], [])  # a parameter's ParamRef, or a constant's copy
-        # Returned, not computed, here (nn.Identity, a parameter, a constant): an
-        # explicit pass-through op keeps "every returned array is an op's output"
-        # and "module outputs are computed inside the module" true.
-        with torch._C.DisableTorchFunction():  # intervene='s helpers' own tensor calls are not the model's ops
-            op = self.builder.identity_op(source, value, shape=tuple(value.shape),
-                                          dtype=_dtype_name(value.dtype), device=value.device.type)
-            seen = self.builder.seen_value(op, value)  # intervene= may edit the pass-through op too
-            if seen is value:  # one object with what the caller may hold: later reads of it read the op
-                self.pass_throughs.take(value, op.index)
-            self._produced(seen, op, ())
-            if self.grads and self.builder.grad_wanted(op):
-                hook_grads(op, seen)
-        return Ref(op.index), (None if seen is value else seen)
-
-    def outputs(self, value: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:
-        """``(template, value)`` of what a module pass (None: the model) returned, with intervene='s edits."""
-        if isinstance(value, Tensor):  # most passes return one tensor: what returned() below gives, faster
-            ref, edited = self.as_output(value, inside)
-            return ref, (value if edited is None else edited)
-
-        def refs() -> tuple[Any, Any]:
-            return returned(value, lambda v: isinstance(v, Tensor), lambda v: self.as_output(v, inside))
-
-        if self.builder.editor is None:
-            return refs()
-        with torch._C.DisableTorchFunction():  # helpers' own tensor calls are not the model's ops
-            return refs()
-
-    # -- after the forward --------------------------------------------------------------
-    def unalias(self, tensors: list[Tensor]) -> None:
-        """Copy recorded values that share storage with tensors the user keeps (parameters, buffers, inputs).
-
-        The user may change those in place after the capture (an optimizer step,
-        a reused input buffer, the next training-mode forward bumping a
-        BatchNorm counter); the trace must keep the values that ran.
-        """
-        for t in tensors:
-            self._snapshot(t)
-
-    def check_versions(self) -> None:
-        """Flag any saved value changed in place after recording without a copy being made."""
-        ops = self.builder.ops
-        for index, path, tensor_id, version in self.versions:
-            if ops[index].out is None or (index, path) in self.snapshots:
-                continue
-            value = tree.get(ops[index].out, path)
-            if id(value) != tensor_id:  # intervene= replaced it by a new tensor, registered on its own
-                continue
-            if value._version != version:
-                ops[index].meta["mutated_after_recording"] = True
-
-
 class _ShadowedRecorder(_Recorder):
     """The recorder with escape_detector="shadow": it counts the calls it is inside (escapes.py)."""
 
@@ -758,7 +573,7 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
         if id(leaf) not in recorder.producers and id(leaf) not in param_names:
             op = builder.add_input(leaf, shape=tuple(leaf.shape), dtype=_dtype_name(leaf.dtype),
                                    device=leaf.device.type)
-            recorder._produced(leaf, op, ())
+            recorder.produced(leaf, Ref(op.index))
     # the global module hooks go out of torch's registries last, and surely (global_hooks.py, restore.py)
     hooks = GlobalHooks(recorder.module_pre_hook(paths), recorder.module_post_hook(paths))
     try:
@@ -773,9 +588,9 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
         raise
     finally:
         recorder.branches.close()
-    if recorder.failure is not None:  # the model caught it and went on: the trace misses that call
-        raise recorder.failure
-    template, output = recorder.outputs(output, None)
+    recorder.raise_remembered()  # the model caught an error of a recorded call and went on
+    with torch._C.DisableTorchFunction():  # intervene='s helpers' own tensor calls are not the model's ops
+        template, output = recorder.returned(output, None)
     builder.add_outputs(template, output)
     recorder.check_versions()
     kept = [leaf for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor))]

@@ -266,7 +266,7 @@ class RecorderAccess:
         self.recorder.protect(t)
 
     def template(self, value: Any) -> Any:
-        return self.recorder.template(value)
+        return self.recorder.template(value, [], [])
 
     def record(self, func: Any, args: tuple[Any, ...], out: Any, target: torch.Tensor, meta: dict[str, Any],
                elapsed: float) -> None:

@@ -14,7 +14,7 @@ class TorchBackend(Backend):
     name = "torch"
 
     def info(self) -> BackendInfo:
-        return BackendInfo(contract=2, name=self.name, framework="torch", install="pip install 'torchlens[torch]'",
+        return BackendInfo(contract=3, name=self.name, framework="torch", install="pip install 'torchlens[torch]'",
                            aliases=("pytorch",),
                            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
                                                    "save", "halt", "branches", "timing", "intervene",

@@ -222,8 +222,7 @@ class _Watcher(TorchFunctionMode):
 def _refuse(recorder: Any, message: str) -> UnsupportedError:
     """The error, also kept as the capture's failure (raised by capture() even if the model catches it)."""
     exc = UnsupportedError(message)
-    recorder.failure = recorder.failure or exc
-    return exc
+    return recorder.remember(exc)
 
 
 def _records(recorder: Any) -> int | None:

@@ -11,7 +11,6 @@ TorchLens's install).
 
 from __future__ import annotations
 
-import pathlib
 from typing import Any
 
 import attrs
@@ -20,6 +19,8 @@ import pytest
 import torchlens as tl
 from torchlens.conformance.plugin import suite_settings
 from torchlens.conformance.rerun import rerun_module_outputs
+from torchlens.conformance.support import Traced, needs
+from torchlens.conformance.support import run as _run
 from torchlens_core.backend.arrays import max_error
 from torchlens_core.backend.cases import Case
 from torchlens_core.backend.manager import hook
@@ -31,23 +32,6 @@ from torchlens_core.replay.evaluator import replay_values
 from torchlens_core.store.saving import NOT_REPLAYABLE
 
 
-@attrs.frozen
-class Traced:
-    backend: str
-    case: Case
-    model: Any
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    trace: tl.Trace
-    own_output: Any
-
-
-def _run(case: Case, fn: Any) -> Any:
-    if case.reset is not None:
-        case.reset()
-    return fn()
-
-
 @pytest.fixture(scope="module")
 def traced(torchlens_case: tuple[str, Case]) -> Traced:
     backend, case = torchlens_case
@@ -55,6 +39,49 @@ def traced(torchlens_case: tuple[str, Case]) -> Traced:
     own = _run(case, lambda: model(*args, **kwargs))
     trace = _run(case, lambda: tl.trace(model, *args, backend=backend, **kwargs))
     return Traced(backend, case, model, args, kwargs, trace, own)
+
+
+@pytest.fixture(scope="module")
+def observed(traced: Traced) -> dict[str, Any] | None:
+    """The module outputs the framework's own hooks see (torchlens_observe_module_outputs); None without them."""
+    return _run(traced.case, lambda: hook().torchlens_observe_module_outputs(
+        backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
+
+
+@pytest.fixture(scope="module")
+def loaded(traced: Traced, tmp_path_factory: pytest.TempPathFactory) -> tl.Trace:
+    """The case's trace saved and loaded again (first asked by test_round_trip: see there)."""
+    return tl.load(tl.save(traced.trace, tmp_path_factory.mktemp("round_trip") / "trace"))
+
+
+@attrs.frozen
+class Other:
+    """The second inputs of test_replay_on_other_inputs, the model's own output on them, and the GraphDoesNotHold
+    the recorded graph replayed on them raised (None: it held)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    own_output: Any
+    refused: GraphDoesNotHold | None
+
+
+@pytest.fixture(scope="module")
+def other(traced: Traced) -> Other:
+    args, kwargs = _other_inputs(traced)
+    own = _run(traced.case, lambda: traced.model(*args, **kwargs))
+    try:
+        _run(traced.case, lambda: replay_values(traced.trace, new_inputs=(args, kwargs)))
+    except GraphDoesNotHold as exc:
+        return Other(args, kwargs, own, exc)
+    return Other(args, kwargs, own, None)
+
+
+@pytest.fixture(scope="module")
+def graded(traced: Traced) -> Any:
+    """The case captured with save_grads=True and differentiated, and the framework's input gradients."""
+    from torchlens.conformance.grad_checks import grads_of
+
+    return grads_of(traced)
 
 
 def test_output_parity(traced: Traced) -> None:
@@ -119,12 +146,11 @@ def _rerun_alone(traced: Traced) -> dict[str, Any]:
     return {label: rerun.outputs.get(label) for label in [*rerun.outputs, *rerun.not_run]}  # None: not compared
 
 
-def test_round_trip(traced: Traced, tmp_path: pathlib.Path) -> None:
-    # Runs after test_module_outputs on purpose: the model has run again since the capture (a
-    # training-mode model bumps its BatchNorm counters in place), and the trace must still hold,
+def test_round_trip(traced: Traced, loaded: tl.Trace) -> None:
+    # Runs after test_module_outputs on purpose, the first to ask for `loaded`: the model has run again since
+    # the capture (a training-mode model bumps its BatchNorm counters in place), and the trace must still hold,
     # and save, the values that ran.
     trace, backend, rtol = traced.trace, traced.backend, traced.case.rtol
-    loaded = tl.load(tl.save(trace, tmp_path / "trace"))
     assert _views(loaded) == _views(trace), "the loaded trace's records, tables, summary or drawing differ"
     for a, b in zip(trace.ops, loaded.ops):
         assert max_error(backend, b.out, a.out) == 0.0, f"the saved value of {a.label} changed on load"
@@ -205,14 +231,6 @@ def _edited_route_output(traced: Traced, site: Any) -> Any:
     return baseline.output
 
 
-def _needs(traced: Traced, capability: str) -> None:
-    """Skip a check of an option the backend does not declare (tl.trace refuses the option then)."""
-    from torchlens_core.backend.manager import resolve_backend
-
-    if capability not in resolve_backend(traced.backend).capabilities:
-        pytest.skip(f"the {traced.backend} backend does not declare the {capability!r} capability")
-
-
 def test_a_capture_leaves_no_reference_cycles(traced: Traced) -> None:
     """A capture and its dropped trace free everything by reference counting: no object of TorchLens (or of the
     backend's package) is left in a cycle for the cyclic GC, which would keep the capture's bookkeeping, and any
@@ -254,7 +272,7 @@ def _owner_name(obj: Any) -> str:
 
 def test_identity_edits_leave_the_output_unchanged(traced: Traced) -> None:
     """An identity edit at every op: the edit machinery of every op runs, and changes nothing."""
-    _needs(traced, "intervene")
+    needs(traced, "intervene")
     everything = tl.when(tl.where(lambda op: True), _identity)
     edited = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
                                                  intervene=everything, **traced.kwargs))
@@ -273,7 +291,7 @@ def _copied(value: Any, site: Any) -> Any:
 def test_copies_at_every_module_site_leave_the_output_unchanged(traced: Traced) -> None:
     """Every module call's output replaced by a copy of itself, as a forward hook returning copies would: the
     caller gets new arrays, later ops read them as the module's output, and nothing changes."""
-    _needs(traced, "intervene")
+    needs(traced, "intervene")
     paths = [path for path, module in traced.trace.modules.items()
              if any(mp.out_template is not None and refs_in(mp.out_template) for mp in module.passes)]
     if not paths:
@@ -290,7 +308,7 @@ def test_copies_at_every_module_site_leave_the_output_unchanged(traced: Traced) 
 
 def test_zero_ablation_live_equals_fork_replay(traced: Traced) -> None:
     """Zeros at a mid-graph op: captured live, and replayed on a fork of the clean trace, give one output."""
-    _needs(traced, "intervene")
+    needs(traced, "intervene")
     ops = [op for op in traced.trace.ops if op.kind == "op" and op.children and op.dtype
            and replay_refusal(op, op.label) is None  # a pass-through a fork refuses to replay edits at
            and any(k in op.dtype for k in ("float", "bfloat", "half", "double"))]
@@ -314,21 +332,9 @@ def test_zero_ablation_live_equals_fork_replay(traced: Traced) -> None:
 
 
 # -- gradients: checked against the framework's own, for backends with the "gradients" capability ----------------
-def test_gradients_match_the_framework(traced: Traced) -> None:
-    from torchlens_core.grads.backward import total
-
-    _needs(traced, "gradients")
-    h = hook()
-    try:
-        reference = _run(traced.case, lambda: h.torchlens_reference_grads(
-            backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
-    except tl.UnsupportedError as exc:
-        pytest.skip(str(exc))
-    if not reference:
-        pytest.skip("no floating-point input to differentiate with respect to")
-    t = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, save_grads=True,
-                                            **traced.kwargs))
-    t.log_backward(total(traced.backend))
+def test_gradients_match_the_framework(traced: Traced, graded: Any) -> None:
+    reference = graded.reference()
+    t = graded.trace
     template = (t.call.args, t.call.kwargs)
     tolerance = max(traced.case.rtol, 1e-4)
     for path, expected in reference.items():
@@ -361,3 +367,26 @@ def test_no_lost_edges(traced: Traced) -> None:
         moved = list(constants_that_moved(traced.trace, other, again))
     found += moved
     assert not found, "lost edges:\n" + "\n".join(f"  {f.op}: {f.detail}" for f in found[:10])
+
+
+# -- the checks of behaviours every backend with a capability must have, rules of plugin contract 3 ---------------
+# (collected here: pytest takes the checks of this module's namespace, wherever they are written). Imported last, so
+# that they run after the checks above, test_round_trip first among those reading the saved trace.
+from torchlens.conformance.edit_checks import (  # noqa: E402, F401
+    test_a_module_call_edit_is_what_its_caller_gets,
+    test_array_ops_agree_with_numpy,
+    test_every_helper_edits_an_op_as_numpy_computes_it,
+    test_gradients_through_an_edit_are_those_of_the_edited_forward,
+    test_refused_and_failing_edits_leave_the_model_as_it_was,
+    test_splice_module_runs_the_replacement_instead,
+)
+from torchlens.conformance.flop_checks import test_flops_are_known  # noqa: E402, F401
+from torchlens.conformance.grad_checks import (  # noqa: E402, F401
+    test_a_loaded_trace_gives_the_same_gradients,
+    test_gradients_are_refused_where_they_cannot_be_given,
+    test_gradients_of_selected_ops_and_of_part_of_the_output,
+)
+from torchlens.conformance.replay_checks import (  # noqa: E402, F401
+    test_a_loaded_trace_replays_new_inputs_as_the_model_runs_them,
+    test_replay_refuses_inputs_it_cannot_take,
+)

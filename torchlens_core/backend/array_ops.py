@@ -14,7 +14,7 @@ what the NumPy plugin and the core's own tests use.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -63,37 +63,57 @@ class ArrayOps:
 
 
 class NumpyArrayOps(ArrayOps):
-    """ArrayOps on NumPy arrays (and the reference for other backends)."""
+    """ArrayOps on NumPy arrays (and the reference for other backends).
 
-    def __init__(self) -> None:
+    A NumPy scalar (``np.float64``, what ``x.sum()`` gives) stays a scalar:
+    ``np.zeros_like`` and ``np.array(copy=True)`` would make it a 0-d array,
+    which a model could write into, or fail to hash, where the scalar could
+    not. ``plain``, optional: the plain NumPy value a value handed to a helper
+    stands for (a backend's ndarray subclass that records its calls, say),
+    applied first, so the answers are plain NumPy values.
+    """
+
+    def __init__(self, plain: Callable[[Any], Any] | None = None) -> None:
         import numpy as np
 
         self.np = np
+        self.plain = plain if plain is not None else _same
 
     def zeros_like(self, x: Any) -> Any:
-        return self.np.zeros_like(x)
+        x = self.plain(x)
+        zeros = self.np.zeros_like(x)
+        return zeros[()] if isinstance(x, self.np.generic) else zeros
 
     def mean(self, x: Any, axes: tuple[int, ...]) -> Any:
+        x = self.plain(x)
         return x.mean(axis=axes, keepdims=True).astype(x.dtype, copy=False)
 
     def sum(self, x: Any, axis: int) -> Any:
+        x = self.plain(x)
         return x.sum(axis=axis, keepdims=True).astype(x.dtype, copy=False)
 
     def clip(self, x: Any, low: float | None, high: float | None) -> Any:
+        x = self.plain(x)
         return self.np.clip(x, low, high).astype(x.dtype, copy=False)
 
     def total(self, x: Any) -> Any:
-        return self.np.sum(x)
+        return self.np.sum(self.plain(x))
 
     def take(self, x: Any, indices: Sequence[int], axis: int) -> Any:
-        return self.np.take(x, list(indices), axis=axis)
+        return self.np.take(self.plain(x), list(indices), axis=axis)
 
     def from_numpy(self, array: Any, like: Any) -> Any:
-        return self.np.asarray(array, dtype=like.dtype)
+        return self.np.asarray(self.plain(array), dtype=like.dtype)
 
     def copy(self, x: Any) -> Any:
-        return self.np.array(x, copy=True)
+        x = self.plain(x)
+        return x if isinstance(x, self.np.generic) else self.np.array(x, copy=True)  # a scalar is never written
 
     def write_into(self, target: Any, value: Any) -> Any:
-        target[...] = value
+        target = self.plain(target)
+        target[...] = self.plain(value)
         return target
+
+
+def _same(x: Any) -> Any:
+    return x

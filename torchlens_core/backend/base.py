@@ -8,6 +8,8 @@ entry point at an instance::
     mybackend = "my_package.plugin:backend"
 
 Methods whose code imports the framework are best declared with :func:`lazy`.
+An entry point may name the plugin module instead (``"my_package.plugin"``),
+which then exports the instance's hooks: :func:`hooks_of`.
 
 Each hook then answers for this backend's name only, so the methods never see
 another backend's requests. Import the framework inside the methods, never at
@@ -274,3 +276,12 @@ class Backend:
     def torchlens_observe_module_outputs(self, backend: str, target: Any, args: tuple[Any, ...],
                                          kwargs: dict[str, Any]) -> dict[str, Any] | None:
         return self.observe_module_outputs(target, args, kwargs) if backend == self.name else None
+
+
+def hooks_of(backend: Backend) -> dict[str, Any]:
+    """``backend``'s hooks by name, for a plugin module that an entry point names instead of the instance.
+
+    pluggy registers the hook functions of a module it is given, so such a
+    module exports the instance's: ``globals().update(hooks_of(backend))``.
+    """
+    return {name: getattr(backend, name) for name in dir(type(backend)) if name.startswith("torchlens_")}

@@ -83,7 +83,11 @@ broken_plugins: dict[str, str] = {}
 #   1: the hooks, TraceBuilder and the conformance suite as in TorchLens 0.1.
 #   2: TraceBuilder refuses (CaptureError) a record tl.load would refuse; under contract 1 it warns and
 #      tl.save refuses the trace, so that a trace that saves always loads.
-CONTRACT_VERSION = 2
+#   3: the conformance suite checks the behaviours every backend with a capability must have (interventions'
+#      helpers, module sites, splices, refusals and array operations; gradients of selected ops, of loaded traces
+#      and through edits; replay's refusals and loaded traces on new inputs; FLOP coverage). Under an earlier
+#      contract a failure of those checks warns (PluginContractWarning) and is reported xfailed.
+CONTRACT_VERSION = 3
 
 
 def contract_of(name: str) -> int:

@@ -26,16 +26,19 @@ class CallSites:
     """Finds the caller's code site, skipping frames in the given packages and in TorchLens.
 
     ``CallSites(torch.__file__, __file__)``: files in the directories of those
-    modules (and of the core and pluggy) are never a user's code site. The
+    modules (and of the core and pluggy) are never a user's code site; nor are
+    the ``files`` named one by one (a plugin's capture modules, beside code of
+    its own that is a user's, such as its example models). The
     verdict is cached per code object, and so is each CodeLocation per
     instruction offset: a frame's ``f_lineno`` is worked out from the line
     table on every read, which costs more than the dictionary lookup. A
     lookup walks a few frames and costs about a microsecond.
     """
 
-    def __init__(self, *module_files: str) -> None:
-        files = (*module_files, torchlens_core.__file__, pluggy.__file__)  # the core: every layer's folder
-        self.internal = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in files)
+    def __init__(self, *module_files: str, files: tuple[str, ...] = ()) -> None:
+        folders = (*module_files, torchlens_core.__file__, pluggy.__file__)  # the core: every layer's folder
+        self.internal = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in folders)
+        self.internal_files = frozenset(os.path.abspath(f) for f in files)
         # Internal functions that call the model: the walk stops there too, rather than climbing through
         # pluggy's frames to the API's (a shallow model's ops walk every frame up to the stop).
         self.stop_codes: frozenset[CodeType] = frozenset()
@@ -59,7 +62,7 @@ class CallSites:
             self._forget()
         filename = code.co_filename
         self.held[id(code)] = code
-        if filename.startswith(self.internal) or filename.startswith("<frozen"):
+        if filename.startswith(self.internal) or filename in self.internal_files or filename.startswith("<frozen"):
             self.internal_codes[id(code)] = filename == _API_FILE or code in self.stop_codes
         else:
             self.user_codes[id(code)] = {}

@@ -42,19 +42,22 @@ class SharedPatch:
     ``original`` given to ``make`` is what the attribute resolved to before
     the first use (looked up through the class, so an inherited method is
     found); on the way out the attribute is set back, or deleted if the owner
-    did not define it itself.
+    did not define it itself. ``name`` may be a tuple of names, a family of
+    functions such as a module's random draws: each is replaced by
+    ``make(its original, handlers)``, all under one lock and one count.
     """
 
-    def __init__(self, owner: Any, name: str, make: MakeReplacement) -> None:
+    def __init__(self, owner: Any, name: str | tuple[str, ...], make: MakeReplacement) -> None:
         self.owner, self.name, self.make = owner, name, make
+        self.names = (name,) if isinstance(name, str) else tuple(name)
         self.handlers: dict[int, Any] = {}
         self._lock = threading.Lock()
-        self._saved: Any = _MISSING
-        self._replacement: Any = None
+        self._saved: list[Any] = []  # per name, what the owner itself held (_MISSING: nothing, it inherited)
+        self._replacements: list[Any] = []  # per name, while installed
 
     @property
     def installed(self) -> bool:
-        return self._replacement is not None
+        return bool(self._replacements)
 
     @contextlib.contextmanager
     def use(self, handler: Any) -> Iterator[None]:
@@ -75,20 +78,24 @@ class SharedPatch:
                     self._uninstall()
 
     def _install(self) -> None:
-        owner, name = self.owner, self.name
-        self._saved = vars(owner).get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
-        self._replacement = self.make(getattr(owner, name), self.handlers)
-        setattr(owner, name, self._replacement)
+        owner = self.owner
+        own = vars(owner) if hasattr(owner, "__dict__") else {}
+        saved = [own.get(name, _MISSING) for name in self.names]
+        replacements = [self.make(getattr(owner, name), self.handlers) for name in self.names]  # all, or none
+        for name, replacement in zip(self.names, replacements):
+            setattr(owner, name, replacement)
+        self._saved, self._replacements = saved, replacements
 
     def _uninstall(self) -> None:
-        saved, self._saved, self._replacement = self._saved, _MISSING, None
-        if saved is _MISSING:
-            delattr(self.owner, self.name)
-        else:
-            setattr(self.owner, self.name, saved)
+        saved, self._saved, self._replacements = self._saved, [], []
+        for name, value in zip(self.names, saved):
+            if value is _MISSING:
+                delattr(self.owner, name)
+            else:
+                setattr(self.owner, name, value)
 
 
-_PATCHES: dict[tuple[int, str], SharedPatch] = {}
+_PATCHES: dict[tuple[int, Any], SharedPatch] = {}
 _PATCHES_LOCK = threading.Lock()
 
 
@@ -101,7 +108,7 @@ class SharedPatchUse:
     module instance must not keep the module alive after its captures).
     """
 
-    def __init__(self, owner: Any, name: str, make: MakeReplacement) -> None:
+    def __init__(self, owner: Any, name: str | tuple[str, ...], make: MakeReplacement) -> None:
         self.owner, self.name, self.make = owner, name, make
 
     @contextlib.contextmanager
@@ -126,7 +133,7 @@ class SharedPatchUse:
                     del _PATCHES[key]
 
 
-def shared_patch(owner: Any, name: str, make: MakeReplacement) -> SharedPatchUse:
+def shared_patch(owner: Any, name: str | tuple[str, ...], make: MakeReplacement) -> SharedPatchUse:
     """``shared_patch(owner, name, make).use(handler)``: this thread's calls of ``owner.<name>`` go to ``handler``.
 
     Every capture that patches an attribute asks here: the first user

@@ -67,13 +67,14 @@ def _converted(t: Any, how: str, convert: Callable[[Any], Any] | None = None) ->
     ``t``'s memory was written since its op ran (see ``Recorder.reading``).
     """
     link = t._tl
-    recorder = link.recorder if link is not None else None
-    reading = recorder.reading(t, values=how != "len") if recorder is not None else None
-    plain = _plain(t if reading is None else reading)
+    found = link.recorder.reading(t, values=how != "len") if link is not None else None
     conversion = CONVERSIONS[how]
+    if found is None:  # not recorded by a capture running on this thread: plain NumPy
+        return (convert or conversion)(_plain(t))
+    source, ref = found
+    plain = source._tl.plain
     result = (convert or conversion)(plain)
-    if reading is not None:
-        recorder.converted(reading, how, result if convert is None else conversion(plain))
+    link.recorder.report(ref.index, ref.path, how, result if convert is None else conversion(plain))
     return result
 
 

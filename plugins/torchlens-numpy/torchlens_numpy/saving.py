@@ -31,6 +31,10 @@ _OPERATORS = {"getitem": operator.getitem, "setitem": operator.setitem}
 _REFUSED_PARTS = ("save", "load", "file", "txt")  # functions that touch the file system
 
 
+def encode_op(op: Any) -> Any:
+    return encode_call(op.call)
+
+
 def encode_call(call: Any) -> Any:
     if isinstance(call, PythonValue):
         inner = encode_call(call.function)

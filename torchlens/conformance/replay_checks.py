@@ -1,0 +1,156 @@
+"""Conformance checks of replay on new inputs (``trace.replay(*inputs)``), for every backend.
+
+Rules of plugin contract 3 (see :func:`~torchlens.conformance.support.since_contract`).
+The references are the model's own output on the new inputs and the inputs
+as they were before the replay. Collected through
+:mod:`torchlens.conformance.checks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from torchlens.conformance.support import Traced, numpy_error, run, since_contract, small_only, to_numpy
+from torchlens_core.backend.arrays import is_array_of, max_error
+from torchlens_core.backend.manager import hook
+from torchlens_core.ir import tree
+from torchlens_core.ir.errors import ArgumentTypeError, GraphDoesNotHold
+from torchlens_core.ir.records import ParamRef, Ref
+
+
+def _as_backend(backend: str, array: Any, dtype: str, device: str) -> Any:
+    made = hook().torchlens_from_numpy(backend=backend, array=array, dtype=dtype, device=device)
+    return array if made is None else made  # None: the backend's arrays are NumPy's
+
+
+@since_contract(3)
+def test_replay_refuses_inputs_it_cannot_take(traced: Traced, loaded: Any) -> None:
+    """The first array the model took, given again with another shape, another dtype, or not as an array, and
+    one positional argument too many: replay refuses each with an ArgumentTypeError saying what it got; and so
+    does the loaded trace (which takes one array per input node, in order) given one array too many."""
+    import numpy as np
+
+    backend = traced.backend
+    given = (traced.args, traced.kwargs)
+    arrays = list(tree.leaves(given, is_array_of(backend)))
+    if not arrays:
+        pytest.skip("the model takes no array")
+    path, x = arrays[0]
+    shape, dtype, device = hook().torchlens_array_info(backend=backend, value=x)
+    if not shape:
+        pytest.skip("the first array the model takes has no axes to grow")
+    data = to_numpy(backend, x)
+
+    def replay_with(value: Any) -> Any:  # everywhere the model took that array (attention's query, key, value)
+        args, kwargs = tree.replace_at(given, {p: value for p, leaf in arrays if leaf is x})
+        return traced.trace.replay(*args, **kwargs)
+
+    grown = [2 * shape[0], *shape[1:]]
+    with pytest.raises(ArgumentTypeError, match=rf"shape {_listed(grown)}.* shape {_listed(shape)}"):
+        replay_with(_as_backend(backend, np.concatenate([data, data]), dtype, device))
+    with pytest.raises(ArgumentTypeError, match="not an array"):
+        replay_with(None)
+    other = "float64" if dtype != "float64" else "float32"
+    try:
+        retyped = _as_backend(backend, data.astype(other), other, device)
+    except Exception:  # noqa: BLE001 - a backend without that dtype: the other refusals stand alone
+        retyped = None
+    info = hook().torchlens_array_info(backend=backend, value=retyped) if retyped is not None else None
+    if info is not None and info[1] != dtype:
+        with pytest.raises(ArgumentTypeError, match=info[1]):
+            replay_with(retyped)
+    with pytest.raises(ArgumentTypeError, match="positional"):
+        traced.trace.replay(*traced.args, x, **traced.kwargs)
+    nodes = sum(op.kind == "input" for op in loaded.ops)
+    with pytest.raises(ArgumentTypeError, match="one array per input node"):
+        loaded.replay(*[x] * (nodes + 1))
+
+
+def _listed(shape: Any) -> str:
+    return str(list(shape)).replace("[", r"\[").replace("]", r"\]")
+
+
+def _negated(backend: str, values: list[Any]) -> list[Any]:
+    """Every floating-point array of ``values`` negated: a branch on a sign takes the other way."""
+    h = hook()
+
+    def flip(value: Any) -> Any:
+        info = h.torchlens_array_info(backend=backend, value=value)
+        data = to_numpy(backend, value) if info is not None else None
+        return _as_backend(backend, -data, info[1], info[2]) if data is not None and data.dtype.kind == "f" else value
+
+    return [flip(v) for v in values]
+
+
+def _outcome(fn: Any) -> tuple[Any, GraphDoesNotHold | None]:
+    try:
+        return fn(), None
+    except GraphDoesNotHold as exc:
+        return None, exc
+
+
+class _Inputs:
+    """New values for a trace's input nodes: as the model takes them (its recorded call, the parameters it was
+    passed as they were), and as a loaded trace, which does not know the call, takes them (in input-node order)."""
+
+    def __init__(self, traced: Traced, new: tuple[Any, Any]) -> None:
+        call = traced.trace.call
+        template = (call.args, call.kwargs)
+        self.slots: dict[int, list[Any]] = {}  # input node -> where the model took it (once, or several times)
+        for path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
+            self.slots.setdefault(ref.index, []).append(path)
+        self.passes_params = any(True for _ in tree.leaves(template, lambda v: isinstance(v, ParamRef)))
+        self.original = (traced.args, traced.kwargs)
+        self.values = [tree.get(new, self.slots[i][0]) for i in sorted(self.slots)]
+
+    def with_values(self, values: list[Any]) -> _Inputs:
+        made = object.__new__(_Inputs)
+        made.__dict__.update(self.__dict__, values=values)
+        return made
+
+    @property
+    def call(self) -> tuple[Any, Any]:
+        """(args, kwargs) for the model: the new input arrays where it took them, everything else as it was."""
+        return tree.replace_at(self.original, {path: value for i, value in zip(sorted(self.slots), self.values)
+                                               for path in self.slots[i]})
+
+
+@since_contract(3)
+def test_a_loaded_trace_replays_new_inputs_as_the_model_runs_them(traced: Traced, loaded: Any, other: Any) -> None:
+    """Saved and loaded, the trace replays other input arrays (given in input-node order) to the model's own
+    output on them (or refuses, with GraphDoesNotHold, exactly when the trace before saving refuses them), and
+    leaves them as they were. A trace whose forward turned values into Python ones (a branch, a loop count)
+    keeps those checks: on its floating-point inputs negated, the loaded and the saved trace refuse alike, or
+    replay the model's output alike."""
+    backend = traced.backend
+    small_only(traced)
+    new = _Inputs(traced, (other.args, other.kwargs))
+    if new.passes_params:  # the other inputs changed the parameters too, which a loaded trace holds as recorded
+        own, refused_before = None, None
+    else:
+        own, refused_before = other.own_output, other.refused
+    _compare(traced, loaded, new, own, refused_before, "other inputs")
+    if any(op.meta.get("to_python") for op in traced.trace.ops):
+        _compare(traced, loaded, new.with_values(_negated(backend, new.values)), None, None, "negated inputs")
+
+
+def _compare(traced: Traced, loaded: Any, new: _Inputs, own: Any, refused_before: Any, what: str) -> None:
+    backend = traced.backend
+    args, kwargs = new.call
+    if own is None:
+        own = run(traced.case, lambda: traced.model(*args, **kwargs))
+        _, refused_before = _outcome(lambda: run(traced.case, lambda: traced.trace.replay(*args, **kwargs)))
+    before = [to_numpy(backend, v) for v in new.values if is_array_of(backend)(v)]
+    replayed, refused = _outcome(lambda: run(traced.case, lambda: loaded.replay(*new.values)))
+    assert (refused is None) == (refused_before is None), \
+        f"on {what} the loaded trace {'refuses' if refused else 'replays'}, the saved one " \
+        f"{'refused' if refused_before else 'replayed'}: {refused or refused_before}"
+    if refused is None:
+        error = max_error(backend, replayed, own)
+        assert error <= traced.case.rtol, f"the loaded trace replays {what} to an output off the model's own by " \
+                                          f"{error:.3g}"
+    after = [to_numpy(backend, v) for v in new.values if is_array_of(backend)(v)]
+    assert all(numpy_error(a, b) == 0.0 for a, b in zip(after, before)), f"replaying the loaded trace changed the " \
+                                                                         f"{what}"
