@@ -11,15 +11,16 @@ TorchLens's install).
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
-import attrs
 import pytest
 
 import torchlens as tl
 from torchlens.conformance.plugin import suite_settings
 from torchlens.conformance.rerun import rerun_module_outputs
 from torchlens.conformance.support import Traced, needs
+from torchlens.conformance.support import other_inputs as _other_inputs
 from torchlens.conformance.support import run as _run
 from torchlens_core.backend.arrays import max_error
 from torchlens_core.backend.cases import Case
@@ -39,41 +40,6 @@ def traced(torchlens_case: tuple[str, Case]) -> Traced:
     own = _run(case, lambda: model(*args, **kwargs))
     trace = _run(case, lambda: tl.trace(model, *args, backend=backend, **kwargs))
     return Traced(backend, case, model, args, kwargs, trace, own)
-
-
-@pytest.fixture(scope="module")
-def observed(traced: Traced) -> dict[str, Any] | None:
-    """The module outputs the framework's own hooks see (torchlens_observe_module_outputs); None without them."""
-    return _run(traced.case, lambda: hook().torchlens_observe_module_outputs(
-        backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
-
-
-@pytest.fixture(scope="module")
-def loaded(traced: Traced, tmp_path_factory: pytest.TempPathFactory) -> tl.Trace:
-    """The case's trace saved and loaded again (first asked by test_round_trip: see there)."""
-    return tl.load(tl.save(traced.trace, tmp_path_factory.mktemp("round_trip") / "trace"))
-
-
-@attrs.frozen
-class Other:
-    """The second inputs of test_replay_on_other_inputs, the model's own output on them, and the GraphDoesNotHold
-    the recorded graph replayed on them raised (None: it held)."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    own_output: Any
-    refused: GraphDoesNotHold | None
-
-
-@pytest.fixture(scope="module")
-def other(traced: Traced) -> Other:
-    args, kwargs = _other_inputs(traced)
-    own = _run(traced.case, lambda: traced.model(*args, **kwargs))
-    try:
-        _run(traced.case, lambda: replay_values(traced.trace, new_inputs=(args, kwargs)))
-    except GraphDoesNotHold as exc:
-        return Other(args, kwargs, own, exc)
-    return Other(args, kwargs, own, None)
 
 
 @pytest.fixture(scope="module")
@@ -146,11 +112,12 @@ def _rerun_alone(traced: Traced) -> dict[str, Any]:
     return {label: rerun.outputs.get(label) for label in [*rerun.outputs, *rerun.not_run]}  # None: not compared
 
 
-def test_round_trip(traced: Traced, loaded: tl.Trace) -> None:
-    # Runs after test_module_outputs on purpose, the first to ask for `loaded`: the model has run again since
-    # the capture (a training-mode model bumps its BatchNorm counters in place), and the trace must still hold,
+def test_round_trip(traced: Traced, tmp_path: pathlib.Path) -> None:
+    # Runs after test_module_outputs on purpose: the model has run again since the capture (a
+    # training-mode model bumps its BatchNorm counters in place), and the trace must still hold,
     # and save, the values that ran.
     trace, backend, rtol = traced.trace, traced.backend, traced.case.rtol
+    loaded = tl.load(tl.save(trace, tmp_path / "trace"))
     assert _views(loaded) == _views(trace), "the loaded trace's records, tables, summary or drawing differ"
     for a, b in zip(trace.ops, loaded.ops):
         assert max_error(backend, b.out, a.out) == 0.0, f"the saved value of {a.label} changed on load"
@@ -165,39 +132,6 @@ def test_round_trip(traced: Traced, loaded: tl.Trace) -> None:
 
 # -- checks that catch lost edges: an array the backend failed to link to its op is a frozen constant, which
 # replay on the recorded inputs cannot tell from a real edge ----------------------------------------------------
-def _other_inputs(traced: Traced) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """A second, different set of inputs: the case's own, or the floats nudged and the integers shuffled."""
-    import numpy as np
-
-    if traced.case.other_inputs is not None:
-        return traced.case.other_inputs(traced.args, traced.kwargs)
-    h, backend = hook(), traced.backend
-    rng = np.random.default_rng(0)
-    made: dict[int, Any] = {}
-
-    def other_once(value: Any) -> Any:  # an array passed twice (attention's query, key, value) stays one array
-        if id(value) not in made:
-            made[id(value)] = other(value)
-        return made[id(value)]
-
-    def other(value: Any) -> Any:
-        info = h.torchlens_array_info(backend=backend, value=value)
-        if info is None:
-            return value
-        array = np.asarray(h.torchlens_to_numpy(backend=backend, value=value))
-        if array.dtype.kind == "f" and array.size:
-            scale = float(np.std(array)) or 1.0
-            array = (array + 0.05 * scale * rng.standard_normal(array.shape)).astype(array.dtype)
-        elif array.dtype.kind in "iu" and array.size > 1:
-            array = rng.permutation(array.ravel()).reshape(array.shape)
-        else:
-            return value
-        converted = h.torchlens_from_numpy(backend=backend, array=array, dtype=info[1], device=info[2])
-        return array if converted is None else converted  # None: the backend's arrays are NumPy's
-
-    return tree.map_leaves(other_once, traced.args), tree.map_leaves(other_once, traced.kwargs)
-
-
 def test_replay_on_other_inputs(traced: Traced) -> None:
     args, kwargs = _other_inputs(traced)
     own = _run(traced.case, lambda: traced.model(*args, **kwargs))
@@ -371,7 +305,7 @@ def test_no_lost_edges(traced: Traced) -> None:
 
 # -- the checks of behaviours every backend with a capability must have, rules of plugin contract 3 ---------------
 # (collected here: pytest takes the checks of this module's namespace, wherever they are written). Imported last, so
-# that they run after the checks above, test_round_trip first among those reading the saved trace.
+# that they run after the checks above.
 from torchlens.conformance.edit_checks import (  # noqa: E402, F401
     test_a_module_call_edit_is_what_its_caller_gets,
     test_array_ops_agree_with_numpy,

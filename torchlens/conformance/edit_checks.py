@@ -19,6 +19,7 @@ import pytest
 import torchlens as tl
 from torchlens.conformance.rerun import module_at
 from torchlens.conformance.support import (
+    FLOATING,
     Traced,
     is_floating,
     mid_op_site,
@@ -155,7 +156,7 @@ def _array_leaves(backend: str, value: Any) -> list[Any]:
 
 
 @since_contract(3)
-def test_a_module_call_edit_is_what_its_caller_gets(traced: Traced, observed: Any) -> None:
+def test_a_module_call_edit_is_what_its_caller_gets(traced: Traced) -> None:
     """One module call's output edited (every array it returned), the capture saving that call alone: the call's
     output is NumPy's edit of what the framework's module hooks saw it return, later ops read the edit (the
     output equals the clean trace's graph replayed with the same edit), and ops ``save=`` left out stay unsaved."""
@@ -170,6 +171,8 @@ def test_a_module_call_edit_is_what_its_caller_gets(traced: Traced, observed: An
     leaves = refs_in(mp.out_template)
     assert [(e.site, e.kind) for e in edited.interventions] == [(mp.label, "module")] * len(leaves), \
         f"the edits recorded are {edited.interventions}, not one per array {mp.label} returned"
+    observed = run(traced.case, lambda: hook().torchlens_observe_module_outputs(
+        backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
     seen = (observed or {}).get(mp.label)
     before = _array_leaves(backend, seen if seen is not None else mp.out)  # the framework's view, where it has one
     after = _array_leaves(backend, edited.modules[mp.path].passes[mp.pass_num - 1].out)
@@ -312,21 +315,21 @@ def _another_dtype(backend: str, op: OpRecord) -> tuple[Any, str] | None:
 # -- the backend's array operations ----------------------------------------------------------------------------
 def _samples(traced: Traced) -> list[Any]:
     """The case's own arrays to try the operations on: the smallest one of each dtype among the inputs and the
-    recorded values, at least one axis and two elements, floating point or integer."""
-    import numpy as np
+    recorded values, at least one axis and two elements, floating point or integer (read from the recorded
+    dtype and shape: nothing is converted but the samples)."""
+    import math
 
-    h, backend = hook(), traced.backend
+    info = hook().torchlens_array_info
     found: dict[str, tuple[int, Any]] = {}
-    candidates = [leaf for _, leaf in tree.leaves((traced.args, traced.kwargs), is_array_of(backend))]
-    candidates += [op.out for op in traced.trace.ops if op.saved and op.kind in ("input", "op") and single_array(op)]
-    for value in candidates:
-        info = h.torchlens_array_info(backend=backend, value=value)
-        if info is None or len(info[0]) < 1 or int(np.prod(info[0])) < 2:
-            continue
-        kind = np.dtype(to_numpy(backend, value).dtype).kind
-        size = int(np.prod(info[0]))
-        if kind in "fiu" and (info[1] not in found or size < found[info[1]][0]):
-            found[info[1]] = (size, value)
+    candidates = [(leaf, *info(backend=traced.backend, value=leaf)[:2])
+                  for _, leaf in tree.leaves((traced.args, traced.kwargs), is_array_of(traced.backend))]
+    candidates += [(op.out, op.shape, op.dtype) for op in traced.trace.ops
+                   if op.saved and op.kind in ("input", "op") and single_array(op) and op.dtype]
+    for value, shape, dtype in candidates:
+        size = math.prod(shape)
+        if len(shape) >= 1 and size >= 2 and (any(k in dtype for k in FLOATING) or "int" in dtype) \
+                and (dtype not in found or size < found[dtype][0]):
+            found[dtype] = (size, value)
     return [value for _, value in found.values()]
 
 

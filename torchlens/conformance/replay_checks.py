@@ -8,16 +8,26 @@ as they were before the replay. Collected through
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import pytest
 
-from torchlens.conformance.support import Traced, numpy_error, run, since_contract, small_only, to_numpy
+import torchlens as tl
+from torchlens.conformance.support import (
+    Traced,
+    numpy_error,
+    other_inputs,
+    run,
+    since_contract,
+    small_only,
+    to_numpy,
+)
 from torchlens_core.backend.arrays import is_array_of, max_error
 from torchlens_core.backend.manager import hook
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import ArgumentTypeError, GraphDoesNotHold
-from torchlens_core.ir.records import ParamRef, Ref
+from torchlens_core.ir.records import Ref
 
 
 def _as_backend(backend: str, array: Any, dtype: str, device: str) -> Any:
@@ -26,10 +36,9 @@ def _as_backend(backend: str, array: Any, dtype: str, device: str) -> Any:
 
 
 @since_contract(3)
-def test_replay_refuses_inputs_it_cannot_take(traced: Traced, loaded: Any) -> None:
+def test_replay_refuses_inputs_it_cannot_take(traced: Traced) -> None:
     """The first array the model took, given again with another shape, another dtype, or not as an array, and
-    one positional argument too many: replay refuses each with an ArgumentTypeError saying what it got; and so
-    does the loaded trace (which takes one array per input node, in order) given one array too many."""
+    one positional argument too many: replay refuses each with an ArgumentTypeError saying what it got."""
     import numpy as np
 
     backend = traced.backend
@@ -63,9 +72,6 @@ def test_replay_refuses_inputs_it_cannot_take(traced: Traced, loaded: Any) -> No
             replay_with(retyped)
     with pytest.raises(ArgumentTypeError, match="positional"):
         traced.trace.replay(*traced.args, x, **traced.kwargs)
-    nodes = sum(op.kind == "input" for op in loaded.ops)
-    with pytest.raises(ArgumentTypeError, match="one array per input node"):
-        loaded.replay(*[x] * (nodes + 1))
 
 
 def _listed(shape: Any) -> str:
@@ -101,7 +107,6 @@ class _Inputs:
         self.slots: dict[int, list[Any]] = {}  # input node -> where the model took it (once, or several times)
         for path, ref in tree.leaves(template, lambda v: isinstance(v, Ref)):
             self.slots.setdefault(ref.index, []).append(path)
-        self.passes_params = any(True for _ in tree.leaves(template, lambda v: isinstance(v, ParamRef)))
         self.original = (traced.args, traced.kwargs)
         self.values = [tree.get(new, self.slots[i][0]) for i in sorted(self.slots)]
 
@@ -118,30 +123,28 @@ class _Inputs:
 
 
 @since_contract(3)
-def test_a_loaded_trace_replays_new_inputs_as_the_model_runs_them(traced: Traced, loaded: Any, other: Any) -> None:
+def test_a_loaded_trace_replays_new_inputs_as_the_model_runs_them(traced: Traced, tmp_path: pathlib.Path) -> None:
     """Saved and loaded, the trace replays other input arrays (given in input-node order) to the model's own
     output on them (or refuses, with GraphDoesNotHold, exactly when the trace before saving refuses them), and
-    leaves them as they were. A trace whose forward turned values into Python ones (a branch, a loop count)
-    keeps those checks: on its floating-point inputs negated, the loaded and the saved trace refuse alike, or
-    replay the model's output alike."""
-    backend = traced.backend
+    leaves them as they were; given one array too many, it refuses (ArgumentTypeError). A trace whose forward
+    turned values into Python ones (a branch, a loop count) keeps those checks: on its floating-point inputs
+    negated, the loaded and the saved trace refuse alike, or replay the model's output alike."""
     small_only(traced)
-    new = _Inputs(traced, (other.args, other.kwargs))
-    if new.passes_params:  # the other inputs changed the parameters too, which a loaded trace holds as recorded
-        own, refused_before = None, None
-    else:
-        own, refused_before = other.own_output, other.refused
-    _compare(traced, loaded, new, own, refused_before, "other inputs")
+    loaded = tl.load(tl.save(traced.trace, tmp_path / "trace"))
+    new = _Inputs(traced, other_inputs(traced))
+    _compare(traced, loaded, new, "other inputs")
+    with pytest.raises(ArgumentTypeError, match="one array per input node"):
+        loaded.replay(*new.values, *new.values[:1])
     if any(op.meta.get("to_python") for op in traced.trace.ops):
-        _compare(traced, loaded, new.with_values(_negated(backend, new.values)), None, None, "negated inputs")
+        _compare(traced, loaded, new.with_values(_negated(traced.backend, new.values)), "negated inputs")
 
 
-def _compare(traced: Traced, loaded: Any, new: _Inputs, own: Any, refused_before: Any, what: str) -> None:
+def _compare(traced: Traced, loaded: tl.Trace, new: _Inputs, what: str) -> None:
+    """``loaded`` replays ``new`` as the model runs it, or refuses it exactly where the trace before saving does."""
     backend = traced.backend
     args, kwargs = new.call
-    if own is None:
-        own = run(traced.case, lambda: traced.model(*args, **kwargs))
-        _, refused_before = _outcome(lambda: run(traced.case, lambda: traced.trace.replay(*args, **kwargs)))
+    own = run(traced.case, lambda: traced.model(*args, **kwargs))
+    _, refused_before = _outcome(lambda: run(traced.case, lambda: traced.trace.replay(*args, **kwargs)))
     before = [to_numpy(backend, v) for v in new.values if is_array_of(backend)(v)]
     replayed, refused = _outcome(lambda: run(traced.case, lambda: loaded.replay(*new.values)))
     assert (refused is None) == (refused_before is None), \

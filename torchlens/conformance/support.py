@@ -18,6 +18,7 @@ import torchlens as tl
 from torchlens_core.backend.cases import Case
 from torchlens_core.backend.manager import contract_of, hook, resolve_backend
 from torchlens_core.capture.edits import Intervention, judged_on_trace, replay_refusal
+from torchlens_core.ir import tree
 from torchlens_core.ir.errors import PluginContractWarning, TorchLensError
 from torchlens_core.ir.records import OpRecord, refs_in
 
@@ -67,7 +68,8 @@ def since_contract(version: int) -> Callable[[Callable[..., None]], Callable[...
                 return check(**fixtures)
             try:
                 return check(**fixtures)
-            except Exception as exc:  # noqa: BLE001 - any failure of the new rule: reported, not raised
+            except (Exception, pytest.fail.Exception) as exc:  # noqa: BLE001 - a failure of the new rule (an
+                # assertion, an error, a pytest.raises that did not raise; not a skip): reported, not raised
                 first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
                 message = (f"the {backend} backend declares plugin contract {declared}; {check.__name__} is a rule of "
                            f"contract {version}, which it fails ({type(exc).__name__}: {first}). It will fail "
@@ -80,11 +82,49 @@ def since_contract(version: int) -> Callable[[Callable[..., None]], Callable[...
     return mark
 
 
+def other_inputs(traced: Traced) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A second, different set of inputs: the case's own, or the floats nudged and the integers shuffled (the same
+    on every call: a seeded draw)."""
+    import numpy as np
+
+    if traced.case.other_inputs is not None:
+        return traced.case.other_inputs(traced.args, traced.kwargs)
+    h, backend = hook(), traced.backend
+    rng = np.random.default_rng(0)
+    made: dict[int, Any] = {}
+
+    def other_once(value: Any) -> Any:  # an array passed twice (attention's query, key, value) stays one array
+        if id(value) not in made:
+            made[id(value)] = other(value)
+        return made[id(value)]
+
+    def other(value: Any) -> Any:
+        info = h.torchlens_array_info(backend=backend, value=value)
+        if info is None:
+            return value
+        array = np.asarray(h.torchlens_to_numpy(backend=backend, value=value))
+        if array.dtype.kind == "f" and array.size:
+            scale = float(np.std(array)) or 1.0
+            array = (array + 0.05 * scale * rng.standard_normal(array.shape)).astype(array.dtype)
+        elif array.dtype.kind in "iu" and array.size > 1:
+            array = rng.permutation(array.ravel()).reshape(array.shape)
+        else:
+            return value
+        converted = h.torchlens_from_numpy(backend=backend, array=array, dtype=info[1], device=info[2])
+        return array if converted is None else converted  # None: the backend's arrays are NumPy's
+
+    return tree.map_leaves(other_once, traced.args), tree.map_leaves(other_once, traced.kwargs)
+
+
 # The cases the checks of contract 3 that capture, replay or differentiate once more run on: those whose trace
 # records at most this many numbers (op values and parameters). The behaviours they check do not depend on a
 # model's size, and on the big models of a zoo (a ResNet, a ViT) they would cost minutes; a zoo holds small
 # cases too (a zoo without any is not checked by them: keep a few small models in it).
 SMALL_CASE = 2 ** 18
+
+
+def is_small(traced: Traced) -> bool:
+    return numbers_recorded(traced.trace) <= SMALL_CASE
 
 
 def small_only(traced: Traced) -> None:
@@ -149,8 +189,9 @@ def mid_op_site(trace: tl.Trace, also: Callable[[OpRecord], bool] = lambda op: T
     """A floating-point op in the middle of the graph, one array of some axes, read by later ops, replayable
     with an edit (and passing ``also``): where the op-site checks edit, one site a case to keep them cheap."""
     ops = [op for op in trace.ops if op.kind == "op" and op.children and is_floating(op) and single_array(op)
-           and op.saved and replay_refusal(op, op.label) is None and also(op)]
-    return ops[len(ops) // 2] if ops else None
+           and op.saved and replay_refusal(op, op.label) is None]
+    middle = len(ops) // 2  # ``also`` asked from the middle outwards, only until one passes
+    return next((ops[i] for i in sorted(range(len(ops)), key=lambda i: abs(i - middle)) if also(ops[i])), None)
 
 
 def module_site(trace: tl.Trace, once: bool = False) -> Any:
