@@ -310,7 +310,6 @@ from torchlens.conformance.edit_checks import (  # noqa: E402, F401
     test_a_module_call_edit_is_what_its_caller_gets,
     test_array_ops_agree_with_numpy,
     test_every_helper_edits_an_op_as_numpy_computes_it,
-    test_gradients_through_an_edit_are_those_of_the_edited_forward,
     test_refused_and_failing_edits_leave_the_model_as_it_was,
     test_splice_module_runs_the_replacement_instead,
 )
@@ -318,7 +317,7 @@ from torchlens.conformance.flop_checks import test_flops_are_known  # noqa: E402
 from torchlens.conformance.grad_checks import (  # noqa: E402, F401
     test_a_loaded_trace_gives_the_same_gradients,
     test_gradients_are_refused_where_they_cannot_be_given,
-    test_gradients_of_selected_ops_and_of_part_of_the_output,
+    test_gradients_of_a_selected_op_and_through_an_edit,
 )
 from torchlens.conformance.replay_checks import (  # noqa: E402, F401
     test_a_loaded_trace_replays_new_inputs_as_the_model_runs_them,

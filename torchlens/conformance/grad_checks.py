@@ -22,16 +22,18 @@ from torchlens.conformance.support import (
     is_small,
     mid_op_site,
     needs,
+    numpy_error,
     run,
     since_contract,
     small_only,
+    to_numpy,
 )
 from torchlens_core.backend.arrays import is_array_of, max_error
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import hook, resolve_backend
 from torchlens_core.grads.backward import total
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
-from torchlens_core.ir.records import GRAD_NO_DEPENDENCE, GRAD_NOT_SELECTED, OpRecord, Ref
+from torchlens_core.ir.records import GRAD_NO_DEPENDENCE, GRAD_NOT_SELECTED, OpRecord, Ref, refs_in
 
 
 @attrs.define
@@ -119,13 +121,28 @@ def _ancestors(trace: tl.Trace, index: int) -> set[int]:
     return seen
 
 
+def _scalable_outputs(traced: Traced) -> list[OpRecord]:
+    """The ops the output is read from, where scaling them scales the loss (the sum of the output's floating-point
+    arrays): floating point, and read by nothing else; none where an edit cannot do that (or is not declared)."""
+    trace = traced.trace
+    outs = list({r.index: trace.ops[r.index] for r in refs_in(trace.output_template)}.values())
+    if "intervene" not in resolve_backend(traced.backend).capabilities or any(
+            op.kind != "op" or not is_floating(op) or any(trace[c].kind != "output" for c in op.children)
+            for op in outs):
+        return []
+    return outs
+
+
 @since_contract(3)
-def test_gradients_of_selected_ops_and_of_part_of_the_output(traced: Traced, graded: Graded) -> None:
-    """``save_grads=`` one mid-graph op: that op gets the gradient the full capture gave it, every other op none
-    (not selected), the inputs theirs all the same. A loss that is not one number is refused, and the trace
-    works after. With a loss of the output's first floating-point array alone, the selected op and the inputs
-    that array is not computed from (by the recorded graph) have no gradient: the loss does not depend on them
-    (the op selected is one of those, where the output has another array computed without it)."""
+def test_gradients_of_a_selected_op_and_through_an_edit(traced: Traced, graded: Graded) -> None:
+    """``save_grads=`` one mid-graph op, in a capture whose output ops are scaled by -3 (with ``intervene``, where
+    they are floating point and read by nothing else): the loss is -3 times the clean one, so the selected op's
+    gradient is -3 times the full capture's and each input's -3 times the framework's, and every other op has
+    none (not selected). A loss that is not one number is refused, and the trace works after. With a loss of
+    the output's first floating-point array alone, the selected op and the inputs that array is not computed
+    from (by the recorded graph) have no gradient: the loss does not depend on them (the op selected is one of
+    those, where the output has another array computed without it)."""
+
     small_only(traced)
     reference = graded.reference()
     full, backend = graded.trace, traced.backend
@@ -140,7 +157,10 @@ def test_gradients_of_selected_ops_and_of_part_of_the_output(traced: Traced, gra
     if site is None:
         pytest.skip("no floating-point op with children and a gradient to select")
     key = f"{site.layer_label}:{site.pass_num}"
-    narrow = run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=backend,
+    scaled = _scalable_outputs(traced)
+    factor = -3.0 if scaled else 1.0
+    edits = [tl.when(tl.label(f"{op.layer_label}:{op.pass_num}"), tl.scale(factor)) for op in scaled]
+    narrow = run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=backend, intervene=edits or None,
                                                 save_grads=tl.label(key), **traced.kwargs))
     if any(_numel(backend, leaf) > 1 for leaf in _float_leaves(backend, narrow.output)):
         with pytest.raises(UnsupportedError):  # a loss that is an array of several numbers
@@ -149,15 +169,18 @@ def test_gradients_of_selected_ops_and_of_part_of_the_output(traced: Traced, gra
     tol = _tolerance(traced)
     picked = narrow[key]
     assert picked.grad is not None, f"the selected op {key} has no gradient ({picked.grad_status})"
-    error = max_error(backend, picked.grad, full[key].grad)
-    assert error <= tol, f"the gradient of the selected {key} is off the full capture's by {error:.3g}"
+    error = _scaled_error(backend, picked.grad, full[key].grad, factor)
+    assert error <= tol, f"the gradient of the selected {key} is off {factor:g} times the full capture's by " \
+                         f"{error:.3g}"
     others = [op.label for op in narrow.ops if op.kind == "op" and op.index != picked.index
               and (op.grad is not None or op.grad_status != GRAD_NOT_SELECTED)]
     assert not others, f"ops save_grads= did not select have gradients or another status: {others[:5]}"
     for path, expected in reference.items():
         op = _input_op(narrow, path)
-        error = max_error(backend, op.grad, expected)
-        assert error <= tol, f"the gradient at input {op.label} is off the framework's by {error:.3g}"
+        assert op.grad is not None, f"no gradient at input {op.label} ({op.grad_status})"
+        error = _scaled_error(backend, op.grad, expected, factor)
+        assert error <= tol, f"the gradient at input {op.label} is off {factor:g} times the framework's by " \
+                             f"{error:.3g}"
     if first is None:
         return
     ops = hook().torchlens_array_ops(backend=backend)
@@ -166,6 +189,17 @@ def test_gradients_of_selected_ops_and_of_part_of_the_output(traced: Traced, gra
         if op.index not in needed:  # (one it is computed from may still not matter: a path through integers)
             assert op.grad is None and op.grad_status == GRAD_NO_DEPENDENCE, \
                 f"the first output array is not computed from {op.label}, whose status is {op.grad_status!r}"
+
+
+def _scaled_error(backend: str, got: Any, expected: Any, factor: float) -> float:
+    """How far ``got`` is from ``factor`` times ``expected`` (arrays, or structures of them: several outputs)."""
+    import numpy as np
+
+    a = [to_numpy(backend, v) for _, v in tree.leaves(got, is_array_of(backend))]
+    e = [to_numpy(backend, v) for _, v in tree.leaves(expected, is_array_of(backend))]
+    if len(a) != len(e):
+        return float("inf")
+    return max((numpy_error(x, factor * np.asarray(y, dtype=np.float64)) for x, y in zip(a, e)), default=0.0)
 
 
 def _float_leaves(backend: str, value: Any) -> list[Any]:
