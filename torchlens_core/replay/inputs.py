@@ -13,11 +13,10 @@ conversions were too large to keep, are refused when they hold any.
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.backend.manager import backend_infos, hook
+from torchlens_core.capture.conversions import CONVERSIONS
 from torchlens_core.capture.rerun import RecordedCall
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import ArgumentTypeError, GraphDoesNotHold, UnsupportedError
@@ -27,11 +26,8 @@ from torchlens_core.ir.trace import Trace
 if TYPE_CHECKING:
     from torchlens_core.replay.evaluator import Observe
 
-# how a value was turned into a Python one -> the same conversion, on a replayed value
-CONVERSIONS: dict[str, Callable[[Any], Any]] = {
-    "bool": bool, "int": int, "float": float, "index": operator.index, "len": len,
-    "item": lambda v: v.item(), "tolist": lambda v: v.tolist(), "shape": lambda v: [int(d) for d in v.shape],
-}
+# CONVERSIONS (how a value was turned into a Python one -> the same conversion, on a replayed value) lives in
+# the capture layer, whose wrapper arrays report by it; imported here, where replay applies it.
 
 
 def with_inputs(trace: Trace, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from torchlens_core.capture.calls import replay_written
 from torchlens_core.ir import tree
-from torchlens_core.ir.records import OpRecord, Ref
+from torchlens_core.ir.records import OpRecord
 from torchlens_core.ir.trace import Trace
 from torchlens_core.replay.evaluator import Observe, interpret
 
@@ -25,36 +26,16 @@ def _copy(value: Any) -> Any:
     return tree.map_leaves(lambda v: np.copy(v, order="K") if isinstance(v, np.ndarray) else v, value)
 
 
-def _copy_unless_ref(template: Any, value: Any) -> Any:
-    """``value`` with the arrays that are not recorded values (constants) copied."""
-    if isinstance(template, Ref):
-        return value
-    kids = tree.children(template)
-    if kids is None:
-        return _copy(value)
-    values = [v for _, v in tree.children(value)]
-    return tree.rebuild(value, [_copy_unless_ref(t, v) for (_, t), v in zip(kids, values, strict=True)])
-
-
 def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if op.in_place:  # the written array: a replayed value, or a private copy of a constant
-        if "out" in kwargs:
-            kwargs = {**kwargs, "out": _copy_unless_ref(op.kwargs["out"], kwargs["out"])}
-        elif args:
-            args = (_copy_unless_ref(op.args[0], args[0]), *args[1:])
     state = op.meta.get("rng_state")
     if state is None:
-        out = op.call(*args, **kwargs)
-    else:
-        saved = np.random.get_state()
-        np.random.set_state(state)
-        try:
-            out = op.call(*args, **kwargs)
-        finally:
-            np.random.set_state(saved)
-    if out is None and op.in_place:  # x[i] = v, a.sort(), np.copyto(...) return None
-        out = kwargs["out"] if "out" in kwargs else args[0]
-    return out
+        return replay_written(op, args, kwargs, _copy)
+    saved = np.random.get_state()
+    np.random.set_state(state)
+    try:
+        return replay_written(op, args, kwargs, _copy)
+    finally:
+        np.random.set_state(saved)
 
 
 def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:

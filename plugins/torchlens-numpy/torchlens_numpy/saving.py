@@ -20,86 +20,54 @@ from typing import Any
 
 import numpy as np
 
+from torchlens_core.capture.calls import CallNames, identifier
 from torchlens_core.ir.errors import TraceFileError
 from torchlens_numpy import capture
-from torchlens_numpy.conversions import PythonValue
 
-NAMESPACES = {"numpy": np, "numpy.linalg": np.linalg, "numpy.fft": np.fft,
-              "numpy.lib.stride_tricks": np.lib.stride_tricks}
 _UFUNC_METHODS = frozenset({"reduce", "accumulate", "reduceat", "outer", "at"})
-_OPERATORS = {"getitem": operator.getitem, "setitem": operator.setitem}
-_REFUSED_PARTS = ("save", "load", "file", "txt")  # functions that touch the file system
+
+
+class NumpyCalls(CallNames):
+    """The core's names (functions, methods, operators, constants, Python values) and NumPy's own: ufuncs,
+    their methods, and the global RNG's draws."""
+
+    def encode(self, call: Any) -> Any:
+        if isinstance(call, np.ufunc):
+            return {"ufunc": call.__name__}
+        owner = getattr(call, "__self__", None)
+        if isinstance(owner, np.ufunc):
+            return {"ufunc": owner.__name__, "method": call.__name__}
+        if owner is np.random.mtrand._rand:
+            return {"random": call.__name__}
+        return super().encode(call)
+
+    def decode(self, data: Any) -> Any:
+        if isinstance(data, dict) and "ufunc" in data and len(data) in (1, 2):
+            fn = getattr(np, identifier(data["ufunc"]), None)
+            if not isinstance(fn, np.ufunc):
+                raise TraceFileError(f"{data['ufunc']!r} is not a NumPy ufunc")
+            method = data.get("method")
+            if method is None:
+                return fn
+            if method not in _UFUNC_METHODS:
+                raise TraceFileError(f"{method!r} is not a ufunc method")
+            return getattr(fn, method)
+        value = data.get("random") if isinstance(data, dict) and len(data) == 1 else None
+        if value in getattr(np.random.mtrand, "__all__", ()) and value not in capture._NOT_DRAWS:
+            return getattr(np.random.mtrand._rand, value)
+        return super().decode(data)
+
+
+NAMES = NumpyCalls(
+    {"numpy": np, "numpy.linalg": np.linalg, "numpy.fft": np.fft, "numpy.lib.stride_tricks": np.lib.stride_tricks},
+    methods=capture._METHODS, operators={"getitem": operator.getitem, "setitem": operator.setitem},
+    refused=("save", "load", "file", "txt"),  # functions that touch the file system
+    # Only functions that dispatch through __array_function__: what a capture can record.
+    accept=lambda fn: hasattr(fn, "_implementation"))
 
 
 def encode_op(op: Any) -> Any:
-    return encode_call(op.call)
+    return NAMES.encode(op.call)
 
 
-def encode_call(call: Any) -> Any:
-    if isinstance(call, PythonValue):
-        inner = encode_call(call.function)
-        return None if inner is None else {"python_value": inner}
-    if isinstance(call, np.ufunc):
-        return {"ufunc": call.__name__}
-    owner = getattr(call, "__self__", None)
-    if isinstance(owner, np.ufunc):
-        return {"ufunc": owner.__name__, "method": call.__name__}
-    if owner is np.random.mtrand._rand:
-        return {"random": call.__name__}
-    if call is capture.constant:
-        return {"constant": 0}
-    for name, fn in _OPERATORS.items():
-        if call is fn:
-            return {"operator": name}
-    name = getattr(call, "__name__", None)
-    if getattr(call, "__module__", None) == capture.__name__ and name in capture._METHODS:
-        return {"method": name}
-    for ns, module in NAMESPACES.items():
-        if isinstance(name, str) and getattr(module, name, None) is call:
-            return {"function": f"{ns}:{name}"}
-    return None
-
-
-def decode_call(data: Any) -> Any:
-    if not isinstance(data, dict) or len(data) not in (1, 2):
-        raise TraceFileError(f"not a NumPy call: {data!r}")
-    if "ufunc" in data:
-        fn = getattr(np, _name(data["ufunc"]), None)
-        if not isinstance(fn, np.ufunc):
-            raise TraceFileError(f"{data['ufunc']!r} is not a NumPy ufunc")
-        method = data.get("method")
-        if method is None:
-            return fn
-        if method not in _UFUNC_METHODS:
-            raise TraceFileError(f"{method!r} is not a ufunc method")
-        return getattr(fn, method)
-    if len(data) != 1:
-        raise TraceFileError(f"not a NumPy call: {data!r}")
-    (kind, value), = data.items()
-    if kind == "python_value":
-        if isinstance(value, dict) and "python_value" in value:
-            raise TraceFileError(f"a Python value of a Python value: {data!r}")
-        return PythonValue(decode_call(value))
-    if kind == "method" and value in capture._METHODS:
-        return capture._method_call(value)
-    if kind == "operator" and value in _OPERATORS:
-        return _OPERATORS[value]
-    if kind == "constant":
-        return capture.constant
-    if kind == "random" and value in getattr(np.random.mtrand, "__all__", ()) and value not in capture._NOT_DRAWS:
-        return getattr(np.random.mtrand._rand, value)
-    if kind == "function" and isinstance(value, str) and value.count(":") == 1:
-        ns, name = value.split(":")
-        module = NAMESPACES.get(ns)
-        fn = getattr(module, _name(name), None) if module is not None else None
-        # Only functions that dispatch through __array_function__: what a capture can record.
-        if hasattr(fn, "_implementation") and not any(part in name for part in _REFUSED_PARTS):
-            return fn
-    raise TraceFileError(f"{data!r} names nothing a NumPy trace can replay; the file was not written by tl.save "
-                         "or was changed")
-
-
-def _name(name: Any) -> str:
-    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
-        raise TraceFileError(f"{name!r} is not a NumPy name")
-    return name
+decode_call = NAMES.decode
