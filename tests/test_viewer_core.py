@@ -35,6 +35,24 @@ def test_the_histogram_is_numpys() -> None:
     assert found["stats"]["mean"] == pytest.approx(values.astype(np.float64).mean())
 
 
+def test_the_fast_histogram_counts_as_numpy_does_on_edges_and_narrow_spreads() -> None:
+    rng = np.random.default_rng(2)
+    cases = [rng.normal(size=n) for n in (1, 2, 33, 1000)] + [
+        np.arange(33.0), np.linspace(-1, 1, 97), np.array([5.0] * 7), rng.integers(-3, 4, 500).astype(float),
+        np.array([0.1, 0.2, 0.3]) * 1e-300, np.array([1e300, -1e300]), np.linspace(0, 1, 33) ** 3,
+        np.array([1.0, np.nextafter(1.0, 2.0)] * 3),  # too narrow for 32 bins: both raise
+    ]
+    for values in cases:
+        try:
+            expected = np.histogram(values, bins=pictures.HISTOGRAM_BINS)
+        except ValueError:
+            with pytest.raises(ValueError):
+                pictures.histogram(values)
+            continue
+        counts, edges = pictures.histogram(values)
+        assert counts.tolist() == expected[0].tolist() and edges.tolist() == expected[1].tolist()
+
+
 def test_a_small_matrix_is_its_own_heatmap_scaled_to_bytes() -> None:
     found = pictures.picture(np.arange(12.0).reshape(3, 4))["heatmaps"]
     assert (found["rows"], found["cols"], found["count"]) == (3, 4, 1)
@@ -76,11 +94,13 @@ def test_what_has_no_numbers_has_no_picture() -> None:
 # -- the page's text ----------------------------------------------------------------------------
 def test_text_that_would_end_a_script_block_is_escaped() -> None:
     hostile = "</script><script>alert(1)</script>"
-    text = page(hostile, {"title": hostile, "ops": [{"label": hostile}]}, [], {})
-    assert text.count("</script>") == 3  # the ends of the data, pictures and code blocks, and no other
+    text = page(hostile, {"title": hostile, "ops": [{"label": hostile}]}, [], {"tl-ops-0": [{"label": hostile}]})
+    assert text.count("</script>") == 3  # the ends of the data, details and code blocks, and no other
     assert "<title>&lt;/script&gt;" in text
-    data = re.search(r'<script id="tl-data" type="application/json">(.*?)</script>', text, re.S).group(1)
-    assert json.loads(data)["ops"][0]["label"] == hostile
+    for block in ("tl-data", "tl-ops-0"):
+        data = re.search(rf'<script id="{block}" type="application/json">(.*?)</script>', text, re.S).group(1)
+        found = json.loads(data)
+        assert (found["ops"] if block == "tl-data" else found)[0]["label"] == hostile
 
 
 # -- a trace loaded with no framework -----------------------------------------------------------

@@ -2,10 +2,11 @@
 
 ``view(trace, "trace.html")`` writes it; ``show(trace)`` displays it in a
 notebook, or writes it to a temporary file and opens a browser elsewhere.
-Graphviz lays the graph out at export time; the page (vanilla JavaScript,
-inlined) adds pan and zoom, folding modules, search, path highlighting and
-the op panel. Values are pictured from NumPy, so every backend works, and so
-do loaded traces.
+Graphviz lays a small trace's graph out at export time; a large one (over
+``PAGE_LAYOUT_OPS`` ops) is laid out by the page, only the part shown. The
+page (vanilla JavaScript, inlined) adds pan and zoom, folding modules, search,
+path highlighting and the op panel, whose details it reads lazily. Values
+are pictured from NumPy, so every backend works, and so do loaded traces.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from torchlens_core.compare.report import Comparison, colors
 from torchlens_core.ir.errors import ArgumentTypeError
 from torchlens_core.ir.trace import Trace
-from torchlens_core.viewer.data import module_passes, op_records
-from torchlens_core.viewer.layouts import MAX_LAYOUT_NODES, layouts
+from torchlens_core.viewer.data import CHUNK, module_passes, op_graph, op_records, table
+from torchlens_core.viewer.layouts import MAX_LAYOUT_NODES, PAGE_LAYOUT_OPS, depth_sizes, layouts, start_depth
 from torchlens_core.viewer.page import page
 from torchlens_core.views.filenames import checked_output, default_name, write_error
 
@@ -36,19 +37,27 @@ def render_html(target: Trace | Comparison, *, side: str = "a", values: bool = T
 
     A comparison colours each op by its pair's error (as ``Comparison.draw`` does) and opens on the first
     divergence. ``values=False`` leaves the value pictures out (a smaller file). Layouts with more than
-    ``max_nodes`` nodes are left out (Graphviz is slow on them): the page then cannot expand that far.
+    ``max_nodes`` nodes are left out (Graphviz is slow on them, and so is the browser): the page then cannot
+    expand that far.
     """
     trace, comparison = _trace_of(target, side)
-    ops, pictures = op_records(trace, with_values=values)
-    laid_out, start = layouts(trace, colors=colors(comparison, side) if comparison is not None else None,
-                              max_nodes=max_nodes)
+    fills = colors(comparison, side) if comparison is not None else None
+    records, pictures = op_records(trace, with_values=values)
+    modules = module_passes(trace)
     title = f"{trace.model_name or 'function'} ({trace.backend})"
     data: dict[str, Any] = {
-        "ops": ops, "modules": module_passes(trace), "start": start, "focus": None,
-        "layouts": [{"depth": item["depth"], "nodes": item["nodes"], "available": item["svg"] is not None}
-                    for item in laid_out],
-        "comparison": None,
+        "graph": op_graph(trace, modules, fills), "modules": modules, "chunk": CHUNK, "focus": None,
+        "comparison": None, "max_nodes": max_nodes, "sizes": depth_sizes(trace),
     }
+    svgs: list[str | None] = []
+    if len(trace.ops) > PAGE_LAYOUT_OPS:  # the page lays out what it shows (docs/viewer.md, "Scale")
+        data["layouts"], data["start"] = None, start_depth(data["sizes"], max_nodes)
+    else:
+        laid_out, start = layouts(trace, colors=fills, max_nodes=max_nodes)
+        data["start"] = laid_out[start]["depth"]
+        data["layouts"] = [{"depth": item["depth"], "nodes": item["nodes"], "available": item["svg"] is not None}
+                           for item in laid_out]
+        svgs = [item["svg"] for item in laid_out]
     if comparison is not None:
         data["comparison"] = _pairs(comparison, side)
         first = comparison.first_divergence
@@ -56,7 +65,12 @@ def render_html(target: Trace | Comparison, *, side: str = "a", values: bool = T
         title = f"{title} compared with {_name(comparison.b if side == 'a' else comparison.a)}"
     elif trace.interventions:
         data["focus"] = next(op.label for op in trace.ops if op.edits)
-    return page(title, data, [item["svg"] for item in laid_out], pictures)
+    # The panel's details and the value pictures in blocks of CHUNK ops, each parsed when first needed.
+    blocks: dict[str, Any] = {}
+    for k in range(0, len(records), CHUNK):
+        blocks[f"tl-ops-{k // CHUNK}"] = table(records[k:k + CHUNK])
+        blocks[f"tl-pictures-{k // CHUNK}"] = {i: pictures[i] for i in map(str, range(k, k + CHUNK)) if i in pictures}
+    return page(title, data, svgs, blocks)
 
 
 def view(target: Trace | Comparison, path: str | os.PathLike[str] | None = None, *, side: str = "a",

@@ -6,7 +6,10 @@ box; the shallower ones are clusters the page can still fold in place) and the
 fully expanded graph. The DOT is :func:`torchlens_core.views.draw.to_dot`'s, so
 the viewer and ``trace.draw()`` show the same graph; the page finds ops,
 module boxes and clusters by the ``<title>`` Graphviz gives each
-(``op 12``, ``module layer1:1``, ``cluster layer1:1``).
+(``op 12``, ``module layer1:1``, ``cluster layer1:1``). A trace of more than
+``PAGE_LAYOUT_OPS`` ops gets none of these: the page lays out what it shows
+(viewer.js), and only :func:`depth_sizes` is worked out here, to choose the
+depth it opens at.
 """
 
 from __future__ import annotations
@@ -29,6 +32,43 @@ MAX_LAYOUT_NODES = 20_000
 # Over this many nodes Graphviz gets fewer rounds to untangle crossings (a 5,000-node layout: 10 s, not 40 s).
 QUICK_LAYOUT_NODES = 1_500
 QUICK_LAYOUT = ("-Gnslimit=1", "-Gmclimit=0.3")
+# Over this many ops the page lays out only what it shows, itself: Graphviz would take minutes on every depth of
+# a 50,000-op trace, and the file would hold tens of MB of SVG no one opens.
+PAGE_LAYOUT_OPS = 2_000
+
+
+def depth_sizes(trace: Trace) -> list[int]:
+    """How many nodes the graph has with modules ``d`` deep folded, for d = 1 ... (deepest module + 1).
+
+    Counted as :func:`torchlens_core.views.draw.view` draws (a module pass of one op is that op, never a
+    box), without building the views: one pass over the ops per depth.
+    """
+    depth = max((len(op.module_passes) for op in trace.ops), default=0)
+    single = {}
+    for op in trace.ops:
+        for path, n in op.module_passes:
+            single[(path, n)] = single.get((path, n), 0) + 1
+    sizes = []
+    for d in range(1, depth + 2):
+        reps: set[Any] = set()
+        for op in trace.ops:
+            rep: Any = op.index
+            for i in range(d - 1, len(op.module_passes)):
+                if single[op.module_passes[i]] > 1:
+                    rep = op.module_passes[i]
+                    break
+            reps.add(rep)
+        sizes.append(len(reps))
+    return sizes
+
+
+def start_depth(sizes: list[int], max_nodes: int) -> int:
+    """The depth the page opens at, as ``collapse="auto"`` draws: the deepest within the drawing's node budget."""
+    if sizes[0] > max_nodes:
+        raise TorchLensError(f"even the most collapsed layout has {sizes[0]} nodes, over max_nodes={max_nodes}: "
+                             "raise max_nodes to lay it out")
+    within = [d for d, n in enumerate(sizes, start=1) if n <= AUTO_NODE_BUDGET]
+    return within[-1] if within else 1
 
 
 def layouts(trace: Trace, colors: dict[str, str] | None = None,

@@ -58,7 +58,7 @@ def picture(array: Any, with_heatmap: bool = True) -> dict[str, Any] | None:
     out: dict[str, Any] = {"nonfinite": int(values.size - finite.size)}
     if finite.size:
         try:
-            counts, edges = np.histogram(finite, bins=HISTOGRAM_BINS)
+            counts, edges = histogram(finite)
         except ValueError:  # a spread too narrow for 32 bins at this magnitude (1.0 and the next float): one bin
             counts, edges = np.array([finite.size]), np.array([finite.min(), finite.max()])
         out["hist"] = {"counts": counts.tolist(), "lo": float(edges[0]), "hi": float(edges[-1])}
@@ -67,6 +67,26 @@ def picture(array: Any, with_heatmap: bool = True) -> dict[str, Any] | None:
     if with_heatmap and values.ndim >= 2 and finite.size:
         out["heatmaps"] = _heatmaps(values)
     return out
+
+
+def histogram(finite: Any) -> tuple[Any, Any]:
+    """``np.histogram(finite, bins=HISTOGRAM_BINS)`` of a 1-D float64 array of finite values, the same counts
+    and edges by the same steps (numpy's equal-bins path), without its checks and dispatch: those cost more
+    than the counting on the small values most ops have (a third of exporting a 50,000-op trace)."""
+    import numpy as np
+
+    bins = HISTOGRAM_BINS
+    lo, hi = finite.min(), finite.max()
+    if lo == hi:
+        lo, hi = lo - 0.5, hi + 0.5
+    edges = np.linspace(lo, hi, bins + 1, endpoint=True, dtype=np.float64)
+    if np.any(edges[:-1] >= edges[1:]):
+        raise ValueError(f"Too many bins for data range. Cannot create {bins} finite-sized bins.")
+    indices = ((finite - lo) / (hi - lo) * bins).astype(np.intp)
+    indices[indices == bins] -= 1
+    indices[finite < edges[indices]] -= 1  # the division is within an ulp of an edge: numpy corrects so
+    indices[(finite >= edges[indices + 1]) & (indices != bins - 1)] += 1
+    return np.bincount(indices, minlength=bins), edges
 
 
 def _heatmaps(values: Any) -> dict[str, Any]:

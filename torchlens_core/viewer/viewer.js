@@ -1,25 +1,56 @@
-// The TorchLens trace viewer: interaction on top of Graphviz's SVG. No framework, no network.
-// Data: #tl-data (ops, modules, layouts' depths), #tl-layout-N (the SVG of layout N, parsed when first shown),
-// #tl-pictures (value pictures, parsed on the first click on an op).
+// The TorchLens trace viewer: interaction on top of an SVG graph. No framework, no network.
+// Data: #tl-data (every op's label, function, module and parents, as parallel lists; the module passes),
+// #tl-layout-N (Graphviz's SVG of layout N, parsed when first shown; small traces only: larger ones are laid
+// out here, only the part shown), #tl-ops-K and #tl-pictures-K (the panel's details and value pictures of
+// ops K*chunk to (K+1)*chunk - 1, parsed when one of them is first shown in the panel).
 "use strict";
 (function () {
   const t0 = performance.now();
   const DATA = JSON.parse(document.getElementById("tl-data").textContent);
-  const ops = DATA.ops;
-  const byLabel = new Map(ops.map((op) => [op.label, op]));
-  const modules = new Map(DATA.modules.map((m) => [m.key, m]));
+  const G = DATA.graph;
+  const count = G.label.length;
+  const byLabel = new Map(G.label.map((label, i) => [label, i]));
+  const edited = new Set(G.edited);
+  const moduleList = DATA.modules;
+  moduleList.forEach((m, i) => { m.at = i; });
+  const modules = new Map(moduleList.map((m) => [m.key, m]));
   const graph = document.getElementById("tl-graph");
   const panel = document.getElementById("tl-panel");
   const status = document.getElementById("tl-status");
-  let pictures = null; // parsed lazily
+  const inPage = DATA.layouts === null; // laid out here, as shown (a large trace)
+  const parsed = new Set(); // the ids of the lazily parsed blocks read so far
+  const blocks = new Map();
   let layoutIndex = -1;
   let svg = null;
   let view = null; // {x, y, w, h}: the SVG viewBox
   let selected = null; // op index
   let matches = [];
   let matchAt = -1;
+  let haystack = null; // per op: label, function and module keys, lower case (built on the first search)
   // The module passes shown open (as clusters); every other module pass is one box.
   const open = new Set();
+
+  function block(id) {
+    if (!blocks.has(id)) { blocks.set(id, JSON.parse(document.getElementById(id).textContent)); parsed.add(id); }
+    return blocks.get(id);
+  }
+  function record(index) { // the panel's details of one op, from its block's keys and row (data.table)
+    const found = block("tl-ops-" + Math.floor(index / DATA.chunk));
+    const row = found.rows[index % DATA.chunk];
+    const op = {};
+    found.keys.forEach((key, n) => { op[key] = row[n]; });
+    op.code = (op.code || []).map(([file, line, func]) => [found.files[file], line, func]);
+    return op;
+  }
+  function pictureOf(index) { return block("tl-pictures-" + Math.floor(index / DATA.chunk))[index]; }
+
+  const chains = new Array(moduleList.length); // module position -> keys of it and its ancestors, outermost first
+  function moduleChain(at) {
+    if (at < 0) return [];
+    if (!chains[at]) chains[at] = moduleChain(moduleList[at].parent).concat([moduleList[at].key]);
+    return chains[at];
+  }
+  function chainOf(index) { return moduleChain(G.module[index]); }
 
   // -- choosing and indexing a layout -------------------------------------------------------
   function neededDepth() { // one deeper than the deepest module pass shown open (all its ancestors open too)
@@ -44,7 +75,15 @@
   function showLayout(i) {
     if (i === layoutIndex) return;
     layoutIndex = i;
-    graph.innerHTML = document.getElementById("tl-layout-" + i).textContent;
+    showSvg(document.getElementById("tl-layout-" + i).textContent);
+  }
+
+  // Put an SVG (Graphviz's, or one laid out here) in the pane and index its nodes, clusters and edges by the
+  // <title> each has (op 12, module layer1:1, cluster layer1:1, op 3->op 4).
+  // `laid` (from layoutInPage) lists the nodes, frames and edges in the order the SVG has them, with the
+  // attributes the page needs already in the markup: no <title> is read and no attribute set per element.
+  function showSvg(text, laid) {
+    graph.innerHTML = text;
     svg = graph.querySelector("svg");
     svg.removeAttribute("width");
     svg.removeAttribute("height");
@@ -52,20 +91,49 @@
     const overlay = document.createElementNS("http://www.w3.org/2000/svg", "g");
     overlay.setAttribute("class", "tl-overlay");
     root.appendChild(overlay);
-    svg.tl = { root, overlay, nodes: new Map(), clusters: new Map(), edges: [], up: new Map(), down: new Map() };
+    svg.tl = { root, overlay, nodes: new Map(), clusters: new Map(), boxes: new Map(), edges: [], up: new Map(),
+               down: new Map() };
+    if (laid) indexLaidOut(laid); else indexGraphviz();
+    const box = svg.viewBox.baseVal;
+    svg.tl.full = { x: box.x, y: box.y, w: box.width, h: box.height };
+    fitWidth();
+  }
+
+  function link(a, b, g) {
+    const edge = { a, b, g };
+    svg.tl.edges.push(edge);
+    if (!svg.tl.down.has(a)) svg.tl.down.set(a, []);
+    if (!svg.tl.up.has(b)) svg.tl.up.set(b, []);
+    svg.tl.down.get(a).push(edge);
+    svg.tl.up.get(b).push(edge);
+  }
+
+  function indexLaidOut(laid) {
+    const tl = svg.tl;
+    const byOrder = (selector, list, each) => svg.querySelectorAll(selector).forEach((g, n) => each(list[n], g));
+    byOrder("g.node", laid.nodes, (node, g) => {
+      tl.nodes.set(node.id, g);
+      if (node.kind === "module") tl.boxes.set(moduleList[node.module].key, g);
+    });
+    byOrder("g.cluster", laid.frames, (frame, g) => tl.clusters.set(frame.key, g));
+    byOrder("g.edge", laid.edges, (edge, g) => link(edge[0].id, edge[1].id, g));
+  }
+
+  function indexGraphviz() {
     for (const g of svg.querySelectorAll("g.node")) {
       const title = parseTitle(g);
       svg.tl.nodes.set(title, g);
       if (title.startsWith("op ")) {
-        const op = ops[Number(title.slice(3))];
-        g.dataset.op = op.index;
-        g.dataset.chain = op.modules.join("\n");
-        if (op.edits) g.classList.add("tl-edited");
+        const index = Number(title.slice(3));
+        g.dataset.op = index;
+        g.dataset.chain = chainOf(index).join("\n");
+        if (edited.has(index)) g.classList.add("tl-edited");
       } else if (title.startsWith("module ")) {
         const key = title.slice(7);
         g.dataset.module = key;
         g.dataset.chain = ancestors(key).join("\n");
         g.classList.add("tl-modbox");
+        svg.tl.boxes.set(key, g);
       }
     }
     for (const g of svg.querySelectorAll("g.cluster")) {
@@ -75,26 +143,18 @@
     }
     for (const g of svg.querySelectorAll("g.edge")) {
       const [a, b] = parseTitle(g).split("->");
-      const edge = { a, b, g };
-      svg.tl.edges.push(edge);
-      if (!svg.tl.down.has(a)) svg.tl.down.set(a, []);
-      if (!svg.tl.up.has(b)) svg.tl.up.set(b, []);
-      svg.tl.down.get(a).push(edge);
-      svg.tl.up.get(b).push(edge);
+      link(a, b, g);
     }
-    const box = svg.viewBox.baseVal;
-    svg.tl.full = { x: box.x, y: box.y, w: box.width, h: box.height };
-    fitWidth();
   }
 
   function ancestors(key) { // outermost first, ending with key itself
-    const chain = [];
-    for (let k = key; k; k = modules.get(k) && modules.get(k).parent) chain.unshift(k);
-    return chain;
+    return modules.has(key) ? moduleChain(modules.get(key).at) : [key];
   }
 
   // -- folding clusters in place ------------------------------------------------------------
-  function render() {
+  // Show the modules in `open` open; false (nothing changed) when that is more nodes than max_nodes.
+  function render(focusKey) {
+    if (inPage) return renderInPage(focusKey);
     const wanted = neededDepth();
     const i = pickLayout(wanted);
     const short = DATA.layouts[i].depth < wanted && i + 1 < DATA.layouts.length && !DATA.layouts[i + 1].available;
@@ -114,13 +174,21 @@
     for (const e of tl.edges) {
       e.g.style.display = rep.get(e.a) === rep.get(e.b) && rep.get(e.a) !== e.a ? "none" : "";
     }
+    tl.folded = new Map();
     for (const key of folded) {
-      if (outer(ancestors(key)) === key) tl.overlay.appendChild(foldedBox(key, tl.clusters.get(key)));
+      if (outer(ancestors(key)) === key) {
+        const box = foldedBox(key, tl.clusters.get(key));
+        tl.folded.set(key, box);
+        tl.overlay.appendChild(box);
+      }
     }
     highlightSelection();
     runSearch(false);
-    if (short) say("this trace is too large to expand that far in one layout (re-export with a larger max_nodes)");
+    if (short) say(TOO_LARGE);
+    return true;
   }
+
+  const TOO_LARGE = "this trace is too large to expand that far in one layout (re-export with a larger max_nodes)";
 
   function foldedBox(key, cluster) {
     const ns = "http://www.w3.org/2000/svg";
@@ -135,9 +203,9 @@
     }
     g.appendChild(rect);
     const tip = document.createElementNS(ns, "title");
-    tip.textContent = key + " (" + m.type + "): " + m.ops.length + " ops, folded; click to open";
+    tip.textContent = key + " (" + m.type + "): " + m.ops + " ops, folded; click to open";
     g.appendChild(tip);
-    const lines = [key + " (" + m.type + ")", m.ops.length + " ops"];
+    const lines = [key + " (" + m.type + ")", m.ops + " ops"];
     lines.forEach((line, n) => {
       const text = document.createElementNS(ns, "text");
       text.setAttribute("x", b.x + b.width / 2);
@@ -159,15 +227,250 @@
     return { x, y, width: Math.max(...xs) - x, height: Math.max(...ys) - y };
   }
 
-  function openModule(key) { for (const k of ancestors(key)) open.add(k); render(); }
+  function openModule(key) {
+    const added = ancestors(key).filter((k) => !open.has(k));
+    for (const k of added) open.add(k);
+    if (!render(key)) { for (const k of added) open.delete(k); say(TOO_LARGE); }
+  }
 
   // Folding keeps what was open inside, so that opening the module again shows it as it was.
   function foldModule(key) { open.delete(key); render(); }
 
   function openToDepth(depth) { // every module pass shallower than depth open, the rest boxes
-    open.clear();
-    for (const m of modules.values()) if (m.depth < depth) open.add(m.key);
-    render();
+    for (let d = depth; d >= 1; d--) { // laid out here: as deep as max_nodes allows
+      open.clear();
+      for (const m of moduleList) if (m.depth < d) open.add(m.key);
+      if (render()) { if (d < depth) say(TOO_LARGE); return d; }
+    }
+    return 0;
+  }
+
+  // -- laying out in the page (large traces: only what is shown) ----------------------------
+  // Each open module pass is a frame whose contents are laid out on their own, in layers from the inputs
+  // down (an op's layer is one past its deepest parent's), each layer ordered by its parents' places; a
+  // frame is one node of its parent's layout, as large as its contents. Every other module pass is one box,
+  // and a pass of one op is that op, as drawings show it. Linear in the ops, plus what is shown.
+  const CHAR = 6.2, LINE = 13, GAP_X = 18, GAP_Y = 28, PAD = 10, TITLE = 18;
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const framed = new Array(moduleList.length); // module position -> positions of the boxable passes around it
+  function boxable(at) { // outermost first, itself last
+    if (at < 0) return [];
+    if (!framed[at]) {
+      const outer = boxable(moduleList[at].parent);
+      framed[at] = moduleList[at].ops > 1 ? outer.concat([at]) : outer;
+    }
+    return framed[at];
+  }
+  function esc(text) { return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+    .replace(/"/g, "&quot;"); }
+  function moduleName(m) { return m.path + (m.num_passes > 1 ? ":" + m.pass : ""); }
+
+  function leaf(id, lines, kind, extra) {
+    const w = Math.max(60, Math.max(...lines.map((l) => l.length)) * CHAR + 16);
+    return Object.assign({ id, lines, kind, w, h: lines.length * LINE + 10, ins: [], x: 0, y: 0 }, extra);
+  }
+
+  function opNode(i) {
+    const lines = [];
+    const at = G.module[i];
+    if (at >= 0 && moduleList[at].ops === 1) lines.push(moduleName(moduleList[at]) + " (" + moduleList[at].type + ")");
+    lines.push(G.label[i]);
+    if (G.func[i]) lines.push(G.func[i]);
+    lines.push(G.shape[i]);
+    return leaf("op " + i, lines, G.kind[i], { op: i });
+  }
+
+  function boxNode(at) {
+    const m = moduleList[at];
+    return leaf("module " + m.key, [moduleName(m), m.type, m.ops + " ops"], "module", { module: at });
+  }
+
+  function layoutInPage() {
+    const root = { id: null, children: [], ins: [], level: 0, parent: null, module: -1 };
+    const frames = new Map([[-1, root]]);
+    const nodes = new Map();
+    const frameOf = (at) => { // an open module pass's frame, put in its own frame when first met
+      let f = frames.get(at);
+      if (!f) {
+        const around = boxable(at);
+        const parent = frameOf(around.length > 1 ? around[around.length - 2] : -1);
+        const m = moduleList[at];
+        f = { id: "cluster " + m.key, key: m.key, module: at, children: [], ins: [], parent, level: parent.level + 1,
+              x: 0, y: 0 };
+        parent.children.push(f);
+        frames.set(at, f);
+      }
+      return f;
+    };
+    const repOf = new Array(count);
+    for (let i = 0; i < count; i++) {
+      const around = boxable(G.module[i]);
+      let k = 0;
+      while (k < around.length && open.has(moduleList[around[k]].key)) k++;
+      const id = k < around.length ? "module " + moduleList[around[k]].key : "op " + i;
+      let node = nodes.get(id);
+      if (!node) {
+        node = k < around.length ? boxNode(around[k]) : opNode(i);
+        const f = frameOf(k ? around[k - 1] : -1);
+        node.n = nodes.size; // a number for the edge set's keys (strings cost a third of a 50,000-op pass)
+        node.parent = f;
+        node.level = f.level + 1;
+        f.children.push(node);
+        nodes.set(id, node);
+        if (nodes.size > DATA.max_nodes) return null;
+      }
+      repOf[i] = node;
+    }
+    // Edges between the nodes shown; each also links, inside the innermost frame holding both ends, the two
+    // members of that frame that hold them (what that frame's layout orders by).
+    const edges = [];
+    const seen = new Set();
+    for (let i = 0; i < count; i++) {
+      const b = repOf[i];
+      for (const p of G.parents[i]) {
+        const a = repOf[p];
+        const key = a.n * 67108864 + b.n; // exact in a double while both are under 2 ** 26 nodes
+        if (a === b || seen.has(key)) continue;
+        seen.add(key);
+        edges.push([a, b]);
+        let x = a, y = b;
+        while (x.level > y.level) x = x.parent;
+        while (y.level > x.level) y = y.parent;
+        while (x.parent !== y.parent) { x = x.parent; y = y.parent; }
+        if (x !== y && !y.ins.includes(x)) y.ins.push(x);
+      }
+    }
+    place(root);
+    absolute(root, 0, 0);
+    const out = [];
+    const W = root.w, H = root.h;
+    out.push('<svg xmlns="' + SVGNS + '" viewBox="0 0 ' + W.toFixed(1) + " " + H.toFixed(1) + '"><g class="graph" ' +
+             'font-family="Helvetica,Arial,sans-serif" font-size="10">');
+    for (const [a, b] of edges) emitEdge(a, b, out);
+    const frameList = [];
+    emitFrames(root, out, frameList); // over the edges: a frame's title stays clickable where an edge passes under
+    for (const node of nodes.values()) emitNode(node, out);
+    out.push("</g></svg>");
+    return { text: out.join(""), nodes: [...nodes.values()], frames: frameList, edges };
+  }
+
+  function place(f) { // lays out a frame's members (relative to it); sets its size
+    const members = f.children;
+    members.forEach((c, n) => { c.order = n; if (c.children) place(c); });
+    const rank = new Array(members.length).fill(0);
+    const layers = [];
+    for (const c of members) {
+      for (const p of c.ins) if (p.order < c.order) rank[c.order] = Math.max(rank[c.order], rank[p.order] + 1);
+      (layers[rank[c.order]] = layers[rank[c.order]] || []).push(c);
+    }
+    const top = PAD + (f.parent ? TITLE : 0);
+    let y = top, minX = Infinity, maxX = -Infinity;
+    for (const layer of layers) {
+      if (!layer) continue;
+      const wanted = (c) => {
+        const above = c.ins.filter((p) => rank[p.order] < rank[c.order]);
+        return above.length ? above.reduce((s, p) => s + p.x + p.w / 2, 0) / above.length : null;
+      };
+      const want = layer.map((c) => [c, wanted(c)]);
+      if (want.every(([, w]) => w !== null)) want.sort((u, v) => u[1] - v[1]);
+      let right = -Infinity, shift = 0, known = 0;
+      for (const [c, w] of want) {
+        c.x = w === null ? (right === -Infinity ? 0 : right + GAP_X) : Math.max(w - c.w / 2, right + GAP_X);
+        right = c.x + c.w;
+        if (w !== null) { shift += w - (c.x + c.w / 2); known++; }
+      }
+      const height = Math.max(...layer.map((c) => c.h));
+      for (const [c] of want) {
+        if (known) c.x += shift / known; // centred under its parents on the whole
+        c.y = y + (height - c.h) / 2;
+        minX = Math.min(minX, c.x);
+        maxX = Math.max(maxX, c.x + c.w);
+      }
+      y += height + GAP_Y;
+    }
+    for (const c of members) c.x += PAD - minX;
+    f.w = Math.max(members.length ? maxX - minX + 2 * PAD : 0, f.key ? f.key.length * CHAR + 40 : 0);
+    f.h = y - GAP_Y + PAD;
+  }
+
+  function absolute(f, x, y) {
+    for (const c of f.children) {
+      c.x += x;
+      c.y += y;
+      if (c.children) absolute(c, c.x, c.y);
+    }
+  }
+
+  function emitFrames(f, out, list) {
+    for (const c of f.children) {
+      if (!c.children) continue;
+      const m = moduleList[c.module];
+      list.push(c);
+      out.push('<g class="cluster" data-cluster="' + esc(c.key) + '"><title>' + esc(c.id) + '</title><path fill="none" stroke="#7a869a" ' +
+               'stroke-dasharray="5,2" d="M' + c.x.toFixed(1) + "," + c.y.toFixed(1) + "h" + c.w.toFixed(1) + "v" +
+               c.h.toFixed(1) + "h" + (-c.w).toFixed(1) + 'z"/><text x="' + (c.x + 8).toFixed(1) + '" y="' + (c.y + 13).toFixed(1) + '">' + esc(moduleName(m) + " (" +
+               m.type + ")") + "</text></g>");
+      emitFrames(c, out, list);
+    }
+  }
+
+  function emitEdge(a, b, out) {
+    const x1 = a.x + a.w / 2, y1 = a.y + a.h, x2 = b.x + b.w / 2, y2 = b.y - 6;
+    const dy = Math.max(20, Math.abs(y2 - y1) / 2);
+    const bend = y2 - y1 > 3 * GAP_Y + 2 * LINE * 4 && Math.abs(x2 - x1) < 40 ? 60 : 0; // a long skip: round the side
+    out.push('<g class="edge"><title>' + esc(a.id + "->" + b.id) + '</title><path fill="none" stroke="#444444" d="M' +
+             x1.toFixed(1) + "," + y1.toFixed(1) + "C" + (x1 + bend).toFixed(1) + "," + (y1 + dy).toFixed(1) + " " +
+             (x2 + bend).toFixed(1) + "," + (y2 - dy).toFixed(1) + " " + x2.toFixed(1) + "," + y2.toFixed(1) +
+             '"/><polygon fill="#444444" stroke="#444444" points="' + (x2 - 3.5).toFixed(1) + "," + y2.toFixed(1) +
+             " " + (x2 + 3.5).toFixed(1) + "," + y2.toFixed(1) + " " + x2.toFixed(1) + "," + (y2 + 6).toFixed(1) +
+             '"/></g>');
+  }
+
+  function emitNode(n, out) {
+    const x = n.x, y = n.y, w = n.w, h = n.h;
+    let shape;
+    if (n.kind === "module") {
+      shape = '<polygon fill="#dde5f6" stroke="#000000" points="' + [x, y, x + w, y, x + w, y + h, x, y + h]
+        .map((v) => v.toFixed(1)).join(" ") + '"/><polyline fill="none" stroke="#000000" points="' +
+        [x + 4, y - 4, x + w + 4, y - 4, x + w + 4, y + h - 4, x + w, y + h - 4].map((v) => v.toFixed(1)).join(" ") +
+        '"/>';
+    } else {
+      const fill = G.fill[n.op] || (n.kind === "input" ? "#b7e4c7" : n.kind === "output" ? "#f4acb7"
+        : G.params[n.op] ? "#eeeeee" : "#ffffff");
+      const rounded = n.kind === "op" ? 6 : h / 2;
+      const rect = (d) => '<path fill="' + fill + '" stroke="#000000" d="' + roundRect(x - d, y - d, w + 2 * d,
+                                                                                      h + 2 * d, rounded + d) + '"/>';
+      shape = rect(0) + (G.out[n.op] ? rect(3).replace('fill="' + fill + '"', 'fill="none"') : "");
+    }
+    const text = n.lines.map((line, k) => '<text text-anchor="middle" x="' + (x + w / 2).toFixed(1) + '" y="' +
+      (y + 15 + k * LINE).toFixed(1) + '">' + esc(line) + "</text>").join("");
+    const attrs = n.kind === "module" ? ' class="node tl-modbox" data-module="' + esc(moduleList[n.module].key) + '"'
+      : ' class="node' + (edited.has(n.op) ? " tl-edited" : "") + '" data-op="' + n.op + '"';
+    out.push("<g" + attrs + "><title>" + esc(n.id) + "</title>" + shape + text + "</g>");
+  }
+
+  function roundRect(x, y, w, h, r) {
+    r = Math.min(r, w / 2, h / 2);
+    const f = (v) => v.toFixed(1);
+    return "M" + f(x + r) + "," + f(y) + "H" + f(x + w - r) + "A" + f(r) + "," + f(r) + " 0 0 1 " + f(x + w) + "," +
+      f(y + r) + "V" + f(y + h - r) + "A" + f(r) + "," + f(r) + " 0 0 1 " + f(x + w - r) + "," + f(y + h) + "H" +
+      f(x + r) + "A" + f(r) + "," + f(r) + " 0 0 1 " + f(x) + "," + f(y + h - r) + "V" + f(y + r) + "A" + f(r) + "," +
+      f(r) + " 0 0 1 " + f(x + r) + "," + f(y) + "Z";
+  }
+
+  let timings = {};
+  function renderInPage(focusKey) {
+    const start = performance.now();
+    const found = layoutInPage();
+    if (found === null) return false;
+    const laid = performance.now();
+    showSvg(found.text, found);
+    timings = { layout: laid - start, svg: performance.now() - laid };
+    svg.tl.folded = new Map();
+    if (focusKey && svg.tl.clusters.has(focusKey)) centerOn(svg.tl.clusters.get(focusKey));
+    highlightSelection();
+    runSearch(false);
+    return true;
   }
 
   // -- pan and zoom -------------------------------------------------------------------------
@@ -257,9 +560,8 @@
   function elementOf(index) {
     const node = svg.tl.nodes.get("op " + index);
     if (node && node.style.display !== "none") return node;
-    const chain = ops[index].modules;
-    for (const key of chain) {
-      const box = svg.querySelector('.tl-modbox[data-module="' + CSS.escape(key) + '"]');
+    for (const key of chainOf(index)) {
+      const box = svg.tl.boxes.get(key) || (svg.tl.folded && svg.tl.folded.get(key));
       if (box && box.style.display !== "none") return box;
     }
     return null;
@@ -277,10 +579,11 @@
     const q = search.value.trim().toLowerCase();
     matches = [];
     if (!q) { say(""); return; }
-    for (const op of ops) {
-      if (op.label.toLowerCase().includes(q) || op.func.toLowerCase().includes(q) ||
-          op.modules.some((m) => m.toLowerCase().includes(q))) matches.push(op.index);
+    // An index of the text each op is found by, not the page's DOM: one string per op, made once.
+    if (haystack === null) {
+      haystack = G.label.map((label, i) => (label + "\n" + G.func[i] + "\n" + chainOf(i).join("\n")).toLowerCase());
     }
+    for (let i = 0; i < count; i++) if (haystack[i].includes(q)) matches.push(i);
     for (const i of matches) { const el = elementOf(i); if (el) el.classList.add("tl-match"); }
     say(matches.length + (matches.length === 1 ? " op matches" : " ops match"));
     if (jump && matches.length) { matchAt = (matchAt + 1) % matches.length; select(matches[matchAt], true); }
@@ -295,7 +598,7 @@
     selected = index;
     highlightSelection();
     if (center) { const el = elementOf(index); if (el) centerOn(el); }
-    showOp(ops[index]);
+    showOp(record(index));
   }
 
   function el(tag, text, cls) {
@@ -326,7 +629,7 @@
       const a = el("a", label);
       a.href = "#";
       a.className = "tl-link";
-      a.addEventListener("click", (ev) => { ev.preventDefault(); select(byLabel.get(label).index, true); });
+      a.addEventListener("click", (ev) => { ev.preventDefault(); select(byLabel.get(label), true); });
       if (n) span.append(", ");
       span.append(a);
     });
@@ -351,8 +654,9 @@
     row("Dtype", op.dtype || "-");
     row("Device", op.device || "-");
     if (op.bytes !== null) row("Size", si(op.bytes, "B"));
-    row("Module", op.modules.length ? op.modules[op.modules.length - 1] : "(top level)");
-    if (op.modules.length > 1) row("Inside", op.modules.join(" > "));
+    const chain = chainOf(op.index);
+    row("Module", chain.length ? chain[chain.length - 1] : "(top level)");
+    if (chain.length > 1) row("Inside", chain.join(" > "));
     if (op.module_outputs.length) row("Output of", op.module_outputs.join(", "));
     for (const p of op.params) {
       row(p.buffer ? "Buffer" : "Param", p.name + " " + shapeText(p.shape) + " (" + p.numel.toLocaleString() +
@@ -387,8 +691,7 @@
   }
 
   function showPicture(op) {
-    if (pictures === null) pictures = JSON.parse(document.getElementById("tl-pictures").textContent);
-    const pic = pictures[op.index];
+    const pic = pictureOf(op.index);
     const box = el("div", undefined, "tl-picture");
     panel.append(box);
     if (!pic) {
@@ -462,7 +765,7 @@
 
   // -- controls -----------------------------------------------------------------------------
   const depthPick = document.getElementById("tl-depth");
-  const maxDepth = Math.max(0, ...DATA.modules.map((m) => m.depth));
+  const maxDepth = DATA.sizes.length - 1;
   for (let d = 1; d <= maxDepth; d++) depthPick.append(new Option("fold at depth " + d, d));
   depthPick.append(new Option("all open", maxDepth + 1));
   depthPick.addEventListener("change", () => openToDepth(Number(depthPick.value)));
@@ -473,12 +776,13 @@
   document.getElementById("tl-fit").addEventListener("click", () => fitAll());
 
   // -- start --------------------------------------------------------------------------------
-  const startDepth = DATA.layouts[DATA.start].depth;
-  depthPick.value = Math.min(startDepth, maxDepth + 1);
-  openToDepth(startDepth);
-  if (DATA.focus !== null && byLabel.has(DATA.focus)) select(byLabel.get(DATA.focus).index, true);
+  depthPick.value = Math.min(DATA.start, maxDepth + 1);
+  openToDepth(DATA.start);
+  const renderedAt = performance.now();
+  if (DATA.focus !== null && byLabel.has(DATA.focus)) select(byLabel.get(DATA.focus), true);
   window.torchlensViewer = {
-    startedAt: t0, renderedAt: performance.now(), layout: () => DATA.layouts[layoutIndex].depth,
+    startedAt: t0, renderedAt, inPage, parsed: () => [...parsed].sort(), timings: () => timings,
+    layout: () => inPage ? neededDepth() : DATA.layouts[layoutIndex].depth,
     open: (key) => openModule(key), fold: (key) => foldModule(key), openToDepth,
     center: (index) => { const found = elementOf(index); if (found) centerOn(found); },
   };

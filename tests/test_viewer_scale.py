@@ -1,0 +1,262 @@
+"""The viewer on a large trace (5,000 ops), in a real browser: the page lays out only what it shows.
+
+Over ``PAGE_LAYOUT_OPS`` ops the page lays the graph out itself, one frame per open module, and reads each
+op's panel details and value picture from a block it parses only when that op is first shown. Counts are
+checked against the model's own structure, values against forward hooks on an untraced run. Timings are in
+bench/viewer_scale.py, not here.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+from viewer_checks import Page, assert_not_blank, browser
+
+import torchlens as tl
+from torchlens_core.viewer.layouts import PAGE_LAYOUT_OPS
+
+torch = pytest.importorskip("torch")
+
+GROUPS, STAGES, BLOCKS = 5, 10, 4  # 200 blocks of 25 ops: 5,000 ops and the input and output
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: Any) -> Any:
+        h = self.fc(x)
+        for _ in range(8):
+            h = torch.tanh(h) * 0.5 + x
+        return h
+
+
+class Group(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stages = torch.nn.Sequential(*[torch.nn.Sequential(*[Block() for _ in range(BLOCKS)])
+                                            for _ in range(STAGES)])
+
+    def forward(self, x: Any) -> Any:
+        return self.stages(x)
+
+
+class Big(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups = torch.nn.ModuleList(Group() for _ in range(GROUPS))
+
+    def forward(self, x: Any) -> Any:
+        for group in self.groups:
+            x = group(x)
+        return x
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, dict[str, Any], pathlib.Path]:
+    """(model, trace, a forward hook's output of one Linear on an untraced run, the viewer file)."""
+    torch.manual_seed(0)
+    model, x = Big().eval(), torch.randn(2, 8)
+    seen: dict[str, Any] = {}
+    name = "groups.3.stages.7.2.fc"
+    handle = model.get_submodule(name).register_forward_hook(lambda m, i, o: seen.__setitem__(name, o.clone()))
+    with torch.no_grad():
+        model(x)
+    handle.remove()
+    trace = tl.trace(model, x)
+    assert len(trace.ops) == GROUPS * STAGES * BLOCKS * 25 + 2 > PAGE_LAYOUT_OPS
+    return model, trace, seen, tl.view(trace, tmp_path_factory.mktemp("viewer") / "big.html")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Any:
+    with browser() as found:
+        yield found
+
+
+@pytest.fixture()
+def page(big: Any, chromium: Any) -> Any:
+    shown = Page(chromium, big[3])
+    yield shown
+    shown.close()
+
+
+def indices(trace: Any, module: str) -> set[int]:
+    return {trace[label].index for label in trace.modules[module].passes[0].ops}
+
+
+def click_box(page: Page, trace: Any, key: str) -> None:
+    """Bring the module pass's box into view (as search does, through one of its ops) and click it."""
+    page.page.evaluate("i => window.torchlensViewer.center(i)", min(indices(trace, key.rsplit(":", 1)[0])))
+    page.page.locator(f'.tl-modbox[data-module="{key}"]').click()
+
+
+def nodes(page: Page) -> int:
+    return page.page.locator("#tl-graph g.node").count()
+
+
+def test_it_opens_with_only_the_top_of_the_graph_laid_out(big: Any, page: Page) -> None:
+    _, trace, _, _ = big
+    page.clean()
+    assert page.page.evaluate("window.torchlensViewer.inPage")
+    # collapse="auto" opens at depth 3 (group, its Sequential, stage): every stage one box (within the 60-node
+    # budget; depth 4 is 202 nodes), and the input and output ops; nothing else is in the DOM.
+    assert nodes(page) == GROUPS * STAGES + 2
+    assert page.visible_ops() == [0, len(trace.ops) - 1]
+    assert page.boxes("groups.3.stages.7:1") == 1
+    assert page.page.locator("#tl-graph g.cluster").count() == 2 * GROUPS  # the groups and their Sequentials, open
+    assert page.page.evaluate("window.torchlensViewer.parsed()") == []  # no op's details or values read yet
+    assert_not_blank(page.page.locator("#tl-graph").screenshot())
+    page.clean()
+
+
+def test_opening_and_folding_modules_lays_out_what_is_shown(big: Any, page: Page) -> None:
+    _, trace, _, _ = big
+    click_box(page, trace, "groups.3.stages.7:1")
+    assert page.boxes("groups.3.stages.7:1") == 0
+    assert all(page.boxes(f"groups.3.stages.7.{b}:1") == 1 for b in range(BLOCKS))
+    assert nodes(page) == GROUPS * STAGES + 2 - 1 + BLOCKS
+    click_box(page, trace, "groups.3.stages.7.2:1")
+    inside = indices(trace, "groups.3.stages.7.2")
+    assert len(inside) == 25 and sorted(page.visible_ops(inside)) == sorted(inside)
+    assert nodes(page) == GROUPS * STAGES + 2 - 1 + BLOCKS - 1 + 25
+    # the linear is a module of one op: drawn as that op, named after its module
+    fc = trace["groups.3.stages.7.2.fc"].index
+    name = page.page.locator(f'#tl-graph g.node[data-op="{fc}"] text').first.text_content()
+    assert name == "groups.3.stages.7.2.fc (Linear)"
+    # an edge into the block's first op comes from the block before it, shown as a box
+    edges = page.page.eval_on_selector_all("#tl-graph g.edge title", "els => els.map(e => e.textContent)")
+    assert f"module groups.3.stages.7.1:1->op {fc}" in edges
+    # hovering an op lights its ancestors and descendants among the ops shown (the stages are a chain, so
+    # going through the boxes adds none)
+    op = trace.ops[sorted(inside)[12]]
+    page.page.evaluate("i => window.torchlensViewer.center(i)", op.index)
+    page.page.locator(f'#tl-graph g.node[data-op="{op.index}"]').hover()
+    lit = set(page.page.eval_on_selector_all("#tl-graph g.node.tl-path[data-op]",
+                                             "els => els.map(e => Number(e.dataset.op))"))
+    related: set[int] = set()
+    for step in (lambda o: o.parent_indices, lambda o: [trace[c].index for c in o.children]):
+        todo = list(step(op))
+        while todo:
+            i = todo.pop()
+            if i not in related:
+                related.add(i)
+                todo += step(trace.ops[i])
+    assert lit == related & set(page.visible_ops())
+    page.page.mouse.move(1, 1)
+    page.page.evaluate("i => window.torchlensViewer.center(i)", min(indices(trace, "groups.3.stages.7")))
+    page.page.locator('#tl-graph g.cluster[data-cluster="groups.3.stages.7:1"] > text').click()  # fold the stage
+    assert page.visible_ops(inside) == [] and page.boxes("groups.3.stages.7:1") == 1
+    assert nodes(page) == GROUPS * STAGES + 2
+    click_box(page, trace, "groups.3.stages.7:1")  # open again: the block too
+    assert sorted(page.visible_ops(inside)) == sorted(inside)
+    page.clean()
+
+
+def test_search_finds_labels_and_functions_inside_folded_modules(big: Any, page: Page) -> None:
+    model, trace, _, _ = big
+    op = trace.ops[max(indices(trace, "groups.3.stages.7.2"))]
+    assert page.search(op.label) == "1 op matches"
+    assert page.panel()["label"] == op.label  # Enter shows it
+    assert page.page.locator('.tl-modbox.tl-match[data-module="groups.3.stages.7:1"]').count() == 1
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert page.search("linear") == f"{linears} ops match"
+    assert page.page.locator("#tl-graph .tl-match").count() == GROUPS * STAGES  # every stage box holds some
+    page.clean()
+
+
+def test_the_panel_reads_an_ops_value_only_when_it_is_shown(big: Any, page: Page) -> None:
+    _, trace, seen, _ = big
+    op = trace["groups.3.stages.7.2.fc"]
+    assert page.page.evaluate("window.torchlensViewer.parsed()") == []
+    click_box(page, trace, "groups.3.stages.7:1")
+    click_box(page, trace, "groups.3.stages.7.2:1")
+    page.click_op(op.index)
+    shown = page.panel()
+    reference = seen["groups.3.stages.7.2.fc"].double()
+    assert shown["label"] == op.label and shown["Shape"] == str(tuple(reference.shape))
+    assert shown["Module"] == "groups.3.stages.7.2.fc:1"
+    where = op.code_context[0]  # file names are stored once per block: read back as the trace has them
+    assert shown["Code"] == f"{where.file}:{where.line_number} in {where.func_name}"
+    assert shown["Parents"] == trace.ops[op.parent_indices[0]].label
+    stats = page.stats()
+    for key, value in (("min", reference.min()), ("max", reference.max()), ("mean", reference.mean())):
+        assert stats[key] == pytest.approx(float(value), rel=1e-3, abs=1e-6)
+    block = op.index // 1000
+    assert page.page.evaluate("window.torchlensViewer.parsed()") == [f"tl-ops-{block}", f"tl-pictures-{block}"]
+    page.clean()
+
+
+def test_expand_all_and_a_layout_over_max_nodes(big: Any, chromium: Any, tmp_path: pathlib.Path) -> None:
+    _, trace, _, _ = big
+    page = Page(chromium, big[3])
+    try:
+        page.page.click("#tl-expand")
+        assert sorted(page.visible_ops()) == list(range(len(trace.ops)))
+        page.clean()
+    finally:
+        page.close()
+    page = Page(chromium, tl.view(trace, tmp_path / "bounded.html", values=False, max_nodes=100))
+    try:
+        page.page.click("#tl-expand")  # 5,002 nodes: only as deep as 100 allows, and said so
+        assert "too large to expand" in page.page.inner_text("#tl-status")
+        assert nodes(page) == GROUPS * STAGES + 2  # depth 4 would be 202
+        click_box(page, trace, "groups.0.stages.0:1")  # 55 nodes: fine
+        assert page.boxes("groups.0.stages.0:1") == 0
+        page.clean()
+    finally:
+        page.close()
+    with pytest.raises(tl.TorchLensError, match="raise max_nodes"):
+        tl.view(trace, tmp_path / "none.html", values=False, max_nodes=3)
+
+
+class Small(torch.nn.Module):
+    def __init__(self, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(2, 4, eps=eps)
+        self.head = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5))
+
+    def forward(self, x: Any) -> Any:
+        return self.head(self.norm(self.conv(x)).tanh())
+
+
+def test_laid_out_in_the_page_a_comparison_and_an_edit_are_marked(chromium: Any, tmp_path: pathlib.Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("torchlens_core.viewer.PAGE_LAYOUT_OPS", 0)  # every trace laid out in the page
+    torch.manual_seed(0)
+    a, b = Small().eval(), Small(eps=1e-1).eval()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(0))
+    cmp = tl.compare(tl.trace(a, x), tl.trace(b, x))
+    first = cmp.first_divergence
+    assert first is not None and first.module == "norm"
+    page = Page(chromium, tl.view(cmp, tmp_path / "cmp.html"))
+    try:
+        assert page.page.evaluate("window.torchlensViewer.inPage")
+        shown = page.panel()  # opens on the first divergence
+        assert shown["label"] == first.a and shown["Compared"].startswith("diverges")
+        fill = "i => document.querySelector(`#tl-graph g.node[data-op=\"${i}\"] > :is(path, polygon)`)" \
+               ".getAttribute('fill')"
+        assert page.page.evaluate(fill, cmp.a[first.a].index) in ("#fcbba1", "#fb6a4a", "#cb181d")
+        assert page.page.evaluate(fill, cmp.a["conv"].index) == "#c7e9c0"  # before the divergence: agrees
+        page.page.click("#tl-expand")
+        assert sorted(page.visible_ops()) == list(range(len(cmp.a.ops)))
+        page.clean()
+    finally:
+        page.close()
+    trace = tl.trace(a, x, intervene=tl.when(tl.func("relu"), tl.zero_ablate()))
+    [edited] = [op for op in trace.ops if op.edits]
+    page = Page(chromium, tl.view(trace, tmp_path / "edited.html"))
+    try:
+        page.page.click("#tl-expand")
+        marked = page.page.eval_on_selector_all("#tl-graph g.node.tl-edited", "els => els.map(e => e.dataset.op)")
+        assert marked == [str(edited.index)]
+        assert page.panel()["label"] == edited.label and "zero_ablate" in page.panel()["Edited"]
+        assert page.stats()["max"] == 0  # zero-ablated
+        page.clean()
+    finally:
+        page.close()
