@@ -51,6 +51,7 @@ def test_public_api() -> None:
         "Coverage", "PartialCoverage", "compat", "validate",
         "MergeReport", "RankFinding", "RankMergeError", "distributed", "merge_ranks", "merge_report",
         "view",
+        "DrawingTooLargeError", "LargeDrawingWarning",
     ])
 
 

@@ -59,6 +59,15 @@ class GraphvizNotFoundError(TorchLensError, RuntimeError):
     """The Graphviz ``dot`` program is not installed."""
 
 
+class DrawingTooLargeError(TorchLensError, ValueError):
+    """A drawing has more nodes than ``draw(max_nodes=)`` allows; the message says how long Graphviz would take
+    and what to draw instead (``collapse="auto"``, ``collapse=N``, ``module=``)."""
+
+
+class LargeDrawingWarning(UserWarning):
+    """A drawing Graphviz will take long to lay out; the message gives the estimate and what to draw instead."""
+
+
 class OutputPathError(TorchLensError, OSError):
     """A drawing or viewer page cannot be written where asked (no such folder, a folder, a name the system refuses)."""
 

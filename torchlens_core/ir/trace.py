@@ -21,6 +21,10 @@ from torchlens_core.ir.records import (
     Ref,
 )
 
+# Trace.draw refuses a drawing of more nodes than this unless asked (max_nodes=None): Graphviz would take
+# many minutes and gigabytes of memory on it, and the picture is unreadable anyway (docs/drawing.md).
+DRAW_MAX_NODES = 10_000
+
 if TYPE_CHECKING:
     from torchlens_core.replay.audit import AuditReport
 
@@ -289,18 +293,21 @@ class Trace:
         return audit(self, rtol=rtol, untraced=untraced)
 
     def draw(self, path: str | None = None, *, file_format: str = "pdf", vis_mode: str = "unrolled",
-             collapse: Any = None, module: str | None = None) -> str:
+             collapse: Any = None, module: str | None = None, max_nodes: int | None = DRAW_MAX_NODES) -> str:
         """Render the graph with Graphviz; returns the path written.
 
         ``vis_mode``: ``"unrolled"`` (every pass its own node) or ``"rolled"``
         (one node per layer, loops drawn back). ``collapse``: ``"auto"`` (modules
-        as single boxes as far as needed to stay readable), a depth (modules that
+        as single boxes as deep as fits in 60 nodes, whatever the model's size), a depth (modules that
         deep are boxes), or a predicate on ModuleRecords. ``module``: draw only
         that module's subgraph. ``file_format``: ``"pdf"``, ``"svg"`` or ``"png"``.
+        ``max_nodes``: a drawing with more nodes raises DrawingTooLargeError, saying how long it would
+        take and what to draw instead (None: no limit); a slow one warns (LargeDrawingWarning).
         """
         from torchlens_core.views.draw import draw
 
-        return draw(self, path, file_format=file_format, vis_mode=vis_mode, collapse=collapse, module=module)
+        return draw(self, path, file_format=file_format, vis_mode=vis_mode, collapse=collapse, module=module,
+                    max_nodes=max_nodes)
 
     def to_dot(self, *, vis_mode: str = "unrolled", collapse: Any = None, module: str | None = None) -> str:
         """The DOT source of :meth:`draw`'s picture; needs no Graphviz."""
