@@ -177,7 +177,7 @@ def demo(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Capture overhead (ResNet-18, GPT-2 small), selective capture, extraction, metadata, save/load, patching,
-    comparison, the floor under a capture (torch, and TensorFlow where its session exists), a jitted JAX target's
+    comparison, the floor under a capture (torch, and every other backend whose session exists), a jitted JAX target's
     repeat capture part by part (where the jax session exists); then one table for
     every backend (bench/all_backends.py, in each backend session's virtualenv: a missing one gets a row saying
     so), written to this session's scratch folder."""
@@ -190,11 +190,14 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/save_load.py")
     session.run("python", "bench/intervene_cost.py")
     session.run("python", "bench/compare_cost.py")
+    session.run("python", "bench/scale.py")  # every step at 1k, 10k and 50k ops: seconds per 1k ops stay flat
     session.run("python", "bench/capture_floor.py", "--backend", "torch")
     envs = pathlib.Path(session.virtualenv.location).parent  # each backend's own: TF and Paddle cannot share one
-    tf_python = envs / "tf" / "bin" / "python"
-    if tf_python.exists():
-        session.run(str(tf_python), "bench/capture_floor.py", "--backend", "tf", external=True)
+    for name in ("tf", "paddle", "tinygrad", "jax"):  # the floor under each backend's capture, where its session is
+        python = envs / name / "bin" / "python"
+        if python.exists():
+            env = {"KERAS_BACKEND": "jax"} if name == "jax" else {}
+            session.run(str(python), "bench/capture_floor.py", "--backend", name, external=True, env=env)
     jax_python = envs / "jax" / "bin" / "python"
     if jax_python.exists():
         session.run(str(jax_python), "bench/jax_capture_parts.py", external=True)

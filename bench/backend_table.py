@@ -10,6 +10,9 @@ JSON line. For each model, plain call and captures run interleaved on one thread
 - halt ratio: ``tl.trace(..., halt=tl.label(L))`` over the plain call, where ``L`` is the op a quarter of the
   way through a full trace's op list (input and output nodes left out); everything before it is kept;
 - per-op cost: (capture time - plain time) / ops recorded;
+- floor: the cheapest way the framework offers to keep every op's value without recording anything
+  (``bench/capture_floor.py``'s ``hold``, interleaved with the rest), over the plain call; the recorder's own
+  cost per unit is (capture time - floor time) / (ops + module passes);
 - record ratio: ``tl.record`` (naming and linking deferred until the recording is read) over the plain call;
 - patch ratio (backends that intervene): activation patching over the plain call, ``save=`` and
   ``intervene=tl.when(site, tl.swap_with(clean))`` on one module site, the module with the most ops among
@@ -43,11 +46,12 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_N
 
 from capture_overhead import REFERENCE, Built, _block, _jitted, builders, jitted_target  # noqa: E402 - after the thread settings
 
-# backend -> (conv net, transformer-style block). torch measures the reference models of capture_overhead.py
-# (ResNet-18 at 224x224, GPT-2 small at 64 tokens); the others, cases of their conformance zoo.
-MODELS: dict[str, tuple[str, str]] = {
-    "torch": ("resnet18", "gpt2"),
-    "jax": ("nnx_cnn", "nnx_attention"),
+# backend -> its models: a conv net and a transformer-style block at least. torch measures the reference models
+# of capture_overhead.py (ResNet-18 at 224x224, GPT-2 small at 64 tokens, ViT-tiny at 224x224); the others, cases
+# of their conformance zoo. JAX also measures the small models its jitted-target goal names (no batch repeat).
+MODELS: dict[str, tuple[str, ...]] = {
+    "torch": ("resnet18", "gpt2", "vit_tiny"),
+    "jax": ("nnx_cnn", "nnx_attention", "linen_mlp", "eqx_cnn", "eqx_mlp"),
     "tf": ("resnet50", "multi_head_attention"),
     "paddle": ("resnet18", "transformer_encoder_layer"),
     "tinygrad": ("cnn_batchnorm", "transformer_block"),
@@ -222,13 +226,22 @@ def patch_site(trace: Any) -> str | None:
     return None if best is None else best[2]
 
 
+# How a run is timed: wall time, as a user sees it; or the process's CPU time (every thread's, user and system),
+# for a loaded machine, where time the process waits for a core is most of the wall time and moves every run.
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
-            patches: bool = False) -> tuple[dict[str, Any], dict]:
+            patches: bool = False, clock: str = "wall") -> tuple[dict[str, Any], dict]:
+    from capture_floor import MODES as FLOORS
+    from capture_floor import units
+
     import torchlens as tl
 
     model, args, kwargs = build()
     full = tl.trace(model, *args, backend=backend, **kwargs)
     at, num_ops = quarter_label(full)
+    ops, passes = units(full)
     site = patch_site(full) if patches else None
     del full
     runs: dict[str, Callable[[], Any]] = {
@@ -237,6 +250,8 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
     }
     if halts:
         runs["halt"] = lambda: tl.trace(model, *args, backend=backend, halt=tl.label(at), **kwargs)
+    floors = FLOORS[backend](model, args, kwargs)  # every value kept, nothing recorded
+    runs["hold"] = floors["hold"]
     # tl.record: the same capture with naming and linking deferred until the recording is read
     runs["record"] = lambda: tl.record(model, *args, backend=backend, **kwargs)
     if site is not None:  # activation patching: one module's output swapped for a clean run's
@@ -250,21 +265,26 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
         # the capture of the jitted target a JAX user calls: repeat captures come from the capture cache
         target, targs = jitted_target(model, args)
         runs["jit_trace"] = lambda: tl.trace(target, *targs, backend=backend, **kwargs)
+        runs["hold_jit"] = floors["hold_jit"]  # one executable returning every value: the jitted target's floor
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(3):  # warm-up: allocators, kernels, compilation caches (JAX's capture executable)
         for run in runs.values():
             run()
+    now = CLOCKS[clock]
     for _ in range(repeats):
         for name, run in runs.items():
-            t0 = time.perf_counter()
+            t0 = now()
             result = run()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(now() - t0)
             del result
     ms = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
     row: dict[str, Any] = {"plain_ms": ms["plain"], "trace_ms": ms["trace"], "ratio": ms["trace"] / ms["plain"],
                            "ops": num_ops, "per_op_us": (ms["trace"] - ms["plain"]) * 1e3 / num_ops,
                            "halt_at": at if halts else None, "record_ms": ms["record"],
-                           "record_ratio": ms["record"] / ms["plain"]}
+                           "record_ratio": ms["record"] / ms["plain"], "floor_ms": ms["hold"],
+                           "floor_ratio": ms["hold"] / ms["plain"], "vs_floor": ms["trace"] / ms["hold"],
+                           "units": ops + passes, "unit_ops": ops, "passes": passes,
+                           "recorder_us": (ms["trace"] - ms["hold"]) * 1e3 / (ops + passes)}
     if site is not None:
         row.update(patch_site=site, patch_ms=ms["patch"], patch_ratio=ms["patch"] / ms["plain"])
     if halts:
@@ -275,7 +295,8 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
         row.update(halt_ms=ms["halt"], halt_ratio=ms["halt"] / ms["plain"], halt_ops=len(kept))
     if backend == "jax":
         row.update(jit_ms=ms["jit"], vs_jit=ms["trace"] / ms["jit"], jit_trace_ms=ms["jit_trace"],
-                   jit_trace_vs_jit=ms["jit_trace"] / ms["jit"])
+                   jit_trace_vs_jit=ms["jit_trace"] / ms["jit"], jit_floor_ms=ms["hold_jit"],
+                   jit_floor_ratio=ms["hold_jit"] / ms["jit"])
     return row, runs  # the memory figures come after every model's times (main)
 
 
@@ -301,6 +322,8 @@ def main() -> None:
     parser.add_argument("--backend", required=True, choices=sorted(MODELS))
     parser.add_argument("--cases", nargs="*", help="models to measure instead of MODELS[backend]")
     parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time (default), or the process's CPU time on a loaded machine")
     options = parser.parse_args()
     from torchlens_core.backend.manager import resolve_backend
 
@@ -319,14 +342,15 @@ def main() -> None:
     rows, runs = {}, {}
     with grad_off():
         for name, build in build_models(info.name, options.cases or list(MODELS[info.name])).items():
-            rows[name], runs[name] = measure(info.name, halts, build, options.repeats, patches)
+            rows[name], runs[name] = measure(info.name, halts, build, options.repeats, patches, options.clock)
         # Memory last: the peak meter tunes glibc's malloc for the whole process (mallopt cannot be undone), and
         # the times must be those of the process a user runs, where freed blocks are reused as glibc decides.
         meter = PeakMeter(info.name)
         for name in rows:
             rows[name].update(memory(info.name, runs[name], meter))
     print(json.dumps({"backend": info.name, "framework": f"{info.framework} {info.framework_version}",
-                      "repeats": options.repeats, "memory_method": meter.method, "halt": halts, "models": rows}))
+                      "repeats": options.repeats, "clock": options.clock, "memory_method": meter.method,
+                      "halt": halts, "models": rows}))
 
 
 if __name__ == "__main__":

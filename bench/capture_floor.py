@@ -8,9 +8,15 @@ Interleaved in one process, one thread, medians:
 
 - ``plain``: the model's own call.
 - ``bare``: the interception a capture uses, doing nothing (torch: a ``TorchFunctionMode``; TensorFlow: an op
-  callback, installed with ``op_callbacks.add_op_callback`` so that every eager path calls it).
+  callback, installed with ``op_callbacks.add_op_callback`` so that every eager path calls it; Paddle and tinygrad:
+  the capture's own wrappers, installed and put back by the capture's own code, reporting to a keeper that records
+  nothing; JAX: ``jax.make_jaxpr`` of the model, which is how a capture sees its ops).
 - ``hold``: the same, keeping every op's output until the forward ends, as a full trace keeps its values
-  (torch also copies the tensor an in-place op is about to overwrite, as the capture does).
+  (torch and Paddle also copy the tensor an in-place op is about to overwrite, as the capture does; tinygrad
+  makes each op's output a realization target and realizes them in one schedule before a write, a draw or a
+  conversion and at the end, as the capture does; JAX runs ``make_jaxpr`` and then one compiled executable that
+  returns every top-level equation's value, what a repeat capture of a model that is not jitted runs).
+- ``hold_jit`` (JAX): that executable alone, the floor of a jitted target's capture (its program is known).
 - ``trace``: ``tl.trace``.
 
 ``trace`` minus ``hold`` is TorchLens's own cost; ``us/unit`` divides it by the units a recorder handles (ops
@@ -28,11 +34,13 @@ from __future__ import annotations
 import argparse
 import resource
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from backend_table import MODELS, build_models
+from capture_overhead import _block
 
 
 def torch_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
@@ -93,7 +101,167 @@ def tf_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
     return {"bare": under(False), "hold": under(True)}
 
 
-MODES = {"torch": torch_modes, "tf": tf_modes}
+def paddle_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    import paddle
+
+    from torchlens_paddle.capture import _defining_modules
+    from torchlens_paddle.intercept import STATE, Patches
+
+    layers = [("", model), *model.named_sublayers()] if isinstance(model, paddle.nn.Layer) else []
+    modules = _defining_modules(model, layers)
+
+    class Keeper:
+        """What the capture's wrappers report to (``intercept.STATE.recorder``), recording nothing."""
+
+        def __init__(self, keep: bool) -> None:
+            self.depth, self.thread, self.keep, self.kept = 0, threading.get_ident(), keep, []
+
+        def run(self, info: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+            self.depth += 1  # what the op calls inside is part of it, as in a capture
+            try:
+                if self.keep:
+                    for where in info.written(a, k):  # the value an in-place op is about to overwrite
+                        target = a[where] if isinstance(where, int) else k[where]
+                        if isinstance(target, paddle.Tensor):
+                            self.kept.append(target.clone())
+                out = info.call(*a, **k)
+            finally:
+                self.depth -= 1
+            if self.keep:
+                self.kept.append(out)
+            return out
+
+        def alias(self, source: Any, out: Any) -> None:
+            pass
+
+        def before_share(self, dst: Any) -> None:
+            pass
+
+        def shared(self, source: Any, dst: Any) -> None:
+            pass
+
+        def decide(self, orig: Any, how: Any, exact: Any, t: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+            return orig(t, *a, **k)
+
+    def under(keep: bool) -> Callable[[], Any]:
+        def run() -> Any:
+            keeper, patches = Keeper(keep), Patches()
+            try:
+                patches.install(modules)  # installed and put back every call, as a capture does
+                STATE.recorder = keeper
+                model(*args, **kwargs)
+            finally:
+                STATE.recorder = None
+                patches.restore()
+            return keeper.kept
+        return run
+
+    return {"bare": under(False), "hold": under(True)}
+
+
+def tinygrad_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    from tinygrad import Tensor
+
+    from torchlens_tinygrad import capture
+    from torchlens_tinygrad.arrays import realize
+
+    class Keeper:
+        """The capture's Tensor-method wrappers (installed by the capture's own code), recording nothing."""
+
+        install, uninstall, _wrap = capture.Recorder.install, capture.Recorder.uninstall, capture.Recorder._wrap
+
+        def __init__(self, keep: bool) -> None:
+            self.depth, self.thread, self.keep = 0, threading.get_ident(), keep
+            self.cells: list[Any] = []
+            self.saved: dict[str, Any] = {}
+            self.kept: list[Any] = []
+            self.pending: list[Any] = []
+
+        def call(self, spec: Any, func: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+            if (spec.eager or spec.random or spec.decides) and self.pending:
+                self.flush()  # a write, a draw or a conversion: the values before it exist first
+            self.depth += 1
+            try:
+                out = func(*a, **k)
+            finally:
+                self.depth -= 1
+            if self.keep:
+                tensors = ([out] if isinstance(out, Tensor) else
+                           [t for t in out if isinstance(t, Tensor)] if isinstance(out, (tuple, list)) else [])
+                self.kept += tensors
+                self.pending += tensors
+                if spec.eager:
+                    self.flush()
+            return out
+
+        def flush(self) -> None:
+            todo, self.pending = self.pending, []
+            self.depth += 1  # Tensor.realize is wrapped too
+            try:
+                realize(todo)  # each output a realization target of its own, in one schedule, as capture does
+            finally:
+                self.depth -= 1
+
+    def under(keep: bool) -> Callable[[], Any]:
+        def run() -> Any:
+            keeper = Keeper(keep)
+            keeper.install()
+            try:
+                out = model(*args, **kwargs)
+                if keep:
+                    keeper.flush()
+                else:
+                    keeper.depth += 1
+                    realize([out] if isinstance(out, Tensor) else [])
+            finally:
+                keeper.uninstall()
+            return keeper.kept
+        return run
+
+    return {"bare": under(False), "hold": under(True)}
+
+
+def jax_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    import jax
+    from jax.extend.core import ClosedJaxpr, DropVar, jaxpr_as_fun
+
+    from torchlens_jax.arrays import is_array
+    from torchlens_jax.modules import view_model
+
+    view = view_model(model, args)
+    leaves, treedef = jax.tree_util.tree_flatten((args[view.param_args:], kwargs))
+    array_at = [i for i, leaf in enumerate(leaves) if is_array(leaf)]
+    params = [p.value for p in view.params]
+    inputs = [leaves[i] for i in array_at]
+
+    def call(param_values: list[Any], input_values: list[Any]) -> Any:
+        filled = list(leaves)
+        for i, v in zip(array_at, input_values):
+            filled[i] = v
+        a, kw = jax.tree_util.tree_unflatten(treedef, filled)
+        return view.rebuild(param_values)(*a, **kw)
+
+    def trace() -> Any:
+        return jax.make_jaxpr(call)(params, inputs)
+
+    closed = trace()
+    jaxpr = closed.jaxpr
+    every = [v for eqn in jaxpr.eqns for v in eqn.outvars if not isinstance(v, DropVar)]
+    # one executable returning every top-level equation's value: what a compiled capture runs
+    keeping = jax.jit(jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(outvars=every), closed.consts)))
+    flat = [*jax.tree_util.tree_leaves(params), *inputs]
+
+    def hold() -> Any:  # not jitted: the model traced again (a global it reads may change), then every value
+        trace()
+        return jax.block_until_ready(keeping(*flat))
+
+    def hold_jit() -> Any:  # a jitted target: its program is known, every value from one call
+        return jax.block_until_ready(keeping(*flat))
+
+    return {"bare": trace, "hold": hold, "hold_jit": hold_jit}
+
+
+MODES = {"torch": torch_modes, "tf": tf_modes, "paddle": paddle_modes, "tinygrad": tinygrad_modes, "jax": jax_modes}
 
 
 def main() -> None:
@@ -102,21 +270,21 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", help="models to measure instead of the backend's table rows")
     parser.add_argument("--repeats", type=int, default=15)
     options = parser.parse_args()
-    names = options.cases or (["resnet18", "gpt2", "vit_tiny"] if options.backend == "torch"
-                              else list(MODELS[options.backend]))
+    names = options.cases or list(MODELS[options.backend])
     if options.backend == "torch":
         import torch
 
         torch.set_num_threads(1)
         torch.set_grad_enabled(False)
-    print(f"{'model':24s} {'plain ms':>9s} {'bare':>6s} {'hold':>6s} {'trace':>6s} {'trace/hold':>10s} "
+    modes = ("bare", "hold", "hold_jit", "trace") if options.backend == "jax" else ("bare", "hold", "trace")
+    print(f"{'model':24s} {'plain ms':>9s} " + " ".join(f"{m:>8s}" for m in modes) + f" {'trace/hold':>10s} "
           f"{'units':>6s} {'us/unit':>8s} {'faults hold':>12s} {'faults trace':>12s}")
     for name, build in build_models(options.backend, names).items():
         built = build()
         plain, ratios, faults = measure(options.backend, *built, options.repeats)
         units = recorded_units(options.backend, *built)
         own = (ratios["trace"] - ratios["hold"]) * plain / units * 1e6
-        print(f"{name:24s} {plain * 1e3:9.1f} " + " ".join(f"{ratios[m]:5.2f}x" for m in ("bare", "hold", "trace"))
+        print(f"{name:24s} {plain * 1e3:9.2f} " + " ".join(f"{ratios[m]:7.2f}x" for m in modes)
               + f" {ratios['trace'] / ratios['hold']:9.2f}x {units:6d} {own:8.1f}"
               + f" {faults['hold']:12.0f} {faults['trace']:12.0f}", flush=True)
 
@@ -125,8 +293,12 @@ def recorded_units(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict
     """What the recorder handles in one capture: its ops and its module passes."""
     import torchlens as tl
 
-    trace = tl.trace(model, *args, backend=backend, **kwargs)
-    return sum(op.kind == "op" for op in trace.ops) + sum(len(m.passes) for m in trace.modules.values())
+    return sum(units(tl.trace(model, *args, backend=backend, **kwargs)))
+
+
+def units(trace: Any) -> tuple[int, int]:
+    """A trace's ops (input and output nodes left out) and module passes: what its recorder handled."""
+    return sum(op.kind == "op" for op in trace.ops), sum(len(m.passes) for m in trace.modules.values())
 
 
 def measure(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int
@@ -134,7 +306,7 @@ def measure(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, A
     """The plain call's median seconds, each mode's median over it, and each mode's median minor page faults."""
     import torchlens as tl
 
-    runs = {"plain": lambda: model(*args, **kwargs), **MODES[backend](model, args, kwargs),
+    runs = {"plain": lambda: _block(model(*args, **kwargs)), **MODES[backend](model, args, kwargs),
             "trace": lambda: tl.trace(model, *args, backend=backend, **kwargs)}
     times: dict[str, list[float]] = {mode: [] for mode in runs}
     faults: dict[str, list[int]] = {mode: [] for mode in runs}

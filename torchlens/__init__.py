@@ -57,6 +57,7 @@ from torchlens_core.steer.helpers import (
     when,
     zero_ablate,
 )
+from torchlens_core.store import stream as _stream  # noqa: F401  (registers the opener of tl.trace(save_to=))
 from torchlens_core.store.extract import Activations, extract_dataset
 from torchlens_core.store.saving import load, save
 from torchlens_core.viewer import view

@@ -137,8 +137,8 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     keep = cache_probe is not None and isinstance(walker, DeferredWalker)  # kept for the capture cache if it can be
     try:
         outs = walker.run_closed(closed, param_vals + input_vals, (), (), False)
-        # An output that no op computed (an input, a parameter, a constant) gets an identity op.
-        outs = [x if isinstance(x.ref, Ref) else walker.identity(x) for x in outs]
+        # The model's output: an output no op computed (an input, a parameter, a constant) gets an identity op.
+        out_refs, outs = walker.outputs(out_structure["template"], outs)
     except HaltCapture:  # halt=: the program ends where the forward stopped; compute what it recorded
         if isinstance(walker, DeferredWalker):
             sources = capture_cache.value_sources(walker, []) if keep else None
@@ -170,7 +170,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     else:  # intervene=: the edited forward is the walk itself; a plain call would return the unedited output
         model_output = fill(out_structure["template"], [x.value for x in outs])
         how = f"jax.make_jaxpr, then an eager walk binding each primitive ({refusal})"
-    builder.add_outputs(fill(out_structure["template"], [x.ref for x in outs]), model_output)
+    builder.add_outputs(out_refs, model_output)
     builder.notes.update({
         "capture": how,
         "expanded": dict(walker.expanded),  # higher-order primitives replaced by their inner ops

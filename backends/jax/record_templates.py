@@ -46,7 +46,7 @@ FIELD_AT = {cls: {f.name: i for i, f in enumerate(attrs.fields(cls))}
 # Templates call the records' constructors with every field in order.
 assert all(f.init for cls in FIELD_AT for f in attrs.fields(cls)), "a record field the constructor does not take"
 # Fields a template never keeps: values, links to the trace, and what is worked out after the capture.
-_DROPPED = frozenset({"out", "pre_edit", "grad", "trace_ref", "cost", "value", "passes"})
+_DROPPED = frozenset({"out", "pre_edit", "stored", "grad", "trace_ref", "cost", "value", "passes"})
 _TEMPLATE_FIELDS = {"out_template", "in_template"}  # Ref templates: any container the core can walk
 
 

@@ -232,3 +232,12 @@ def slot_template(value: Any) -> tuple[Any, list[Any], bool]:
 def fill(template: Any, values: list[Any]) -> Any:
     """Replace the Slots of ``template`` by ``values``."""
     return tree.map_leaves(lambda x: values[x.index] if isinstance(x, Slot) else x, template)
+
+
+def unfill(template: Any, value: Any, n: int) -> list[Any]:
+    """The ``n`` leaves of ``value`` (``template`` filled, then rebuilt leaf by leaf) at its Slots, in slot
+    order: :func:`fill`'s inverse."""
+    found: list[Any] = [None] * n
+    for path, slot in tree.leaves(template, lambda x: isinstance(x, Slot)):
+        found[slot.index] = tree.get(value, path)
+    return found

@@ -15,14 +15,18 @@ recorded as one op and counted in the trace's notes as opaque.
 
 Module scoping comes from the name stack of each equation: a scope made by
 :class:`~torchlens_jax.scopes.CallScopes` opens a pass of that module, and
-the call's output marker closes it, naming what the call returned.
+the call's output marker closes it, naming what the call returned. What a
+pass does when it opens and closes (pass-through ops for values the call did
+not compute, ``intervene=``'s module sites, ``tl.splice_module``) is the
+core's :class:`~torchlens_core.capture.passes.ModulePasses`, which the torch,
+TF, Paddle and tinygrad captures share; the walk only says what a returned
+value is to it: a :class:`Val` of its environment, which carries its Ref.
 """
 
 from __future__ import annotations
 
 import operator
 import os
-import weakref
 from collections import Counter
 from collections.abc import Callable
 from time import perf_counter
@@ -35,14 +39,15 @@ import numpy as np
 import torchlens_core
 from torchlens_core.capture import api
 from torchlens_core.capture.builder import TraceBuilder
-from torchlens_core.capture.edits import KEPT_READ, unedited_read
+from torchlens_core.capture.edits import PassThroughs
+from torchlens_core.capture.passes import ModulePasses
 from torchlens_core.capture.sites import CONTEXT_FRAMES
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import CodeLocation, OpRecord, ParamRef, Ref
 from torchlens_jax.arrays import array_info
 from torchlens_jax.custom_rules import CustomRule, keep
-from torchlens_jax.scopes import MARKER_NAME, CallScopes, Slot, fill
+from torchlens_jax.scopes import MARKER_NAME, CallScopes, fill, unfill
 
 # Call-like primitives and the parameter holding the jaxpr they run.
 CALL_JAXPR = {
@@ -67,23 +72,7 @@ class Val:
         return self.value if self.ref is None else self.ref
 
 
-class _Unedited:
-    """An array a module site's edit replaced for the call's caller: its value runs, but no recorded op
-    can read it (:func:`torchlens_core.capture.edits.unedited_read`)."""
-
-    __slots__ = ("value", "op")
-
-    def __init__(self, value: Any, op: OpRecord) -> None:
-        self.value, self.op = value, op
-
-    @property
-    def ref(self) -> Any:
-        raise unedited_read(self.op)
-
-    arg = ref
-
-
-class Walker:
+class Walker(ModulePasses):
     def __init__(self, builder: TraceBuilder, scopes: CallScopes | None = None) -> None:
         self.builder = builder
         self.scopes = scopes
@@ -92,11 +81,9 @@ class Walker:
         self.opaque: Counter[str] = Counter()
         # Ops whose values picked the cond branch or kept the while loop going that we are inside.
         self.conditions: tuple[int, ...] = ()
-        # id(Val) -> (weakref to it, its op): arrays a module call returned, as the module had them. A later read
-        # of one is the model's own, where the module kept it (`self.last = y`): the op is marked KEPT_READ.
-        self.returned_vals: dict[int, tuple[weakref.ref[Val], int]] = {}
-        # (position, op index): the last marker's inputs whose op a module site's edit changed (_edited_output)
-        self.unedited_inputs: list[tuple[int, int]] = []
+        # Vals a module call returned as the module had them (a later read is the model's own, where the module
+        # kept it), and those a module site's edit replaced for the call's caller (no recorded op may read them).
+        self.pass_throughs = PassThroughs(None, builder.ops)
 
     # -- walking ---------------------------------------------------------------------------
     def run(self, jaxpr: Any, consts: list[Val], args: list[Val], chain: tuple[int, ...] = (),
@@ -118,32 +105,22 @@ class Walker:
 
         env.update(zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, args))
+        passes = self.pass_throughs
         for i, eqn in enumerate(jaxpr.eqns):
             ins = [read(v) for v in eqn.invars]
-            if self.returned_vals:
-                self._note_kept_reads(ins)
+            if passes.kept_values or passes.unedited:  # values a module kept, or an edit replaced
+                passes.read(ins)
             eqn_chain = chain + self._calls(eqn)
             self._align(eqn_chain)
             outs = self._eqn(eqn, ins, eqn_chain, (*loc, i), in_loop, helper)
             for var, val in zip(eqn.outvars, outs):
                 if not isinstance(var, DropVar):
                     env[var] = val
-            if self.unedited_inputs:  # later reads of those variables are the model's own, unedited arrays
-                for j, index in self.unedited_inputs:
-                    env[eqn.invars[j]] = _Unedited(ins[j].value, self.builder.ops[index])  # type: ignore[assignment]
-                self.unedited_inputs = []
         self._align(chain)  # calls begun in here end in here (each loop iteration is a pass)
         outs = [read(v) for v in jaxpr.outvars]
-        if self.returned_vals:
-            self._note_kept_reads(outs)
+        if passes.kept_values or passes.unedited:
+            passes.read(outs)
         return outs
-
-    def _note_kept_reads(self, vals: list[Val]) -> None:
-        returned = self.returned_vals
-        for val in vals:
-            found = returned.get(id(val))
-            if found is not None and found[0]() is val:
-                self.builder.ops[found[1]].meta[KEPT_READ] = True
 
     def run_closed(self, closed: Any, args: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
                    in_loop: bool, helper: bool = False) -> list[Val]:
@@ -212,21 +189,46 @@ class Walker:
         elapsed = perf_counter() - start
         return out, [array_info(o) for o in (tuple(out) if prim.multiple_results else (out,))], elapsed
 
-    def identity(self, x: Val) -> Val:
-        """An explicit pass-through op, so that a module's (or the model's) output is computed where it is returned."""
-        b = self.builder
-        if isinstance(x.ref, Ref):
-            value = x.value
-            op = b.identity_op(x.ref, value)
-        else:
-            import jax.numpy as jnp
+    # -- what a returned value is to the walk (the hooks of ModulePasses) ---------------------------
+    def is_array(self, value: Any) -> bool:
+        return type(value) is Val
 
-            value = jnp.asarray(x.value)  # a jaxpr literal is a Python scalar: outputs are arrays
-            shape, dtype, device = array_info(value)
-            op = b.identity_op(x.ref if isinstance(x.ref, ParamRef) else value, value,
-                               shape=shape, dtype=dtype, device=device)
+    def producer(self, value: Val) -> Ref | None:
+        return value.ref if isinstance(value.ref, Ref) else None
+
+    def pass_source(self, value: Val, ref: Ref | None) -> tuple[Any, Any]:
+        if ref is not None:
+            return ref, value.value
+        import jax.numpy as jnp
+
+        array = jnp.asarray(value.value)  # a jaxpr literal is a Python scalar: outputs are arrays
+        return (value.ref if isinstance(value.ref, ParamRef) else array), array
+
+    def passed(self, value: Val, op: OpRecord, seen: Any) -> Val:
         # intervene= may select the identity op too: what comes after reads the edited value, as replay does
-        return Val(b.seen_value(op, value), Ref(op.index))
+        return Val(seen, Ref(op.index))
+
+    def values_of(self, output: Any) -> Any:
+        return tree.map_leaves(lambda v: v.value if type(v) is Val else v, output)
+
+    def relink(self, value: Val, ref: Ref, edited: Any) -> Val:
+        """Later equations read the marker's output, and so the edit. The marker's input, which the model may
+        have kept (``self.last = y``), stays the unedited value, which no recorded op may read when the edit
+        was made on the op that computed it (:meth:`PassThroughs.replaced`)."""
+        if edited is value.value and ref == value.ref:
+            return value
+        if edited is not value.value:
+            self.pass_throughs.replaced(value, ref.index)
+        return Val(edited, ref)
+
+    def describe(self, value: Any) -> tuple[tuple[int, ...], str, str]:
+        return array_info(value)
+
+    def outputs(self, slots: Any, outs: list[Val]) -> tuple[Any, list[Val]]:
+        """The model returned ``outs`` (the array leaves of ``slots``): its template of Refs, and the values it
+        returned (an output no op computed, an input, a parameter, a constant, gets a pass-through op)."""
+        template, returned = self.returned(fill(slots, outs), None)
+        return template, unfill(slots, returned, len(outs))
 
     def _custom_rule(self, eqn: Any, closed: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
                      in_loop: bool, helper: bool) -> list[Val]:
@@ -239,7 +241,8 @@ class Walker:
         """
         start = len(self.builder.ops)
         outs = self.run_closed(closed, ins, chain, loc, in_loop, helper)
-        outs = [x if isinstance(x.ref, Ref) and x.ref.index >= start else self.identity(x) for x in outs]
+        outs = [x if isinstance(x.ref, Ref) and x.ref.index >= start else self.pass_through(x, self.producer(x))[1]
+                for x in outs]
         info = getattr(closed.jaxpr, "debug_info", None)
         name = str(getattr(info, "func_name", "") or eqn.params.get("name", "") or eqn.primitive.name)
         keep(self.builder.ops, CustomRule(name, (eqn.primitive, eqn.params), tuple(x.arg for x in ins),
@@ -258,10 +261,10 @@ class Walker:
         n = 0
         while n < len(self.active) and n < len(chain) and self.active[n] == chain[n]:
             n += 1
-        while len(self.active) > n:
-            self._end(None)
+        while len(self.active) > n:  # left without its marker: what the call returned is not known
+            self.builder.exit_module(self.scopes.calls[self.active.pop()], None)
         for k in chain[n:]:
-            self.builder.enter_module(self.scopes.calls[k])
+            self.enter_pass(self.scopes.calls[k])
             self.active.append(k)
             if self.scopes.splicer is not None:
                 self._check_splice(k)
@@ -275,7 +278,7 @@ class Walker:
         jaxpr cannot do what it asks: refused, never silently done otherwise.
         """
         path, n = self.builder.module_stack[-1]
-        wanted = self.builder.splice_for(path) is not None
+        wanted = self.splice(path) is not None
         if wanted != (k in self.scopes.spliced):
             what = ("names call {c}, whose code was traced as it is" if wanted else
                     "does not name call {c}, whose code was traced replaced").format(c=f"{path}:{n}")
@@ -285,49 +288,23 @@ class Walker:
                 f"jitted function called again). Splice every call of the module: "
                 f"tl.when(tl.module({path!r}), tl.splice_module(f))")
 
-    def _end(self, template: Any) -> None:
-        k = self.active.pop()
-        self.builder.exit_module(self.scopes.calls[k], template)
-
     def _marker(self, eqn: Any, ins: list[Val]) -> list[Val]:
+        """Call ``k``'s output marker: the call returned ``ins``, and its pass closes here. The marker's
+        outputs are what every later equation reads of the call, so handing them what ``intervene=`` made of
+        the call's output edits it for all of them, as a forward hook returning a new value would."""
         k = self.scopes.call_of_marker(eqn.params) if self.scopes else None
         if k is None or not self.active or self.active[-1] != k:
             return ins  # another capture's marker (from a jit cache): a plain pass-through
         here = self.builder.module_stack[-1]
-        outs = []
-        for x in ins:
-            if isinstance(x.ref, Ref) and here in self.builder.ops[x.ref.index].module_passes:
-                outs.append(Val(x.value, x.ref))  # computed inside: a Val of its own, so that later reads of
-                self.returned_vals[id(x)] = (weakref.ref(x), x.ref.index)  # the marker's input are told apart
-            else:
-                outs.append(self.identity(x))
-        template = fill(self.scopes.templates[k], [x.ref for x in outs])
-        if self.builder.editor is not None:
-            outs, template = self._edited_output(k, outs, template)
-        self._end(template)
-        return outs
-
-    def _edited_output(self, k: int, outs: list[Val], template: Any) -> tuple[list[Val], Any]:
-        """intervene= at a module site: call ``k``'s outputs as the rest of the model reads them, and its template.
-
-        The marker's outputs are what every later equation reads of the call,
-        so handing them the edited leaves edits the call's output for all of
-        them, as a forward hook returning a new value would.
-        """
+        for x in ins:  # later reads of the marker's input, computed in the call, are where the module kept it
+            ref = self.producer(x)
+            if ref is not None and self.computed_in(ref, here):
+                self.pass_throughs.kept(x, ref.index)
+        self.active.pop()
         slots = self.scopes.templates[k]
-        value = fill(slots, [x.value for x in outs])
-        value, template = self.builder.edit_module_output(self.scopes.calls[k], template, value)
-        edited = list(outs)
-        for path, slot in tree.leaves(slots, lambda x: isinstance(x, Slot)):
-            before, ref = outs[slot.index], tree.get(template, path)
-            edited[slot.index] = Val(tree.get(value, path), ref)
-            if (edited[slot.index].value is not before.value and ref == before.ref
-                    and not self.builder.ops[ref.index].meta.get("identity")):
-                # edited on the op that computed it (not on an identity op of the walk's or the editor's): the
-                # marker's input, which the model may have kept (`self.last = y`), is that op's unedited value,
-                # which the recorded graph no longer holds
-                self.unedited_inputs.append((slot.index, ref.index))
-        return edited, template
+        outs = unfill(slots, self.exit_pass(self.scopes.calls[k], fill(slots, ins)), len(ins))
+        # what the call computed and returned as it is gets a Val of its own: reads of it are the caller's
+        return [Val(y.value, y.ref) if y is x else y for x, y in zip(ins, outs)]
 
     # -- control flow ----------------------------------------------------------------------
     def _scan(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
@@ -400,7 +377,7 @@ class Walker:
         new parameters (linen's variables), and checks decisions on ops' values.
         A constant (a jaxpr literal or const) is the same on every replay.
         """
-        return self.identity(x) if isinstance(x.ref, ParamRef) else x
+        return self.pass_through(x, None)[1] if isinstance(x.ref, ParamRef) else x
 
     def _decided(self, x: Val, how: str, result: bool | int) -> None:
         """The walk turned ``x`` into the Python value ``result`` (by ``how``, a key of

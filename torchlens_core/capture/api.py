@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
+
+import attrs
 
 from torchlens_core.backend.manager import backends, claim_backend, hook, resolve_backend
 from torchlens_core.capture.builder import Recording
@@ -16,7 +19,7 @@ from torchlens_core.capture.keywords import (
     merged_options,
     warn_once,
 )
-from torchlens_core.capture.policy import CaptureOptions, HaltCapture
+from torchlens_core.capture.policy import SAVE_TO_OPENERS, CaptureOptions, HaltCapture
 from torchlens_core.capture.rerun import remember
 from torchlens_core.capture.selectors import Selector, key_selector
 from torchlens_core.capture.threads import pause_gc, resume_gc
@@ -31,7 +34,8 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
           halt: Selector | None = None, lookback: int = 0, lookback_payload_policy: str = "metadata_only",
           intervene: Intervention | Sequence[Intervention] | None = None, intervention_ready: bool = False,
           save_grads: bool | Selector = False, capture: CaptureOptions | None = None,
-          escape_detector: str | None = None, patch_policy: Any = None, **kwargs: Any) -> Trace:
+          escape_detector: str | None = None, save_to: str | os.PathLike[str] | None = None,
+          patch_policy: Any = None, **kwargs: Any) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every operation it executes.
 
     Positional and keyword inputs go to the model exactly as given (a keyword
@@ -52,6 +56,12 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
     the inputs) when ``trace.log_backward(loss)`` runs (docs/backward.md).
     ``escape_detector="shadow"``: also watch the framework's kernels, and report
     compute no recorded op accounts for in ``trace.notes["escapes"]`` (torch).
+    ``save_to``: a folder: each value ``save=`` keeps is written there as it is
+    produced (copied to the host, off the device) and only the records stay in
+    memory; the trace reads its values from the folder when they are read, and
+    ``tl.load(save_to)`` opens it. The folder is complete, and put in place, only
+    when the capture has finished: one that fails leaves what was there before
+    (docs/saving.md, "Streaming while capturing").
     ``capture``: these options as one ``tl.options.CaptureOptions``; keywords given
     as well are added to it (an option given both ways must agree).
     ``patch_policy``: accepted for old scripts, and ignored (a DeprecationWarning).
@@ -60,8 +70,26 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
     if patch_policy is not None:
         warn_once("patch_policy", PATCH_POLICY)
     given = CaptureOptions(save=save, halt=halt, lookback=lookback, lookback_payload_policy=lookback_payload_policy,
-                           intervene=intervene, save_grads=save_grads, escape_detector=escape_detector)
+                           intervene=intervene, save_grads=save_grads, escape_detector=escape_detector,
+                           save_to=save_to)
     options = merged_options(given, capture)
+    if options.save_to is None:
+        return _trace(model, args, kwargs, backend, options, intervention_ready)
+    if not SAVE_TO_OPENERS:
+        raise UnsupportedError("save_to= is written by torchlens_core.store.stream, which is not imported: "
+                               "import torchlens (or torchlens_core.store.stream) first")
+    stream = SAVE_TO_OPENERS[-1](options.save_to)  # the path is checked, and the folder begun, before the forward
+    try:
+        captured = _trace(model, args, kwargs, backend, attrs.evolve(options, stream=stream), intervention_ready)
+        stream.commit(captured)
+    except BaseException:
+        stream.abort()
+        raise
+    return captured
+
+
+def _trace(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | None, options: CaptureOptions,
+           intervention_ready: bool) -> Trace:
     if intervention_ready:
         if options.halt is not None:
             raise UnsupportedError("intervention_ready=True with halt=: a halted trace has no output to replay")

@@ -17,6 +17,7 @@ from torchlens_core.capture.edits import Editor
 from torchlens_core.capture.policy import CaptureOptions, Policy
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import CaptureError, PluginContractWarning
+from torchlens_core.ir.progress import Progress
 from torchlens_core.ir.records import (
     GRAD_NOT_SELECTED,
     GRAD_WAITING,
@@ -55,6 +56,13 @@ class TraceBuilder:
         self.edited_values: dict[int, Any] = {}
         self._output_template: Any = None
         self._model_output: Any = None
+        # save_to=: values are written out as soon as save= has decided on them; these ops still wait
+        self.stream = self.options.stream
+        # a bar for captures that run longer than a few seconds (torchlens_core/ir/progress.py); silent otherwise
+        self.progress = Progress("tl.trace", unit="op")
+        self._unwritten: list[OpRecord] = []
+        if self.stream is not None:
+            self.stream.begin(backend)
 
     # -- declared once, before the forward -------------------------------------------
     def add_module(self, path: str, type_name: str, params: list[str] | None = None) -> None:
@@ -107,13 +115,36 @@ class TraceBuilder:
         self._check(op)
         self.ops.append(op)
         self.namer.name(op)
+        self.progress.update()
         if self.editor is not None:
             edited = self.editor.edit_op(op, out)
             if edited is not out:
                 self.edited_values[op.index] = edited
         if self.policy.active:
             self.policy.recorded(op)  # may drop op.out, or raise HaltCapture
+        if self.stream is not None:
+            self._write_out(op)
         return op
+
+    def _write_out(self, op: OpRecord | None = None) -> None:
+        """save_to=: write the values save= has decided to keep (``op``: just recorded; None: any waiting)."""
+        policy = self.policy
+        if op is not None:
+            if self._unwritten and policy.lookback:  # held lookback windows move on as ops arrive
+                self._write_out()
+            if op.index in policy.held or (policy.pending and policy.pending[-1] is op):
+                self._unwritten.append(op)
+            elif op.saved:
+                self.stream.store(op)
+            return
+        waiting = {id(p) for p in policy.pending}
+        still = []
+        for earlier in self._unwritten:
+            if earlier.index in policy.held or id(earlier) in waiting:
+                still.append(earlier)
+            elif earlier.saved:
+                self.stream.store(earlier)
+        self._unwritten = still
 
     def _check(self, op: OpRecord) -> None:
         """Refuse a record ``tl.load`` would refuse, now, naming the field and what to pass instead."""
@@ -235,7 +266,11 @@ class TraceBuilder:
         self.module_stack = stack[:-1]
         self.closed_passes.add((path, n))
         if self.policy.active:
-            self.policy.closed(path, n)  # may settle pending saves, or raise HaltCapture
+            try:
+                self.policy.closed(path, n)  # may settle pending saves, or raise HaltCapture
+            finally:
+                if self._unwritten:
+                    self._write_out()
 
     def identity_op(self, source: Any, value: Any, *, shape: Any = None, dtype: Any = None,
                     device: Any = None) -> OpRecord:
@@ -276,6 +311,7 @@ class TraceBuilder:
     # -- once, at the end --------------------------------------------------------------
     def finish(self, halted: bool = False) -> Trace | Recording:
         """The finished Trace; for ``tl.record``, a Recording that finishes it on demand."""
+        self.progress.close()
         if self.options.record:
             return Recording(self, halted)
         return self.finish_trace(halted)

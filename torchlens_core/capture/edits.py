@@ -275,15 +275,23 @@ class PassThroughs:
       array, and a backend calls :meth:`check_read` before taking an unlinked
       array as a constant, which raises for it.
 
-    ``producers`` is the backend's own map, keyed by ``id(array)``.
+    ``producers`` is the backend's own map, keyed by ``id(array)``. A capture
+    whose values are not looked up by object (a walk over a program, whose
+    environment maps variables to values, as JAX's does) passes None: the
+    values it hands in are its environment's, and it calls :meth:`read` on
+    what the model reads. It can also tell a read of a module's returned value
+    by the caller from one where the module kept it (:meth:`kept`).
     """
 
-    def __init__(self, producers: dict[int, Any], ops: list[OpRecord]) -> None:
-        self.producers = producers
+    def __init__(self, producers: dict[int, Any] | None, ops: list[OpRecord]) -> None:
+        self.producers: dict[int, Any] = producers if producers is not None else {}
         self.ops = ops
         self.taken: dict[tuple[int, int], Any] = {}
         # id(array) -> (weakref to it, the op whose edit replaced it): arrays no recorded op may read
         self.unedited: dict[int, tuple[weakref.ref[Any], int]] = {}
+        # id(value) -> (weakref to it, its op): values a module returned as it computed them, whose later
+        # reads are the model's own where the module kept them (:meth:`kept`)
+        self.kept_values: dict[int, tuple[weakref.ref[Any], int]] = {}
 
     def take(self, value: Any, op_index: int) -> None:
         """Call just before mapping ``value`` to pass-through op ``op_index``: later reads of that very object
@@ -313,6 +321,29 @@ class PassThroughs:
         found = self.unedited.get(id(value))
         if found is not None and found[0]() is value:
             raise unedited_read(self.ops[found[1]])
+
+    def kept(self, value: Any, op_index: int) -> None:
+        """``value`` is the module's own object for op ``op_index``'s value, which a module pass returned as it
+        computed it, while the caller reads another object (a capture that tells them apart). A later
+        :meth:`read` of ``value`` is the model's own, where the module kept it (``self.last = y``): the op is
+        marked (``op.meta[KEPT_READ]``), which :func:`replay_refusal` reads."""
+        self.kept_values[id(value)] = (weakref.ref(value), op_index)
+
+    @property
+    def watching(self) -> bool:
+        """Does :meth:`read` have anything to check?"""
+        return bool(self.unedited or self.kept_values)
+
+    def read(self, values: list[Any]) -> None:
+        """The model reads ``values``: mark the ops of kept ones (:meth:`kept`), and raise for one an edit
+        replaced (:meth:`check_read`)."""
+        kept, unedited = self.kept_values, self.unedited
+        for value in values:
+            found = kept.get(id(value)) if kept else None
+            if found is not None and found[0]() is value:
+                self.ops[found[1]].meta[KEPT_READ] = True
+            if unedited:
+                self.check_read(value)
 
 
 def unedited_read(op: OpRecord) -> InterventionError:

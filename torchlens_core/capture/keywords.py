@@ -23,7 +23,7 @@ from torchlens_core.ir.errors import ArgumentTypeError, shown
 
 # Every keyword tl.trace takes for itself (the rest go to the model).
 TRACE_OPTIONS = ("backend", "save", "halt", "lookback", "lookback_payload_policy", "intervene", "intervention_ready",
-                 "save_grads", "capture", "escape_detector", "patch_policy")
+                 "save_grads", "capture", "escape_detector", "save_to", "patch_policy")
 RECORD_OPTIONS = ("backend", "save", "halt")
 
 

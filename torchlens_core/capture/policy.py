@@ -21,8 +21,10 @@ has run; for any other selector, after its first match.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -78,6 +80,18 @@ def _grads(value: Any) -> bool | Selector:
                             f"not {type(value).__name__} ({shown(value)})")
 
 
+def _folder(value: Any) -> Any:
+    if value is None or isinstance(value, (str, os.PathLike)):
+        return value
+    raise ArgumentTypeError(f"save_to= takes a folder path (a str or pathlib.Path), not {type(value).__name__} "
+                            f"({shown(value)})")
+
+
+# save_to=: how to open the folder a capture writes its values into, as they are produced. The trace folder's
+# format belongs to the store layer, above this one: torchlens_core.store.stream registers its opener here when
+# it is imported (``import torchlens`` imports it), so the capture layer never imports the store.
+SAVE_TO_OPENERS: list[Callable[[str | os.PathLike[str]], Any]] = []
+
 LOOKBACK_POLICIES = ("metadata_only", "detached_raw")
 ESCAPE_DETECTORS = (None, "shadow")
 
@@ -97,6 +111,10 @@ class CaptureOptions:
     save_grads: bool | Selector = attrs.field(default=False, converter=lambda v: _grads(v))
     # "shadow": also watch the framework's kernels and report compute that no recorded op accounts for
     escape_detector: str | None = None
+    # a trace folder: each value save= keeps is written there as it is produced (torchlens_core.store.stream)
+    save_to: str | os.PathLike[str] | None = attrs.field(default=None, converter=lambda v: _folder(v))
+    # the open torchlens_core.store.stream.Stream writing save_to, set by tl.trace for the capture's builder
+    stream: Any = attrs.field(default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.escape_detector not in ESCAPE_DETECTORS:
@@ -114,6 +132,8 @@ class CaptureOptions:
                                    "before the end of the forward")
         if self.halt is not None and self.save_grads is not False:
             raise UnsupportedError("save_grads= with halt=: a halted forward has no output to take a loss of")
+        if self.save_to is not None and self.record:
+            raise UnsupportedError("save_to= with tl.record: a Recording is finished only when read; use tl.trace")
         if self.halt is not None and _has(self.halt, (Where, FollowedBy), deep=True):
             raise UnsupportedError("halt= cannot use tl.where or tl.followed_by: they judge finished records (an "
                                    "op's children run after it), so they could never stop the forward early; "

@@ -18,7 +18,10 @@ lives here, in :class:`Recorder`:
 - **module passes**: :meth:`enter_pass` / :meth:`exit_pass` (for frameworks
   that call hooks around a module) or :meth:`module_pass` (for wrappers that
   run the module themselves), with splices, edits of what a module returns,
-  and pass-through ops for arrays a module returned without computing them;
+  and pass-through ops for arrays a module returned without computing them
+  (written once in :class:`~torchlens_core.capture.passes.ModulePasses`, the
+  base this class shares with captures that find values otherwise than by
+  ``id``, such as JAX's jaxpr walk);
 - **the rest**: the thread a capture records and the depth of its own work
   (:meth:`recording`, :meth:`paused`), the first error a recorded call raised
   (which the model may swallow; :meth:`remember`, :meth:`raise_remembered`),
@@ -42,10 +45,10 @@ from collections.abc import Hashable, Iterator
 from threading import get_ident
 from typing import Any
 
-from torchlens_core.capture.builder import TraceBuilder, returned
+from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.edits import PassThroughs
+from torchlens_core.capture.passes import ModulePasses
 from torchlens_core.ir import tree
-from torchlens_core.ir.errors import TorchLensError
 from torchlens_core.ir.records import OpRecord, ParamRef, Ref
 
 _PLAIN = frozenset({int, float, bool, str, type(None), complex, bytes, slice, type(Ellipsis)})
@@ -53,7 +56,7 @@ _PLAIN = frozenset({int, float, bool, str, type(None), complex, bytes, slice, ty
 Path = tuple[Any, ...]
 
 
-class Recorder:
+class Recorder(ModulePasses):
     """One capture's bookkeeping over a :class:`TraceBuilder`; subclass it once per backend.
 
     Args:
@@ -304,7 +307,8 @@ class Recorder:
         with self.own_work():
             for index, path in entries:
                 op = ops[index]
-                if op.out is None or (index, path) in snapshots:
+                # (save_to= wrote the value out when it was recorded: a later write cannot reach that copy)
+                if op.stored is not None or op.out is None or (index, path) in snapshots:
                     continue
                 op.out = _replaced(op.out, path, self.copy(tree.get(op.out, path)))
                 snapshots.add((index, path))
@@ -331,7 +335,7 @@ class Recorder:
     def keep_pre_edit(self, op: OpRecord) -> None:
         """Note where ``op.pre_edit`` lives, so that a later write there (through a view the model kept of
         the edited op's memory) copies it first."""
-        if op.pre_edit is None:
+        if op.stored is not None or op.pre_edit is None:  # (save_to=: already written out)
             return
         for _, v in tree.leaves(op.pre_edit, self.is_array):
             key = self.memory(v)
@@ -341,7 +345,7 @@ class Recorder:
     def _protect_pre_edits(self, key: Hashable) -> None:
         for index in self.pre_edits.pop(key, ()):
             op = self.builder.ops[index]
-            if op.pre_edit is not None:
+            if op.stored is None and op.pre_edit is not None:
                 with self.own_work():
                     op.pre_edit = tree.map_leaves(
                         lambda v: self.copy(v) if self.is_array(v) and self.memory(v) == key else v, op.pre_edit)
@@ -352,7 +356,8 @@ class Recorder:
         ops, snapshots = self.builder.ops, self.snapshots
         for index, path, array_id, version in self.versions:
             op = ops[index]
-            if op.out is None or (index, path) in snapshots:  # dropped by save=, or copied before the write
+            if op.stored is not None or op.out is None or (index, path) in snapshots:  # written out, dropped by
+                # save=, or copied before the write
                 continue
             value = tree.get(op.out, path)
             if id(value) != array_id:  # intervene= replaced it by a new array, registered on its own
@@ -369,92 +374,39 @@ class Recorder:
             self.reported.add(key)
             self.builder.to_python(index, path, how, result)
 
-    # -- module passes ---------------------------------------------------------------------------
-    def enter_pass(self, path: str, inputs: Any = None) -> int:
-        """A call of module ``path`` starts (``inputs``: see :meth:`TraceBuilder.enter_module`)."""
-        return self.builder.enter_module(path, inputs)
+    # -- module passes (the steps are ModulePasses'; these say what a returned leaf is here) -------
+    def pass_source(self, value: Any, ref: Ref | None) -> tuple[Any, Any]:
+        """A returned array no op of the pass computed: its op's Ref, else its ParamRef or a constant."""
+        source = ref if ref is not None else self.template(value, [], [])
+        self.adopt_value(value)
+        return source, value
 
-    def exit_pass(self, path: str, output: Any) -> Any:
-        """The call of ``path`` returned ``output``: close its pass; returns what the caller gets instead
-        (``output``, or what ``intervene=`` made of it). Errors are remembered (:meth:`remember`)."""
-        builder = self.builder
-        stack = builder.module_stack
-        current = next((p for p in reversed(stack) if p[0] == path), None)
-        try:
-            template, edited = self.returned(output, current)
-            if builder.editor is not None and current is not None:
-                edited, template = self._edit_output(path, template, edited)
-            builder.exit_module(path, template)
-        except TorchLensError as exc:  # raised by the capture, also if the model catches it
-            raise self.remember(exc) from None
+    def passed(self, value: Any, op: OpRecord, seen: Any) -> Any:
+        """Later reads of the array read pass-through op ``op`` (or what ``intervene=`` made of it)."""
+        if seen is value:  # one object with what the caller may hold: later reads of it read the op
+            self.pass_throughs.take(value, op.index)
+        else:
+            self.adopt(op, seen)
+            self.keep_pre_edit(op)
+        self.produced(seen, Ref(op.index))
+        self.recorded(op, seen)
+        return None if seen is value else seen
+
+    def relink(self, value: Any, ref: Ref, edited: Any) -> Any:
+        """A new array from a module site's edit: later ops read it as ``ref``'s value; the array the module
+        returned is given back to its own producer, or unlinked (:class:`PassThroughs`)."""
+        if edited is value:
+            return value
+        op = self.builder.ops[ref.index]
+        self.adopt(op, edited)
+        self.produced(edited, ref)
+        self.keep_pre_edit(op)
+        self.pass_throughs.replaced(value, ref.index)
         return edited
-
-    def module_pass(self, path: str, run: Any, inputs: Any = None) -> Any:
-        """Run one call of module ``path`` as its pass: ``run(replacement)`` calls the module (``replacement``:
-        None, or what ``tl.splice_module`` runs instead on the same arguments); returns what the caller gets."""
-        self.enter_pass(path, inputs)
-        builder = self.builder
-        output = run(None) if builder.editor is None else run(builder.splice_for(path))
-        return self.exit_pass(path, output)
-
-    def returned(self, output: Any, inside: tuple[str, int] | None) -> tuple[Any, Any]:
-        """Refs to what module pass ``inside`` (None: the model) returned, and what the forward gets back."""
-        if self.is_array(output):  # most passes return one array
-            ref, edited = self.as_output(output, inside)
-            return ref, (output if edited is None else edited)
-        return returned(output, self.is_array, lambda v: self.as_output(v, inside))
-
-    def as_output(self, value: Any, inside: tuple[str, int] | None) -> tuple[Ref, Any]:
-        """A Ref to ``value`` as returned by module pass ``inside`` (None: by the model), and what
-        ``intervene=`` made of it (None: nothing).
-
-        An array the pass returned without computing it (an identity module,
-        a parameter, a constant, an input) becomes an explicit pass-through
-        op, so that every returned array is an op's output and a module's
-        outputs are computed inside it.
-        """
-        source = self.producer(value)
-        builder = self.builder
-        if source is not None and (inside is None or inside in builder.ops[source.index].module_passes):
-            return source, None
-        with self.own_work():  # intervene='s helpers may run on the new op: their calls are not the model's
-            if source is None:
-                source = self.template(value, [], [])  # a parameter's ParamRef, or a constant
-            self.adopt_value(value)
-            shape, dtype, device = self.describe(value)
-            op = builder.identity_op(source, value, shape=shape, dtype=dtype, device=device)
-            seen = value if builder.editor is None else builder.seen_value(op, value)
-            if seen is value:  # one object with what the caller may hold: later reads of it read the op
-                self.pass_throughs.take(value, op.index)
-            else:
-                self.adopt(op, seen)
-                self.keep_pre_edit(op)
-            self.produced(seen, Ref(op.index))
-            self.recorded(op, seen)
-        return Ref(op.index), (None if seen is value else seen)
 
     def adopt_value(self, value: Any) -> None:
         """``value``, returned by a module and not computed by a recorded op, is about to be recorded as a
         pass-through op's value (lazy frameworks compute it here)."""
-
-    def _edit_output(self, path: str, template: Any, output: Any) -> tuple[Any, Any]:
-        """What the innermost call of ``path`` returns after ``intervene=``, and its template."""
-        builder = self.builder
-        if builder.editor.wants_module(*builder.module_stack[-1]):  # type: ignore[union-attr]
-            self.settle()  # the helpers edit the values that ran
-        with self.own_work():  # the helpers' own framework calls are not the model's ops
-            edited, template = builder.edit_module_output(path, template, output)
-            if edited is output:
-                return output, template
-            for leaf_path, ref in tree.leaves(template, lambda v: type(v) is Ref):
-                leaf, original = tree.get(edited, leaf_path), tree.get(output, leaf_path)
-                if leaf is not original:  # a new array: later ops read it as ref's value
-                    op = builder.ops[ref.index]
-                    self.adopt(op, leaf)
-                    self.produced(leaf, ref)
-                    self.keep_pre_edit(op)
-                    self.pass_throughs.replaced(original, ref.index)
-        return edited, template
 
 
 def unique(items: list[Any]) -> tuple[Any, ...]:

@@ -38,10 +38,11 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.compare.evidence import CLOSE, MIN_SCORE, NEAR, NO_PAIR, PLAIN, best_pairs, fingerprint_gaps, scores
+from torchlens_core.compare.evidence import CLOSE, MIN_SCORE, NEAR, NO_PAIR, PLAIN, Gaps, best_pairs, scores
 from torchlens_core.compare.layout import NONE, Layout, candidates
 from torchlens_core.compare.metrics import EXACT, Agreement, agreement, least_precise, tolerance_for
 from torchlens_core.compare.points import Point, read_value
+from torchlens_core.ir.progress import progress
 from torchlens_core.ir.trace import Trace
 
 CHECKED = 6  # value candidates checked element for element per op
@@ -86,8 +87,10 @@ class Aligner:
                  atol: float | None) -> None:
         self.a, self.b, self.pa, self.pb = a, b, pa, pb
         self.rtol, self.atol = rtol, atol
-        self.gap = fingerprint_gaps(pa, pb)
-        self.score = scores(pa, pb, self.gap)
+        # Gaps and scores are read for the pairs that need them, never as n x m matrices: linear in the ops where
+        # values pair most ops (evidence.Gaps finds the candidates through sorted indexes).
+        self.gaps = Gaps(pa, pb)
+        self._keys = self._module_keys()
         # Pairs are of points (an op, or one array of an op that returned several): point index of a <-> of b.
         self.b_of_a: dict[int, int] = {}
         self.a_of_b: dict[int, int] = {}
@@ -101,6 +104,7 @@ class Aligner:
         self._chains: dict[tuple[str, int], int] = {}
         self._role: set[tuple[int, int]] = set()  # pairs that end each side's chain of ops on one same input
         self._close, self._close_b = self._closeness(a, pa), self._closeness(b, pb)
+        self._close_b_max = float(self._close_b.max(initial=0.0))
         self._children_a: dict[int, list[int]] = {}
         self._children_b: dict[int, list[int]] = {}
         for trace, children in ((a, self._children_a), (b, self._children_b)):
@@ -111,7 +115,7 @@ class Aligner:
     def run(self) -> list[Match]:
         self._value_pairs()
         if self._learn_prefix():
-            self.score = scores(self.pa, self.pb, self.gap)
+            self._keys = self._module_keys()
         self._structural_pairs()
         return sorted(self.matches.values(), key=lambda m: m.i)
 
@@ -124,36 +128,48 @@ class Aligner:
         for c, q in enumerate(self.pb):
             for key in q.module_outputs:
                 outputs_b.setdefault(key, []).append(c)
-        for k, p in enumerate(self.pa):
-            frontier = self._frontier_a(p.index, frontiers)
-            row = self.gap[k]
-            found = np.flatnonzero(row <= (0.0 if p.kind == "int" else np.maximum(self._close[k], self._close_b)))
-            found = [c for c in found if c not in self.a_of_b and
-                     not self._inside_other_output(p, self.pb[c], outputs_b)]
-            if not found:
-                continue
-            # Several ops of b may hold the value (a chain of reshapes and transposes): the one computed from the
-            # counterparts of the op's inputs first, then one of the same class, one of the same shape (no layout
-            # change), the same module, the closest fingerprint, the earliest.
-            found.sort(key=lambda c: (p.cls is None or self.pb[c].cls != p.cls, self.pb[c].func != p.func,
-                                      self.pb[c].shape != p.shape,
-                                      -self.score[k, c], row[c], self.pb[c].index))
-            consistency = {c: _consistency(self._canon(frontier),
-                                           self._canon(self._mapped(self._frontier_b(self.pb[c].index))))
-                           for c in found[:2 * CHECKED]}
-            for c in sorted(consistency, key=lambda c: -consistency[c])[:CHECKED]:
-                consistent = consistency[c]
-                telling = p.distinct > 2 and (p.size or 0) > 2 and p.kind == "float"
-                is_input = self.a.ops[p.index].kind == "input" and self.b.ops[self.pb[c].index].kind == "input"
-                # A value that says little (all zeros, a 0/1 mask, a position count) pairs only with an op of its
-                # kind computed from the same inputs: an all-False comparison is not a gather of zeros.
-                if not (telling or is_input or (consistent == 2 and _kin(p, self.pb[c])) or
-                        (consistent and p.distinct > 2)):
+        with progress("tl.compare: pairing values", total=len(self.pa)) as bar:  # shown only past a few seconds
+            for k, p in enumerate(bar.each(self.pa)):
+                frontier = self._frontier_a(p.index, frontiers)
+                near, gaps = self.gaps.within(k, 0.0 if p.kind == "int" else max(self._close[k], self._close_b_max))
+                keep = gaps <= (0.0 if p.kind == "int" else np.maximum(self._close[k], self._close_b[near]))
+                near, gaps = near[keep], gaps[keep]
+                row = dict(zip(near.tolist(), gaps.tolist()))
+                found = [c for c in near.tolist() if c not in self.a_of_b and
+                         not self._inside_other_output(p, self.pb[c], outputs_b)]
+                if not found:
                     continue
-                match = self._judge(k, c, "values")
-                if match.agreement is not None and match.agreement.ok:
-                    self._accept(match)
-                    break
+                score = dict(zip(found, self._scores([k], found, gaps[np.searchsorted(near, found)][None, :])[0]))
+                # Several ops of b may hold the value (a chain of reshapes and transposes): the one computed from the
+                # counterparts of the op's inputs first, then one of the same class, one of the same shape (no layout
+                # change), the same module, the closest fingerprint, the earliest.
+                found.sort(key=lambda c: (p.cls is None or self.pb[c].cls != p.cls, self.pb[c].func != p.func,
+                                          self.pb[c].shape != p.shape,
+                                          -score[c], row[c], self.pb[c].index))
+                consistency = {c: _consistency(self._canon(frontier),
+                                               self._canon(self._mapped(self._frontier_b(self.pb[c].index))))
+                               for c in found[:2 * CHECKED]}
+                for c in sorted(consistency, key=lambda c: -consistency[c])[:CHECKED]:
+                    consistent = consistency[c]
+                    telling = p.distinct > 2 and (p.size or 0) > 2 and p.kind == "float"
+                    is_input = self.a.ops[p.index].kind == "input" and self.b.ops[self.pb[c].index].kind == "input"
+                    # A value that says little (all zeros, a 0/1 mask, a position count) pairs only with an op of its
+                    # kind computed from the same inputs: an all-False comparison is not a gather of zeros.
+                    if not (telling or is_input or (consistent == 2 and _kin(p, self.pb[c])) or
+                            (consistent and p.distinct > 2)):
+                        continue
+                    match = self._judge(k, c, "values")
+                    if match.agreement is not None and match.agreement.ok:
+                        self._accept(match)
+                        break
+
+    def _module_keys(self) -> tuple[set[str], set[str]]:
+        """The module outputs named anywhere on each side (what evidence.scores reads of the whole sides)."""
+        return ({key for p in self.pa for key in p.module_outputs}, {key for q in self.pb for key in q.module_outputs})
+
+    def _scores(self, ks: list[int], cs: list[int], gap: Any) -> Any:
+        """``evidence.scores`` of the whole sides at rows ``ks`` and columns ``cs`` (``gap``: their gaps)."""
+        return scores([self.pa[k] for k in ks], [self.pb[c] for c in cs], gap, self._keys)
 
     def _inside_other_output(self, p: Point, q: Point, outputs_b: dict[str, list[int]]) -> bool:
         """Whether ``p`` is the output of a module pass that ``b`` ran too, returning an op other than ``q``.
@@ -208,7 +224,7 @@ class Aligner:
             return
         fa: dict[int, frozenset[int]] = {}
         fb = {c: self._canon(self._mapped(self._frontier_b(self.pb[c].index))) for c in left_b}
-        sub = self.score[np.ix_(left_a, left_b)].copy()
+        sub = self._scores(left_a, left_b, self.gaps.block(left_a, left_b))
         for x, k in enumerate(left_a):
             frontier = self._frontier_a(self.pa[k].index, fa)
             is_input = self.a.ops[self.pa[k].index].kind == "input"
@@ -276,7 +292,7 @@ class Aligner:
             return
         label_a, label_b = self.a.ops[self.pa[k].index].label, self.b.ops[self.pb[c].index].label
         pa, pb = self.pa[k], self.pb[c]
-        near = self.gap[k, c] <= NEAR and pa.kind == "float"  # integers: equal or not, never "nearly"
+        near = self.gaps.pair(k, c) <= NEAR and pa.kind == "float"  # integers: equal or not, never "nearly"
         by_structure = bool(pa.module_outputs & pb.module_outputs) or (k, c) in self._role or (
             pa.cls is not None and pa.cls == pb.cls and pa.cls not in PLAIN)
         strong = by_structure or near
@@ -400,7 +416,7 @@ class Aligner:
 
         va, _ = self._value("a", k)
         vb, _ = self._value("b", c)
-        if va is None or vb is None or va.size != vb.size or self.gap[k, c] > NEAR:
+        if va is None or vb is None or va.size != vb.size or self.gaps.pair(k, c) > NEAR:
             return False
         return agreement(np.sort(va, axis=None), np.sort(vb, axis=None), tolerance).ok
 
@@ -408,7 +424,11 @@ class Aligner:
         key = (side, point)
         if key not in self._values:
             trace, p = (self.a, self.pa[point]) if side == "a" else (self.b, self.pb[point])
-            self._values[key] = read_value(trace, trace.ops[p.index], p.path)
+            op = trace.ops[p.index]
+            found = read_value(trace, op, p.path)
+            if op.stored is not None:  # on disk (save_to=): read again when asked, not held for the whole compare
+                return found
+            self._values[key] = found
         return self._values[key]
 
     def _carried(self, index: int) -> list[tuple[Layout, str]]:

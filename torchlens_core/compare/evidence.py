@@ -63,10 +63,120 @@ def fingerprint_gaps(a: list[Point], b: list[Point]) -> Any:
     return gap
 
 
-def scores(a: list[Point], b: list[Point], gap: Any = None) -> Any:
+class Gaps:
+    """The entries of :func:`fingerprint_gaps` on demand, never the whole matrix (two traces of 50,000 ops would
+    make it 20 GB): one point of ``a`` against chosen points of ``b`` (:meth:`row`), or the points of ``b``
+    within a gap of it (:meth:`within`), found through sorted indexes instead of a scan of ``b``.
+
+    Every entry is computed as :func:`fingerprint_gaps` computes it, bit for bit.
+    """
+
+    # Fingerprint columns indexed besides the scale; a query reads the narrowest window among them.
+    KEYS = (4, 8, 12, 16, 20, 24, 28)
+
+    def __init__(self, a: list[Point], b: list[Point]) -> None:
+        import numpy as np
+
+        self.a, self.b = a, b
+        width = next((len(p.fingerprint) for p in a + b if p.fingerprint is not None), 0)
+        self._fb = np.zeros((len(b), width))
+        self._has_b = np.zeros(len(b), dtype=bool)
+        for j, p in enumerate(b):
+            if p.fingerprint is not None:
+                self._fb[j], self._has_b[j] = p.fingerprint, True
+        self._sb = np.array([p.scale for p in b], dtype=float)
+        self._kind_b = np.array([p.kind for p in b], dtype=object)
+        shapes = sorted({p.shape for p in b if p.shape is not None})
+        ids = {shape: n for n, shape in enumerate(shapes)}
+        self._shapes_b = shapes
+        self._shape_b = np.array([ids[p.shape] if p.shape is not None else len(shapes) for p in b], dtype=int)
+        self._fits: dict[tuple[int, ...], Any] = {}  # a shape -> which of b's shapes it can pair with (last: None)
+        held = np.flatnonzero(self._has_b)
+        keys = [self._sb[held]] + [self._fb[held, c] for c in self.KEYS if c < width]
+        self._sorted = []  # (key values ascending, the b points in that order) for the scale and each column
+        for values in keys:
+            order = np.argsort(values, kind="stable")
+            self._sorted.append((values[order], held[order]))
+
+    def _fit_row(self, shape: tuple[int, ...]) -> Any:
+        import math
+
+        import numpy as np
+
+        from torchlens_core.compare.layout import broadcasts
+
+        found = self._fits.get(shape)
+        if found is None:
+            found = np.array([math.prod(shape) == math.prod(s) or broadcasts(shape, s) for s in self._shapes_b]
+                             + [False], dtype=bool)
+            self._fits[shape] = found
+        return found
+
+    def row(self, k: int, cs: Any) -> Any:
+        """``fingerprint_gaps(a, b)[k, cs]``."""
+        import numpy as np
+
+        cs = np.asarray(cs, dtype=int)
+        out = np.full(len(cs), np.inf)
+        p = self.a[k]
+        if p.fingerprint is None or p.shape is None or not len(cs):
+            return out
+        ok = self._has_b[cs] & (self._kind_b[cs] == p.kind) & self._fit_row(p.shape)[self._shape_b[cs]]
+        sel = cs[ok]
+        found = np.abs(p.fingerprint[None, :] - self._fb[sel]).max(axis=1) if len(sel) else np.zeros(0)
+        scale = np.maximum(p.scale, self._sb[sel])
+        zero = scale == 0
+        out[ok] = np.where(zero, np.where(found == 0, 0.0, np.inf), found / np.where(zero, 1.0, scale))
+        return out
+
+    def pair(self, k: int, c: int) -> float:
+        return float(self.row(k, [c])[0])
+
+    def block(self, ks: list[int], cs: list[int]) -> Any:
+        """``fingerprint_gaps(a, b)[np.ix_(ks, cs)]``."""
+        import numpy as np
+
+        return np.array([self.row(k, cs) for k in ks]).reshape(len(ks), len(cs))
+
+    def within(self, k: int, limit: float) -> tuple[Any, Any]:
+        """The points ``c`` of ``b`` (ascending) whose gap to ``a[k]`` is at most ``limit``, and those gaps.
+
+        A gap of at most ``limit`` bounds the difference of the scales and of every fingerprint column by
+        ``limit`` times the larger scale (a scale is the largest magnitude among the fingerprint's columns), so
+        the candidates lie in a window of each sorted index; the narrowest is read, then checked exactly.
+        """
+        import numpy as np
+
+        p = self.a[k]
+        if p.fingerprint is None or not self._sorted:
+            return np.zeros(0, dtype=int), np.zeros(0)
+        if not limit < 0.5:  # a loose limit bounds nothing useful: every point is a candidate
+            cs = np.flatnonzero(self._has_b)
+        else:
+            top = p.scale / (1 - limit) * (1 + 1e-9)  # the largest scale a point within the limit can have
+            reach = limit * top * (1 + 1e-9)
+            bounds = [(p.scale * (1 - limit) * (1 - 1e-9), top)]
+            bounds += [(p.fingerprint[c] - reach, p.fingerprint[c] + reach)
+                       for c in self.KEYS if c < len(p.fingerprint)]
+            best = None
+            for (lo, hi), (values, order) in zip(bounds, self._sorted):
+                start, stop = np.searchsorted(values, lo, "left"), np.searchsorted(values, hi, "right")
+                if best is None or stop - start < best[1] - best[0]:
+                    best = (start, stop, order)
+            assert best is not None
+            cs = np.sort(best[2][best[0]:best[1]])
+        gaps = self.row(k, cs)
+        keep = gaps <= limit
+        return cs[keep], gaps[keep]
+
+
+def scores(a: list[Point], b: list[Point], gap: Any = None,
+           keys: tuple[set[str], set[str]] | None = None) -> Any:
     """The structural evidence matrix: ``scores[i, j]`` for pairing ``a[i]`` with ``b[j]`` (NO_PAIR: cannot).
 
-    ``gap``: :func:`fingerprint_gaps` of the two, when already worked out.
+    ``gap``: :func:`fingerprint_gaps` of the two, when already worked out. ``keys``: the module outputs named
+    anywhere on each side, when ``a`` and ``b`` are parts of the sides (a few rows and columns of the matrix of
+    the whole sides, for the same entries).
     """
     import numpy as np
 
@@ -96,8 +206,8 @@ def scores(a: list[Point], b: list[Point], gap: Any = None) -> Any:
     score += MODULE_OUTPUT * module_output
     # The output of a module both sides have (``key`` on both) against another module's output: evidence against
     # the pair, as strong as a module output is for one (``query`` is not ``key``, whatever the shapes say).
-    keys_a = {key for p in a for key in p.module_outputs}
-    known_a = np.array([bool(p.module_outputs & set(by_key)) for p in a])
+    keys_a, keys_b = keys if keys is not None else ({key for p in a for key in p.module_outputs}, set(by_key))
+    known_a = np.array([bool(p.module_outputs & keys_b) for p in a])
     known_b = np.array([bool(p.module_outputs & keys_a) for p in b])
     outputs_a = np.array([bool(p.module_outputs) for p in a])
     outputs_b = np.array([bool(p.module_outputs) for p in b])

@@ -25,6 +25,7 @@ from torchlens_core.backend.manager import hook
 from torchlens_core.compare.classes import module_class, normalized, op_class
 from torchlens_core.compare.metrics import mask_fills
 from torchlens_core.ir import tree
+from torchlens_core.ir.progress import progress
 from torchlens_core.ir.records import OpRecord
 from torchlens_core.ir.trace import Trace
 
@@ -67,36 +68,42 @@ def normalized_path(path: str, match: dict[str, str] | None = None) -> str:
 
 def points(trace: Trace, match: dict[str, str] | None = None) -> list[Point]:
     """The points of ``trace``: every op but those that depend on no input (parameter reshapes, constants)."""
+    found: list[Point] = []
+    with progress("tl.compare: reading values", total=len(trace.ops)) as bar:  # shown only past a few seconds
+        for op in bar.each(trace.ops):
+            _add_points(trace, op, match, found)
+    return found
+
+
+def _add_points(trace: Trace, op: OpRecord, match: dict[str, str] | None, found: list[Point]) -> None:
+    """The points of one op (one per array it returned) appended to ``found``."""
     import numpy as np
 
-    found = []
-    for op in trace.ops:
-        if op.kind not in ("input", "output") and op.source in ("parameter", "constant"):
-            continue
-        outputs = frozenset(module_key(key, match) for key in op.module_outputs)
-        cls = op_class(op)
-        for key in reversed(op.module_outputs):  # the innermost module's type names what it returns
-            module = trace.modules.get(key.rpartition(":")[0])
-            if module is not None and module_class(module.type_name) is not None:
-                cls = module_class(module.type_name)
-                break
-        for path, value, kind in read_values(trace, op):
-            shape = tuple(int(d) for d in value.shape) if value is not None else (
-                tuple(int(d) for d in op.shape) if is_shape(op.shape) else None)
-            point = Point(op.index, cls, normalized_path(op.module_passes[-1][0], match) if op.module_passes
-                          else "", outputs, shape, int(np.prod(shape)) if shape is not None else None, kind,
-                          func=normalized(op.func_name), path=path)
-            if value is not None and value.size:
-                flat = value.ravel()
-                if kind == "float":
-                    flat = flat[np.isfinite(flat) & ~mask_fills(flat)]
-                if flat.size:
-                    flat = np.sort(flat)
-                    point.fingerprint = flat[np.linspace(0, flat.size - 1, QUANTILES).round().astype(int)]
-                    point.scale = float(max(abs(flat[0]), abs(flat[-1])))
-                    point.distinct = len(np.unique(point.fingerprint))
-            found.append(point)
-    return found
+    if op.kind not in ("input", "output") and op.source in ("parameter", "constant"):
+        return
+    outputs = frozenset(module_key(key, match) for key in op.module_outputs)
+    cls = op_class(op)
+    for key in reversed(op.module_outputs):  # the innermost module's type names what it returns
+        module = trace.modules.get(key.rpartition(":")[0])
+        if module is not None and module_class(module.type_name) is not None:
+            cls = module_class(module.type_name)
+            break
+    for path, value, kind in read_values(trace, op):
+        shape = tuple(int(d) for d in value.shape) if value is not None else (
+            tuple(int(d) for d in op.shape) if is_shape(op.shape) else None)
+        point = Point(op.index, cls, normalized_path(op.module_passes[-1][0], match) if op.module_passes
+                      else "", outputs, shape, int(np.prod(shape)) if shape is not None else None, kind,
+                      func=normalized(op.func_name), path=path)
+        if value is not None and value.size:
+            flat = value.ravel()
+            if kind == "float":
+                flat = flat[np.isfinite(flat) & ~mask_fills(flat)]
+            if flat.size:
+                flat = np.sort(flat)
+                point.fingerprint = flat[np.linspace(0, flat.size - 1, QUANTILES).round().astype(int)]
+                point.scale = float(max(abs(flat[0]), abs(flat[-1])))
+                point.distinct = len(np.unique(point.fingerprint))
+        found.append(point)
 
 
 def read_values(trace: Trace, op: OpRecord) -> list[tuple[tuple[Any, ...], Any, str]]:

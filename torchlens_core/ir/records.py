@@ -107,6 +107,9 @@ class OpRecord:
     call: Any = None
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = attrs.Factory(dict)
+    # tl.trace(save_to=...): where ``out`` and ``pre_edit`` lie on disk (a torchlens_core.store.stream
+    # StoredValue), read from there when read; None while they are held here. Before ``out``: __init__ sets it first.
+    stored: Any = None
     out: Any = None
     shape: tuple[Any, ...] | None = None
     dtype: str | None = None
@@ -247,6 +250,35 @@ class OpRecord:
         from torchlens_core.views.summary import describe
 
         return describe(self)
+
+
+def _on_disk(name: str) -> property:
+    """``op.out`` / ``op.pre_edit`` as a property over the attrs slot: read from ``op.stored`` when the value
+    lies on disk (save_to=), and written there while the capture that streams it is still writing."""
+    slot = OpRecord.__dict__[name]  # the slot's own descriptor, which the property replaces on the class
+    stored_slot = OpRecord.__dict__["stored"]
+    get_slot, set_slot, get_stored = slot.__get__, slot.__set__, stored_slot.__get__
+
+    def get(self: OpRecord) -> Any:
+        value = get_slot(self)
+        if value is None:
+            stored = get_stored(self)
+            if stored is not None:
+                return stored.get(name)
+        return value
+
+    def put(self: OpRecord, value: Any) -> None:
+        stored = get_stored(self)
+        if stored is not None:
+            stored, value = stored.put(name, value)  # (where it lies now, what stays in memory)
+            stored_slot.__set__(self, stored)
+        set_slot(self, value)
+
+    return property(get, put, doc=slot.__doc__)
+
+
+OpRecord.out = _on_disk("out")  # type: ignore[assignment]
+OpRecord.pre_edit = _on_disk("pre_edit")  # type: ignore[assignment]
 
 
 @attrs.define(slots=True, eq=False, repr=False)

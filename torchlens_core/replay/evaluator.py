@@ -8,11 +8,13 @@ were) and hands the call to ``run_op``, which is the backend's.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.backend.manager import hook
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import ReplayError, UnsupportedError
+from torchlens_core.ir.progress import progress
 from torchlens_core.ir.records import OpRecord, ParamRef, Ref
 
 if TYPE_CHECKING:
@@ -21,7 +23,10 @@ if TYPE_CHECKING:
 RunOp = Callable[[OpRecord, tuple[Any, ...], dict[str, Any]], Any]
 Observe = Callable[[OpRecord, Any], None]
 
-
+# Set by a caller that reads only what ``observe`` sees and the output nodes' values (audit()): then a replayed
+# value whose recorded value lies on disk (save_to=, tl.load(lazy=True)) is let go once no later op reads it, so
+# replaying a trace larger than memory holds only the values still to be read.
+RELEASE_READ: ContextVar[bool] = ContextVar("RELEASE_READ", default=False)
 
 
 def interpret(trace: Trace, run_op: RunOp, observe: Observe | None = None,
@@ -35,6 +40,7 @@ def interpret(trace: Trace, run_op: RunOp, observe: Observe | None = None,
     """
     values: list[Any] = [None] * len(trace.ops)
     params = trace.params
+    last_read = _last_reads(trace) if RELEASE_READ.get() else None
 
     def resolve(leaf: Any) -> Any:
         if isinstance(leaf, Ref):
@@ -43,28 +49,45 @@ def interpret(trace: Trace, run_op: RunOp, observe: Observe | None = None,
             return params[leaf.name].value
         return leaf
 
-    for op in trace.ops:
-        if op.kind == "input":
-            values[op.index] = op.out if copy_input is None else copy_input(op.out)
-            continue
-        args = tree.map_leaves(resolve, op.args)
-        if op.kind == "output":
-            values[op.index] = args[0]
-            continue
-        if op.meta.get("identity"):
-            value = args[0]
-        else:
-            kwargs = tree.map_leaves(resolve, op.kwargs)
-            try:
-                value = run_op(op, args, kwargs)
-            except Exception as exc:
-                raise ReplayError(f"replaying {op.label} ({op.func_name}) failed: {exc}") from exc
-        for edit in op.edits:  # what intervene= did to this op's output, done again
-            value = edit.apply(value)
-        values[op.index] = value
-        if observe is not None:
-            observe(op, value)
+    with progress("replaying the trace", total=len(trace.ops)) as bar:  # shown only past a few seconds
+        for op in bar.each(trace.ops):
+            if op.kind == "input":
+                values[op.index] = op.out if copy_input is None else copy_input(op.out)
+                continue
+            args = tree.map_leaves(resolve, op.args)
+            if op.kind == "output":
+                values[op.index] = args[0]
+                continue
+            if op.meta.get("identity"):
+                value = args[0]
+            else:
+                kwargs = tree.map_leaves(resolve, op.kwargs)
+                try:
+                    value = run_op(op, args, kwargs)
+                except Exception as exc:
+                    raise ReplayError(f"replaying {op.label} ({op.func_name}) failed: {exc}") from exc
+            for edit in op.edits:  # what intervene= did to this op's output, done again
+                value = edit.apply(value)
+            values[op.index] = value
+            if observe is not None:
+                observe(op, value)
+            if last_read is not None:
+                for index in last_read.pop(op.index, ()):
+                    values[index] = None
     return values
+
+
+def _last_reads(trace: Trace) -> dict[int, list[int]]:
+    """op index -> the ops on disk (``op.stored``) whose value it is the last op to read."""
+    last: dict[int, int] = {}
+    for op in trace.ops:
+        for parent in op.parent_indices:
+            last[parent] = op.index
+    released: dict[int, list[int]] = {}
+    for index, reader in last.items():
+        if trace.ops[index].stored is not None and trace.ops[index].kind == "op":
+            released.setdefault(reader, []).append(index)
+    return released
 
 
 def replay_values(trace: Trace, observe: Observe | None = None,

@@ -293,8 +293,7 @@ class Decoder:
             raise TraceFileError(f"array {row} is not in the array table ({len(self.table)} rows)")
         entry = self.table[row]  # checked by check_table: in bounds, sizes agree, no overlap
         storage = np.dtype(entry["storage"])
-        array = np.frombuffer(self.blob, dtype=storage, count=entry["nbytes"] // storage.itemsize,
-                              offset=entry["offset"]).reshape(tuple(entry["shape"]))
+        array = self.raw(entry, storage).reshape(tuple(entry["shape"]))
         kind, dtype = entry["kind"], entry["dtype"]
         if kind in ("scalar", "numpy") and dtype != storage.name:
             array = _extension_view(array, dtype)
@@ -306,6 +305,11 @@ class Decoder:
             value = self._framework_array(array, dtype, entry["device"])
         self.cache[row] = value
         return value
+
+    def raw(self, entry: dict[str, Any], storage: np.dtype) -> np.ndarray:
+        """The bytes of one array table row, flat, as ``storage``: a view of the blob (a lazy reader reads them)."""
+        return np.frombuffer(self.blob, dtype=storage, count=entry["nbytes"] // storage.itemsize,
+                             offset=entry["offset"])
 
     def _framework_array(self, array: np.ndarray, dtype: str, device: str) -> Any:
         if self.framework:

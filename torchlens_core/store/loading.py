@@ -19,6 +19,7 @@ from typing import Any
 from torchlens_core.backend.manager import backend_infos, hook
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TraceFileError
+from torchlens_core.ir.progress import progress
 from torchlens_core.ir.records import (
     GRAD_SAVED,
     GRAD_STATUSES,
@@ -65,27 +66,32 @@ def check_fields(records: Any) -> dict[str, Any]:
     return records
 
 
-def build(records: Any, blob: bytearray, version: int) -> Trace:
-    """The Trace ``records`` (parsed trace.json of format ``version``) and ``blob`` (arrays.bin) describe."""
+def build(records: Any, blob: bytearray, version: int, decoder: type[Decoder] = Decoder) -> Trace:
+    """The Trace ``records`` (parsed trace.json of format ``version``) and ``blob`` (arrays.bin) describe.
+
+    ``decoder``: the Decoder class reading ``blob`` (tl.load(lazy=True): one that reads the file when asked).
+    """
     check_fields(records)
     backend = _get(records, "backend", str, "trace")
     _opt(records, "framework_version", str, "trace")
     info = next((i for i in backend_infos() if i.name == backend), None)
     h = hook()
-    dec = Decoder(h, backend, records["arrays"], blob, framework=info is not None and info.available)
+    dec = decoder(h, backend, records["arrays"], blob, framework=info is not None and info.available)
     params, unsaved = _params(records, dec)
     modules = _modules(records, dec, params, version)
     ops: list[OpRecord] = []
     why_not: dict[str, str] = {}
     labels: set[str] = set()
-    for i, o in enumerate(_get(records, "ops", list, "trace")):
-        op, why = _op(i, o, ops, dec, h, backend, modules, params, unsaved, version)
-        if op.label in labels:
-            raise TraceFileError(f"op {i}: label {op.label!r} is used twice")
-        labels.add(op.label)
-        ops.append(op)
-        if why:
-            why_not[op.label] = why
+    entries = _get(records, "ops", list, "trace")
+    with progress("tl.load", total=len(entries)) as bar:  # shown only past a few seconds
+        for i, o in enumerate(bar.each(entries)):
+            op, why = _op(i, o, ops, dec, h, backend, modules, params, unsaved, version)
+            if op.label in labels:
+                raise TraceFileError(f"op {i}: label {op.label!r} is used twice")
+            labels.add(op.label)
+            ops.append(op)
+            if why:
+                why_not[op.label] = why
     notes = dec.decode(_get(records, "notes", dict, "trace"))
     if not (isinstance(notes, dict) and all(isinstance(k, str) for k in notes)):
         raise TraceFileError("trace: notes should be a dict with string keys")

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from torchlens_core.backend.manager import backend_infos, hook
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, TraceFileError
+from torchlens_core.ir.progress import progress
 from torchlens_core.ir.records import EditRecord, ModuleRecord, OpRecord, ParamRecord, ParamRef
 from torchlens_core.ir.schema import UNSAVEABLE
 from torchlens_core.ir.trace import Trace
@@ -87,6 +88,8 @@ def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pa
     h = hook()
     enc = Encoder(h, trace.backend)
     read = _params_read(trace) if params else set()
+    with progress("tl.save", total=len(trace.ops)) as bar:  # shown only past a few seconds
+        ops = [_op_json(op, enc, h, trace.backend) for op in bar.each(trace.ops)]
     records = {
         "backend": trace.backend,
         "framework_version": _framework_version(trace.backend),
@@ -95,7 +98,7 @@ def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pa
         "notes": enc.encode(trace.notes),
         "params": [_param_json(p, enc, p.name in read) for p in trace.params.values()],
         "modules": [_module_json(m, enc) for m in trace.modules.values()],
-        "ops": [_op_json(op, enc, h, trace.backend) for op in trace.ops],
+        "ops": ops,
         "output_template": enc.encode(trace.output_template),
         "model_output": enc.encode(trace.model_output),
     }
@@ -147,8 +150,12 @@ def _target(folder: pathlib.Path) -> pathlib.Path:
     return folder
 
 
-def load(path: str | os.PathLike[str]) -> Trace:
-    """Read a trace written by :func:`save`.
+def load(path: str | os.PathLike[str], *, lazy: bool = False) -> Trace:
+    """Read a trace written by :func:`save` (or by ``tl.trace(..., save_to=path)``).
+
+    ``lazy=True``: load the records only; each op's value is read from the
+    folder's ``arrays.bin`` when it is read (``op.out``), and not kept, so a
+    trace larger than memory opens (:mod:`torchlens_core.store.stream`).
 
     Arrays load as the backend's arrays when its framework imports here, and
     the trace can then be replayed and audited; without the framework they load
@@ -181,8 +188,9 @@ def load(path: str | os.PathLike[str]) -> Trace:
         raise TraceFileError(f"{str(root / MANIFEST)!r} should list {RECORDS} and {ARRAYS}")
     # What the manifest declares is bounded before any file is read (arrays.bin: it must fit in memory), and
     # trace.json's table must account for every byte of arrays.bin before arrays.bin is read.
-    blob_size = files.declared_size(ARRAYS, entries[ARRAYS], files.memory_limit(), "loading needs it all in memory, "
-                                    "and that is more than this machine's memory")
+    blob_size = files.declared_size(ARRAYS, entries[ARRAYS], None if lazy else files.memory_limit(),
+                                    "loading needs it all in memory, and that is more than this machine's memory: "
+                                    "tl.load(path, lazy=True) reads each value when it is read")
     try:
         raw = files.read_checked(root, RECORDS, entries[RECORDS], limit=files.MAX_RECORDS_BYTES,
                                  cost=files.JsonCost())
@@ -193,6 +201,10 @@ def load(path: str | os.PathLike[str]) -> Trace:
         from torchlens_core.store.encoding import check_table
         from torchlens_core.store.loading import build, check_fields
 
+        if lazy:
+            from torchlens_core.store.stream import open_lazy
+
+            return open_lazy(root, entries[ARRAYS], records, version)
         check_table(check_fields(records)["arrays"], blob_size)
         blob = files.read_checked(root, ARRAYS, entries[ARRAYS])
         return build(records, blob, version)
