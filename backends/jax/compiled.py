@@ -164,6 +164,8 @@ def fast_path_refusal(closed: Any, builder: TraceBuilder) -> str | None:
         return "save_grads=: the backward replays the per-equation walk's records"
     if options.lookback and options.lookback_payload_policy != "metadata_only":
         return "lookback values are detached as they are recorded"
+    if builder.stream is not None:
+        return "save_to=: the compiled path computes every value at once; the walk writes each out as it goes"
     if closed.effects:
         return f"effects ({', '.join(sorted(map(str, closed.effects)))}): callbacks run in order, as they ran"
     found = _per_equation(closed.jaxpr)

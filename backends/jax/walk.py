@@ -106,6 +106,9 @@ class Walker(ModulePasses):
         env.update(zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, args))
         passes = self.pass_throughs
+        # save_to=: the values are written out as they are recorded, so the walk lets each go after its last
+        # read here (a trace larger than memory holds only the values still to be read)
+        last_reads = _last_reads(jaxpr) if self.builder.stream is not None else None
         for i, eqn in enumerate(jaxpr.eqns):
             ins = [read(v) for v in eqn.invars]
             if passes.kept_values or passes.unedited:  # values a module kept, or an edit replaced
@@ -116,6 +119,9 @@ class Walker(ModulePasses):
             for var, val in zip(eqn.outvars, outs):
                 if not isinstance(var, DropVar):
                     env[var] = val
+            if last_reads is not None:
+                for var in last_reads.get(i, ()):
+                    env.pop(var, None)
         self._align(chain)  # calls begun in here end in here (each loop iteration is a pass)
         outs = [read(v) for v in jaxpr.outvars]
         if passes.kept_values or passes.unedited:
@@ -393,6 +399,28 @@ class Walker(ModulePasses):
 
         closed = jax.make_jaxpr(fn)(*[x.value for x in ins])
         return self.run_closed(closed, ins, chain, loc, in_loop, helper=True)
+
+
+def _last_reads(jaxpr: Any) -> dict[int, list[Any]]:
+    """Equation index -> the variables no later equation of ``jaxpr`` reads (its outputs are read at the end)."""
+    from jax.extend.core import DropVar, Literal
+
+    last: dict[Any, int] = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for var in eqn.invars:
+            if not isinstance(var, Literal):
+                last[var] = i
+    for var in jaxpr.outvars:
+        if not isinstance(var, Literal):
+            last[var] = len(jaxpr.eqns)  # never let go here
+    for i, eqn in enumerate(jaxpr.eqns):  # a value nothing reads goes as soon as it is recorded
+        for var in eqn.outvars:
+            if var not in last and not isinstance(var, DropVar):
+                last[var] = i
+    released: dict[int, list[Any]] = {}
+    for var, i in last.items():
+        released.setdefault(i, []).append(var)
+    return released
 
 
 def _config(params: dict[str, Any]) -> dict[str, Any]:

@@ -231,7 +231,9 @@ class Recorder(BaseRecorder):
         self.unlinked: list[tuple[Tensor, Ref]] = []
         # Edits at op sites read each op's value as it is recorded: then every op is realized as it returns.
         # Module sites alone keep the batches: the values are realized just before a module's edit (settle).
-        self.batched = builder.editor is None or not builder.editor.op_selectors
+        # save_to= too: a batch is realized all at once, so it would hold every value of the forward in memory
+        # before the first is written out; realized as they return, each leaves as it is produced.
+        self.batched = (builder.editor is None or not builder.editor.op_selectors) and builder.stream is None
 
     # -- tinygrad's arrays -------------------------------------------------------------------
     def describe(self, value: Tensor) -> tuple[Any, str, str]:
