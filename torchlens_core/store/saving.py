@@ -90,32 +90,43 @@ def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pa
     read = _params_read(trace) if params else set()
     with progress("tl.save", total=len(trace.ops)) as bar:  # shown only past a few seconds
         ops = [_op_json(op, enc, h, trace.backend) for op in bar.each(trace.ops)]
+    text = records_json(trace, enc, ops, read)
+    digest = hashlib.sha256()
+    for chunk in enc.chunks:
+        digest.update(chunk)
+    # Written beside the folder and swapped in: a save that stops anywhere leaves the old trace or the new one.
+    write_folder(target, [(RECORDS, [text]), (ARRAYS, enc.chunks),
+                          (MANIFEST, [manifest_json(text, enc.size, digest)])], TRACE_FILES)
+    return folder
+
+
+def records_json(trace: Trace, enc: Encoder, ops: list[dict[str, Any]], params_read: set[str]) -> bytes:
+    """trace.json's bytes: the trace's records, its ops as ``ops`` (encoded already), and ``enc``'s array table
+    (tl.save and tl.trace(save_to=) write the same file)."""
     records = {
         "backend": trace.backend,
         "framework_version": _framework_version(trace.backend),
         "model_name": trace.model_name,
         "halted": trace.halted,
         "notes": enc.encode(trace.notes),
-        "params": [_param_json(p, enc, p.name in read) for p in trace.params.values()],
+        "params": [_param_json(p, enc, p.name in params_read) for p in trace.params.values()],
         "modules": [_module_json(m, enc) for m in trace.modules.values()],
         "ops": ops,
         "output_template": enc.encode(trace.output_template),
         "model_output": enc.encode(trace.model_output),
     }
     records["arrays"] = enc.arrays
-    text = json.dumps(records, allow_nan=False, separators=(",", ":")).encode()
-    digest = hashlib.sha256()
-    for chunk in enc.chunks:
-        digest.update(chunk)
+    return json.dumps(records, allow_nan=False, separators=(",", ":")).encode()
+
+
+def manifest_json(records: bytes, arrays_size: int, arrays_digest: Any) -> bytes:
+    """manifest.json's bytes, for trace.json's ``records`` and an arrays.bin of that size and SHA-256 digest."""
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "torchlens_version": _version("torchlens"),
-        "files": {RECORDS: {"size": len(text), "sha256": hashlib.sha256(text).hexdigest()},
-                  ARRAYS: {"size": enc.size, "sha256": digest.hexdigest()}},
+        "files": {RECORDS: {"size": len(records), "sha256": hashlib.sha256(records).hexdigest()},
+                  ARRAYS: {"size": arrays_size, "sha256": arrays_digest.hexdigest()}},
     }
-    # Written beside the folder and swapped in: a save that stops anywhere leaves the old trace or the new one.
-    write_folder(target, [(RECORDS, [text]), (ARRAYS, enc.chunks),
-                          (MANIFEST, [(json.dumps(manifest, indent=1) + "\n").encode()])], TRACE_FILES)
-    return folder
+    return (json.dumps(manifest, indent=1) + "\n").encode()
 
 
 def _target(folder: pathlib.Path) -> pathlib.Path:

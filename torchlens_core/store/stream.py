@@ -23,7 +23,6 @@ way: records in memory, values read from ``arrays.bin`` when read
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pathlib
 import queue
@@ -43,18 +42,14 @@ from torchlens_core.store import atomic
 from torchlens_core.store.encoding import Decoder, Encoder
 from torchlens_core.store.saving import (
     ARRAYS,
-    FORMAT,
-    FORMAT_VERSION,
     MANIFEST,
     RECORDS,
     TRACE_FILES,
-    _framework_version,
-    _module_json,
     _op_json,
-    _param_json,
     _params_read,
     _target,
-    _version,
+    manifest_json,
+    records_json,
 )
 
 if TYPE_CHECKING:
@@ -339,32 +334,14 @@ class Stream:
                 if stored is not None:
                     entry["out"], entry["pre_edit"] = stored.out, stored.pre_edit
                 ops.append(entry)
-            records = {
-                "backend": trace.backend,
-                "framework_version": _framework_version(trace.backend),
-                "model_name": trace.model_name,
-                "halted": trace.halted,
-                "notes": enc.encode(trace.notes),
-                "params": [_param_json(p, enc, p.name in read) for p in trace.params.values()],
-                "modules": [_module_json(m, enc) for m in trace.modules.values()],
-                "ops": ops,
-                "output_template": enc.encode(trace.output_template),
-                "model_output": enc.encode(trace.model_output),
-                "arrays": enc.arrays,
-            }
+            text = records_json(trace, enc, ops, read)
             enc.seen.clear()
-            text = json.dumps(records, allow_nan=False, separators=(",", ":")).encode()
             self._flush()
             self.writer.close()  # every byte written, and hashed
-            manifest = {
-                "format": FORMAT, "format_version": FORMAT_VERSION, "torchlens_version": _version("torchlens"),
-                "files": {RECORDS: {"size": len(text), "sha256": hashlib.sha256(text).hexdigest()},
-                          ARRAYS: {"size": enc.size, "sha256": self.digest.hexdigest()}},
-            }
             os.fsync(self.file.fileno())
             self.file.close()
             atomic._write_file(self.temp / RECORDS, [text])
-            atomic._write_file(self.temp / MANIFEST, [(json.dumps(manifest, indent=1) + "\n").encode()])
+            atomic._write_file(self.temp / MANIFEST, [manifest_json(text, enc.size, self.digest)])
             replacing = os.path.isdir(self.folder)
             if replacing:
                 os.chmod(self.temp, os.stat(self.folder).st_mode & 0o7777)
