@@ -120,6 +120,72 @@ def test_model_that_raises_leaves_no_folder_or_the_previous_one(tmp_path: pathli
     assert sorted(os.listdir(tmp_path)) == ["t"]
 
 
+KILLED = """
+import os, signal, sys, torch, torchlens as tl
+
+class Dies(torch.nn.Module):
+    def forward(self, x):
+        for i in range(40):
+            x = torch.tanh(x) * 1.5
+            if i == 30:  # values already on their way to disk: the process dies mid-capture
+                os.kill(os.getpid(), signal.SIGKILL)
+        return x
+
+tl.trace(Dies(), torch.ones(256, 256), save_to=sys.argv[1])
+"""
+
+
+def test_a_process_killed_mid_capture_leaves_the_previous_trace(tmp_path: pathlib.Path) -> None:
+    """SIGKILL during a save_to= capture (no cleanup runs): the folder still holds the trace saved there before,
+    whole, and tl.load reads it; nothing half-written is taken for a trace."""
+    folder = tmp_path / "t"
+    good, x = nn.Linear(4, 4), torch.ones(2, 4)
+    tl.trace(good, x, save_to=folder)
+    script = tmp_path / "dies.py"
+    script.write_text(KILLED)
+    done = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -9, done.stderr[-2000:]
+    kept = tl.load(folder)
+    assert torch.equal(kept["linear_1_1"].out, good(x).detach())
+    assert kept.audit()
+
+
+def test_two_threads_stream_their_own_captures(tmp_path: pathlib.Path) -> None:
+    """Two captures at once, each in its own thread with its own folder: each folder holds its own model's values
+    (checked against the model's own call), and a plain forward in a third thread is not recorded."""
+    import threading
+
+    torch.manual_seed(3)
+    models = [nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)) for _ in range(2)]
+    xs = [torch.randn(4, 8), torch.randn(4, 8)]
+    traces: dict[int, Any] = {}
+    errors: list[BaseException] = []
+
+    def capture(k: int) -> None:
+        try:
+            for _ in range(5):
+                traces[k] = tl.trace(models[k], xs[k], save_to=tmp_path / f"t{k}")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+
+    def plain() -> None:
+        for _ in range(50):
+            models[0](xs[1])
+
+    threads = [threading.Thread(target=capture, args=(k,)) for k in range(2)] + [threading.Thread(target=plain)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k in range(2):
+        for trace in (traces[k], tl.load(tmp_path / f"t{k}")):
+            assert [op.func_name for op in trace.ops if op.kind == "op"] == ["linear", "tanh", "linear"]
+            with torch.no_grad():
+                assert torch.equal(trace.ops[-1].out, models[k](xs[k]))
+                assert torch.equal(trace["tanh_1_2"].out, torch.tanh(models[k][0](xs[k])))
+
+
 def test_bad_paths_are_refused_before_the_forward(tmp_path: pathlib.Path) -> None:
     ran = []
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.viewer.pictures import first_array, picture
+from torchlens_core.views.draw import shape_text
 
 if TYPE_CHECKING:
     from torchlens_core.ir.records import OpRecord
@@ -120,7 +121,7 @@ def op_graph(trace: Trace, modules: list[dict[str, Any]], colors: dict[str, str]
         inner = op.module_passes[-1] if op.module_passes else None
         graph["module"].append(at[f"{inner[0]}:{inner[1]}"] if inner else -1)
         graph["parents"].append(list(op.parent_indices))
-        graph["shape"].append(_shape_text(op.shape))
+        graph["shape"].append(shape_text(op.shape))
         graph["out"].append(1 if op.module_outputs else 0)
         graph["params"].append(1 if op.params else 0)
         if colors and op.label in colors:
@@ -128,15 +129,6 @@ def op_graph(trace: Trace, modules: list[dict[str, Any]], colors: dict[str, str]
         if op.edits:
             graph["edited"].append(op.index)
     return graph
-
-
-def _shape_text(shape: Any) -> str:
-    """As the drawing writes a shape: ``2x16``, ``scalar``, ``-`` when unknown; several outputs space-separated."""
-    if shape is None:
-        return "-"
-    if shape and isinstance(shape[0], tuple):
-        return " ".join(_shape_text(s) for s in shape)
-    return "x".join(str(d) for d in shape) if shape else "scalar"
 
 
 def _jsonable(shape: Any) -> Any:

@@ -302,7 +302,7 @@ def _build(trace: Trace, rolled: bool, collapse: Collapse, module: str | None,
             if parent is None:  # outside the focused module: drawn as an external source
                 src = trace.ops[i]
                 parent = f"external {i}"
-                nodes.setdefault(parent, Node(parent, f"{src.label}\\n{_shape(src.shape)}", "external", ()))
+                nodes.setdefault(parent, Node(parent, f"{src.label}\\n{shape_text(src.shape)}", "external", ()))
             # An edge inside one collapsed box is not drawn; a rolled layer feeding its
             # own next pass is (a loop edge).
             if parent != child or nodes[child].kind != "module":
@@ -320,7 +320,7 @@ def _run_label(trace: Trace, run: Run) -> str:
     lines = [f"{first} .. {last}", f"{len(run.members)} x {record.type_name}"]
     shapes = record.passes[n - 1].output_shapes
     if shapes:
-        lines.append(" ".join(_shape(shape) for shape in shapes))
+        lines.append(" ".join(shape_text(shape) for shape in shapes))
     names = dict.fromkeys(name for path in dict.fromkeys(p for p, _ in run.members)
                           for name in trace.modules[path].params)
     params, buffers = params_and_buffers(trace, names)
@@ -339,7 +339,7 @@ def _module_label(trace: Trace, path: str, n: int, rolled: bool) -> str:
     lines = [f"{path}{passes}", record.type_name]
     shapes = record.passes[n - 1].output_shapes
     if shapes:
-        lines.append(" ".join(_shape(shape) for shape in shapes))
+        lines.append(" ".join(shape_text(shape) for shape in shapes))
     params, buffers = params_and_buffers(trace, record.params)  # counted as the summary counts them
     if params:
         lines.append(f"params: {_count(sum(p.numel for p in params))}")
@@ -357,20 +357,21 @@ def _op_label(op: OpRecord, trace: Trace, rolled: bool) -> str:
     lines = [title]
     if op.kind == "op":
         lines.append(op.func_name + (f" x{op.num_passes}" if rolled and op.num_passes > 1 else ""))
-    lines.append(_shape(op.shape))
+    lines.append(shape_text(op.shape))
     params, buffers = params_and_buffers(trace, op.params)  # counted as the summary counts them
     for kind, records in (("params", params), ("buffers", buffers)):
         if records:
             count = sum(p.numel for p in records)
-            lines.append(f"{kind}: {', '.join(_shape(p.shape) for p in records)} ({_count(count)})")
+            lines.append(f"{kind}: {', '.join(shape_text(p.shape) for p in records)} ({_count(count)})")
     return "\\n".join(lines)
 
 
-def _shape(shape: Any) -> str:
+def shape_text(shape: Any) -> str:
+    """A shape as drawings write it: ``2x16``, ``scalar``, ``-`` when unknown; several outputs space-separated."""
     if shape is None:
         return "-"
     if shape and isinstance(shape[0], tuple):
-        return " ".join(_shape(s) for s in shape)
+        return " ".join(shape_text(s) for s in shape)
     return "x".join(str(d) for d in shape) if shape else "scalar"
 
 
