@@ -30,9 +30,10 @@ BACKENDS = {
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff over everything."""
-    session.install("ruff")
+    """ruff over everything, and the other pre-commit hooks (.pre-commit-config.yaml) over every tracked file."""
+    session.install("ruff", "pre-commit")
     session.run("ruff", "check", ".")
+    session.run("pre-commit", "run", "--all-files", "--show-diff-on-failure")
 
 
 @nox.session(python=PYTHON)

@@ -252,6 +252,8 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
         runs["halt"] = lambda: tl.trace(model, *args, backend=backend, halt=tl.label(at), **kwargs)
     floors = FLOORS[backend](model, args, kwargs)  # every value kept, nothing recorded
     runs["hold"] = floors["hold"]
+    if "least" in floors:  # torch: the least any recorder of the graph does, one small record per op and pass
+        runs["least"] = floors["least"]
     # tl.record: the same capture with naming and linking deferred until the recording is read
     runs["record"] = lambda: tl.record(model, *args, backend=backend, **kwargs)
     if site is not None:  # activation patching: one module's output swapped for a clean run's
@@ -284,7 +286,8 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
                            "record_ratio": ms["record"] / ms["plain"], "floor_ms": ms["hold"],
                            "floor_ratio": ms["hold"] / ms["plain"], "vs_floor": ms["trace"] / ms["hold"],
                            "units": ops + passes, "unit_ops": ops, "passes": passes,
-                           "recorder_us": (ms["trace"] - ms["hold"]) * 1e3 / (ops + passes)}
+                           "recorder_us": (ms["trace"] - ms["hold"]) * 1e3 / (ops + passes),
+                           "least_vs_floor": ms["least"] / ms["hold"] if "least" in ms else None}
     if site is not None:
         row.update(patch_site=site, patch_ms=ms["patch"], patch_ratio=ms["patch"] / ms["plain"])
     if halts:

@@ -3,6 +3,8 @@ keeping every value, as ratios to a plain forward.
 
     python bench/capture_floor.py --backend torch        # ResNet-18, GPT-2 small, ViT-tiny
     python bench/capture_floor.py --backend tf           # the TensorFlow rows of bench/backend_table.py
+    python bench/capture_floor.py --backend torch --clock cpu   # this thread's CPU time: a loaded machine's jobs
+                                                                 # do not count
 
 Interleaved in one process, one thread, medians:
 
@@ -17,6 +19,11 @@ Interleaved in one process, one thread, medians:
   conversion and at the end, as the capture does; JAX runs ``make_jaxpr`` and then one compiled executable that
   returns every top-level equation's value, what a repeat capture of a model that is not jitted runs).
 - ``hold_jit`` (JAX): that executable alone, the floor of a jitted target's capture (its program is known).
+- ``least`` (torch): ``hold`` plus the least any recorder of the graph does: one small slotted record per op
+  (its function, its arguments with recorded tensors as their records' numbers, shape, dtype, device, the module
+  calls open) and per module pass (global module hooks, as the capture's). No names, call sites, checks, edits or
+  copies before writes: what Python's cost for the records themselves is, the floor a recorder written in Python
+  cannot go under.
 - ``trace``: ``tl.trace``.
 
 ``trace`` minus ``hold`` is TorchLens's own cost; ``us/unit`` divides it by the units a recorder handles (ops
@@ -68,6 +75,34 @@ def torch_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
             self.kept.append(out)
             return out
 
+    class Least(Hold):
+        """The least any recorder of the graph does past ``hold``: one small record per op and per pass."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.records: list[LeastRecord] = []
+            self.producers: dict[int, int] = {}  # id(tensor) -> index of its record (the values are kept)
+            self.stack: tuple[str, ...] = ()  # the module calls open now
+
+        def __torch_function__(self, func: Any, types: Any, a: tuple[Any, ...] = (), k: Any = None) -> Any:
+            out = super().__torch_function__(func, types, a, k)
+            if isinstance(out, torch.Tensor):
+                producers, parents = self.producers, []
+                refs = tuple(_least_ref(v, producers, parents) for v in a)
+                kw = {key: _least_ref(v, producers, parents) for key, v in k.items()} if k else {}
+                producers[id(out)] = len(self.records)
+                self.records.append(LeastRecord(func, refs, kw, tuple(parents), out, tuple(out.shape), out.dtype,
+                                                out.device.type, self.stack))
+            return out
+
+        def pre(self, module: Any, inputs: Any) -> None:
+            self.stack = (*self.stack, type(module).__name__)
+
+        def post(self, module: Any, inputs: Any, output: Any) -> None:
+            self.stack = self.stack[:-1]
+            self.records.append(LeastRecord(module, (), {}, (self.producers.get(id(output), -1),), output, (), None,
+                                            "", self.stack))
+
     def under(mode: type) -> Callable[[], Any]:
         def run() -> Any:
             with mode() as active:
@@ -75,7 +110,42 @@ def torch_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
             return active
         return run
 
-    return {"bare": under(Bare), "hold": under(Hold)}
+    def least() -> Any:
+        from torch.nn.modules import module as modules
+
+        with Least() as active:
+            pre = modules.register_module_forward_pre_hook(active.pre)
+            post = modules.register_module_forward_hook(active.post)
+            try:
+                model(*args, **kwargs)
+            finally:
+                pre.remove()
+                post.remove()
+        return active
+
+    return {"bare": under(Bare), "hold": under(Hold), "least": least}
+
+
+class LeastRecord:
+    """What ``least`` keeps of each op and pass: fewer fields than an OpRecord, and no checks."""
+
+    __slots__ = ("func", "args", "kwargs", "parents", "out", "shape", "dtype", "device", "modules")
+
+    def __init__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], parents: tuple[int, ...], out: Any,
+                 shape: tuple[int, ...], dtype: Any, device: str, modules: tuple[str, ...]) -> None:
+        self.func, self.args, self.kwargs, self.parents, self.out = func, args, kwargs, parents, out
+        self.shape, self.dtype, self.device, self.modules = shape, dtype, device, modules
+
+
+def _least_ref(value: Any, producers: dict[int, int], parents: list[int]) -> Any:
+    """An argument as ``least`` keeps it: a recorded tensor as its record's index, a list or tuple item by item."""
+    index = producers.get(id(value))
+    if index is not None:
+        parents.append(index)
+        return index
+    if type(value) in (list, tuple):
+        return tuple(_least_ref(v, producers, parents) for v in value)
+    return value
 
 
 def tf_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
@@ -269,6 +339,9 @@ def main() -> None:
     parser.add_argument("--backend", required=True, choices=sorted(MODES))
     parser.add_argument("--cases", nargs="*", help="models to measure instead of the backend's table rows")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this thread's CPU time (the machine's other jobs do not count; sleeps and waits "
+                             "neither)")
     options = parser.parse_args()
     names = options.cases or list(MODELS[options.backend])
     if options.backend == "torch":
@@ -276,12 +349,13 @@ def main() -> None:
 
         torch.set_num_threads(1)
         torch.set_grad_enabled(False)
-    modes = ("bare", "hold", "hold_jit", "trace") if options.backend == "jax" else ("bare", "hold", "trace")
+    modes = {"jax": ("bare", "hold", "hold_jit", "trace"), "torch": ("bare", "hold", "least", "trace")}.get(
+        options.backend, ("bare", "hold", "trace"))
     print(f"{'model':24s} {'plain ms':>9s} " + " ".join(f"{m:>8s}" for m in modes) + f" {'trace/hold':>10s} "
           f"{'units':>6s} {'us/unit':>8s} {'faults hold':>12s} {'faults trace':>12s}")
     for name, build in build_models(options.backend, names).items():
         built = build()
-        plain, ratios, faults = measure(options.backend, *built, options.repeats)
+        plain, ratios, faults = measure(options.backend, *built, options.repeats, options.clock)
         units = recorded_units(options.backend, *built)
         own = (ratios["trace"] - ratios["hold"]) * plain / units * 1e6
         print(f"{name:24s} {plain * 1e3:9.2f} " + " ".join(f"{ratios[m]:7.2f}x" for m in modes)
@@ -301,8 +375,8 @@ def units(trace: Any) -> tuple[int, int]:
     return sum(op.kind == "op" for op in trace.ops), sum(len(m.passes) for m in trace.modules.values())
 
 
-def measure(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int
-            ) -> tuple[float, dict[str, float], dict[str, float]]:
+def measure(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int,
+            clock: str = "wall") -> tuple[float, dict[str, float], dict[str, float]]:
     """The plain call's median seconds, each mode's median over it, and each mode's median minor page faults."""
     import torchlens as tl
 
@@ -310,12 +384,13 @@ def measure(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, A
             "trace": lambda: tl.trace(model, *args, backend=backend, **kwargs)}
     times: dict[str, list[float]] = {mode: [] for mode in runs}
     faults: dict[str, list[int]] = {mode: [] for mode in runs}
+    now = time.thread_time if clock == "cpu" else time.perf_counter
     for round_ in range(repeats + 3):  # three warm-up rounds
         for mode, run in runs.items():
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            start = time.perf_counter()
+            start = now()
             kept = run()
-            elapsed = time.perf_counter() - start
+            elapsed = now() - start
             faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
             del kept
             if round_ >= 3:

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import numpy as np
     import torch
     import torchvision
-    import zarr  # noqa: F401 - imported before the baseline, as extraction would
+    import zarr
 
     import torchlens as tl
 

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from capture_overhead import REFERENCE  # noqa: E402  (sets one thread before frameworks load)
+from capture_overhead import REFERENCE
 
 
 def _timed(stack: Any, spent: list[float]) -> Any:

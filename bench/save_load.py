@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from capture_overhead import REFERENCE  # noqa: E402  (sets one thread before frameworks load)
+from capture_overhead import REFERENCE
 
 
 def main(repeats: int = 5) -> None:

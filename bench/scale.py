@@ -8,7 +8,9 @@
 The family is a Llama-style decoder (transformers' LlamaModel from a LlamaConfig: 16 wide, random weights),
 as many layers as reach the op count (about 59 ops a layer). Each step is timed on its own, once, on the
 same trace: tl.trace, summary(), to_dot(), tl.save, tl.load, audit(), replay(), tl.compare (two traces of
-the same model), find(), to_pandas(). The last column of the table is the largest size's seconds per 1k ops
+the same model), diverged (tl.compare of two traces that diverge from the first layer: the same input through
+the same architecture with other weights, so values pair almost nothing and the structural step aligns nearly
+every op), find(), to_pandas(). The last column of the table is the largest size's seconds per 1k ops
 over the smallest's: linear time keeps it near 1 (goal: under 2). The table gives this process's CPU time
 (wall-clock times are printed per size, and with the CPU times in --out's JSON): on shared cores a wall
 clock measures the neighbours too. The machine's load average is printed with the figures. What is left
@@ -35,7 +37,8 @@ from typing import Any
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-STEPS = ("trace", "summary", "to_dot", "save", "load", "audit", "replay", "compare", "find", "to_pandas")
+STEPS = ("trace", "summary", "to_dot", "save", "load", "audit", "replay", "compare", "diverged", "find",
+         "to_pandas")
 
 
 def _size(text: str) -> int:
@@ -44,14 +47,14 @@ def _size(text: str) -> int:
     return int(float(text[:-1]) * 1000) if text.endswith("k") else int(text)
 
 
-def decoder(layers: int) -> tuple[Any, dict[str, Any]]:
-    """A Llama-style decoder of ``layers`` layers, small and random, with its input."""
+def decoder(layers: int, seed: int = 0) -> tuple[Any, dict[str, Any]]:
+    """A Llama-style decoder of ``layers`` layers, small and random (weights from ``seed``), with its input."""
     import torch
     import transformers
 
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = transformers.LlamaModel(config).eval()
     return model, {"input_ids": torch.randint(0, config.vocab_size, (1, 8))}
 
@@ -95,6 +98,8 @@ def measure(layers: int, steps: tuple[str, ...], profile: bool, sort: str = "cum
             tl.save(state["trace"], path)
         if "compare" in steps:
             state["other"] = tl.trace(model, **kwargs)
+        if "diverged" in steps:  # other weights, the same input: the values part at the embedding
+            state["diverged"] = tl.trace(decoder(layers, seed=1)[0], **kwargs)
         run: dict[str, Callable[[], Any]] = {
             "trace": lambda: tl.trace(model, **kwargs),
             "summary": lambda: state["trace"].summary(),
@@ -104,6 +109,7 @@ def measure(layers: int, steps: tuple[str, ...], profile: bool, sort: str = "cum
             "audit": lambda: state["trace"].audit(),
             "replay": lambda: state["trace"].replay(),
             "compare": lambda: tl.compare(state["trace"], state["other"]),
+            "diverged": lambda: tl.compare(state["trace"], state["diverged"]),
             "find": lambda: state["trace"].find(tl.func("linear") & tl.followed_by(tl.func("silu"))),
             "to_pandas": lambda: state["trace"].to_pandas(),
         }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,7 @@ def main() -> None:
             done = subprocess.run([sys.executable, "-c", CHILD, step, folder, str(n)], capture_output=True,
                                   text=True, check=True)
             rows[step] = json.loads(done.stdout.strip().splitlines()[-1])
+            shutil.rmtree(os.path.join(folder, "t"), ignore_errors=True)  # one copy on the disk at a time
         plain = plain_write(folder, rows["save_to"]["bytes"])
     gib = rows["save_to"]["bytes"] / (1 << 30)
     print(f"trace of {gib:.2f} GiB of values ({2 * n} ops of 16 MiB), torch, one thread")

@@ -40,7 +40,7 @@ def run_session(blocks: list[dict[str, Any]], filename: str) -> dict[str, Any]:
                 code = compile(ast.Interactive(body=[node]), filename, "single")
                 with contextlib.redirect_stdout(captured):
                     exec(code, namespace)
-            except BaseException:  # reported to the caller, which fails on it
+            except BaseException:  # noqa: BLE001 - reported to the caller, which fails on it
                 entry["error"] = traceback.format_exc()
             entry["output"] = captured.getvalue()
             statements.append(entry)

@@ -12,10 +12,10 @@ import math
 import pytest
 
 pytest.importorskip("torchlens_numpy")
-import numpy as np  # noqa: E402
+import numpy as np
 
-import torchlens as tl  # noqa: E402
-from torchlens_core.compare.metrics import agreement, tolerance_for  # noqa: E402
+import torchlens as tl
+from torchlens_core.compare.metrics import agreement, tolerance_for
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((8, 3)).astype(np.float32)

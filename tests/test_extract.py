@@ -271,30 +271,58 @@ def test_dataset_errors_are_clear(tmp_path: pathlib.Path) -> None:
 
 
 # -- progress ---------------------------------------------------------------------------------------
+@pytest.fixture
+def shown_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core's progress bar (torchlens_core.ir.progress) shown from the first sample, not after seconds."""
+    from torchlens_core.ir import progress
+
+    monkeypatch.setattr(progress, "DELAY", 0.0)
+    monkeypatch.setattr(progress, "EVERY", 0.0)
+    monkeypatch.setattr(progress, "STRIDE", 1)
+
+
 def test_progress_without_tqdm_is_a_line_on_stderr(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(extract, "_tqdm", lambda: None)
-    monkeypatch.setattr(extract._Progress, "every", 0.0)
+                                                   capsys: pytest.CaptureFixture[str], shown_at_once: None) -> None:
+    from torchlens_core.ir import progress
+
+    monkeypatch.setattr(progress, "_tqdm", lambda: None)
+    with tl.options.set_progress("always"):
+        tl.extract_dataset(small_model(), samples(6), LAYERS, batch_size=4, output_dir=tmp_path / "a")
+        err = capsys.readouterr().err
+        assert "tl.extract_dataset: 4/6 samples" in err and "tl.extract_dataset: 6/6 samples" in err
+        tl.extract_dataset(small_model(), samples(6), LAYERS, batch_size=4, output_dir=tmp_path / "b",
+                           progress=False)
+        assert "tl.extract_dataset" not in capsys.readouterr().err  # (the captures' own bars show: "always")
+        # Resumed, batches written before count once: known up front for a sequence, passed over for an iterator.
+        for name, dataset in (("seq", Images(samples(10), fail_at=5)), ("iter", stopping(samples(10), 5))):
+            with pytest.raises((KeyboardInterrupt, RuntimeError)):
+                tl.extract_dataset(small_model(), dataset, LAYERS, batch_size=2, output_dir=tmp_path / name)
+            capsys.readouterr()
+            rerun = samples(10) if name == "seq" else iter(samples(10))
+            tl.extract_dataset(small_model(), rerun, LAYERS, batch_size=2, output_dir=tmp_path / name)
+            last = capsys.readouterr().err.strip().splitlines()[-1]
+            assert last.startswith("tl.extract_dataset: 10/10 samples" if name == "seq" else
+                                   "tl.extract_dataset: 10 samples")
+    # progress=True follows tl.options.set_progress; a mode given to the call overrides it for the call
+    with tl.options.set_progress("never"):
+        tl.extract_dataset(small_model(), samples(6), LAYERS, batch_size=4, output_dir=tmp_path / "c")
+        assert capsys.readouterr().err == ""
+        tl.extract_dataset(small_model(), samples(6), LAYERS, batch_size=4, output_dir=tmp_path / "d",
+                           progress="always")
+        assert "tl.extract_dataset: 6/6 samples" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="progress="):
+        tl.extract_dataset(small_model(), samples(6), LAYERS, output_dir=tmp_path / "e", progress="loud")
+
+
+def test_progress_bar_with_tqdm(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str], shown_at_once: None) -> None:
+    pytest.importorskip("tqdm")
+    from torchlens_core.ir import progress
+
+    monkeypatch.setattr(progress, "_interactive", lambda stream: True)  # a terminal: tqdm's bar, not lines
     tl.extract_dataset(small_model(), samples(6), LAYERS, batch_size=4, output_dir=tmp_path / "a")
     err = capsys.readouterr().err
-    assert "extract_dataset: 4/6 samples" in err and "extract_dataset: 6/6 samples" in err
-    tl.extract_dataset(small_model(), samples(6), LAYERS, batch_size=4, output_dir=tmp_path / "b", progress=False)
-    assert capsys.readouterr().err == ""
-    # Resumed, batches written before count once: known up front for a sequence, passed over for an iterator.
-    for name, dataset in (("seq", Images(samples(10), fail_at=5)), ("iter", stopping(samples(10), 5))):
-        with pytest.raises((KeyboardInterrupt, RuntimeError)):
-            tl.extract_dataset(small_model(), dataset, LAYERS, batch_size=2, output_dir=tmp_path / name)
-        capsys.readouterr()
-        rerun = samples(10) if name == "seq" else iter(samples(10))
-        tl.extract_dataset(small_model(), rerun, LAYERS, batch_size=2, output_dir=tmp_path / name)
-        last = capsys.readouterr().err.strip().splitlines()[-1]
-        assert last.startswith("extract_dataset: 10/10 samples" if name == "seq" else "extract_dataset: 10 samples")
-
-
-def test_progress_bar_with_tqdm(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("tqdm")
-    tl.extract_dataset(small_model(), samples(6), LAYERS, batch_size=4, output_dir=tmp_path / "a")
-    assert "6/6" in capsys.readouterr().err
+    assert "tl.extract_dataset" in err and "4/6" in err and "samples/s" not in err
 
 
 # -- the hook ---------------------------------------------------------------------------------------

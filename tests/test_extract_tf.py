@@ -51,7 +51,7 @@ def submodel(model: Any, name: str) -> Any:
     return keras.Model(model.inputs[0], model.get_layer(name).output)
 
 
-def Images(data: Any, fail_at: int | None = None) -> CountingSamples:  # noqa: N802 - reads as the dataset it makes
+def Images(data: Any, fail_at: int | None = None) -> CountingSamples:
     """A map-style dataset of tensors that counts its reads and can break at a given sample."""
     return CountingSamples(data, fail_at, tf.constant)
 

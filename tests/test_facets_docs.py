@@ -19,7 +19,7 @@ def test_the_facets_page_runs_as_written(capsys: pytest.CaptureFixture[str]) -> 
     assert len(blocks) == 4
     namespace: dict = {}
     for block in blocks:
-        exec(compile(block, str(DOC), "exec"), namespace)  # noqa: S102 - the project's own page
+        exec(compile(block, str(DOC), "exec"), namespace)
     printed = capsys.readouterr().out
     # the save= example prints the error, which names the op that holds q and what to do
     assert re.search(r"reads identity_\d+_\d+, whose value save= left out: capture with a save= that also picks",

@@ -48,7 +48,7 @@ def test_a_fork_replays_and_reruns_its_edits_and_leaves_the_trace_alone(resnet: 
     log = tl.trace(resnet, x, intervention_ready=True)
     before = [(op.label, op.edits) for op in log.ops]
     fork = log.fork().when(tl.module("layer2"), tl.scale(-1.0)).when(tl.label("relu_1_3"), tl.clamp(max=0.5))
-    edit_layer2 = lambda out: -out  # noqa: E731
+    edit_layer2 = lambda out: -out
 
     def by_hand(v: Any) -> Any:
         handles = [resnet.layer2.register_forward_hook(lambda m, a, out: edit_layer2(out)),

@@ -52,7 +52,22 @@ def test_public_api() -> None:
         "MergeReport", "RankFinding", "RankMergeError", "distributed", "merge_ranks", "merge_report",
         "view",
         "DrawingTooLargeError", "LargeDrawingWarning",
+        "ArgumentTypeError", "ExtractError", "FieldError", "GraphvizNotFoundError", "MissingDependencyError",
+        "OutputPathError", "PatternError",
     ])
+
+
+def test_every_error_torchlens_raises_is_importable_from_torchlens() -> None:
+    """A user catches what tl.* raises with tl.<Name>: no error class of the core is left unexported."""
+    import inspect
+
+    from torchlens_core.ir import errors
+
+    raised = {name for name, cls in vars(errors).items()
+              if inspect.isclass(cls) and issubclass(cls, (errors.TorchLensError, Warning)) and cls.__module__ ==
+              errors.__name__ and not name.startswith("_")}
+    missing = sorted(name for name in raised if getattr(tl, name, None) is not getattr(errors, name))
+    assert not missing, f"export these from torchlens/__init__.py: {missing}"
 
 
 def test_backends_lists_builtins_with_capabilities() -> None:

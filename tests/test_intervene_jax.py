@@ -625,3 +625,59 @@ def test_backend_declares_intervene_and_splice() -> None:
     listed = {b["name"]: b for b in tl.backends()}["jax"]
     assert {"intervene", "splice"} <= set(listed["capabilities"])
     assert hook().torchlens_array_ops(backend="jax") is ARRAY_OPS
+
+
+class KeepsItsOutputForAJit(nnx.Module):
+    """Reads the array it kept inside a jitted function of its own: a read inside a sub-program."""
+
+    def __init__(self, rngs: Any) -> None:
+        self.store = types.SimpleNamespace()
+        self.block = Keeps(rngs, self.store)
+
+    def __call__(self, x: Any) -> Any:
+        out = self.block(x) * 3.0
+        return jax.jit(lambda a, kept: a - kept)(out, self.store.last)
+
+
+def test_a_kept_edited_output_read_inside_a_jitted_function_is_refused() -> None:
+    model, x = KeepsItsOutputForAJit(nnx.Rngs(9)), jax.random.normal(jax.random.key(9), (3, 4))
+    y = np.asarray(jax.nn.relu(model.block.fc(x)))
+    close(np.asarray(model(x)), 2.0 * y)
+    with pytest.raises(tl.InterventionError, match=r"block:1 handed .* itself"):
+        tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))
+    # the edit made on the op itself reaches both reads, inside the jitted function too
+    close(audited(tl.trace(model, x, intervene=tl.when(tl.label("max_1_4:1"), tl.scale(-2.0)))).output, -4.0 * y)
+
+
+class ReturnsTwice(nnx.Module):
+    def __init__(self, rngs: Any) -> None:
+        self.fc = nnx.Linear(4, 4, rngs=rngs)
+
+    def __call__(self, x: Any) -> Any:
+        y = self.fc(x)
+        return y, y
+
+
+class ReadsBoth(nnx.Module):
+    def __init__(self, rngs: Any) -> None:
+        self.twice = ReturnsTwice(rngs)
+
+    def __call__(self, x: Any) -> Any:
+        a, b = self.twice(x)
+        return a * b + a
+
+
+def test_a_value_a_module_returns_twice_is_edited_once_at_its_module_site() -> None:
+    model, x = ReadsBoth(nnx.Rngs(4)), jax.random.normal(jax.random.key(4), (3, 4))
+    e = np.asarray(model.twice.fc(x)) + 1.0  # a hook edits the one array once and returns it twice
+    calls: list[Any] = []
+
+    def plus_one(value: Any, site: Any) -> Any:
+        calls.append(site)
+        return value + 1.0
+
+    traced = tl.trace(model, x, intervene=tl.when(tl.module("twice"), plus_one))
+    assert len(calls) == 1  # one op's value: one call of the helper
+    close(traced.output, e * e + e)
+    close(traced.replay(x), e * e + e)  # replay applies the edit once too, as the capture did
+    audited(traced)

@@ -18,13 +18,13 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("torchlens_numpy")
-import numpy as np  # noqa: E402
-from thread_checks import ROUNDS, raised, run_together  # noqa: E402
+import numpy as np
+from thread_checks import ROUNDS, raised, run_together
 
-import torchlens as tl  # noqa: E402
-from torchlens_numpy import zoo  # noqa: E402
-from torchlens_numpy.arrays import ARRAY_OPS  # noqa: E402
-from torchlens_numpy.capture import Tracked  # noqa: E402
+import torchlens as tl
+from torchlens_numpy import zoo
+from torchlens_numpy.arrays import ARRAY_OPS
+from torchlens_numpy.capture import Tracked
 
 
 def trace(fn, *args, **kwargs) -> tl.Trace:

@@ -320,7 +320,7 @@ class _KeepsItsOutput(nn.Module):
         if self.catch:  # a model that swallows errors: the capture must fail all the same
             try:
                 return out + self.block.last
-            except Exception:
+            except Exception:  # noqa: BLE001 - the model under test swallows every error
                 return out
         return out + self.block.last
 
@@ -367,3 +367,50 @@ def test_save_and_halt_keep_working_with_edits(resnet: Any, inputs: Any) -> None
         for h in hooks:
             h.remove()
     assert torch.equal(halted["layer2"].out, seen["out"])
+
+
+class _ReturnsTwice(torch.nn.Module):
+    """A module returning one tensor twice, as a tuple (an encoder giving its state as output and cache)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.fc(x)
+        return y, y
+
+
+class _ReadsBoth(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.twice = _ReturnsTwice()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.twice(x)
+        return a * b + a
+
+
+def test_a_value_a_module_returns_twice_is_edited_once_at_its_module_site() -> None:
+    torch.manual_seed(4)
+    model, x = _ReadsBoth(), torch.randn(3, 4)
+    seen: list[Any] = []
+
+    def plus_one(value: Any, site: Any) -> Any:
+        seen.append(site)
+        return value + 1.0
+
+    def hook(module: Any, args: Any, out: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        edited = out[0] + 1.0  # a forward hook edits the one tensor once, and returns it twice
+        return edited, edited
+
+    handle = model.twice.register_forward_hook(hook)
+    with torch.no_grad():
+        expected = model(x)
+    handle.remove()
+    with torch.no_grad():
+        traced = tl.trace(model, x, intervene=tl.when(tl.module("twice"), plus_one))
+    assert len(seen) == 1  # one op's value: one call of the helper
+    assert torch.equal(traced.output, expected)
+    assert torch.equal(traced.replay(x), expected)  # replay applies the edit once too, as the capture did
+    assert traced.audit()

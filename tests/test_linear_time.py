@@ -35,6 +35,7 @@ class Deep(nn.Module):
 
 
 def _trace(seed: int = 0, blocks: int = 40, jitter: float = 0.0) -> tl.Trace:
+    """``Deep(blocks)`` on one fixed input; another ``seed`` gives other weights from the first layer on."""
     torch.manual_seed(seed)
     model = Deep(blocks).eval()
     if jitter:
@@ -113,3 +114,92 @@ def test_gaps_on_demand_are_the_dense_gaps():
             expected = np.flatnonzero(dense[k] <= limit)
             assert near.tolist() == expected.tolist(), (k, limit)
             assert np.array_equal(found, dense[k, expected])
+
+
+def _dense_best_pairs(score: np.ndarray) -> list[tuple[int, int]]:
+    """The reference: the order-preserving alignment with free gaps over the whole matrix (Needleman-Wunsch), as
+    the aligner ran it before it kept only the live cells."""
+    n, m = score.shape
+    total = np.zeros((n + 1, m + 1))
+    for i in range(1, n + 1):
+        prev = total[i - 1]
+        total[i, 1:] = np.maximum.accumulate(np.maximum(prev[1:], prev[:-1] + score[i - 1]))
+    pairs, i, j = [], n, m
+    while i > 0 and j > 0:
+        if total[i, j] == total[i - 1, j]:
+            i -= 1
+        elif total[i, j] == total[i, j - 1]:
+            j -= 1
+        else:
+            pairs.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+    return pairs[::-1]
+
+
+def test_best_pairs_over_live_cells_is_the_dense_alignment_tie_for_tie():
+    rng = np.random.default_rng(0)
+    for trial in range(600):
+        n, m = (int(v) for v in rng.integers(0, 40, 2))
+        # the scores the aligner builds (sums of a few evidence weights): many ties, which the walk back must break
+        # as the dense table's does; and arbitrary ones
+        values = rng.choice([3.0, 3.5, 4.0, 5.0, 6.5, 7.0], (n, m)) if trial % 2 else rng.uniform(3, 9, (n, m))
+        score = np.where(rng.random((n, m)) < rng.choice([0.05, 0.3, 0.8]), values, evidence.NO_PAIR)
+        cells = evidence.Cells.from_dense(score)
+        assert len(cells) == int((score > evidence.NO_PAIR).sum())
+        assert evidence.best_pairs(cells) == _dense_best_pairs(score), trial
+
+
+def _left(aligner: align.Aligner) -> tuple[list[int], list[int]]:
+    """The points the structural step aligns: those the value pass left unpaired, as _structural_pairs picks them."""
+    return ([k for k in range(len(aligner.pa)) if k not in aligner.b_of_a and not aligner._relaid("a", k)],
+            [c for c in range(len(aligner.pb)) if c not in aligner.a_of_b and not aligner._relaid("b", c)])
+
+
+def test_structural_candidates_are_the_live_cells_of_the_dense_matrix():
+    """Two traces that diverge at the first layer (other weights): almost nothing pairs by value, and the cells
+    found through the indexes are every cell of the dense score matrix the frontier filter keeps, score for score."""
+    a, b = _trace(seed=0, blocks=12), _trace(seed=1, blocks=12)
+    aligner = align.Aligner(a, b, points(a), points(b), None, None)
+    aligner._value_pairs()
+    left_a, left_b = _left(aligner)
+    assert len(left_a) > 0.8 * len(aligner.pa) and len(left_b) > 0.8 * len(aligner.pb)  # diverged early
+    fb = {c: aligner._canon(aligner._mapped(aligner._frontier_b(aligner.pb[c].index))) for c in left_b}
+    cells = aligner._candidates(left_a, left_b, {}, fb)
+    sa, sb = [aligner.pa[k] for k in left_a], [aligner.pb[c] for c in left_b]
+    dense = evidence.scores(sa, sb, evidence.fingerprint_gaps(sa, sb), aligner._keys)
+    for x, k in enumerate(left_a):
+        frontier = aligner._canon(aligner._frontier_a(aligner.pa[k].index, {}))
+        inputs = [a.ops[aligner.pa[k].index].kind == "input" and b.ops[aligner.pb[c].index].kind == "input"
+                  for c in left_b]
+        keep = [frontier & fb[c] or inputs[y] for y, c in enumerate(left_b)]
+        expected = np.flatnonzero((dense[x] > evidence.NO_PAIR) & np.array(keep, dtype=bool))
+        ys, values = cells.row(x)
+        assert ys.tolist() == expected.tolist(), x
+        assert np.array_equal(values, dense[x, expected])
+    assert 0 < len(cells) < len(left_a) * len(left_b) / 4
+
+
+def test_early_divergence_builds_no_matrix_over_every_pair_of_ops(monkeypatch):
+    """The structural step's largest score matrix stays bounded as the traces grow; it was every unpaired op of
+    ``a`` by every unpaired op of ``b`` (quadratic: 50,000 ops diverging at the first layer made 20 GB)."""
+    largest: dict[int, int] = {}
+    areas: list[int] = []
+
+    def counted(x, y, *args, **kwargs):
+        areas.append(len(x) * len(y))
+        return evidence.scores(x, y, *args, **kwargs)
+
+    monkeypatch.setattr(align, "scores", counted)
+    for blocks in (16, 48):
+        a, b = _trace(seed=0, blocks=blocks), _trace(seed=1, blocks=blocks)
+        areas.clear()
+        cmp = tl.compare(a, b)
+        # the first linear layer is the first op whose weights differ: where the divergence starts
+        assert cmp.first_divergence is not None and cmp.first_divergence.a == "linear_1_1"
+        assert [p.verdict for p in cmp.pairs[:2]] == ["agrees", "diverges"]  # the input, then the first linear
+        largest[len(a)] = max(areas)
+    (small, area_small), (large, area_large) = sorted(largest.items())
+    assert large > 2.5 * small
+    # linear at most: the old code's grew with the square (about (large / small) ** 2 = 8.7 times here)
+    assert area_large <= area_small * large / small
+    assert area_large <= align.BLOCK + large

@@ -131,7 +131,7 @@ def test_detailed_op_print_matches_the_seed_layout(alexnet_trace):
     assert ("Params: computed from params with shape (384, 192, 3, 3), (384,); "
             "663,936 params total (2.5 MB), 663,936 trainable") in text
     assert "Computed inside module: features.6:1" in text
-    assert "Config: stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1" in text
+    assert "Config: out_channels=384, in_channels=192, kernel_size=(3, 3), padding=(1, 1)" in text  # the module's
     assert "Time elapsed: " in text
     assert lines[-1] == ("    Lookup keys: -17, 7, conv2d_3, conv2d_3:1, conv2d_3_7, conv2d_3_7:1, "
                          "features.6, features.6:1")

@@ -16,11 +16,11 @@ import threading
 import pytest
 
 pytest.importorskip("torchlens_numpy")
-import numpy as np  # noqa: E402
+import numpy as np
 
-import torchlens as tl  # noqa: E402
-from torchlens_core.ir.errors import UnsupportedError  # noqa: E402
-from torchlens_numpy import zoo  # noqa: E402
+import torchlens as tl
+from torchlens_core.ir.errors import UnsupportedError
+from torchlens_numpy import zoo
 
 X = np.array([[0.5, 1.5, 2.3, 0.25], [1.0, 0.75, 2.0, 0.125], [0.5, 0.5, 1.25, 1.75]])
 KEEPS_ABOVE_ONE = np.where(X > 1, X * 1.5, X * 0.5)  # the same elements above 1 as X

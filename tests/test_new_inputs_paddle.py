@@ -28,7 +28,7 @@ X_NP = np.array([[0.5, 1.5, 2.3, 0.25], [1.0, 0.75, 2.0, 0.125], [0.5, 0.5, 1.25
 TABLE = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 110.0, 120.0]  # a plain Python list
 
 
-def P(a: Any) -> Any:  # noqa: N802 - a tensor from NumPy data
+def P(a: Any) -> Any:
     return paddle.to_tensor(np.asarray(a, dtype=np.float32))
 
 

@@ -20,17 +20,17 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tinygrad")
-from tinygrad import Tensor, nn  # noqa: E402
+from tinygrad import Tensor, nn
 
-import torchlens as tl  # noqa: E402
-from torchlens_core.ir.errors import ArgumentTypeError, UnsupportedError  # noqa: E402
-from torchlens_tinygrad import capture, zoo  # noqa: E402
+import torchlens as tl
+from torchlens_core.ir.errors import ArgumentTypeError, UnsupportedError
+from torchlens_tinygrad import capture, zoo
 
 X_NP = np.array([[0.5, 1.5, 2.3, 0.25], [1.0, 0.75, 2.0, 0.125], [0.5, 0.5, 1.25, 1.75]], dtype=np.float32)
 TABLE = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 110.0, 120.0]  # a plain Python list
 
 
-def T(a: Any) -> Tensor:  # noqa: N802 - a realized tensor from NumPy data
+def T(a: Any) -> Tensor:
     return Tensor(np.asarray(a, dtype=np.float32)).realize()
 
 

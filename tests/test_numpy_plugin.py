@@ -10,12 +10,12 @@ import sys
 import pytest
 
 pytest.importorskip("torchlens_numpy")
-import numpy as np  # noqa: E402
+import numpy as np
 
-import torchlens as tl  # noqa: E402
-from torchlens_core.backend.manager import claim_backend, hook  # noqa: E402
-from torchlens_numpy import zoo  # noqa: E402
-from torchlens_numpy.arrays import array_error, array_info  # noqa: E402
+import torchlens as tl
+from torchlens_core.backend.manager import claim_backend, hook
+from torchlens_numpy import zoo
+from torchlens_numpy.arrays import array_error, array_info
 
 W = np.arange(12.0).reshape(3, 4) / 10  # a constant of the traced functions below
 

@@ -11,14 +11,14 @@ import threading
 import pytest
 
 pytest.importorskip("torchlens_numpy")
-import numpy as np  # noqa: E402
-from thread_checks import run_together  # noqa: E402
+import numpy as np
+from thread_checks import run_together
 
-import torchlens as tl  # noqa: E402
-from torchlens_core.backend.array_ops import NumpyArrayOps  # noqa: E402
-from torchlens_core.backend.base import Backend, hooks_of  # noqa: E402
-from torchlens_core.capture.sites import CallSites  # noqa: E402
-from torchlens_core.capture.threads import SharedPatch, shared_patch  # noqa: E402
+import torchlens as tl
+from torchlens_core.backend.array_ops import NumpyArrayOps
+from torchlens_core.backend.base import Backend, hooks_of
+from torchlens_core.capture.sites import CallSites
+from torchlens_core.capture.threads import SharedPatch, shared_patch
 
 
 class Greeter:

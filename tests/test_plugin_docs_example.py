@@ -28,7 +28,7 @@ def _example() -> str:
 
 
 @pytest.fixture
-def tiny(tmp_path: pathlib.Path):  # noqa: ANN201 - yields the example's module, registered as a backend
+def tiny(tmp_path: pathlib.Path):
     from torchlens_core.backend.manager import plugin_manager
 
     (tmp_path / "tiny_backend.py").write_text(_example())
@@ -45,7 +45,7 @@ def tiny(tmp_path: pathlib.Path):  # noqa: ANN201 - yields the example's module,
         sys.modules.pop("tiny_backend", None)
 
 
-def test_the_example_traces_its_model_faithfully(tiny) -> None:  # noqa: ANN001
+def test_the_example_traces_its_model_faithfully(tiny) -> None:
     import torchlens as tl
 
     model, (x,), _ = tiny._build_mlp()
@@ -68,11 +68,11 @@ def test_the_example_traces_its_model_faithfully(tiny) -> None:  # noqa: ANN001
     np.testing.assert_array_equal(trace.replay().data, model(x).data)
 
 
-def test_the_example_leaves_the_framework_as_it_was_after_an_error(tiny) -> None:  # noqa: ANN001
+def test_the_example_leaves_the_framework_as_it_was_after_an_error(tiny) -> None:
     import torchlens as tl
 
     class Broken(tiny.Module):
-        def forward(self, x):  # noqa: ANN001, ANN202
+        def forward(self, x):
             tiny.call("relu", x)
             raise RuntimeError("inside the model")
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import attrs
 import pytest
+from doc_checks import expectations, fits
 from readme_session import run_session
 
 pytest.importorskip("torch")
@@ -69,15 +70,6 @@ def fenced_blocks(text: str) -> list[Block]:
     return blocks
 
 
-def expectations(code: str) -> dict[int, str]:
-    """Line (in the block) -> the EXPECTED of a ``# ... -> EXPECTED`` comment on it."""
-    found = {}
-    for token in tokenize.generate_tokens(io.StringIO(code).readline):
-        if token.type == tokenize.COMMENT and "-> " in token.string:
-            found[token.start[0]] = token.string.split("-> ", 1)[1].strip()
-    return found
-
-
 def unchecked_figures(code: str) -> list[str]:
     """Comments that state a number outside an expectation (``SHA-256``, ``conv2d``: names, not figures)."""
     found = []
@@ -87,12 +79,6 @@ def unchecked_figures(code: str) -> list[str]:
             if re.search(r"(?<![\w-])\d", description):
                 found.append(token.string)
     return found
-
-
-def fits(expected: str, output: str) -> bool:
-    """``output`` (one statement's) is ``expected``, with ``...`` matching any text."""
-    pattern = ".*".join(re.escape(part) for part in expected.split("..."))
-    return re.fullmatch(pattern, output.strip(), flags=re.DOTALL) is not None
 
 
 # -- running it -------------------------------------------------------------------------------

@@ -14,13 +14,13 @@ import pytest
 
 pytest.importorskip("torchlens_numpy")
 
-import torchlens as tl  # noqa: E402
-import torchlens_numpy.capture as numpy_capture  # noqa: E402
-from torchlens_core.backend.manager import hook  # noqa: E402
-from torchlens_core.capture.builder import TraceBuilder  # noqa: E402
-from torchlens_core.ir.records import CodeLocation, ParamRecord, ParamRef, Ref  # noqa: E402
-from torchlens_core.ir.schema import shape_problem  # noqa: E402
-from torchlens_core.store.encoding import Decoder, Encoder  # noqa: E402
+import torchlens as tl
+import torchlens_numpy.capture as numpy_capture
+from torchlens_core.backend.manager import hook
+from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.ir.records import CodeLocation, ParamRecord, ParamRef, Ref
+from torchlens_core.ir.schema import shape_problem
+from torchlens_core.store.encoding import Decoder, Encoder
 
 
 def two_outputs(x):

@@ -270,6 +270,126 @@ def test_record_refuses_save_to(tmp_path: pathlib.Path) -> None:
         tl.options.CaptureOptions(save_to=tmp_path / "t", record=True)
 
 
+class Reshaping(nn.Module):
+    """Values of shapes (2, 8) and (4, 4): the same bytes, so two rows of the array table can trade shapes."""
+
+    def forward(self, x: Any) -> Any:
+        h = torch.tanh(x) * 2.0
+        return h.reshape(4, 4).exp()
+
+
+def test_a_value_file_changed_after_a_lazy_load_is_refused_naming_the_op(tmp_path: pathlib.Path) -> None:
+    """arrays.bin copied over (another trace's, larger) or truncated in place after tl.load(lazy=True): every
+    read raises a TraceFileError naming the op and the fix, never another array; the values before the change
+    are those of an eager load."""
+    import shutil
+
+    torch.manual_seed(0)
+    small, big = nn.Sequential(nn.Linear(4, 3), nn.ReLU()), nn.Sequential(nn.Linear(4, 64), nn.ReLU())
+    x = torch.randn(2, 4)
+    tl.trace(small, x, save_to=tmp_path / "a")
+    tl.trace(big, x, save_to=tmp_path / "b")
+    eager = tl.load(tmp_path / "a")
+    for change in ("copied over", "truncated"):
+        lazy = tl.load(tmp_path / "a", lazy=True)
+        ops = [op for op in lazy.ops if op.kind == "op"]
+        assert [op.func_name for op in ops] == ["linear", "relu"]
+        assert all(torch.equal(op.out, eager[op.label].out) for op in ops)
+        arrays = tmp_path / "a" / "arrays.bin"
+        if change == "copied over":
+            shutil.copyfile(tmp_path / "b" / "arrays.bin", arrays)  # the same file, rewritten
+            assert arrays.stat().st_size > len(lazy.ops) * 64
+        else:
+            os.truncate(arrays, arrays.stat().st_size // 2)
+        for op in ops:  # (the first one's bytes may still be in place: refused all the same)
+            with pytest.raises(TraceFileError, match=rf"op {op.index} \({op.label}\).*arrays.bin was changed "
+                                                     r".*save the trace again \(tl.save"):
+                op.out  # noqa: B018
+        shutil.rmtree(tmp_path / "a")
+        tl.trace(small, x, save_to=tmp_path / "a")  # the same trace again, for the next change
+        eager = tl.load(tmp_path / "a")
+
+
+def test_a_value_of_another_shape_than_its_record_is_refused_when_read(tmp_path: pathlib.Path) -> None:
+    """A folder whose array table gives an op's value another shape than the op's record (its manifest made to
+    match): tl.load refuses it, and so does a lazy read of that value, naming the op."""
+    import hashlib
+    import json
+
+    x = torch.randn(2, 8)
+    t = tl.trace(Reshaping(), x, save_to=tmp_path / "t")
+    records = json.loads((tmp_path / "t" / "trace.json").read_text())
+    rows = {o["func_name"]: records["arrays"][o["out"]["array"]] for o in records["ops"] if o["kind"] == "op"}
+    assert (rows["tanh"]["shape"], rows["reshape"]["shape"]) == ([2, 8], [4, 4])
+    rows["tanh"]["shape"], rows["reshape"]["shape"] = [4, 4], [2, 8]
+    text = json.dumps(records).encode()
+    (tmp_path / "t" / "trace.json").write_bytes(text)
+    manifest = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    manifest["files"]["trace.json"] = {"size": len(text), "sha256": hashlib.sha256(text).hexdigest()}
+    (tmp_path / "t" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TraceFileError, match="its record says"):
+        tl.load(tmp_path / "t")
+    lazy = tl.load(tmp_path / "t", lazy=True)
+    op = next(op for op in lazy.ops if op.func_name == "tanh")
+    assert tuple(t[op.label].out.shape) == (2, 8)
+    with pytest.raises(TraceFileError, match=rf"op {op.index} \({op.label}\).*shape \(4, 4\), its record says "
+                                             r"\(2, 8\).*save the trace again"):
+        op.out  # noqa: B018
+
+
+class Chain(nn.Module):
+    def forward(self, x: Any) -> Any:
+        for _ in range(30):
+            x = x * 1.0001 + 0.5
+        return x.sum()
+
+
+def test_saving_a_lazy_trace_reads_one_value_at_a_time(tmp_path: pathlib.Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """tl.save of a trace whose values lie in a folder copies them one at a time: of the 61 values read from
+    the file, at most one is alive at once (the old save held every one until the file was written). The copy
+    loads with the values of the original; saved onto the folder it reads from, it still reads; a save that
+    fails leaves the folder it was to replace as it was."""
+    import gc
+    import weakref
+
+    from torchlens_core.store import stream
+
+    x = torch.randn(64, 64)
+    t = tl.trace(Chain(), x, save_to=tmp_path / "src")
+    lazy = tl.load(tmp_path / "src", lazy=True)
+    alive, most = [0], [0]
+    raw = stream.LazyDecoder.raw
+
+    def counted(self: Any, entry: Any, storage: Any) -> Any:
+        array = raw(self, entry, storage)
+        if array.size > 1:  # (a value, not the sum's scalar)
+            alive[0] += 1
+            most[0] = max(most[0], alive[0])
+            weakref.finalize(array, lambda: alive.__setitem__(0, alive[0] - 1))
+        return array
+
+    monkeypatch.setattr(stream.LazyDecoder, "raw", counted)
+    gc.collect()
+    tl.save(lazy, tmp_path / "copy")
+    gc.collect()
+    assert most[0] == 1 and alive[0] == 0
+    copy = tl.load(tmp_path / "copy")
+    values = [op for op in t.ops if op.kind == "op"]
+    assert len(values) == 61
+    for op in values:
+        assert torch.equal(copy[op.label].out, t[op.label].out)
+    tl.save(lazy, tmp_path / "src")  # onto the folder it reads: written beside it, swapped in
+    assert torch.equal(lazy.ops[-2].out, t.ops[-2].out) and torch.equal(tl.load(tmp_path / "src").ops[-2].out,
+                                                                       t.ops[-2].out)
+    lazy = tl.load(tmp_path / "src", lazy=True)
+    os.truncate(tmp_path / "src" / "arrays.bin", 4096)
+    with pytest.raises(TraceFileError, match="arrays.bin was changed"):
+        tl.save(lazy, tmp_path / "copy")
+    assert torch.equal(tl.load(tmp_path / "copy").ops[-2].out, t.ops[-2].out)  # the copy as it was
+    assert sorted(os.listdir(tmp_path)) == ["copy", "src"]  # nothing left beside it
+
+
 CHILD = textwrap.dedent('''
     import os, resource, sys
     import torch, torchlens as tl

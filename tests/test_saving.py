@@ -9,11 +9,11 @@ import random
 import pytest
 
 pytest.importorskip("torchlens_numpy")
-import numpy as np  # noqa: E402
-from saving_checks import rehash, same_values, views  # noqa: E402
+import numpy as np
+from saving_checks import rehash, same_values, views
 
-import torchlens as tl  # noqa: E402
-from torchlens_core.store import saving  # noqa: E402
+import torchlens as tl
+from torchlens_core.store import saving
 
 W = np.arange(12.0).reshape(3, 4) / 10
 

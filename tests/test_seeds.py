@@ -174,7 +174,47 @@ def test_readme_metadata_block(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert out.startswith("Layer conv2d_3_7, operation 7/22:\n")
     assert "Lookup keys: -17, 7, conv2d_3, conv2d_3:1, conv2d_3_7, conv2d_3_7:1, features.6, features.6:1" in out
+    assert "    Config: out_channels=384, in_channels=192, kernel_size=(3, 3), padding=(1, 1)\n" in out  # as printed
+    assert log['maxpool2d_2_6'].label == log['conv2d_3_7'].parents[0]  # the seed's name for the parent
+    assert log['conv2d_3_7'].dtype == torch.float32  # the seed prints dtype=torch.float32
     assert loc.file == models.AlexNet.forward.__code__.co_filename and loc.func_name == "forward"
     assert out.splitlines()[-1] == f"{loc.file} {loc.line_number} forward"
     assert len(df) == 24 and len(params_df) == 16 and len(modules_df) == len(log.modules)
     assert "Forward FLOPs: 1.4 GFLOPs" in log.summary()
+
+
+def test_readme_interventions_block() -> None:
+    import torch
+    import torchvision.models as models
+
+    import torchlens as tl
+
+    model = models.alexnet(weights=None)
+    x = torch.randn(1, 3, 224, 224)
+
+    # Zero-ablate all relu activations inline during capture
+    ablated = tl.trace(model, x, save=tl.func('relu'),
+                       intervene=tl.when(tl.func('relu'), tl.zero_ablate()))
+    assert ablated['relu_1_2'].out.abs().max() == 0  # tensor(0.)
+
+    # Scale relus to 50%
+    scaled = tl.trace(model, x, save=tl.func('relu'),
+                      intervene=tl.when(tl.func('relu'), tl.scale(0.5)))
+    assert len(scaled.interventions) == 7
+
+    # log.fork() + log.replay() / log.rerun(model, x), with intervention_ready=True
+    log = tl.trace(model, x, intervention_ready=True)
+    fork = log.fork().when(tl.func('relu'), tl.zero_ablate())
+    torch.manual_seed(1)
+    rerun = log.rerun(model, x)
+    torch.manual_seed(1)  # AlexNet is in training mode: its dropouts draw the same masks again
+    expected = model(x)
+    assert torch.equal(rerun.output, expected) and rerun.notes["intervention_ready"]
+    torch.manual_seed(1)
+    assert fork.rerun(model, x)['relu_1_2'].out.abs().max() == 0
+
+    clean_log = tl.trace(model, x, save=tl.func('relu'))
+    patched_log = tl.trace(model, x, save=tl.func('relu'),
+                           intervene=tl.when(tl.func('relu'), tl.zero_ablate()))
+    bundle = tl.bundle({'clean': clean_log, 'patched': patched_log}, baseline='clean')
+    assert "patched" in str(bundle.compare_at('relu_1_2'))   # one site; a multi-site selector must resolve uniquely

@@ -8,10 +8,10 @@ import threading
 import pytest
 
 pytest.importorskip("torchlens_numpy")
-import numpy as np  # noqa: E402
-from thread_checks import ROUNDS, beside_plain_calls, run_together, same_trace, same_value  # noqa: E402
+import numpy as np
+from thread_checks import ROUNDS, beside_plain_calls, run_together, same_trace, same_value
 
-import torchlens as tl  # noqa: E402
+import torchlens as tl
 
 W = np.linspace(-1.0, 1.0, 64).reshape(8, 8)
 

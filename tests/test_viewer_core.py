@@ -10,6 +10,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,45 @@ def test_what_has_no_numbers_has_no_picture() -> None:
     assert pictures.picture(np.array([3 + 4j]))["stats"]["max"] == 5.0  # complex: the magnitude
 
 
+def test_pictures_of_stacked_values_are_each_values_own_to_the_bit() -> None:
+    """pictures() stacks small values by shape and dtype; every number must be picture()'s for that value alone
+    (JSON text compared, so -0.0 and the last bit count), whichever path a value takes: finite or not, equal
+    values, spreads too narrow for the bins, denormal and huge ones, integers, booleans, several windows."""
+    rng = np.random.default_rng(0)
+    values = []
+    for shape in [(), (1,), (9,), (2, 16), (3, 5), (1, 33), (40, 2), (2, 3, 4, 5), (129,), (4096,), (64, 64)]:
+        for dtype in (np.float32, np.float64, np.float16, np.int8, np.bool_):
+            for kind in range(9):
+                a = rng.normal(size=shape) * 10 ** rng.uniform(-4, 4)
+                coin = rng.random(shape) < 0.5
+                a = [a, np.full(shape, rng.normal()), np.round(a), np.where(coin, 1.0, np.nextafter(1.0, 2.0)),
+                     a * 1e-310, np.where(coin, 1e308, -1e308), -np.zeros(shape), a, a][kind]
+                a = np.array(a, dtype=np.float64)
+                if kind == 7 and a.size:
+                    a.flat[0] = np.nan
+                if kind == 8 and a.size:
+                    a.flat[-1] = -np.inf
+                with np.errstate(all="ignore"):
+                    values.append(a.astype(dtype))
+    values += [np.array([1 + 2j, 3j]), np.array(["a"]), np.zeros((0, 3))]
+    items = [(i, ("out", 1) if i % 3 == 0 else None, v) for i, v in enumerate(values)]
+    for budget, window in ((0, pictures.STACK_ELEMENTS), (3000, 500), (1 << 30, pictures.STACK_ELEMENTS)):
+        expected, spent = {}, 0
+        with np.errstate(all="ignore"):
+            for key, path, value in items:
+                one = pictures.picture(value, with_heatmap=spent < budget)
+                if one is not None:
+                    if path:
+                        one["path"] = list(map(str, path))
+                    spent += sum(len(s["data"]) for s in one.get("heatmaps", {}).get("slices", []))
+                    expected[key] = one
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(pictures, "STACK_ELEMENTS", window)
+                found = pictures.pictures(iter(items), budget)
+        assert list(found) == list(expected)
+        assert [json.dumps(found[k]) for k in found] == [json.dumps(expected[k]) for k in expected]
+
+
 # -- the page's text ----------------------------------------------------------------------------
 def test_text_that_would_end_a_script_block_is_escaped() -> None:
     hostile = "</script><script>alert(1)</script>"
@@ -147,7 +187,7 @@ def test_the_command_line_in_a_browser(loaded: tl.Trace, tmp_path: pathlib.Path)
 def test_the_command_line_refuses_a_folder_that_is_not_a_trace(tmp_path: pathlib.Path) -> None:
     done = subprocess.run([sys.executable, "-m", "torchlens", "view", str(tmp_path), "-o", str(tmp_path / "x.html")],
                           capture_output=True, text=True)
-    assert done.returncode == 1
+    assert done.returncode == 2  # not done (1: done, and a check failed)
     assert "TraceFileError" in done.stderr and "tl.save" in done.stderr
     assert not (tmp_path / "x.html").exists()
 
@@ -193,14 +233,28 @@ def test_show_in_a_notebook_displays_the_page_in_an_iframe(loaded: tl.Trace, mon
     ipython = types.ModuleType("IPython")
     ipython.get_ipython = ZMQInteractiveShell  # type: ignore[attr-defined]
     display = types.ModuleType("IPython.display")
-    display.HTML = lambda text: ("HTML", text)  # type: ignore[attr-defined]
     display.display = shown.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "IPython", ipython)
     monkeypatch.setitem(sys.modules, "IPython.display", display)
     monkeypatch.setattr("webbrowser.open", lambda url: pytest.fail("a notebook opens no browser"))
     assert loaded.show() is None
-    [(kind, text)] = shown
+    [inline] = shown
+    text = inline._repr_html_()
     srcdoc = re.fullmatch(r'<iframe srcdoc="(.*)" style="[^"]*"></iframe>', text, re.S).group(1)
     assert '"' not in srcdoc
     page_text = html.unescape(srcdoc)
     assert page_text.startswith("<!DOCTYPE html>") and "<title>MLP (torch)</title>" in page_text
+
+
+@needs_dot
+def test_show_in_a_notebook_warns_nothing(loaded: tl.Trace, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """IPython's own display machinery: HTML() holding an iframe warns (use IFrame); show() must not."""
+    pytest.importorskip("IPython")
+    from torchlens_core import viewer
+
+    monkeypatch.setattr(viewer, "_in_notebook", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert loaded.show() is None
+    assert "_Inline" in capsys.readouterr().out  # outside a kernel, display() prints the object's plain repr

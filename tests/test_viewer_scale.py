@@ -8,7 +8,9 @@ bench/viewer_scale.py, not here.
 
 from __future__ import annotations
 
+import json
 import pathlib
+import re
 from typing import Any
 
 import pytest
@@ -211,6 +213,53 @@ def test_expand_all_and_a_layout_over_max_nodes(big: Any, chromium: Any, tmp_pat
         page.close()
     with pytest.raises(tl.TorchLensError, match="raise max_nodes"):
         tl.view(trace, tmp_path / "none.html", values=False, max_nodes=3)
+
+
+def test_exporting_does_work_per_stack_of_values_not_per_op(big: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linear export, checked by counting, not timing: the 5,002 values (all 2 x 8) are pictured stacked (one
+    NumPy call per step for all of them), none by the per-value histogram, whose NumPy calls were most of a
+    large export; and the cycle collector, which walks every object of the trace at each collection, does not
+    run while the page is built. A value with a NaN takes the per-value path, and the stacked pictures are the
+    per-value function's."""
+    import gc
+
+    import numpy as np
+
+    from torchlens_core.viewer import pictures, render_html
+
+    _, trace, _, _ = big
+    calls = {"histogram": 0, "collections": 0}
+    generations: list[int] = []
+    histogram = pictures.histogram
+
+    def counted(*args: Any) -> Any:
+        calls["histogram"] += 1
+        return histogram(*args)
+
+    def collected(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            calls["collections"] += 1
+            generations.append(info["generation"])
+
+    monkeypatch.setattr(pictures, "histogram", counted)
+    gc.collect()  # the allocation counts at zero: none sets a collection off before the export pauses it
+    gc.callbacks.append(collected)
+    try:
+        text = render_html(trace)
+    finally:
+        gc.callbacks.remove(collected)
+    # at most one, of the youngest objects, set off as the collector is switched back on at the end
+    assert calls["histogram"] == 0 and calls["collections"] <= 1 and set(generations) <= {0}
+    assert gc.isenabled()  # on again
+    op = trace["groups.3.stages.7.2.fc"]
+    found = re.search(f'<script id="tl-pictures-{op.index // 1000}" type="application/json">(.*?)</script>', text)
+    expected = pictures.picture(op.out.detach().numpy())
+    assert json.loads(found.group(1))[str(op.index)] == json.loads(json.dumps(expected))
+    calls["histogram"] = 0
+    values = [np.array([[1.0, np.nan], [2.0, 5.0]]), *(np.full((2, 2), float(i)) for i in range(3))]
+    found = pictures.pictures(((str(i), None, v) for i, v in enumerate(values)), 1 << 20)
+    assert calls["histogram"] == 1 and found["0"]["nonfinite"] == 1
+    assert [found[str(i)] for i in range(4)] == [pictures.picture(v) for v in values]
 
 
 class Small(torch.nn.Module):

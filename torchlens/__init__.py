@@ -25,14 +25,21 @@ from torchlens_core.compare.classes import register_equivalence
 from torchlens_core.compare.report import AlignedPair, Comparison, compare
 from torchlens_core.ir.errors import (
     ArchitectureChanged,
+    ArgumentTypeError,
     BackendNotFoundError,
     CaptureError,
     DrawingTooLargeError,
+    ExtractError,
+    FieldError,
     GraphDoesNotHold,
+    GraphvizNotFoundError,
     InterventionError,
     LabelNotFoundError,
     LargeDrawingWarning,
+    MissingDependencyError,
+    OutputPathError,
     PartialCoverage,
+    PatternError,
     PluginContractWarning,
     ReplayError,
     TorchLensError,
@@ -85,4 +92,6 @@ __all__ = [
     "when", "where", "zero_ablate",
     "FacetError", "Facets",
     "view",
+    "ArgumentTypeError", "ExtractError", "FieldError", "GraphvizNotFoundError", "MissingDependencyError",
+    "OutputPathError", "PatternError",
 ]

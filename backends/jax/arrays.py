@@ -35,7 +35,7 @@ def device_name(value: Any) -> str:
         device = value.device
         if not hasattr(device, "platform"):  # a sharding over several devices
             device = next(iter(value.devices()))
-    except Exception:  # a tracer, or an array already deleted
+    except Exception:  # noqa: BLE001 - a tracer, or an array already deleted
         return "unknown"
     return "cpu" if device.platform == "cpu" else f"{device.platform}:{device.id}"
 

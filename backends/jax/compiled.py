@@ -242,7 +242,7 @@ class ExecutableCache:
         with self.lock:
             try:
                 found = self.entries.get(key)
-            except Exception:  # a parameter whose == is not a plain bool (an array): never compiled
+            except Exception:  # noqa: BLE001 - a parameter whose == is not a plain bool (an array): never compiled
                 return None, False
             if found is not None:
                 self.entries.move_to_end(key)

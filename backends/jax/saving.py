@@ -57,9 +57,9 @@ def _all_primitives() -> dict[str, tuple[Any, bool]]:
     primitives (all of lax, random, prng, ad_util...); no name from a file
     reaches an import. A name two modules define differently is left out (it
     would be ambiguous)."""
-    import jax.lax  # noqa: F401 - loads the modules that define the primitives
-    import jax.nn  # noqa: F401
-    import jax.numpy  # noqa: F401
+    import jax.lax
+    import jax.nn
+    import jax.numpy
     import jax.random  # noqa: F401
     from jax.extend.core import Primitive
 

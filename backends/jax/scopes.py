@@ -222,7 +222,7 @@ def slot_template(value: Any) -> tuple[Any, list[Any], bool]:
 
     try:
         template = tree.map_leaves(to_slot, value)
-    except Exception:  # a dataclass that refuses to be rebuilt, say
+    except Exception:  # noqa: BLE001 - a dataclass that refuses to be rebuilt, say
         used = []
     if sorted(used) != list(range(len(arrays))):
         return tuple(Slot(j) for j in range(len(arrays))), arrays, True

@@ -462,7 +462,7 @@ def _code_context(eqn: Any, limit: int = CONTEXT_FRAMES) -> tuple[CodeLocation, 
         traceback = eqn.source_info.traceback
         codes, offsets = traceback.raw_frames() if traceback else ((), ())
         is_user, locate = source_info_util.is_user_filename, xla_client.Traceback.code_addr2location
-    except Exception:
+    except Exception:  # noqa: BLE001 - no source info to read: no code context
         return ()
     found: list[CodeLocation] = []
     locations = _LOCATIONS

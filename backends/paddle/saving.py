@@ -77,9 +77,9 @@ def _allowed(name: str) -> bool:
 @functools.cache
 def array_ops() -> frozenset[str]:
     """The names Paddle's array API code refers to (functions, methods, nested functions): the C ops it calls."""
-    import paddle.fft  # noqa: F401 - load the API modules scanned below
-    import paddle.linalg  # noqa: F401
-    import paddle.nn.functional  # noqa: F401
+    import paddle.fft
+    import paddle.linalg
+    import paddle.nn.functional
     import paddle.signal  # noqa: F401
 
     names: set[str] = set()

@@ -327,7 +327,7 @@ def _buffer_address(t: Any) -> int | None:
     """Where a tensor's data lives (through DLPack); None for dtypes DLPack does not carry."""
     try:
         capsule = tf.experimental.dlpack.to_dlpack(t)
-    except Exception:  # strings, resources, variants, empty tensors...
+    except Exception:  # noqa: BLE001 - strings, resources, variants, empty tensors...
         return None
     return ctypes.c_void_p.from_address(_capsule_pointer(capsule, b"dltensor")).value
 
@@ -624,7 +624,7 @@ class Recorder(BaseRecorder):
             if not data.is_set or not data.shape_and_type:
                 return None
             dtype = tf.dtypes.as_dtype(data.shape_and_type[0].dtype)
-        except Exception:  # not a variable handle (a table, an iterator...)
+        except Exception:  # noqa: BLE001 - not a variable handle (a table, an iterator...)
             return None
         if dtype == tf.variant or "Var" not in repr(handle):
             return None
@@ -835,7 +835,7 @@ def _snapshots(variables: list[Any]) -> list[Any]:
         try:  # quick_execute: no op callback (another thread's capture switches execute.execute to call them)
             read = execute.quick_execute("_ReadVariablesOp", len(at), handles,
                                          ("N", len(at), "dtypes", [d.as_datatype_enum for d in dtypes]), eager)
-        except Exception:  # a device without that kernel: read one by one (an unreadable variable raises there)
+        except Exception:  # noqa: BLE001 - a device without that kernel: read one by one (an unreadable variable raises there)
             read = [gen_resource_variable_ops.read_variable_op(h, d) for h, d in zip(handles, dtypes)]
         for i, value in zip(at, read):
             values[i] = value

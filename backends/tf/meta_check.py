@@ -140,7 +140,7 @@ def _check(op: OpRecord, args: tuple[Any, ...]) -> None:
                   for a in args]
         try:
             # the flat inputs: the graph groups them into the definition's list arguments itself, by its attributes
-            built = graph._create_op_internal(call.op_type, inputs, attrs=attrs)  # noqa: SLF001
+            built = graph._create_op_internal(call.op_type, inputs, attrs=attrs)
         except Exception as exc:  # noqa: BLE001 - shape functions raise ValueError, InvalidArgumentError...
             raise refused(op, f"its recorded attributes do not fit its arguments "
                               f"({type(exc).__name__}: {str(exc)[:300]})") from None

@@ -21,8 +21,8 @@ from typing import Any
 if not __package__:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from bench.menagerie.diagnoses import DIAGNOSES  # noqa: E402
-from bench.menagerie.run import RESULTS  # noqa: E402
+from bench.menagerie.diagnoses import DIAGNOSES
+from bench.menagerie.run import RESULTS
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "menagerie.md"
 

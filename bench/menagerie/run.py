@@ -36,7 +36,7 @@ from typing import Any
 if not __package__:  # run as a script: the repository root is where `bench` is found
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from bench.menagerie.entries import Entry, entries, exclusion, parse_shard, select  # noqa: E402
+from bench.menagerie.entries import Entry, entries, exclusion, parse_shard, select
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 

@@ -14,16 +14,16 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import math  # noqa: E402
-from typing import Any  # noqa: E402
+import math
+from typing import Any
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import weights  # noqa: E402
-from keras import ops  # noqa: E402
-from output import build_all  # noqa: E402
+import keras
+import numpy as np
+import weights
+from keras import ops
+from output import build_all
 
-import torchlens as tl  # noqa: E402
+import torchlens as tl
 
 
 class CNN(keras.Model):

@@ -103,7 +103,7 @@ def _rerun_alone(traced: Traced) -> dict[str, Any]:
     """The fallback for a backend without module hooks (see :mod:`torchlens.conformance.rerun`)."""
     try:
         rerun = rerun_module_outputs(traced.backend, traced.model, traced.trace, traced.case.reset)
-    except Exception as exc:  # noqa: BLE001 - the check reports it, naming what failed
+    except Exception as exc:
         raise AssertionError(f"a module run alone on its recorded inputs raised {type(exc).__name__}: {exc}") from exc
     if not rerun.outputs:
         reasons = sorted(set(rerun.not_run.values()))

@@ -19,6 +19,7 @@ from torchlens_core.capture.keywords import (
     merged_options,
     warn_once,
 )
+from torchlens_core.capture.misuse import foreign_input_error, refuse_class
 from torchlens_core.capture.policy import SAVE_TO_OPENERS, CaptureOptions, HaltCapture
 from torchlens_core.capture.rerun import remember
 from torchlens_core.capture.selectors import Selector, key_selector
@@ -123,6 +124,7 @@ def record(model: Any, *args: Any, backend: str | None = None, save: Selector | 
 def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | None,
              options: CaptureOptions) -> Trace | Recording:
     """Resolve the backend, check it can honour the options, run its capture."""
+    refuse_class(model)
     if not callable(model):
         raise UnsupportedError(f"tl.trace needs a model or function to call, got {type(model).__name__}")
     if backend is None:
@@ -159,6 +161,11 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
         # would keep the model's frames, and the values they held, alive until the cyclic GC.
         halt_signal.__traceback__ = None
         result = halt_signal.builder.finish(halted=True)
+    except Exception as raised:  # an input of another framework: say so, not only what the framework said
+        explained = foreign_input_error(info.name, args, kwargs, raised)
+        if explained is None:
+            raise
+        raise explained from raised
     finally:
         resume_gc()
     if result is None:
@@ -166,7 +173,7 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
     _refuse_lazy(result.model_output if isinstance(result, Trace) else result._builder._model_output)
     if isinstance(result, Trace):
         # for audit(untraced=True) and fork().rerun; tl.record keeps none
-        result.call = remember(model, args, kwargs, result, options.intervene)
+        result.call = remember(model, args, kwargs, result, options.intervene, options)
     return result
 
 

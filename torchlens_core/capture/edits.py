@@ -512,12 +512,17 @@ class Editor:
             self.sites_found[i] += 1
             if not self.items[i].edits:
                 continue  # a splice alone: the replacement already ran
+            done: dict[Ref, tuple[Any, Ref]] = {}  # a value returned twice ((y, y)) is one op's: edited once
             for leaf_path, ref in tree.leaves(template, lambda x: isinstance(x, Ref)):
-                leaf = tree.get(value, leaf_path)
-                source = self.builder.ops[ref.index]
-                site = Site(f"{path}:{pass_num}", "module", source.func_name, f"{path}:{pass_num}", leaf_path,
-                            self.backend, self.array_ops)
-                edited_leaf, new_ref = self._edit_returned(source, ref, leaf, site, self.items[i].edits)
+                if ref in done:
+                    edited_leaf, new_ref = done[ref]
+                else:
+                    leaf = tree.get(value, leaf_path)
+                    source = self.builder.ops[ref.index]
+                    site = Site(f"{path}:{pass_num}", "module", source.func_name, f"{path}:{pass_num}", leaf_path,
+                                self.backend, self.array_ops)
+                    edited_leaf, new_ref = done[ref] = self._edit_returned(source, ref, leaf, site,
+                                                                           self.items[i].edits)
                 value = _set_leaf(value, leaf_path, edited_leaf)
                 template = _set_leaf(template, leaf_path, new_ref)
         return value, template

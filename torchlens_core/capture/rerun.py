@@ -41,6 +41,8 @@ class RecordedCall:
     # input node -> a weak reference to the very array the model was given (a backend's live backward
     # needs it: the node may hold a copy); absent for arrays that take no weak reference
     given: dict[int, Callable[[], Any]] = attrs.Factory(dict)
+    # the capture's own options (a CaptureOptions, save_to= left out), which trace.rerun(model, x) repeats
+    options: Any = None
 
     def given_array(self, index: int) -> Any:
         """The array passed as input node ``index``, if it is still alive; else None."""
@@ -74,8 +76,25 @@ _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})  # never
 _CONTAINERS = frozenset({tuple, list, dict})  # walked into: an array only if an input node holds that very object
 
 
+def rerun(trace: Trace, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Trace:
+    """``trace.rerun(model, *args, **kwargs)``: ``tl.trace(model, *args, **kwargs)`` again, live, with the options
+    the capture of ``trace`` was given (``save=``, ``halt=``, ``intervene=``, ``save_grads=``,
+    ``intervention_ready=``...), on the same backend: a new trace, as a fresh ``tl.trace`` with those options
+    gives. ``save_to=`` is not repeated (a rerun would write over the folder): the new trace holds its values.
+    A trace from ``tl.load`` or ``tl.record`` kept no options: it reruns with none, and one that holds edits
+    is refused (they cannot be made again)."""
+    from torchlens_core.capture.api import trace as capture
+
+    options = getattr(trace.call, "options", None)
+    if options is None and trace.interventions:
+        raise UnsupportedError("this trace's own edits were not made by tl.trace in this process (it was loaded, or "
+                               "recorded), so a live rerun cannot repeat them: pass intervene= to tl.trace instead")
+    return capture(model, *args, backend=trace.backend, capture=options,
+                   intervention_ready=bool(trace.notes.get("intervention_ready")), **kwargs)
+
+
 def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: Trace,
-             intervene: tuple[Any, ...] = ()) -> RecordedCall | str:
+             intervene: tuple[Any, ...] = (), options: Any = None) -> RecordedCall | str:
     """The call that produced ``trace``, or why it cannot be remembered.
 
     Each array argument is matched to its input node: by identity first (the
@@ -133,7 +152,9 @@ def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: T
                 given[ref.index] = weakref.ref(leaf)
             except TypeError:  # arrays without weak references (NumPy scalars): no live handle
                 pass
-    return RecordedCall(_weakly(model), str(name), args_t, kwargs_t, intervene, given)
+    if options is not None:  # repeated by trace.rerun; a rerun writes no folder (the stream is this capture's)
+        options = attrs.evolve(options, save_to=None, stream=None)
+    return RecordedCall(_weakly(model), str(name), args_t, kwargs_t, intervene, given, options)
 
 
 class _Matcher:

@@ -38,7 +38,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.compare.evidence import CLOSE, MIN_SCORE, NEAR, NO_PAIR, PLAIN, Gaps, best_pairs, scores
+from torchlens_core.compare.evidence import CLOSE, MIN_SCORE, NEAR, NO_PAIR, PLAIN, Cells, Gaps, best_pairs, scores
 from torchlens_core.compare.layout import NONE, Layout, candidates
 from torchlens_core.compare.metrics import EXACT, Agreement, agreement, least_precise, tolerance_for
 from torchlens_core.compare.points import Point, read_value
@@ -46,6 +46,7 @@ from torchlens_core.ir.progress import progress
 from torchlens_core.ir.trace import Trace
 
 CHECKED = 6  # value candidates checked element for element per op
+BLOCK = 4096  # cells of the structural scores worked out in one call (a few rows' candidates)
 FRONTIER_WALK = 256  # ops visited looking for the nearest paired ones upstream
 HEALING_HOPS = 24  # how far downstream an agreeing pair shows a disagreement was no divergence (Aligner._healed)
 # Classes of ops that are layers of a model, not steps of arithmetic inside one (Aligner._healed).
@@ -87,8 +88,9 @@ class Aligner:
                  atol: float | None) -> None:
         self.a, self.b, self.pa, self.pb = a, b, pa, pb
         self.rtol, self.atol = rtol, atol
-        # Gaps and scores are read for the pairs that need them, never as n x m matrices: linear in the ops where
-        # values pair most ops (evidence.Gaps finds the candidates through sorted indexes).
+        # Gaps and scores are read for the pairs that need them, never as n x m matrices: the value pass finds its
+        # candidates through sorted indexes (evidence.Gaps), the structural step through indexes of b by frontier,
+        # class and module output (_candidates), and aligns only those cells (evidence.Cells).
         self.gaps = Gaps(pa, pb)
         self._keys = self._module_keys()
         # Pairs are of points (an op, or one array of an op that returned several): point index of a <-> of b.
@@ -102,6 +104,7 @@ class Aligner:
         self._points_a = {p.index: k for k, p in enumerate(pa) if not p.path}  # ops with one array
         self._points_b = {p.index: c for c, p in enumerate(pb) if not p.path}
         self._chains: dict[tuple[str, int], int] = {}
+        self._canons: dict[frozenset[int], frozenset[int]] = {}  # a frontier -> its points by chain (_canon)
         self._role: set[tuple[int, int]] = set()  # pairs that end each side's chain of ops on one same input
         self._close, self._close_b = self._closeness(a, pa), self._closeness(b, pb)
         self._close_b_max = float(self._close_b.max(initial=0.0))
@@ -215,8 +218,6 @@ class Aligner:
 
     # -- 2. structure ---------------------------------------------------------------------------------------------
     def _structural_pairs(self) -> None:
-        import numpy as np
-
         # A value that only re-lays out one already paired (a view of a paired op) has its counterpart: the chain's.
         left_a = [k for k in range(len(self.pa)) if k not in self.b_of_a and not self._relaid("a", k)]
         left_b = [c for c in range(len(self.pb)) if c not in self.a_of_b and not self._relaid("b", c)]
@@ -224,20 +225,81 @@ class Aligner:
             return
         fa: dict[int, frozenset[int]] = {}
         fb = {c: self._canon(self._mapped(self._frontier_b(self.pb[c].index))) for c in left_b}
-        sub = self._scores(left_a, left_b, self.gaps.block(left_a, left_b))
-        for x, k in enumerate(left_a):
-            frontier = self._frontier_a(self.pa[k].index, fa)
-            is_input = self.a.ops[self.pa[k].index].kind == "input"
-            for y in np.flatnonzero(sub[x] > NO_PAIR):
-                both_inputs = is_input and self.b.ops[self.pb[left_b[y]].index].kind == "input"
-                if not (self._canon(frontier) & fb[left_b[y]] or both_inputs):
-                    sub[x, y] = NO_PAIR
+        sub = self._candidates(left_a, left_b, fa, fb)
         self._same_role(sub, left_a, left_b, fa, fb)
-        chosen = best_pairs(sub)
-        for x, y in chosen:
-            self._classify(left_a[x], left_b[y], x, y, sub, left_a, left_b)
+        # The pairs come in a's order and a frontier reads only ops before its op, so the frontiers worked out for
+        # one pair stay true for the next: a pair accepted since is paired, which _frontier_a looks at first.
+        frontiers: dict[int, frozenset[int]] = {}
+        for x, y in best_pairs(sub):
+            self._classify(left_a[x], left_b[y], x, y, sub, left_a, left_b, frontiers)
 
-    def _same_role(self, sub: Any, left_a: list[int], left_b: list[int], fa: dict[int, frozenset[int]],
+    def _candidates(self, left_a: list[int], left_b: list[int], fa: dict[int, frozenset[int]],
+                    fb: dict[int, frozenset[int]]) -> Cells:
+        """The structural scores of ``left_a`` against ``left_b``, kept only between ops computed from counterpart
+        inputs (frontiers that meet) or two inputs: found through indexes of ``b``, never as the dense matrix.
+
+        A score reaches MIN_SCORE only with the same class, the same module output or nearly equal values (the
+        rest adds up to 2 at most): so the candidates of an op of ``a`` are the ops of ``b`` of its class on one
+        of its frontier's points, those returned by one of its modules, those within NEAR of its value, and
+        ``b``'s inputs for an input. Only they are scored, and scored as the dense matrix scored them.
+        """
+        import numpy as np
+
+        position = {c: y for y, c in enumerate(left_b)}
+        by_class: dict[tuple[int, str], list[int]] = {}  # (a point on the frontier, a class) -> positions in left_b
+        by_output: dict[str, list[int]] = {}
+        for y, c in enumerate(left_b):
+            q = self.pb[c]
+            if q.cls is not None:
+                for point in fb[c]:
+                    by_class.setdefault((point, q.cls), []).append(y)
+            for key in q.module_outputs:
+                by_output.setdefault(key, []).append(y)
+        inputs_b = [y for y, c in enumerate(left_b) if self.b.ops[self.pb[c].index].kind == "input"]
+        of_class: dict[tuple[frozenset[int], str], list[int]] = {}  # many ops share a frontier and a class
+        wanted: list[tuple[int, Any]] = []  # (row, its candidate columns), rows with candidates only
+        with progress("tl.compare: aligning by structure", total=len(left_a)) as bar:
+            for x, k in enumerate(bar.each(left_a)):
+                p = self.pa[k]
+                frontier = self._canon(self._frontier_a(p.index, fa))
+                found = set(self._of_class(frontier, p.cls, by_class, of_class))
+                near, _ = self.gaps.within(k, NEAR)
+                others = {y for key in p.module_outputs for y in by_output.get(key, ())}
+                others.update(position[c] for c in near.tolist() if c in position)
+                found.update(y for y in others - found if frontier & fb[left_b[y]])
+                if self.a.ops[p.index].kind == "input":
+                    found.update(inputs_b)
+                if found:
+                    wanted.append((x, np.array(sorted(found), dtype=np.int64)))
+        cells = Cells(len(left_a), len(left_b))
+        start = 0
+        while start < len(wanted):  # a few rows scored at once, against the union of their candidates (bounded)
+            stop, union = start + 1, wanted[start][1]
+            while stop < len(wanted) and (stop - start + 1) * (len(union) + len(wanted[stop][1])) <= BLOCK:
+                union = np.union1d(union, wanted[stop][1])
+                stop += 1
+            xs = [x for x, _ in wanted[start:stop]]
+            ks, cs = [left_a[x] for x in xs], [left_b[y] for y in union.tolist()]
+            block = self._scores(ks, cs, self.gaps.block(ks, cs))
+            for row, (x, ys) in zip(block, wanted[start:stop]):
+                score = row[np.searchsorted(union, ys)]
+                live = score > NO_PAIR
+                cells.set_row(x, ys[live], score[live])
+            start = stop
+        return cells
+
+    @staticmethod
+    def _of_class(frontier: frozenset[int], cls: str | None, by_class: dict[tuple[int, str], list[int]],
+                  memo: dict[tuple[frozenset[int], str], list[int]]) -> list[int]:
+        """The positions in ``b`` of ops of class ``cls`` with a point of ``frontier`` on their frontier."""
+        if cls is None:
+            return []
+        found = memo.get((frontier, cls))
+        if found is None:
+            found = memo[(frontier, cls)] = sorted({y for point in frontier for y in by_class.get((point, cls), ())})
+        return found
+
+    def _same_role(self, sub: Cells, left_a: list[int], left_b: list[int], fa: dict[int, frozenset[int]],
                    fb: dict[int, frozenset[int]]) -> None:
         """Pair the last op of each side's chain of one-input ops on the same value (``self._role``).
 
@@ -255,11 +317,13 @@ class Aligner:
                 ends_b.setdefault(fb[c], []).append(c)
         position_b = {c: y for y, c in enumerate(left_b)}
         for x, k in enumerate(left_a):
+            ys = []
             for c in ends_b.get(ends_a.get(k, frozenset()), []) if k in ends_a else []:
                 if self.pa[k].size == self.pb[c].size and self.pa[k].kind == self.pb[c].kind == "float":
-                    y = position_b[c]
-                    sub[x, y] = max(sub[x, y], MIN_SCORE)
+                    ys.append(position_b[c])
                     self._role.add((k, c))
+            if ys:
+                sub.raise_to(x, ys, MIN_SCORE)
 
     def _chain_end(self, trace: Trace, index: int, frontier: frozenset[int], frontier_of: Any) -> bool:
         """Whether op ``index`` ends its chain: every op reading it is a layer (a linear...), changes the size,
@@ -275,9 +339,8 @@ class Aligner:
 
         return bool(children) and all(ends(child) for child in children)
 
-    def _classify(self, k: int, c: int, x: int, y: int, sub: Any, left_a: list[int], left_b: list[int]) -> None:
-        import numpy as np
-
+    def _classify(self, k: int, c: int, x: int, y: int, sub: Cells, left_a: list[int], left_b: list[int],
+                  frontiers: dict[int, frozenset[int]]) -> None:
         match = self._judge(k, c, "structure")
         if match.agreement is not None and match.agreement.ok:
             p = self.pa[k]
@@ -285,7 +348,7 @@ class Aligner:
                 match.basis = "values"
                 self._accept(match)
             return
-        upstream = self._frontier_a(self.pa[k].index, {}) | self._mapped(self._frontier_b(self.pb[c].index))
+        upstream = self._frontier_a(self.pa[k].index, frontiers) | self._mapped(self._frontier_b(self.pb[c].index))
         inherited = [u for u in upstream if u in self.matches and self.matches[u].basis != "values"]
         if inherited:
             self._accept(match)  # downstream of a divergence: it inherits the error
@@ -306,10 +369,13 @@ class Aligner:
         # A rival fits as well, is not on the chosen op's own chain, and sits as many ops past the agreeing inputs
         # (the dropout of a later layer, far downstream of the same inputs, is no rival of this one's).
         depth_a, depth_b = _depth(self.a, pa.index, self.paired_a), _depth(self.b, pb.index, self.paired_b)
-        rivals = [r for r in (left_b[v] for v in np.flatnonzero(sub[x] >= sub[x, y]) if v != y)
+        chosen = sub.get(x, y)
+        ys, row = sub.row(x)
+        xs, column = sub.column(y)
+        rivals = [r for r in (left_b[v] for v in ys[row >= chosen].tolist() if v != y)
                   if not _chained(self.b, self.pb[r].index, pb.index, self.paired_b) and
                   abs(_depth(self.b, self.pb[r].index, self.paired_b) - depth_b) <= 1]
-        rivals += [r for r in (left_a[u] for u in np.flatnonzero(sub[:, y] >= sub[x, y]) if u != x)
+        rivals += [r for r in (left_a[u] for u in xs[column >= chosen].tolist() if u != x)
                    if not _chained(self.a, self.pa[r].index, pa.index, self.paired_a) and
                    abs(_depth(self.a, self.pa[r].index, self.paired_a) - depth_a) <= 1]
         if rivals:
@@ -491,7 +557,10 @@ class Aligner:
         a's permute with b's transpose) still hold the same values upstream of
         what follows: frontiers are compared by chain, not by op.
         """
-        return frozenset(self._chain_start("a", k) for k in frontier)
+        found = self._canons.get(frontier)
+        if found is None:  # frontiers repeat (the ops of one stretch share one), and past a divergence grow long
+            found = self._canons[frontier] = frozenset(self._chain_start("a", k) for k in frontier)
+        return found
 
     def _chain_start(self, side: str, k: int) -> int:
         """The first point of the chain of layout changes (one input, the same values) that ends at point ``k``."""

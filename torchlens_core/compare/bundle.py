@@ -41,6 +41,21 @@ class SiteComparison:
         return frame([_row(r) for r in self.rows], COLUMNS)
 
     def __str__(self) -> str:
+        header, body = self._rows()
+        widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
+        lines = [f"Site {self.site}, against the baseline:"]
+        for row in (header, *body):
+            lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the runs as a table."""
+        from torchlens_core.ir.html import table
+
+        header, body = self._rows()
+        return table(body, header=header, caption=f"Site {self.site}, against the baseline:")
+
+    def _rows(self) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
         header = ("run", "max |diff|", "rel L2", "cosine", "norm", "")
         body = []
         for r in self.rows:
@@ -52,11 +67,7 @@ class SiteComparison:
                 cos = "-" if d.cosine is None else f"{d.cosine:.6f}"
                 body.append((r.run, f"{d.max_abs:.4g}", f"{d.rel_l2:.4g}", cos, f"{d.norm:.4g}",
                              ", ".join(filter(None, (marks, r.note)))))
-        widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
-        lines = [f"Site {self.site}, against the baseline:"]
-        for row in (header, *body):
-            lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        return "\n".join(lines)
+        return header, body
 
     __repr__ = __str__
 
@@ -93,6 +104,14 @@ class Bundle:
 
     def __repr__(self) -> str:
         return f"<Bundle of {len(self.runs)} runs of {self.runs[self.baseline].model_name}, baseline {self.baseline!r}>"
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the runs: name, ops, edits, and which is the baseline."""
+        from torchlens_core.ir.html import table
+
+        rows = [(name, len(run.ops), len(run.interventions), "baseline" if name == self.baseline else "")
+                for name, run in self.runs.items()]
+        return table(rows, header=("run", "ops", "edits", ""), caption=repr(self))
 
     def compare_at(self, site: str | Selector) -> SiteComparison:
         """Every run's value at ``site`` (a label, a module path, or a selector picking one op) vs the baseline's."""

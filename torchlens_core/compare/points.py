@@ -161,7 +161,7 @@ def _numpy(trace: Trace, value: Any) -> Any:
         if h.torchlens_array_info(backend=trace.backend, value=value) is None:
             return None
         return np.asarray(h.torchlens_to_numpy(backend=trace.backend, value=value))
-    except Exception:  # an object the backend does not count as an array, or a framework not installed here
+    except Exception:  # noqa: BLE001 - an object the backend does not count as an array, or a framework not installed here
         return None
 
 

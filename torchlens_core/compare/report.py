@@ -190,6 +190,31 @@ class Comparison:
         return frame(rows, COLUMNS)
 
     def __str__(self) -> str:
+        head, rows, shown = self._table()
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = [head]
+        if shown and shown[0] > 0:
+            lines.append(f"  ... {shown[0]} earlier pairs")
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows[:1]]
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows[1:]]
+        if shown and shown[-1] < len(self.pairs) - 1:
+            lines.append(f"  ... {len(self.pairs) - 1 - shown[-1]} later pairs")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the same table as ``print``, diverging pairs marked."""
+        from torchlens_core.ir.html import table
+
+        head, rows, shown = self._table()
+        before = [("...", f"{shown[0]} earlier pairs", *[""] * 5)] if shown and shown[0] > 0 else []
+        after = ([("...", f"{len(self.pairs) - 1 - shown[-1]} later pairs", *[""] * 5)]
+                 if shown and shown[-1] < len(self.pairs) - 1 else [])
+        marks = [None] * len(before) + ["#fdd" if self.pairs[k].diverges else None for k in shown] + \
+            [None] * len(after)
+        return table([*before, *rows[1:], *after], header=rows[0], caption=head, marks=marks)
+
+    def _table(self) -> tuple[str, list[tuple[str, ...]], list[int]]:
+        """The head line, the header and rows around the first divergence, and the positions of the pairs shown."""
         first = self.first_divergence
         head = (f"Comparison of {self.a.backend} {self.a.model_name} ({len(self.a.ops)} ops) with "
                 f"{self.b.backend} {self.b.model_name} ({len(self.b.ops)} ops): {len(self.pairs)} aligned pairs, "
@@ -219,15 +244,7 @@ class Comparison:
                 f"{g.max_abs:.3g}", f"{g.max_rel:.3g}", "-" if g.cosine is None else f"{g.cosine:.6f}")
             verdict = p.verdict + (f", {p.origin}" if p.origin else "") + (f" ({p.note})" if p.note else "")
             rows.append((a_name, b_name, str(p.layout), *numbers, verdict))
-        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-        lines = [head]
-        if shown and shown[0] > 0:
-            lines.append(f"  ... {shown[0]} earlier pairs")
-        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows[:1]]
-        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows[1:]]
-        if shown and shown[-1] < len(self.pairs) - 1:
-            lines.append(f"  ... {len(self.pairs) - 1 - shown[-1]} later pairs")
-        return "\n".join(lines)
+        return head, rows, shown
 
     def __repr__(self) -> str:
         first = self.first_divergence

@@ -7,6 +7,7 @@ framework's own; the core reads them only through a backend's hooks.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
@@ -251,6 +252,13 @@ class OpRecord:
 
         return describe(self)
 
+    def _repr_html_(self) -> str:
+        """A notebook shows ``print(op)`` as a table."""
+        from torchlens_core.views.html import described
+        from torchlens_core.views.summary import describe
+
+        return described(describe(self))
+
 
 def _on_disk(name: str) -> property:
     """``op.out`` / ``op.pre_edit`` as a property over the attrs slot: read from ``op.stored`` when the value
@@ -279,6 +287,71 @@ def _on_disk(name: str) -> property:
 
 OpRecord.out = _on_disk("out")  # type: ignore[assignment]
 OpRecord.pre_edit = _on_disk("pre_edit")  # type: ignore[assignment]
+
+
+# Other names frameworks give a dtype (tinygrad's are C types): the name a trace records for it.
+_DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "char": "int8", "short": "int16",
+                  "int": "int32", "long": "int64", "uchar": "uint8", "ushort": "uint16", "uint": "uint32",
+                  "ulong": "uint64"}
+
+
+def dtype_names_of(dtype: Any) -> tuple[str, ...]:
+    """The names a trace may record for a framework's dtype object: ``torch.float32``, ``np.dtype("float32")``,
+    ``np.float32``, ``jnp.float32``, ``tf.float32``, ``paddle.float32`` give ``"float32"``; none for an array or
+    anything else that is no dtype. Framework-neutral: read from the object's name and its text, no import."""
+    if isinstance(dtype, type):  # a scalar type: np.float32, jnp.float32
+        found = [dtype.__name__]
+    elif isinstance(dtype, str) or hasattr(dtype, "shape"):  # an array (or a NumPy scalar) is not its dtype
+        return ()
+    else:
+        name = getattr(dtype, "name", None)  # NumPy, TensorFlow, tinygrad; Paddle's is its enum's, FLOAT32
+        found = [name, str(dtype)] if isinstance(name, str) else [str(dtype)]  # torch.float32, paddle.float32
+    names = (n.rsplit(".", 1)[-1].lower() for n in found)
+    return tuple(_DTYPE_ALIASES.get(n, n) for n in names)
+
+
+class DType(str):
+    """``op.dtype``: the dtype's name (``"float32"``), a str that also equals the framework's dtype of that name.
+
+    ``op.dtype == "float32"`` and ``op.dtype == torch.float32`` (or ``np.float32``, ``jnp.float32``,
+    ``tf.float32``...) are both True. Against a str it is the plain string comparison, so hashing stays the
+    str's; it pickles, and is saved, as a plain str.
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return str.__eq__(self, other)
+        names = dtype_names_of(other)
+        return str(self) in names if names else NotImplemented  # type: ignore[return-value]
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = str.__hash__
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a pickled record holds a plain str: no class of ours to import
+        return (str, (str(self),))
+
+
+def _named_dtype(cls: type, name: str = "dtype") -> property:
+    """``record.dtype`` as a :class:`DType` over the attrs slot, which keeps a plain str (what is saved)."""
+    slot = cls.__dict__[name]
+    get_slot, set_slot = slot.__get__, slot.__set__
+
+    def get(self: Any) -> DType | None:
+        value = get_slot(self)
+        return DType(value) if type(value) is str else value
+
+    def put(self: Any, value: Any) -> None:
+        set_slot(self, str.__str__(value) if type(value) is DType else value)
+
+    return property(get, put, doc=slot.__doc__)
+
+
+OpRecord.dtype = _named_dtype(OpRecord)  # type: ignore[assignment]
 
 
 @attrs.define(slots=True, eq=False, repr=False)
@@ -361,6 +434,18 @@ class ModulePass:
     def __repr__(self) -> str:
         return f"<ModulePass {self.label} ({len(self.ops)} ops)>"
 
+    def __str__(self) -> str:
+        from torchlens_core.views.summary import describe_pass
+
+        return describe_pass(self)
+
+    def _repr_html_(self) -> str:
+        """A notebook shows ``print(module_pass)`` as a table."""
+        from torchlens_core.views.html import described
+        from torchlens_core.views.summary import describe_pass
+
+        return described(describe_pass(self))
+
 
 @attrs.define(slots=True, eq=False, repr=False)
 class ModuleRecord:
@@ -371,6 +456,10 @@ class ModuleRecord:
     params: list[str] = attrs.Factory(list)  # every parameter and buffer below it
     passes: list[ModulePass] = attrs.Factory(list)
     num_params: int = 0  # parameters (not buffers) below it, counted when the trace is finished
+    # The module's configuration (torch: the constructor's arguments the module keeps, ``out_channels=384,
+    # kernel_size=(3, 3)``, those at their defaults left out), read from the module when first asked for
+    # (:class:`Deferred`); None where the backend records none (and in a loaded trace). print(op) shows it as Config.
+    config: dict[str, Any] | None = None
 
     @property
     def num_passes(self) -> int:
@@ -404,6 +493,37 @@ class ParamRecord:
     def __repr__(self) -> str:
         kind = "buffer" if self.is_buffer else "param"
         return f"<ParamRecord {kind} {self.name} {self.shape}>"
+
+
+ParamRecord.dtype = _named_dtype(ParamRecord)  # type: ignore[assignment]
+
+
+class Deferred:
+    """A record's field worked out when first read: metadata that costs more to read at every capture than most
+    users ever ask for (a module's configuration). ``compute()`` gives the value, once."""
+
+    __slots__ = ("compute",)
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self.compute = compute
+
+
+def _deferred(cls: type, name: str) -> property:
+    """``record.<name>`` over its attrs slot, which may hold a :class:`Deferred` until first read."""
+    slot = cls.__dict__[name]
+    get_slot, set_slot = slot.__get__, slot.__set__
+
+    def get(self: Any) -> Any:
+        value = get_slot(self)
+        if type(value) is Deferred:
+            value = value.compute()
+            set_slot(self, value)
+        return value
+
+    return property(get, set_slot, doc=slot.__doc__)
+
+
+ModuleRecord.config = _deferred(ModuleRecord, "config")  # type: ignore[assignment]
 
 
 class ParamTable(dict[str, ParamRecord]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,13 @@ class Trace:
     Look ops up with ``trace[key]``: a label (``"relu_1_2"``), a short label
     (``"relu_1"``), either with a pass (``"linear_1:2"``), a module path
     (``"layer3"``, ``"layer3:2"``: the module's output) or a position
-    (``trace[7]``, ``trace[-1]``).
+    (``trace[7]``, ``trace[-1]``). Every path of ``model.named_modules()`` that
+    ran is a key: for a module called several times (``layer1.0.relu`` in a
+    ResNet block), the path alone is its last call, ``trace["layer1.0.relu:2"]``,
+    what a forward hook on it holds once the forward is done (``path:1`` is the
+    first call; ``trace.modules[path].passes`` has them all). In a label, the
+    function's name may be written without its underscores (``"maxpool2d_2_6"``
+    finds ``max_pool2d_2_6``) where that names one op.
     """
 
     def __init__(self, backend: str, model_name: str, ops: list[OpRecord],
@@ -62,6 +69,9 @@ class Trace:
         self.call: Any = None
         self._keys: dict[str, OpRecord | ModulePass] | None = None
         self._ambiguous: dict[str, list[str]] = {}
+        self._keys_by_target: dict[int, list[str]] | None = None  # id(op or pass) -> its keys (keys_of)
+        self._squashed: dict[str, OpRecord | ModulePass | None] | None = None  # label aliases (see _alias)
+        self._op_numbers: list[int] | None = None  # by position: the op's number among ops (print(op))
         self._distances: list[Distances] | None = None
 
     # -- the graph ------------------------------------------------------------------
@@ -147,7 +157,7 @@ class Trace:
         return iter(self.ops)
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in self._index()
+        return isinstance(key, str) and (key in self._index() or self._alias(key) is not None)
 
     def __getitem__(self, key: int | str | Any) -> Any:
         """An op by label (``"relu_1_2"``, ``"linear_1:2"``) or position, a module pass by path; with a
@@ -157,6 +167,9 @@ class Trace:
                 return self.select(key)
             return self.ops[_position(key, len(self.ops))]
         found = self._index().get(key)
+        if found is not None:
+            return found
+        found = self._alias(key)
         if found is not None:
             return found
         if key in self._ambiguous:
@@ -177,8 +190,24 @@ class Trace:
         return picked
 
     def keys_of(self, op: OpRecord) -> list[str]:
-        """Every string key that finds ``op``."""
-        return [k for k, v in self._index().items() if v is op]
+        """Every string key that finds ``op`` (the aliases of :meth:`_alias` aside)."""
+        if self._keys_by_target is None:  # built once: print(op) asks for every op's keys
+            by_target: dict[int, list[str]] = {}
+            for key, target in self._index().items():
+                by_target.setdefault(id(target), []).append(key)
+            self._keys_by_target = by_target
+        found = self._keys_by_target.get(id(op), [])
+        return [k for k in found if self._keys[k] is op]  # type: ignore[index]
+
+    def op_number(self, op: OpRecord) -> int:
+        """``op``'s number among the trace's ops (1 for the first; input and output nodes not counted)."""
+        if self._op_numbers is None:  # counted once for every op: print(op) for each op stays linear
+            numbers, n = [], 0
+            for o in self.ops:
+                n += o.kind == "op"
+                numbers.append(n)
+            self._op_numbers = numbers
+        return self._op_numbers[op.index]
 
     def _index(self) -> dict[str, OpRecord | ModulePass]:
         if self._keys is not None:
@@ -203,9 +232,34 @@ class Trace:
                 outs = mp.output_ops
                 single = len(outs) == 1 and isinstance(mp.out_template, Ref) and not mp.out_template.path
                 add(module.path, outs[0] if single else mp, mp.pass_num, module.num_passes)
+            if module.num_passes > 1:
+                # The bare path of a module called several times is its last call: what a forward hook on it
+                # holds after the forward, and the call whose shape summary() shows. Every path of
+                # named_modules() that ran is then a key, as the docs promise.
+                keys[module.path] = keys[f"{module.path}:{module.passes[-1].pass_num}"]
+                multi.pop(module.path, None)
         self._ambiguous = multi
         self._keys = keys
         return keys
+
+    def _alias(self, key: str) -> OpRecord | ModulePass | None:
+        """What a label written with the function's name squashed finds (``"maxpool2d_2_6"`` for
+        ``max_pool2d_2_6``, other libraries' and older releases' spelling), or None: a key that is no
+        label, or one whose squashed form two labels share (then no guess is made)."""
+        squashed = _squash(key)
+        if squashed is None:
+            return None
+        if self._squashed is None:
+            aliases: dict[str, OpRecord | ModulePass | None] = {}
+            for k, target in self._index().items():
+                if not isinstance(target, OpRecord) or k.partition(":")[0] not in (
+                        target.layer_label, target.layer_label.rsplit("_", 1)[0]):
+                    continue  # a module path: only labels have aliases
+                short = _squash(k)
+                if short is not None and short != k:
+                    aliases[short] = target if aliases.get(short, target) is target else None
+            self._squashed = aliases
+        return self._squashed.get(squashed)
 
     def find(self, selector: Any) -> list[OpRecord]:
         """The ops a selector (``tl.func("relu") & tl.in_module("layer2")``...) matches, in order.
@@ -242,6 +296,18 @@ class Trace:
         from torchlens_core.steer.fork import Fork
 
         return Fork(self)
+
+    def rerun(self, model: Any, *args: Any, **kwargs: Any) -> Trace:
+        """Run ``model(*args, **kwargs)`` live again with this capture's options and interventions: a new trace.
+
+        It is what ``tl.trace(model, *args, **kwargs)`` with the options this trace was captured with
+        (``save=``, ``halt=``, ``intervene=``, ``save_grads=``, ``intervention_ready=``...) gives, on the same
+        backend; ``save_to=`` is not repeated. ``trace.fork().when(...).rerun(model, x)`` adds edits first.
+        A loaded trace kept no options (and cannot repeat edits it holds: UnsupportedError).
+        """
+        from torchlens_core.capture.rerun import rerun
+
+        return rerun(self, model, args, kwargs)
 
     # -- reports --------------------------------------------------------------------
     def to_pandas(self) -> Any:
@@ -293,7 +359,8 @@ class Trace:
         return audit(self, rtol=rtol, untraced=untraced)
 
     def draw(self, path: str | None = None, *, file_format: str = "pdf", vis_mode: str = "unrolled",
-             collapse: Any = None, module: str | None = None, max_nodes: int | None = DRAW_MAX_NODES) -> str:
+             collapse: Any = None, module: str | None = None, max_nodes: int | None = DRAW_MAX_NODES,
+             vis_nesting_depth: int | None = None) -> str:
         """Render the graph with Graphviz; returns the path written.
 
         ``vis_mode``: ``"unrolled"`` (every pass its own node) or ``"rolled"``
@@ -303,17 +370,19 @@ class Trace:
         that module's subgraph. ``file_format``: ``"pdf"``, ``"svg"`` or ``"png"``.
         ``max_nodes``: a drawing with more nodes raises DrawingTooLargeError, saying how long it would
         take and what to draw instead (None: no limit); a slow one warns (LargeDrawingWarning).
+        ``vis_nesting_depth``: ``collapse``'s other name (``vis_nesting_depth=2`` is ``collapse=2``).
         """
         from torchlens_core.views.draw import draw
 
         return draw(self, path, file_format=file_format, vis_mode=vis_mode, collapse=collapse, module=module,
-                    max_nodes=max_nodes)
+                    max_nodes=max_nodes, vis_nesting_depth=vis_nesting_depth)
 
-    def to_dot(self, *, vis_mode: str = "unrolled", collapse: Any = None, module: str | None = None) -> str:
+    def to_dot(self, *, vis_mode: str = "unrolled", collapse: Any = None, module: str | None = None,
+               vis_nesting_depth: int | None = None) -> str:
         """The DOT source of :meth:`draw`'s picture; needs no Graphviz."""
         from torchlens_core.views.draw import to_dot
 
-        return to_dot(self, vis_mode=vis_mode, collapse=collapse, module=module)
+        return to_dot(self, vis_mode=vis_mode, collapse=collapse, module=module, vis_nesting_depth=vis_nesting_depth)
 
     def show(self, **options: Any) -> str | None:
         """Open the interactive viewer: inline in a notebook, else in a browser (the HTML file's path returned).
@@ -323,6 +392,11 @@ class Trace:
         from torchlens_core.viewer import show
 
         return show(self, **options)
+
+    def _ipython_key_completions_(self) -> list[str]:
+        """What ``trace["<TAB>`` offers in IPython and Jupyter: every op label and module path that finds
+        something (with and without its pass number)."""
+        return sorted(self._index())
 
     def _repr_svg_(self) -> str | None:
         """Notebooks show a trace as its (auto-collapsed) drawing."""
@@ -339,6 +413,22 @@ class Trace:
         name = self.model_name or "function"
         return (f"<Trace of {name} ({self.backend}): {self.num_ops} ops, "
                 f"{len(self.modules)} modules, {len(self.params)} params>")
+
+
+_LABEL_TAIL = re.compile(r"(_\d+){1,2}(:\d+)?")
+
+
+def _squash(key: str) -> str | None:
+    """``"max_pool2d_2_6:1"`` -> ``"maxpool2d_2_6:1"``: a label with its function name's underscores
+    left out; None for a key that is not a label (a module path, a name with no ``_k`` or ``_k_n`` tail)."""
+    if "." in key:
+        return None
+    match = _LABEL_TAIL.search(key)
+    while match is not None and match.end() != len(key):
+        match = _LABEL_TAIL.search(key, match.start() + 1)
+    if match is None or match.start() == 0:
+        return None
+    return key[:match.start()].replace("_", "") + key[match.start():]
 
 
 def _position(key: object, num_ops: int) -> int:

@@ -51,6 +51,15 @@ class AuditReport:
 
     __repr__ = __str__
 
+    def _repr_html_(self) -> str:
+        """A notebook shows the checks as a table, failures marked."""
+        from torchlens_core.ir.html import table
+
+        head = f"Audit: {'PASS' if self else 'FAIL'} ({len(self.failures)} of {len(self.findings)} checks failed)"
+        return table([("ok" if f.ok else "FAIL", f.check, f.op or "", f.detail) for f in self.findings],
+                     header=("", "check", "op", "detail"), caption=head,
+                     marks=[None if f.ok else "#fdd" for f in self.findings])
+
 
 def audit(trace: Trace, rtol: float = 1e-5, untraced: bool = False) -> AuditReport:
     """Every check; ``untraced``: also compare with one untraced run of the model (replay/untraced.py)."""

@@ -296,7 +296,7 @@ def scale(factor: float) -> Scale:
     return Scale(float(factor) if real else factor)  # a NumPy scalar as the number it is
 
 
-def clamp(min: float | None = None, max: float | None = None) -> Clamp:  # noqa: A002 - the seed's names
+def clamp(min: float | None = None, max: float | None = None) -> Clamp:
     """The value clamped to ``[min, max]`` (either may be left out)."""
     return Clamp(min, max)
 

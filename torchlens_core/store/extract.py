@@ -10,12 +10,9 @@ store, here or on a Dask cluster's workers.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import operator
 import os
-import sys
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +23,7 @@ from torchlens_core.backend.manager import claim_backend, hook, resolve_backend
 from torchlens_core.capture.api import trace
 from torchlens_core.capture.selectors import key_selector
 from torchlens_core.ir.errors import LabelNotFoundError, UnsupportedError
+from torchlens_core.ir.progress import MODES, Progress
 from torchlens_core.store.activations import (
     FORMAT,
     FORMAT_VERSION,
@@ -63,7 +61,8 @@ _CAPTURE_LOCK = threading.Lock()
 # -- the public face -------------------------------------------------------------------------
 def extract_dataset(model: Any, dataset: Iterable[Any], layers: LayerKey | Sequence[LayerKey], *,
                     output_dir: str | os.PathLike, batch_size: int = 32, sample_ids: Iterable[Any] | None = None,
-                    backend: str | None = None, engine: Any = None, progress: bool = True, overwrite: bool = False,
+                    backend: str | None = None, engine: Any = None, progress: bool | str = True,
+                    overwrite: bool = False,
                     batch_axis: int | Mapping[str, int] = 0) -> Activations:
     """Write the activations of ``layers`` for every sample of ``dataset`` to a Zarr store; return a lazy handle.
 
@@ -94,8 +93,11 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: LayerKey | Seque
     ``dask.distributed.Client`` has its workers capture and write batches
     (the model and samples must pickle, and ``output_dir`` must be reachable
     from every worker). ``sample_ids``: one JSON-able id per sample (strings or
-    integers), positions 0..n-1 if left out. ``progress``: a tqdm bar if tqdm
-    is installed, else a line on stderr every 10 s.
+    integers), positions 0..n-1 if left out. ``progress``: False shows no bar;
+    True shows the core's (a tqdm bar if tqdm is installed, else a line on
+    stderr every 10 s) where ``tl.options.set_progress`` or
+    ``TORCHLENS_PROGRESS`` say, on a terminal or in Jupyter unless set; a mode
+    (``"always"``, ``"auto"``, ``"never"``) sets it for this call.
     """
     import_zarr()  # first: without the "extract" extra nothing else here can work, so say that before anything
     keys = _layer_keys(layers)
@@ -105,6 +107,7 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: LayerKey | Seque
     if not callable(model):
         raise UnsupportedError(f"tl.extract_dataset needs a model or function to call, got {type(model).__name__}")
     kind = _engine_kind(engine)
+    mode = _progress_mode(progress)
     refuse_batched(dataset)
     source = Source(dataset)
     ids = _sample_ids(sample_ids, source.n)
@@ -127,7 +130,6 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: LayerKey | Seque
         check_same(index, output_dir, keys=[key_name(path) for path in keys], batch_axes=list(axes),
                    batch_size=batch_size, backend=backend, sample_ids=ids, n_samples=source.n)
         if index["complete"]:
-            _Progress(index["n_samples"], index["n_samples"], progress).close()
             return Activations(location)
     backend = backend or index["backend"]
 
@@ -147,9 +149,10 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: LayerKey | Seque
     def finished(k: int, count: int) -> bool:
         return k < len(counts) and counts[k] == count
 
-    bar = _Progress(source.n, source.finished_samples(batch_size, finished), progress)
+    bar = Progress("tl.extract_dataset", source.n, unit="sample", mode=mode)
+    bar.update(source.finished_samples(batch_size, finished))  # written by an earlier run
     try:
-        batches = source.batches(batch_size, finished, bar.skip)
+        batches = source.batches(batch_size, finished, bar.update)
         if plan.shapes is None:  # a fresh store: the first batch, here, tells the layers' shapes
             first = next(batches, None)
             if first is None:
@@ -337,6 +340,16 @@ def _claim(model: Any, sample: Any) -> str:
 
 
 # -- engines ---------------------------------------------------------------------------------
+def _progress_mode(progress: Any) -> str | None:
+    """``progress=`` as the core's progress mode: True, the mode in force; False, none; or a mode."""
+    if progress is True:
+        return None  # tl.options.set_progress's, else TORCHLENS_PROGRESS's, else "auto"
+    if progress is False or progress in MODES:
+        return "never" if progress is False else progress
+    raise TypeError(f"progress= takes True, False or a progress mode ({', '.join(map(repr, MODES))}), "
+                    f"not {progress!r}")
+
+
 def _engine_kind(engine: Any) -> str:
     if engine is None:
         return "local"
@@ -347,7 +360,7 @@ def _engine_kind(engine: Any) -> str:
                            f"not {type(engine).__name__}")
 
 
-def _run_here(model: Any, batches: Iterator[Any], plan: Plan, store: Writer, bar: _Progress) -> None:
+def _run_here(model: Any, batches: Iterator[Any], plan: Plan, store: Writer, bar: Progress) -> None:
     """One batch after another in this process: one batch of activations held at a time."""
     for k, start, samples in batches:
         plan, values = _capture(model, samples, start, plan)
@@ -368,7 +381,7 @@ def _on_worker(model: Any, samples: list[Any], k: int, start: int, plan: Plan) -
 
 
 def _run_on_dask(client: Any, model: Any, batches: Iterator[Any], plan: Plan, store: Writer,
-                 bar: _Progress) -> None:
+                 bar: Progress) -> None:
     """Workers capture and write batches; at most two batches per worker thread are in flight."""
     from distributed import as_completed
 
@@ -398,56 +411,6 @@ def _run_on_dask(client: Any, model: Any, batches: Iterator[Any], plan: Plan, st
         raise
     finally:
         client.cancel(model_future)
-
-
-# -- progress --------------------------------------------------------------------------------
-class _Progress:
-    """A tqdm bar when tqdm is installed, else a line on stderr every ``every`` seconds; nothing if disabled."""
-
-    every = 10.0
-
-    def __init__(self, total: int | None, initial: int, enabled: bool) -> None:
-        self.total, self.done, self.computed, self.enabled = total, initial, 0, bool(enabled)
-        self.started = self.last = time.monotonic()
-        self.bar = None
-        tqdm = _tqdm() if self.enabled else None
-        if tqdm is not None:
-            self.bar = tqdm(total=total, initial=initial, unit="sample", desc="extract_dataset", file=sys.stderr)
-
-    def update(self, count: int) -> None:
-        self.done += count
-        self.computed += count
-        if self.bar is not None:
-            self.bar.update(count)
-        elif self.enabled and time.monotonic() - self.last >= self.every:
-            self._line()
-
-    def skip(self, count: int) -> None:
-        """Samples of a batch written by an earlier run (iterated past, not computed)."""
-        self.done += count
-        if self.bar is not None:
-            self.bar.update(count)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        elif self.enabled:
-            self._line()
-
-    def _line(self) -> None:
-        self.last = time.monotonic()
-        rate = self.computed / max(self.last - self.started, 1e-9)
-        total = "" if self.total is None else f"/{self.total}"
-        print(f"extract_dataset: {self.done}{total} samples, {rate:.1f} samples/s", file=sys.stderr, flush=True)
-
-
-def _tqdm() -> Any:
-    """tqdm's bar class, or None where tqdm is not installed."""
-    if importlib.util.find_spec("tqdm") is None:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm
 
 
 # -- argument checks -------------------------------------------------------------------------

@@ -88,6 +88,11 @@ def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pa
     h = hook()
     enc = Encoder(h, trace.backend)
     read = _params_read(trace) if params else set()
+    if any(op.stored is not None for op in trace.ops):  # values in a folder (save_to=, lazy=True): one at a time
+        from torchlens_core.store.stream import save_stored
+
+        save_stored(trace, folder, read)
+        return folder
     with progress("tl.save", total=len(trace.ops)) as bar:  # shown only past a few seconds
         ops = [_op_json(op, enc, h, trace.backend) for op in bar.each(trace.ops)]
     text = records_json(trace, enc, ops, read)
@@ -225,7 +230,7 @@ def load(path: str | os.PathLike[str], *, lazy: bool = False) -> Trace:
         raise TraceFileError(f"{str(root)!r} needs more memory to load than is free here ({RECORDS}: "
                              f"{entries[RECORDS]['size']} bytes, {ARRAYS}: {blob_size} bytes): free memory, or load "
                              "it on a larger machine") from None
-    except Exception as exc:  # noqa: BLE001 - anything a well-formed file cannot cause
+    except Exception as exc:
         raise TraceFileError(f"{str(root)!r} is malformed: {type(exc).__name__}: {exc}") from exc
 
 

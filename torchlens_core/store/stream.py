@@ -119,16 +119,32 @@ class _Writer:
 class Reader:
     """Reads spans of one open ``arrays.bin``; the file stays readable after it is renamed or replaced."""
 
-    def __init__(self, fd: int, size: int = 0, before_read: Any = None) -> None:
+    def __init__(self, fd: int, size: int = 0, before_read: Any = None, stamp: Any = None) -> None:
         self.fd, self.size, self.before_read = fd, size, before_read
+        self.stamp = stamp  # the complete file's (size, mtime): a read of a file changed since then is refused
         self._closer = weakref.finalize(self, os.close, fd)
 
     def __len__(self) -> int:
         return self.size
 
+    def seal(self) -> None:
+        """The file is complete: from now on each read first checks it is still as it is now."""
+        self.stamp = _stamp(os.fstat(self.fd))
+
     def read(self, offset: int, nbytes: int) -> bytearray:
         if self.before_read is not None:
             self.before_read()  # what is still buffered, written first
+        if self.stamp is not None:
+            # The descriptor is the file's, not its path's: one renamed or replaced by another still reads as
+            # it was, but one copied over or truncated in place reads other bytes, which its hash no longer
+            # guards. Its size or modification time then differs (an fstat: a microsecond a read).
+            now = _stamp(os.fstat(self.fd))
+            if now[0] != self.stamp[0]:
+                raise TraceFileError(f"arrays.bin was changed after the trace was opened: it has {now[0]} bytes, "
+                                     f"it had {self.stamp[0]}")
+            if now != self.stamp:
+                raise TraceFileError("arrays.bin was rewritten after the trace was opened (its modification time "
+                                     "changed)")
         buffer = bytearray(nbytes)  # writable: frameworks take NumPy arrays on it without a copy
         view = memoryview(buffer)
         done = 0
@@ -142,6 +158,10 @@ class Reader:
 
     def close(self) -> None:
         self._closer()
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int]:
+    return st.st_size, st.st_mtime_ns
 
 
 def _read_at(fd: int, into: memoryview, offset: int) -> int:
@@ -178,17 +198,41 @@ class StoredValue:
 
     Each is the value's encoding in ``trace.json`` (``{"array": row}``, a list
     of those for several outputs...) or None. ``source`` is the :class:`Stream`
-    writing the file, or the :class:`Opened` folder reading it.
+    writing the file, or the :class:`Opened` folder reading it. ``record`` is
+    the op's record (a weak reference): each value read is checked against
+    its shape and dtype, as ``tl.load`` checks every value it loads, and a
+    value that cannot be read, or is not what the record says, raises a
+    :class:`TraceFileError` naming the op, never a wrong value.
     """
 
-    __slots__ = ("out", "pre_edit", "source")
+    __slots__ = ("out", "pre_edit", "source", "record")
 
-    def __init__(self, source: Any, out: Any, pre_edit: Any) -> None:
-        self.source, self.out, self.pre_edit = source, out, pre_edit
+    def __init__(self, source: Any, out: Any, pre_edit: Any, record: weakref.ref[OpRecord] | None = None) -> None:
+        self.source, self.out, self.pre_edit, self.record = source, out, pre_edit, record
 
     def get(self, name: str) -> Any:
         data = getattr(self, name)
-        return None if data is None else self.source.decode(data)
+        if data is None:
+            return None
+        try:
+            value = self.source.decode(data)
+        except TraceFileError as exc:
+            raise self._error(name, str(exc)) from None
+        op = self.record() if self.record is not None else None
+        if name == "out" and op is not None:
+            wrong = _disagreement(self.source.backend, value, op.shape, op.dtype)
+            if wrong:
+                raise self._error(name, f"{wrong}: the folder's trace.json and arrays.bin do not belong together")
+        return value
+
+    def _error(self, name: str, why: str) -> TraceFileError:
+        op = self.record() if self.record is not None else None
+        index, label = (op.index, op.label) if op is not None else ("?", "?")
+        what = "value" if name == "out" else "value before edits"
+        return TraceFileError(f"op {index} ({label}): its {what} cannot be read from {self.source}: {why}. The "
+                              f"values stay in that folder's arrays.bin, read when read: load the folder again "
+                              f"(tl.load checks it against its manifest), or, if it was changed, save the trace "
+                              f"again (tl.save, or tl.trace(..., save_to=))")
 
     def put(self, name: str, value: Any) -> tuple[StoredValue | None, Any]:
         """A value given to ``op.<name>``: ``(where the op's values lie now, what stays in memory)``.
@@ -203,10 +247,36 @@ class StoredValue:
         fields = {"out": self.out, "pre_edit": self.pre_edit, name: data}
         if fields["out"] is None and fields["pre_edit"] is None:
             return None, value
-        return StoredValue(self.source, fields["out"], fields["pre_edit"]), value
+        return StoredValue(self.source, fields["out"], fields["pre_edit"], self.record), value
 
     def __repr__(self) -> str:
         return f"<StoredValue in {self.source}>"
+
+
+def record_of(op: OpRecord) -> weakref.ref[OpRecord]:
+    """What a value read for ``op`` is checked against, and named by: the op's record, as it is when read (a
+    weak reference: the record holds its StoredValue)."""
+    return weakref.ref(op)
+
+
+def _disagreement(backend: str, value: Any, shape: Any, dtype: str | None) -> str | None:
+    """How ``value`` differs from its op's recorded shape and dtype (None: it agrees), as tl.load checks.
+
+    The dtype is checked for a single array rebuilt as the backend's own (one loaded as NumPy, with no
+    framework here, may be a wider dtype: bfloat16 as float32).
+    """
+    from torchlens_core.replay.checked import value_shape
+
+    if shape is None:
+        return None
+    found = value_shape(backend, value)
+    if found != tuple(shape):
+        return f"the value read has shape {found}, its record says {tuple(shape)}"
+    info = hook().torchlens_array_info(backend=backend, value=value) if dtype is not None else None
+    if info is not None and isinstance(shape, (list, tuple)) and all(type(d) is int for d in shape) \
+            and info[1] != dtype:
+        return f"the value read has dtype {info[1]}, its record says {dtype}"
+    return None
 
 
 class Stream:
@@ -224,7 +294,7 @@ class Stream:
         self.temp = parent / f".{name[:atomic._NAME_KEEP]}{atomic.TEMP}{os.getpid()}-{secrets.token_hex(4)}"
         try:
             os.mkdir(self.temp)
-            self.file = open(self.temp / ARRAYS, "xb", buffering=0)  # noqa: SIM115 - closed by commit/abort
+            self.file = open(self.temp / ARRAYS, "xb", buffering=0)
             fd = os.open(self.temp / ARRAYS, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except OSError as exc:
             shutil.rmtree(self.temp, ignore_errors=True)
@@ -267,7 +337,7 @@ class Stream:
         if self.enc.unsaved != before and not last:
             return  # (what was written of it stays unused in the file)
         op.out = op.pre_edit = None  # (before ``stored`` is set: with it, these would be written)
-        op.stored = StoredValue(self, data_out, data_pre)
+        op.stored = StoredValue(self, data_out, data_pre, record_of(op))
 
     def encode(self, value: Any) -> Any:
         assert self.enc is not None, "Stream.begin was not called"
@@ -278,6 +348,11 @@ class Stream:
         finally:
             self.enc.seen.clear()  # one copy per value: holding the arrays to spot repeats would hold them all
         return data
+
+    @property
+    def backend(self) -> str:
+        assert self.dec is not None
+        return self.dec.backend
 
     def decode(self, data: Any) -> Any:
         assert self.dec is not None
@@ -335,11 +410,22 @@ class Stream:
                     entry["out"], entry["pre_edit"] = stored.out, stored.pre_edit
                 ops.append(entry)
             text = records_json(trace, enc, ops, read)
+        except OSError as exc:
+            raise atomic._error(self.folder, exc, "finishing the trace folder", os.path.isdir(self.folder)) from None
+        self.finish(text)
+
+    def finish(self, text: bytes) -> None:
+        """Write ``trace.json`` (``text``, whose array table is this stream's) and the manifest, and swap the
+        complete folder in."""
+        enc = self.enc
+        assert enc is not None and self.writing
+        try:
             enc.seen.clear()
             self._flush()
             self.writer.close()  # every byte written, and hashed
             os.fsync(self.file.fileno())
             self.file.close()
+            self.reader.seal()
             atomic._write_file(self.temp / RECORDS, [text])
             atomic._write_file(self.temp / MANIFEST, [manifest_json(text, enc.size, self.digest)])
             replacing = os.path.isdir(self.folder)
@@ -385,6 +471,10 @@ class Opened:
     def __init__(self, root: pathlib.Path, decoder: LazyDecoder) -> None:
         self.root, self.dec = root, decoder
 
+    @property
+    def backend(self) -> str:
+        return self.dec.backend
+
     def decode(self, data: Any) -> Any:
         return self.dec.decode(data)
 
@@ -408,13 +498,14 @@ def open_lazy(root: pathlib.Path, entry: Any, records: Any, version: int) -> Tra
     file = root / ARRAYS
     f, actual = files._open_plain(file)
     try:
+        stamp = _stamp(os.fstat(f.fileno()))  # before hashing: a change from here on is refused at each read
         if actual != size:
             raise TraceFileError(f"{str(file)!r} has {actual} bytes, the manifest says {size}: "
                                  "the file is truncated or was changed")
         if files._hash_streamed(f, size, file, None) != entry["sha256"]:
             raise TraceFileError(f"{str(file)!r} does not match the SHA-256 in the manifest: it was changed or "
                                  "corrupted")
-        reader = Reader(os.dup(f.fileno()), size)
+        reader = Reader(os.dup(f.fileno()), size, stamp=stamp)
     finally:
         f.close()
     kept = []
@@ -433,7 +524,7 @@ def open_lazy(root: pathlib.Path, entry: Any, records: Any, version: int) -> Tra
         trace = build(records, reader, version, decoder=LazyDecoder)  # type: ignore[arg-type]
     except TorchLensError:
         raise
-    except Exception as exc:  # noqa: BLE001 - anything a well-formed file cannot cause
+    except Exception as exc:
         raise TraceFileError(f"{str(root)!r} is malformed: {type(exc).__name__}: {exc}") from exc
     info = next((i for i in backend_infos() if i.name == trace.backend), None)
     source = Opened(root, LazyDecoder(hook(), trace.backend, records["arrays"], reader,
@@ -442,8 +533,48 @@ def open_lazy(root: pathlib.Path, entry: Any, records: Any, version: int) -> Tra
         op = trace.ops[i]
         if pre_edit is not None and not op.edits:
             raise TraceFileError(f"op {i}: a value before edits is stored for an op that is not saved and edited")
-        op.stored = StoredValue(source, out, pre_edit)
+        op.stored = StoredValue(source, out, pre_edit, record_of(op))
     return trace
+
+
+def save_stored(trace: Trace, path: str | os.PathLike[str], read: set[str]) -> None:
+    """``tl.save`` of a trace whose values lie in a folder (``tl.trace(save_to=)``, ``tl.load(lazy=True)``):
+    each value read, written and let go in turn, as ``save_to=`` writes them, so that at most one value (and
+    :data:`IN_FLIGHT` bytes on their way to the disk) is in memory, never the whole file; written beside the
+    folder and swapped in, as ``tl.save`` does. ``read``: the parameters whose values are saved."""
+    from torchlens_core.ir.progress import progress
+
+    stream = Stream(path)
+    try:
+        stream.begin(trace.backend)
+        enc = stream.enc
+        assert enc is not None
+        h = hook()
+        ops = []
+        with progress("tl.save", total=len(trace.ops)) as bar:  # shown only past a few seconds
+            for op in bar.each(trace.ops):
+                stored = op.stored
+                op.stored = None  # encoded as no value here; the stored ones are copied one at a time below
+                try:
+                    entry = _op_json(op, enc, h, trace.backend)
+                finally:
+                    op.stored = stored
+                for name in ("out", "pre_edit") if stored is not None else ():
+                    if getattr(stored, name) is not None:  # (else a value given since, in memory: encoded above)
+                        entry[name] = stream.encode(stored.get(name))
+                ops.append(entry)
+        text = records_json(trace, enc, ops, read)
+    except OSError as exc:
+        stream.abort()
+        raise atomic._error(stream.folder, exc, f"writing {ARRAYS}", os.path.isdir(stream.folder)) from None
+    except BaseException:
+        stream.abort()
+        raise
+    try:
+        stream.finish(text)
+    except BaseException:
+        stream.abort()
+        raise
 
 
 SAVE_TO_OPENERS.append(Stream)  # tl.trace(save_to=) opens its folder with this (torchlens_core.capture.policy)

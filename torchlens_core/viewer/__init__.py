@@ -11,12 +11,15 @@ are pictured from NumPy, so every backend works, and so do loaded traces.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import tempfile
 import webbrowser
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from torchlens_core.capture.threads import pause_gc, resume_gc
 from torchlens_core.compare.report import Comparison, colors
 from torchlens_core.ir.errors import ArgumentTypeError
 from torchlens_core.ir.trace import Trace
@@ -40,6 +43,11 @@ def render_html(target: Trace | Comparison, *, side: str = "a", values: bool = T
     ``max_nodes`` nodes are left out (Graphviz is slow on them, and so is the browser): the page then cannot
     expand that far.
     """
+    with _collector_paused():
+        return _render(target, side, values, max_nodes)
+
+
+def _render(target: Trace | Comparison, side: str, values: bool, max_nodes: int) -> str:
     trace, comparison = _trace_of(target, side)
     fills = colors(comparison, side) if comparison is not None else None
     records, pictures = op_records(trace, with_values=values)
@@ -100,16 +108,41 @@ def show(target: Trace | Comparison, **options: Any) -> str | None:
     ``options`` are :func:`view`'s (``side``, ``values``, ``max_nodes``).
     """
     if _in_notebook():
-        from IPython.display import HTML, display
+        from IPython.display import display
 
         text = render_html(target, **options)
-        # An iframe keeps the page's script and styles apart from the notebook's.
+        # An iframe keeps the page's script and styles apart from the notebook's. (Displayed through an object of
+        # our own: IPython's HTML() warns about any iframe, pointing to IFrame(), which needs a URL, not a page.)
         srcdoc = text.replace("&", "&amp;").replace('"', "&quot;")
-        display(HTML(f'<iframe srcdoc="{srcdoc}" style="width:100%;height:720px;border:1px solid #ccc"></iframe>'))
+        display(_Inline(f'<iframe srcdoc="{srcdoc}" style="width:100%;height:720px;border:1px solid #ccc"></iframe>'))
         return None
     handle, path = tempfile.mkstemp(suffix=".html", prefix="torchlens-")
     os.close(handle)
     return view(target, path, open_browser=True, **options)
+
+
+class _Inline:
+    """HTML a notebook displays as it is (``_repr_html_``)."""
+
+    def __init__(self, markup: str) -> None:
+        self.markup = markup
+
+    def _repr_html_(self) -> str:
+        return self.markup
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while the page is built: the export makes a few small containers per op
+    (records, pictures, JSON), none in a cycle, and each collection they set off walks every object the trace
+    holds (hundreds of thousands on a large trace): left on, it took more than half of exporting one. Counted
+    with the captures' pauses (:func:`~torchlens_core.capture.threads.pause_gc`): a capture or an export in
+    another thread does not switch it back on under this one."""
+    pause_gc()
+    try:
+        yield
+    finally:
+        resume_gc()
 
 
 def _trace_of(target: Any, side: str) -> tuple[Trace, Comparison | None]:

@@ -8,9 +8,10 @@ needs a framework beyond the backend's ``torchlens_to_numpy`` hook.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.viewer.pictures import first_array, picture
+from torchlens_core.viewer.pictures import converter, first_array, pictures
 from torchlens_core.views.draw import shape_text
 
 if TYPE_CHECKING:
@@ -29,44 +30,42 @@ CHUNK = 1000
 def op_records(trace: Trace, with_values: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(one record per op, in execution order, for the panel; pictures by op index as a string)."""
     distances = trace.distances()
-    records, pictures = [], {}
-    spent = 0
-    for op in trace.ops:
-        record = _record(trace, op, distances[op.index])
-        if with_values and op.out is not None:
-            path, array = first_array(op.out, trace.backend)
-            if array is not None:
-                found = picture(array, with_heatmap=spent < HEATMAP_BUDGET)
-                if found is not None:
-                    if path:
-                        found["path"] = list(map(str, path))
-                    spent += sum(len(s["data"]) for s in found.get("heatmaps", {}).get("slices", []))
-                    pictures[str(op.index)] = found
-        records.append(record)
-    return records, pictures
+    memo: dict[str, dict[Any, Any]] = {"json": {}, "bytes": {}}
+    records = [_record(trace, op, distances[op.index], memo) for op in trace.ops]
+    if not with_values:
+        return records, {}
+    convert = converter(trace.backend)
+    found = ((str(op.index), *first_array(op.out, trace.backend, convert)) for op in trace.ops if op.out is not None)
+    return records, pictures(((key, path, array) for key, path, array in found if array is not None), HEATMAP_BUDGET)
 
 
 def table(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Records as one block: the keys once, then one row of values per record, and the code context's file
     names once each (``code`` entries hold a position in ``files``): a third of the bytes of a list of dicts,
     which the page reads back as dicts (a key a record lacks reads as null)."""
-    keys = list(dict.fromkeys(key for record in records for key in record))
+    keys = list(dict.fromkeys(itertools.chain.from_iterable(records)))
+    every = tuple(keys)
     files: dict[str, int] = {}
     rows = []
     at = keys.index("code") if "code" in keys else -1
     for record in records:
-        row = [record.get(key) for key in keys]
+        # (most records have every key, in this order: their values are the row as they are)
+        row = list(record.values()) if tuple(record) == every else [record.get(key) for key in keys]
         if at >= 0 and row[at]:
             row[at] = [[files.setdefault(file, len(files)), line, func] for file, line, func in row[at]]
         rows.append(row)
     return {"keys": keys, "files": list(files), "rows": rows}
 
 
-def _record(trace: Trace, op: OpRecord, distance: Any) -> dict[str, Any]:
+def _record(trace: Trace, op: OpRecord, distance: Any, memo: dict[str, dict[Any, Any]] | None = None) -> dict[str, Any]:
+    """The panel's record of one op; ``memo`` remembers the shape's JSON form and ``num_bytes`` (by shape and
+    dtype) across ops: ops of one shape share them (parsing the dtype's name was a tenth of a large export)."""
     params = [trace.params[name] for name in op.params if name in trace.params]
     record: dict[str, Any] = {
         "index": op.index, "label": op.label, "kind": op.kind, "func": op.func_name,
-        "shape": _jsonable(op.shape), "dtype": op.dtype, "device": op.device, "bytes": op.num_bytes,
+        "shape": _jsonable(op.shape) if memo is None else _cached(memo["json"], op.shape, _jsonable),
+        "dtype": op.dtype, "device": op.device,
+        "bytes": op.num_bytes if memo is None else _cached(memo["bytes"], (op.shape, op.dtype), lambda _: op.num_bytes),
         "module_outputs": list(op.module_outputs),
         "params": [{"name": p.name, "shape": list(p.shape), "numel": p.numel, "buffer": p.is_buffer,
                     "trainable": p.trainable} for p in params],
@@ -88,19 +87,19 @@ def _record(trace: Trace, op: OpRecord, distance: Any) -> dict[str, Any]:
 def module_passes(trace: Trace) -> list[dict[str, Any]]:
     """One record per module pass, in order of first op: ``key`` (``path:pass``), type, depth (1 = top level),
     ``parent`` (the position of the enclosing pass in this list, -1 at the top level), ``ops`` (how many)."""
-    passes: dict[str, dict[str, Any]] = {}
+    passes: dict[tuple[str, int], dict[str, Any]] = {}
     for op in trace.ops:
+        parent = -1
         for depth, (path, n) in enumerate(op.module_passes, start=1):
-            key = f"{path}:{n}"
-            found = passes.get(key)
+            found = passes.get((path, n))
             if found is None:
                 module = trace.modules[path]
-                parent = op.module_passes[depth - 2] if depth > 1 else None
-                found = passes[key] = {
-                    "key": key, "path": path, "pass": n, "num_passes": module.num_passes,
+                found = passes[(path, n)] = {
+                    "key": f"{path}:{n}", "path": path, "pass": n, "num_passes": module.num_passes,
                     "type": module.type_name, "depth": depth, "params": module.num_params,
-                    "parent": passes[f"{parent[0]}:{parent[1]}"]["at"] if parent else -1, "ops": 0, "at": len(passes)}
+                    "parent": parent, "ops": 0, "at": len(passes)}
             found["ops"] += 1
+            parent = found["at"]
     for found in passes.values():
         del found["at"]
     return list(passes.values())
@@ -111,17 +110,18 @@ def op_graph(trace: Trace, modules: list[dict[str, Any]], colors: dict[str, str]
     label, function, kind, the innermost module pass (its position in ``modules``, -1 at the top level),
     parent op indices, shape text, whether a module returned it and whether it has parameters; the fill colour
     of a comparison by op index; the edited ops. Layout, folding and search read only these."""
-    at = {m["key"]: i for i, m in enumerate(modules)}
+    at = {(m["path"], m["pass"]): i for i, m in enumerate(modules)}
     graph: dict[str, Any] = {"label": [], "func": [], "kind": [], "module": [], "parents": [], "shape": [],
                              "out": [], "params": [], "fill": {}, "edited": []}
+    shapes: dict[Any, str] = {}
     for op in trace.ops:
         graph["label"].append(op.label)
         graph["func"].append(op.func_name if op.kind == "op" else "")
         graph["kind"].append(op.kind)
         inner = op.module_passes[-1] if op.module_passes else None
-        graph["module"].append(at[f"{inner[0]}:{inner[1]}"] if inner else -1)
+        graph["module"].append(at[(inner[0], inner[1])] if inner else -1)
         graph["parents"].append(list(op.parent_indices))
-        graph["shape"].append(shape_text(op.shape))
+        graph["shape"].append(_cached(shapes, op.shape, shape_text))
         graph["out"].append(1 if op.module_outputs else 0)
         graph["params"].append(1 if op.params else 0)
         if colors and op.label in colors:
@@ -129,6 +129,17 @@ def op_graph(trace: Trace, modules: list[dict[str, Any]], colors: dict[str, str]
         if op.edits:
             graph["edited"].append(op.index)
     return graph
+
+
+def _cached(memo: dict[Any, Any], key: Any, make: Any) -> Any:
+    """``make(key)``, remembered in ``memo`` (ops of one shape share their text: it is worked out once)."""
+    try:
+        return memo[key]
+    except KeyError:
+        found = memo[key] = make(key)
+        return found
+    except TypeError:  # not hashable
+        return make(key)
 
 
 def _jsonable(shape: Any) -> Any:

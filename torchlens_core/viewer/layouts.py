@@ -41,13 +41,42 @@ def depth_sizes(trace: Trace) -> list[int]:
     """How many nodes the graph has with modules ``d`` deep folded, for d = 1 ... (deepest module + 1).
 
     Counted as :func:`torchlens_core.views.draw.view` draws (a module pass of one op is that op, never a
-    box), without building the views: one pass over the ops per depth.
+    box), without building the views. At depth ``d`` an op is drawn as the first pass of more than one op
+    among its passes ``d`` deep or deeper, or as itself if none is: so a pass at position ``p`` of its ops'
+    passes is a box at the depths from just below the pass of more than one op enclosing it (at ``q``) down
+    to its own, ``q + 2 <= d <= p + 1``, and an op is its own node from just below its innermost such pass.
+    One pass over the ops counts both, not one pass per depth.
     """
     depth = max((len(op.module_passes) for op in trace.ops), default=0)
-    single = {}
+    single: dict[Any, int] = {}
     for op in trace.ops:
-        for path, n in op.module_passes:
-            single[(path, n)] = single.get((path, n), 0) + 1
+        for key in op.module_passes:
+            single[key] = single.get(key, 0) + 1
+    starts = [0] * (depth + 3)  # +1 at the first depth a node is drawn, -1 after its last
+    boxes: dict[Any, tuple[int, int]] = {}  # pass -> (its position, the enclosing box pass's, least over its ops)
+    for op in trace.ops:
+        q = -1
+        for p, key in enumerate(op.module_passes):
+            if single[key] > 1:
+                first = boxes.get(key)
+                if first is not None and first[0] != p:
+                    return _depth_sizes_by_depth(trace, depth, single)  # (passes nest as a tree: never)
+                if first is None or q < first[1]:
+                    boxes[key] = (p, q)
+                q = p
+        starts[q + 2] += 1
+    for p, q in boxes.values():
+        starts[q + 2] += 1
+        starts[p + 2] -= 1
+    sizes, shown = [], 0
+    for d in range(1, depth + 2):
+        shown += starts[d]
+        sizes.append(shown)
+    return sizes
+
+
+def _depth_sizes_by_depth(trace: Trace, depth: int, single: dict[Any, int]) -> list[int]:
+    """depth_sizes() one depth at a time: each op's node found by walking its passes."""
     sizes = []
     for d in range(1, depth + 2):
         reps: set[Any] = set()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from torchlens_core.ir.errors import (
+    ArgumentTypeError,
     DrawingTooLargeError,
     GraphvizNotFoundError,
     LargeDrawingWarning,
@@ -393,13 +394,26 @@ _STYLE = {
 }
 
 
+def nesting(collapse: Collapse, vis_nesting_depth: int | None) -> Collapse:
+    """``collapse=``, given under its other name too: ``vis_nesting_depth=d`` (the README's, and older
+    releases') is ``collapse=d``, modules ``d`` levels deep drawn as single boxes. Both, unequal: an error."""
+    if vis_nesting_depth is None:
+        return collapse
+    if collapse is not None and collapse != vis_nesting_depth:
+        raise ArgumentTypeError(f"vis_nesting_depth= is collapse='s other name: give one of them, not "
+                                f"collapse={collapse!r} and vis_nesting_depth={vis_nesting_depth!r}")
+    return vis_nesting_depth
+
+
 def to_dot(trace: Trace, vis_mode: str = "unrolled", collapse: Collapse = None, module: str | None = None,
-           colors: dict[str, str] | None = None) -> str:
+           colors: dict[str, str] | None = None, *, vis_nesting_depth: int | None = None) -> str:
     """The DOT source of the drawing (no Graphviz needed).
 
     ``colors`` maps op labels to fill colours (``"#rrggbb"``), for drawings that
     show something per op (``tl.compare(...).draw()`` colours ops by error).
+    ``vis_nesting_depth``: ``collapse``'s other name (:func:`nesting`).
     """
+    collapse = nesting(collapse, vis_nesting_depth)
     return _dot(trace, view(trace, vis_mode, collapse, module), module, colors)
 
 
@@ -476,8 +490,9 @@ def _esc_label(text: str) -> str:
 # -- rendering -----------------------------------------------------------------------------
 def draw(trace: Trace, path: str | os.PathLike[str] | None = None, file_format: str = "pdf",
          vis_mode: str = "unrolled", collapse: Collapse = None, module: str | None = None,
-         colors: dict[str, str] | None = None, max_nodes: int | None = DRAW_MAX_NODES) -> str:
-    """Render with Graphviz and return the path written.
+         colors: dict[str, str] | None = None, max_nodes: int | None = DRAW_MAX_NODES, *,
+         vis_nesting_depth: int | None = None) -> str:
+    """Render with Graphviz and return the path written (``vis_nesting_depth``: ``collapse``'s other name).
 
     A drawing of more than ``max_nodes`` nodes is refused (DrawingTooLargeError) before Graphviz starts,
     unless ``max_nodes=None``; one whose layout is estimated to take over WARN_SECONDS warns
@@ -487,7 +502,7 @@ def draw(trace: Trace, path: str | os.PathLike[str] | None = None, file_format: 
         raise UnsupportedError(f"file_format must be one of {FORMATS}, not {file_format!r}")
     if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
         raise UnsupportedError(f"max_nodes must be a count >= 1 or None (no limit), not {max_nodes!r}")
-    v = view(trace, vis_mode, collapse, module)
+    v = view(trace, vis_mode, nesting(collapse, vis_nesting_depth), module)
     size = layout_size(v)
     seconds = layout_seconds(len(v.nodes), size)
     if max_nodes is not None and len(v.nodes) > max_nodes:

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from torchlens_core.ir.errors import ArgumentTypeError
-from torchlens_core.ir.records import ParamRecord, num_bytes
+from torchlens_core.ir.records import ParamRecord, num_bytes, refs_in
+from torchlens_core.views.html import Text
 
 if TYPE_CHECKING:
-    from torchlens_core.ir.records import OpRecord
+    from torchlens_core.ir.records import ModulePass, OpRecord
     from torchlens_core.ir.trace import Trace
 
 
@@ -132,7 +133,7 @@ def summary(trace: Trace, depth: int | None = 1) -> str:
     total = sum(p.numel for p in params)
     trainable = sum(p.numel for p in params if p.trainable)
     in_buffers = sum(p.numel for p in buffers)
-    return "\n".join([
+    return Text("\n".join([
         f"Model: {trace.model_name or 'function'} ({trace.backend})",
         rule, line(rows[0]), rule, *map(line, rows[1:]), rule,
         *(["(a row with modules shown below it counts only the parameters it holds itself)"] if partial else []),
@@ -140,7 +141,7 @@ def summary(trace: Trace, depth: int | None = 1) -> str:
         f"Ops: {trace.num_ops} total",
         f"Edges: {trace.num_edges} total",
         f"Forward FLOPs: {flops_text(trace)}  MACs: {_si(trace.macs, '')}",
-    ])
+    ]))
 
 
 class _ModuleTree:
@@ -237,8 +238,8 @@ def describe(op: OpRecord) -> str:
     """``print(trace[label])``: everything recorded about one op."""
     trace = op.trace_ref() if op.trace_ref is not None else None
     if op.kind == "op" and trace is not None:
-        position = sum(o.kind == "op" for o in trace.ops[:op.index + 1])
-        head = f"Layer {op.label}, operation {position}/{trace.num_ops}:"
+        # both counted once per trace (Trace.op_number): printing every op of a long trace stays linear
+        head = f"Layer {op.label}, operation {trace.op_number(op)}/{trace.op_number(trace.ops[-1])}:"
     else:
         head = f"Layer {op.label} ({op.kind}):"
     size = op.num_bytes
@@ -268,7 +269,9 @@ def describe(op: OpRecord) -> str:
         lines.append(f"    Computed inside module: {op.modules[-1] if op.module_passes else '(top level)'}")
         if op.module_outputs:
             lines.append(f"    Output of module: {', '.join(op.module_outputs)}")
-        config = op.config
+        config = _module_config(op, trace)
+        if config is None:  # no module returned it (a functional call, an op inside a module): its arguments
+            config = op.config
         if config:
             lines.append("    Config: " + ", ".join(f"{k}={_short(v)}" for k, v in config.items()))
         if trace is not None:
@@ -297,6 +300,49 @@ def describe(op: OpRecord) -> str:
         position = [str(op.index - len(trace.ops)), str(op.index)]
         lines.append(f"    Lookup keys: {', '.join(position + sorted(trace.keys_of(op)))}")
     return "\n".join(lines)
+
+
+def describe_pass(module_pass: ModulePass) -> str:
+    """``print(trace["layer1.0:1"])``: one call of a module, as :func:`describe` shows an op."""
+    trace = module_pass.trace_ref() if module_pass.trace_ref is not None else None
+    if trace is None:
+        return repr(module_pass)
+    module = trace.modules[module_pass.path]
+    ops = module_pass.ops
+    lines = [f"Module pass {module_pass.label} ({module.type_name}), call {module_pass.pass_num} of "
+             f"{module.num_passes}:",
+             f"    Ops: {len(ops)}" + (f" ({ops[0]} .. {ops[-1]})" if len(ops) > 1 else f" ({ops[0]})" if ops else "")]
+    if module_pass.in_template is not None:
+        read = [trace.ops[ref.index].label + _path(ref.path) for ref in refs_in(module_pass.in_template)]
+        lines.append(f"    Inputs: {', '.join(read) or 'none from the trace'}")
+    outputs = [trace.ops[ref.index].label + _path(ref.path) for ref in refs_in(module_pass.out_template)]
+    shapes = ", ".join(_tuple(s) for s in module_pass.output_shapes)
+    lines.append(f"    Output: {', '.join(outputs) or 'none'}" + (f"; shape {shapes}" if shapes else ""))
+    params, buffers = params_and_buffers(trace, module.params)
+    if params:
+        lines.append(f"    Params: {len(params)} tensors, {_numel(params):,} params ({_bytes(_nbytes(params))})")
+    if buffers:
+        lines.append(f"    Buffers: {len(buffers)} tensors, {_numel(buffers):,} values")
+    if module.config:
+        lines.append("    Config: " + ", ".join(f"{k}={_short(v)}" for k, v in module.config.items()))
+    keys = [k for k in (module_pass.label, module_pass.path) if trace._index().get(k) is module_pass]
+    if keys:
+        lines.append(f"    Lookup keys: {', '.join(keys)}")
+    return "\n".join(lines)
+
+
+def _path(path: tuple[Any, ...]) -> str:
+    return "".join(f"[{k!r}]" for k in path)
+
+
+def _module_config(op: OpRecord, trace: Trace | None) -> dict[str, Any] | None:
+    """The configuration of the innermost module that returned ``op`` (``out_channels=384, kernel_size=...``,
+    as the backend recorded it), or None: no module returned it, or the backend records no configuration."""
+    if trace is None or not op.module_outputs:
+        return None
+    innermost = max(op.module_outputs, key=lambda label: label.count("."))  # a block's last layer: the layer
+    module = trace.modules.get(innermost.rpartition(":")[0])
+    return None if module is None else module.config
 
 
 def _array_leaves(value: Any) -> list[tuple[Any, Any]]:

@@ -124,11 +124,11 @@ class Tracked(Conversions, np.ndarray):
 
     # ``x.T`` and ``x.mT`` as the recorded methods they abbreviate.
     @property
-    def T(self) -> Any:  # noqa: N802 - ndarray's name
+    def T(self) -> Any:
         return self.transpose()
 
     @property
-    def mT(self) -> Any:  # noqa: N802 - ndarray's name
+    def mT(self) -> Any:
         return self.swapaxes(-1, -2)
 
     @property

@@ -1,0 +1,104 @@
+"""Each module's configuration (``out_channels=384, kernel_size=(3, 3)...``), read when first asked for.
+
+``trace.modules[path].config`` is what ``print(op)`` shows as ``Config`` for an op a module returned: the
+module's constructor arguments, as the module keeps them in attributes of the same name. Arguments the
+constructor requires come first (what it produces, ``out_*``, before what it takes, ``in_*``), then those
+given other values than their defaults; anything that is not plain data (a parameter, a submodule, a
+function) is left out, as are arguments the module does not keep.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+from torchlens_core.capture.policy import CaptureOptions, HaltCapture
+from torchlens_core.ir.records import Deferred
+from torchlens_core.ir.trace import Trace
+from torchlens_torch.compiled import is_compiled_wrapper, public_path
+
+# Constructor arguments that say where or in what the weights are made, not what the module does.
+_SKIP = frozenset({"device", "dtype", "factory_kwargs"})
+_PLAIN = (bool, int, float, str, type(None))
+# type -> its constructor's arguments: (name, default, required), in the order to show them
+_SIGNATURES: dict[type, tuple[tuple[str, Any, bool], ...]] = {}
+
+
+def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Any:
+    """The torch capture (``torchlens_torch.distributed.capture``), then each module record's ``config``."""
+    from torchlens_torch.distributed import capture as plain
+
+    if not isinstance(model, torch.nn.Module):
+        return plain(model, args, kwargs, options)
+    try:
+        result = plain(model, args, kwargs, options)
+    except HaltCapture as halt:  # halt=: the trace is finished from the builder, whose records these are
+        _annotate(model, halt.builder.modules)
+        raise
+    builder = getattr(result, "_builder", None)  # tl.record: a Recording, its Trace built when first read
+    _annotate(model, result.modules if isinstance(result, Trace) else builder.modules)
+    return result
+
+
+def _annotate(model: torch.nn.Module, records: dict[str, Any]) -> None:
+    # Read when print(op) or record.config first asks (a few microseconds a module, which every capture would
+    # pay otherwise), from the module as it is then. The record holds the module until then, as the trace's
+    # ParamRecords hold its parameters: a model built in the call, tl.trace(alexnet(), x), is gone after it.
+    for path, module in model.named_modules():
+        if not path or is_compiled_wrapper(module):
+            continue
+        record = records.get(public_path(path))
+        if record is not None and record.passes:  # a module the forward never called shows no op
+            record.config = Deferred(functools.partial(module_config, module))
+
+
+def module_config(module: torch.nn.Module) -> dict[str, Any]:
+    """The module's constructor arguments it keeps as attributes: required ones, then those not at their default."""
+    found: dict[str, Any] = {}
+    members = (module._parameters, module._buffers, module._modules)
+    for name, default, required in _signature(type(module)):
+        if any(name in table for table in members):  # bias=False is the missing parameter, not a setting
+            continue
+        value = module.__dict__.get(name, _MISSING)
+        if value is _MISSING or not _plain(value):
+            continue
+        if required or not _is_default(value, default):
+            found[name] = value
+    return found
+
+
+_MISSING = object()
+
+
+def _signature(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+    known = _SIGNATURES.get(cls)
+    if known is None:
+        try:
+            params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # self
+        except (TypeError, ValueError):  # a constructor written in C, or one inspect cannot read
+            params = []
+        named = [(p.name, p.default, p.default is inspect.Parameter.empty) for p in params
+                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in _SKIP]
+        # what the module makes (out_channels, out_features) before what it takes (in_...), then the rest
+        first = [n for n in named if n[2] and n[0].startswith("out_")]
+        then = [n for n in named if n[2] and n[0].startswith("in_")]
+        known = _SIGNATURES[cls] = (*first, *then, *(n for n in named if n not in first and n not in then))
+    return known
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(isinstance(v, _PLAIN) for v in value)
+    return isinstance(value, _PLAIN)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """``stride=(1, 1)`` is the default ``stride=1``: torch widens a number to a tuple per dimension."""
+    if default is inspect.Parameter.empty:
+        return False
+    if isinstance(value, (tuple, list)) and not isinstance(default, (tuple, list)):
+        return all(v == default and type(v) is type(default) for v in value)
+    return type(value) is type(default) and value == default
