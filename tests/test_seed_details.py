@@ -174,11 +174,11 @@ def test_print_op_shows_the_module_configuration(alexnet: tuple[Any, Any, tl.Tra
 
 def test_module_configuration_is_read_when_first_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading every module's configuration costs microseconds a module: a capture leaves it to print(op)."""
-    from torchlens_torch import modules
+    from torchlens_torch import capture
 
     read: list[Any] = []
-    real = modules.module_config
-    monkeypatch.setattr(modules, "module_config", lambda module: read.append(module) or real(module))
+    real = capture.module_config
+    monkeypatch.setattr(capture, "module_config", lambda module: read.append(module) or real(module))
     log = tl.trace(torchvision.models.alexnet(weights=None).eval(), torch.randn(1, 3, 64, 64))  # no model kept
     assert not read
     printed = str(log["conv2d_3_7"])

@@ -22,6 +22,7 @@ unless the calling thread is the one capturing. Captures in several threads
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import sys
 import warnings
@@ -40,7 +41,7 @@ from torchlens_core.capture.recorder import Recorder as BaseRecorder
 from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, UnsupportedError
-from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref, refs_in
+from torchlens_core.ir.records import Deferred, OpRecord, ParamRecord, ParamRef, Ref, refs_in
 from torchlens_core.ir.trace import Trace
 from torchlens_torch import autocast
 from torchlens_torch.compiled import (
@@ -55,6 +56,7 @@ from torchlens_torch.escapes import ShadowMode
 from torchlens_torch.fastpath import recorded_as_run
 from torchlens_torch.global_hooks import GlobalHooks
 from torchlens_torch.grads import hook_grads
+from torchlens_torch.modules import module_config
 from torchlens_torch.replay import GENERATOR_STATE, WRITTEN_KEYWORD
 from torchlens_torch.restore import function_mode
 from torchlens_torch.splice import spliced
@@ -630,10 +632,16 @@ def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[in
         parts = name.split(".")
         for depth in range(1, len(parts)):
             under.setdefault(".".join(parts[:depth]), []).append(name)
-    for path, module in modules + _keras_layers(model, {id(module) for _, module in modules}):
+    for path, module in modules:
         paths[id(module)] = path
         if path:
             builder.add_module(path, type(module).__name__, under.get(path, []))
+            # print(op)'s Config, read when first asked for: reading it costs microseconds a module every capture
+            # would pay. The record holds the module until then, as ParamRecords hold its parameters.
+            builder.modules[path].config = Deferred(functools.partial(module_config, module))
+    for path, layer in _keras_layers(model, {id(module) for _, module in modules}):
+        paths[id(layer)] = path
+        builder.add_module(path, type(layer).__name__, under.get(path, []))
 
 
 def _keras_layers(model: torch.nn.Module, known: set[int]) -> list[tuple[str, torch.nn.Module]]:

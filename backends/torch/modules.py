@@ -1,4 +1,6 @@
-"""Each module's configuration (``out_channels=384, kernel_size=(3, 3)...``), read when first asked for.
+"""Each module's configuration (``out_channels=384, kernel_size=(3, 3)...``): what ``print(op)`` shows as Config.
+
+The capture declares it with each module record (``_declare`` in capture.py), read when first asked for.
 
 ``trace.modules[path].config`` is what ``print(op)`` shows as ``Config`` for an op a module returned: the
 module's constructor arguments, as the module keeps them in attributes of the same name. Arguments the
@@ -9,50 +11,16 @@ function) is left out, as are arguments the module does not keep.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
 import torch
-
-from torchlens_core.capture.policy import CaptureOptions, HaltCapture
-from torchlens_core.ir.records import Deferred
-from torchlens_core.ir.trace import Trace
-from torchlens_torch.compiled import is_compiled_wrapper, public_path
 
 # Constructor arguments that say where or in what the weights are made, not what the module does.
 _SKIP = frozenset({"device", "dtype", "factory_kwargs"})
 _PLAIN = (bool, int, float, str, type(None))
 # type -> its constructor's arguments: (name, default, required), in the order to show them
 _SIGNATURES: dict[type, tuple[tuple[str, Any, bool], ...]] = {}
-
-
-def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Any:
-    """The torch capture (``torchlens_torch.distributed.capture``), then each module record's ``config``."""
-    from torchlens_torch.distributed import capture as plain
-
-    if not isinstance(model, torch.nn.Module):
-        return plain(model, args, kwargs, options)
-    try:
-        result = plain(model, args, kwargs, options)
-    except HaltCapture as halt:  # halt=: the trace is finished from the builder, whose records these are
-        _annotate(model, halt.builder.modules)
-        raise
-    builder = getattr(result, "_builder", None)  # tl.record: a Recording, its Trace built when first read
-    _annotate(model, result.modules if isinstance(result, Trace) else builder.modules)
-    return result
-
-
-def _annotate(model: torch.nn.Module, records: dict[str, Any]) -> None:
-    # Read when print(op) or record.config first asks (a few microseconds a module, which every capture would
-    # pay otherwise), from the module as it is then. The record holds the module until then, as the trace's
-    # ParamRecords hold its parameters: a model built in the call, tl.trace(alexnet(), x), is gone after it.
-    for path, module in model.named_modules():
-        if not path or is_compiled_wrapper(module):
-            continue
-        record = records.get(public_path(path))
-        if record is not None and record.passes:  # a module the forward never called shows no op
-            record.config = Deferred(functools.partial(module_config, module))
 
 
 def module_config(module: torch.nn.Module) -> dict[str, Any]:

@@ -28,8 +28,7 @@ class TorchBackend(Backend):
             return True
         return next(tree.leaves((args, kwargs), lambda v: isinstance(v, torch.Tensor)), None) is not None
 
-    # torchlens_torch.capture, with rank notes while armed, then each module's config (torchlens_torch.modules)
-    capture = lazy("torchlens_torch.modules:capture")
+    capture = lazy("torchlens_torch.distributed:capture")  # torchlens_torch.capture, with rank notes while armed
     replay_graph = lazy("torchlens_torch.replay:replay_graph")
     replay_op = lazy("torchlens_torch.replay:run_op")
     array_info = lazy("torchlens_torch.arrays:array_info")
