@@ -23,16 +23,19 @@ BACKENDS = {
     "jax": ("jax,test,extract", None),
     "tf": ("tf,test,extract", None),
     "paddle": ("paddle,test,extract", None),
-    "tinygrad": ("tinygrad,test,extract",
-                 ("clang", "tinygrad's CPU device compiles with clang: apt-get install -y clang")),
+    "tinygrad": (
+        "tinygrad,test,extract",
+        ("clang", "tinygrad's CPU device compiles with clang: apt-get install -y clang"),
+    ),
 }
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff over everything, and the other pre-commit hooks (.pre-commit-config.yaml) over every tracked file."""
+    """ruff's checks and its formatter over everything, and the other pre-commit hooks (.pre-commit-config.yaml) over every tracked file."""
     session.install("ruff", "pre-commit")
     session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
     session.run("pre-commit", "run", "--all-files", "--show-diff-on-failure")
 
 
@@ -48,8 +51,10 @@ def core(session: nox.Session) -> None:
 
 # Keras 3 and keras_hub beside a backend that runs Keras models (tf; jax, with KERAS_BACKEND=jax). --no-deps:
 # keras-hub declares tensorflow-text, which pulls the full `tensorflow` wheel; these are the dependencies it imports.
-KERAS_PACKAGES = (("keras>=3.10",), ("--no-deps", "keras-hub", "regex", "kagglehub", "kagglesdk", "sentencepiece",
-                                     "tokenizers", "protobuf"))
+KERAS_PACKAGES = (
+    ("keras>=3.10",),
+    ("--no-deps", "keras-hub", "regex", "kagglehub", "kagglesdk", "sentencepiece", "tokenizers", "protobuf"),
+)
 
 
 def _backend_session(name: str, extras: str, needs: tuple[str, str] | None) -> None:
@@ -72,8 +77,15 @@ def _backend_session(name: str, extras: str, needs: tuple[str, str] | None) -> N
             # transformers 4.x, still the most installed series, builds attention masks under torch.vmap: the
             # transform tests run again with it, from a folder put ahead of the session's transformers 5
             older = pathlib.Path(session.create_tmp()) / "transformers4"
-            session.install("--upgrade", "--target", str(older), "--no-deps", "transformers>=4.57,<5",
-                            "huggingface_hub>=0.34,<1.0", "tokenizers>=0.22,<=0.23.0")
+            session.install(
+                "--upgrade",
+                "--target",
+                str(older),
+                "--no-deps",
+                "transformers>=4.57,<5",
+                "huggingface_hub>=0.34,<1.0",
+                "tokenizers>=0.22,<=0.23.0",
+            )
             session.run("pytest", "tests/test_torch_func_transforms.py", "-q", env={"PYTHONPATH": str(older)})
 
     run.__doc__ = f"{name} backend tests and the {name} conformance zoo."
@@ -101,27 +113,47 @@ def compare(session: nox.Session) -> None:
     for builder, backend in PORT_BUILDERS.items():
         python = envs / backend / "bin" / "python"
         if not python.exists():
-            session.error(f"the {builder} port is built with the {backend} session's virtualenv, which is missing: "
-                          f"run `nox -s {backend}` first")
+            session.error(
+                f"the {builder} port is built with the {backend} session's virtualenv, which is missing: "
+                f"run `nox -s {backend}` first"
+            )
         session.run(str(python), f"tests/ports/build_{builder}.py", str(traces), external=True)
     # the comparison menagerie's sample: transformers' PyTorch models against their Flax ports (bench/compare_menagerie)
     menagerie = pathlib.Path(session.create_tmp()) / "menagerie_traces"
     shutil.rmtree(menagerie, ignore_errors=True)
     for side, backend in (("torch", "torch"), ("flax", "jax")):  # side a first: it writes what side b reads
-        session.run(str(envs / backend / "bin" / "python"), "-m", "bench.compare_menagerie", "--build-side", side,
-                    "--out", str(menagerie), "--sample", external=True)
+        session.run(
+            str(envs / backend / "bin" / "python"),
+            "-m",
+            "bench.compare_menagerie",
+            "--build-side",
+            side,
+            "--out",
+            str(menagerie),
+            "--sample",
+            external=True,
+        )
     # docs/compare.md's worked port and teacher forcing run ops in those sessions' virtualenvs
-    pythons = {f"TORCHLENS_PYTHON_{name.upper()}": str(envs / name / "bin" / "python")
-               for name in ("torch", "jax", "paddle")}
+    pythons = {
+        f"TORCHLENS_PYTHON_{name.upper()}": str(envs / name / "bin" / "python") for name in ("torch", "jax", "paddle")
+    }
     tests = ("tests/test_compare_ports.py", "tests/test_docs_compare.py", "tests/test_compare_menagerie.py")
-    session.run("pytest", *tests, "-q", *WORKERS, *session.posargs,
-                env={"TORCHLENS_PORT_TRACES": str(traces), "TORCHLENS_MENAGERIE_TRACES": str(menagerie), **pythons})
+    session.run(
+        "pytest",
+        *tests,
+        "-q",
+        *WORKERS,
+        *session.posargs,
+        env={"TORCHLENS_PORT_TRACES": str(traces), "TORCHLENS_MENAGERIE_TRACES": str(menagerie), **pythons},
+    )
 
 
 # comparison menagerie pair -> its sides in build order, each (side, the backend session whose virtualenv builds it)
-MENAGERIE_SIDES = {"hf-torch-flax": (("torch", "torch"), ("flax", "jax")),
-                   "keras-tf-torch": (("keras-tf", "tf"), ("keras-torch", "torch")),
-                   "keras-tf-jax": (("keras-tf", "tf"), ("keras-jax", "jax"))}
+MENAGERIE_SIDES = {
+    "hf-torch-flax": (("torch", "torch"), ("flax", "jax")),
+    "keras-tf-torch": (("keras-tf", "tf"), ("keras-torch", "torch")),
+    "keras-tf-jax": (("keras-tf", "tf"), ("keras-jax", "jax")),
+}
 
 
 @nox.session(python=PYTHON, name="compare-menagerie")
@@ -149,17 +181,28 @@ def compare_menagerie(session: nox.Session) -> None:
     for side, backend in MENAGERIE_SIDES[pair]:  # side a first: it writes what side b reads
         python = envs / backend / "bin" / "python"
         if not python.exists():
-            session.error(f"the {side} side is built with the {backend} session's virtualenv, which is missing: "
-                          f"run `nox -s {backend}` first")
+            session.error(
+                f"the {side} side is built with the {backend} session's virtualenv, which is missing: "
+                f"run `nox -s {backend}` first"
+            )
         if side == "keras-torch":  # Keras beside torch (the tf and jax sessions install it themselves)
             for packages in KERAS_PACKAGES:
                 session.run(str(python), "-m", "pip", "install", "-q", *packages, external=True)
-        session.run(str(python), "-m", "bench.compare_menagerie", "--build-side", side, "--out", str(out), *args,
-                    external=True)
+        session.run(
+            str(python), "-m", "bench.compare_menagerie", "--build-side", side, "--out", str(out), *args, external=True
+        )
     session.run("python", "-m", "bench.compare_menagerie", "--compare", "--out", str(out), *args)
     # teacher forcing runs side b's ops again: in side b's virtualenv
-    session.run(str(envs / MENAGERIE_SIDES[pair][1][1] / "bin" / "python"), "-m", "bench.compare_menagerie", "--force",
-                "--out", str(out), *args, external=True)
+    session.run(
+        str(envs / MENAGERIE_SIDES[pair][1][1] / "bin" / "python"),
+        "-m",
+        "bench.compare_menagerie",
+        "--force",
+        "--out",
+        str(out),
+        *args,
+        external=True,
+    )
     if "--sample" not in args and "--only" not in args:
         session.run("python", "-m", "bench.compare_menagerie", "--report", "--out", str(out))
 
@@ -220,8 +263,9 @@ def menagerie(session: nox.Session) -> None:
     backend = args[args.index("--backend") + 1] if "--backend" in args else "torch"
     python = pathlib.Path(session.virtualenv.location).parent / backend / "bin" / "python"
     if not python.exists():
-        session.error(f"the menagerie runs in the {backend} session's virtualenv, which is missing: "
-                      f"run `nox -s {backend}` first")
+        session.error(
+            f"the menagerie runs in the {backend} session's virtualenv, which is missing: run `nox -s {backend}` first"
+        )
     session.run(str(python), "-m", "bench.menagerie", *args, external=True)
     if "--sample" not in args and "--list" not in args:
         session.run(str(python), "-m", "bench.menagerie.report", external=True)

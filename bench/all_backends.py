@@ -42,11 +42,25 @@ def run_backend(name: str, envs: pathlib.Path, repeats: int, timeout: float, clo
     python = envs / name / "bin" / "python"
     if not python.exists():
         return {"backend": name, "error": f"no virtualenv {python.parent.parent}: run `nox -s {name}` first"}
-    command = [str(python), str(ROOT / "bench" / "backend_table.py"), "--backend", name, "--repeats", str(repeats),
-               "--clock", clock]
+    command = [
+        str(python),
+        str(ROOT / "bench" / "backend_table.py"),
+        "--backend",
+        name,
+        "--repeats",
+        str(repeats),
+        "--clock",
+        clock,
+    ]
     try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **SESSION_ENV.get(name, {})})
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **SESSION_ENV.get(name, {})},
+        )
     except subprocess.TimeoutExpired:
         return {"backend": name, "error": f"backend_table.py ran past {timeout:.0f} s"}
     for line in reversed(done.stdout.splitlines()):  # frameworks print their own lines; the JSON is last
@@ -59,14 +73,19 @@ def run_backend(name: str, envs: pathlib.Path, repeats: int, timeout: float, clo
 def markdown(results: list[dict[str, Any]], repeats: int, load: str = "", clock: str = "wall") -> str:
     when = datetime.date.today().isoformat()
     timed = "" if clock == "wall" else ", timed by the process's CPU time (`--clock cpu`)"
-    lines = [f"Measured {when} on {platform.machine()} Linux, {os.cpu_count()} CPU cores (shared), one thread, "
-             f"median of {repeats} interleaved runs{timed} (`python bench/all_backends.py`)"
-             + (f"; load average before and after each backend: {load}" if load else "") + ".", "",
-             "`floor`: every op's value kept without recording anything (`bench/capture_floor.py`'s `hold`); "
-             "`recorder`: (capture - floor) per op and module pass, the recorder's own cost per unit.", "",
-             "| backend | model | plain ms | floor | capture | capture/floor | recorder | units | halt at 1/4 "
-             "| patch | memory extra/saved | goal | met |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Measured {when} on {platform.machine()} Linux, {os.cpu_count()} CPU cores (shared), one thread, "
+        f"median of {repeats} interleaved runs{timed} (`python bench/all_backends.py`)"
+        + (f"; load average before and after each backend: {load}" if load else "")
+        + ".",
+        "",
+        "`floor`: every op's value kept without recording anything (`bench/capture_floor.py`'s `hold`); "
+        "`recorder`: (capture - floor) per op and module pass, the recorder's own cost per unit.",
+        "",
+        "| backend | model | plain ms | floor | capture | capture/floor | recorder | units | halt at 1/4 "
+        "| patch | memory extra/saved | goal | met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     misses: list[str] = []
     earlier: list[str] = []
     notes: list[str] = []
@@ -80,26 +99,35 @@ def markdown(results: list[dict[str, Any]], repeats: int, load: str = "", clock:
             patch = f"{r['patch_ratio']:.2f}x ({r['patch_site']})" if r.get("patch_ratio") is not None else "—"
             goal, verdicts = goals(name, r)
             met = "yes" if not verdicts else "no: " + "; ".join(verdicts)
-            lines.append(f"| {name} | {model} | {r['plain_ms']:.1f} | {r['floor_ratio']:.2f}x | {r['ratio']:.2f}x "
-                         f"| {r['vs_floor']:.2f}x | {r['recorder_us']:.0f} µs | {r['unit_ops']} + {r['passes']} "
-                         f"| {halt} | {patch} | {_ratio(r['memory_ratio'])} | {goal} | {met} |")
+            lines.append(
+                f"| {name} | {model} | {r['plain_ms']:.1f} | {r['floor_ratio']:.2f}x | {r['ratio']:.2f}x "
+                f"| {r['vs_floor']:.2f}x | {r['recorder_us']:.0f} µs | {r['unit_ops']} + {r['passes']} "
+                f"| {halt} | {patch} | {_ratio(r['memory_ratio'])} | {goal} | {met} |"
+            )
             misses += [f"{name} {model}: {v}" for v in verdicts]
             earlier += _missed_earlier(name, model, r)
             if "vs_jit" in r:
-                notes.append(f"{name} {model}: jitted call {r['jit_ms']:.2f} ms, its floor (one executable "
-                             f"returning every value) {r['jit_floor_ratio']:.2f}x it, the jitted target's capture "
-                             f"{r['jit_trace_vs_jit']:.2f}x it; the model not jitted "
-                             f"{r['vs_jit']:.1f}x the jitted call")
+                notes.append(
+                    f"{name} {model}: jitted call {r['jit_ms']:.2f} ms, its floor (one executable "
+                    f"returning every value) {r['jit_floor_ratio']:.2f}x it, the jitted target's capture "
+                    f"{r['jit_trace_vs_jit']:.2f}x it; the model not jitted "
+                    f"{r['vs_jit']:.1f}x the jitted call"
+                )
         frameworks = f"{name}: {result['framework']}"
-        notes.append(frameworks + ", tl.record " + ", ".join(f"{r['record_ratio']:.2f}x"
-                                                            for r in result["models"].values()))
+        notes.append(
+            frameworks + ", tl.record " + ", ".join(f"{r['record_ratio']:.2f}x" for r in result["models"].values())
+        )
     methods: dict[str, list[str]] = {}
     for result in results:
         if "error" not in result:
             methods.setdefault(result["memory_method"], []).append(result["backend"])
-    lines += ["", "Notes: " + "; ".join(notes) + ".", "",
-              "Peak memory: " + "; ".join(f"{', '.join(names)}: {how}" for how, names in methods.items()) + ".",
-              ""]
+    lines += [
+        "",
+        "Notes: " + "; ".join(notes) + ".",
+        "",
+        "Peak memory: " + "; ".join(f"{', '.join(names)}: {how}" for how, names in methods.items()) + ".",
+        "",
+    ]
     unmeasured = [r["backend"] for r in results if "error" in r]
     if unmeasured:  # a goal is met only where it was measured
         lines.append(f"Not measured: {', '.join(unmeasured)}.")
@@ -126,21 +154,33 @@ def goals(backend: str, r: dict[str, Any]) -> tuple[str, list[str]]:
         text.append(f"capture/floor ≤ {goal:.2f}x")
         if r["vs_floor"] > goal:
             least = r.get("least_vs_floor")  # the least any recorder does: one small record per op and pass
-            stops = "" if least is None else (f"; the least recorder alone {least:.2f}x the floor, "
-                                              + ("over the goal: it stops it" if least > goal else "under the goal"))
+            stops = (
+                ""
+                if least is None
+                else (
+                    f"; the least recorder alone {least:.2f}x the floor, "
+                    + ("over the goal: it stops it" if least > goal else "under the goal")
+                )
+            )
             missed.append(f"capture/floor {r['vs_floor']:.2f}x ({over_floor}; floor {r['floor_ratio']:.2f}x{stops})")
     if backend in PLAIN_GOAL:
         goal = PLAIN_GOAL[backend]
         text.append(f"capture ≤ {goal:.1f}x")
         if r["ratio"] > goal:
-            stops = (f"the floor {r['floor_ratio']:.2f}x stops it" if r["floor_ratio"] > goal
-                     else f"floor {r['floor_ratio']:.2f}x, {over_floor}")
+            stops = (
+                f"the floor {r['floor_ratio']:.2f}x stops it"
+                if r["floor_ratio"] > goal
+                else f"floor {r['floor_ratio']:.2f}x, {over_floor}"
+            )
             missed.append(f"capture {r['ratio']:.2f}x ({stops})")
     if r.get("jit_trace_vs_jit") is not None:
         text.append(f"jitted ≤ {JIT_GOAL:.0f}x")
         if r["jit_trace_vs_jit"] > JIT_GOAL:
-            stops = (f"the floor {r['jit_floor_ratio']:.2f}x stops it" if r["jit_floor_ratio"] > JIT_GOAL
-                     else f"floor {r['jit_floor_ratio']:.2f}x")
+            stops = (
+                f"the floor {r['jit_floor_ratio']:.2f}x stops it"
+                if r["jit_floor_ratio"] > JIT_GOAL
+                else f"floor {r['jit_floor_ratio']:.2f}x"
+            )
             missed.append(f"jitted target {r['jit_trace_vs_jit']:.2f}x the jitted call ({stops})")
     text.append(f"memory ≤ {MEMORY_GOAL:.2f}x")
     if r["saved_mib"] < MEMORY_RESOLVED_MIB:  # a page-granular peak cannot resolve kilobytes: no verdict
@@ -170,15 +210,20 @@ def load_average() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=pathlib.Path,
-                        default=pathlib.Path(tempfile.gettempdir()) / "torchlens-performance-table.md")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "torchlens-performance-table.md"
+    )
     parser.add_argument("--envs", type=pathlib.Path, default=ROOT / ".nox", help="the nox virtualenvs' folder")
     parser.add_argument("--backends", nargs="*", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per backend")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="wall time (default), or each process's CPU time: on a loaded machine, where the time "
-                             "spent waiting for a core is most of the wall time")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall time (default), or each process's CPU time: on a loaded machine, where the time "
+        "spent waiting for a core is most of the wall time",
+    )
     options = parser.parse_args()
     results = []
     loads: list[str] = []

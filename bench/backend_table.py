@@ -40,8 +40,13 @@ from collections.abc import Callable
 from typing import Any
 
 # One thread everywhere, set before any framework is imported (capture_overhead sets the same on import).
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
-             "TF_NUM_INTEROP_THREADS"):
+for _var in (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+):
     os.environ.setdefault(_var, "1")
 
 from capture_overhead import REFERENCE, Built, _block, _jitted, builders, jitted_target  # noqa: E402 - after the thread settings
@@ -61,15 +66,21 @@ MODELS: dict[str, tuple[str, ...]] = {
 MEMORY = {
     "paddle": "Paddle's host allocator statistics (host_memory_stat 'Allocated': peak reset before each run)",
     "rss": "process peak RSS (VmHWM, reset through /proc/self/clear_refs before each run) over the RSS just "
-           "before; glibc set to give large blocks back (mmap threshold 64 KiB, malloc_trim before each run)",
+    "before; glibc set to give large blocks back (mmap threshold 64 KiB, malloc_trim before each run)",
 }
 
 
 # The zoo's inputs are a batch of two or so, which leaves kilobytes of values: too little for a page-granular
 # memory figure, and a time dominated by the fixed cost per call. Those models run on their input repeated
 # along the batch axis this many times.
-BATCH_REPEAT: dict[str, int] = {"nnx_cnn": 256, "nnx_attention": 128, "cnn_batchnorm": 512, "transformer_block": 256,
-                                "transformer_encoder_layer": 512, "multi_head_attention": 128}
+BATCH_REPEAT: dict[str, int] = {
+    "nnx_cnn": 256,
+    "nnx_attention": 128,
+    "cnn_batchnorm": 512,
+    "transformer_block": 256,
+    "transformer_encoder_layer": 512,
+    "multi_head_attention": 128,
+}
 
 
 def build_models(backend: str, names: list[str]) -> dict[str, Callable[[], Built]]:
@@ -231,8 +242,9 @@ def patch_site(trace: Any) -> str | None:
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
-            patches: bool = False, clock: str = "wall") -> tuple[dict[str, Any], dict]:
+def measure(
+    backend: str, halts: bool, build: Callable[[], Built], repeats: int, patches: bool = False, clock: str = "wall"
+) -> tuple[dict[str, Any], dict]:
     from capture_floor import MODES as FLOORS
     from capture_floor import units
 
@@ -259,8 +271,9 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
     if site is not None:  # activation patching: one module's output swapped for a clean run's
         selector = tl.module(site)
         clean = tl.trace(model, *args, backend=backend, save=selector, **kwargs)
-        runs["patch"] = lambda: tl.trace(model, *args, backend=backend, save=selector,
-                                         intervene=tl.when(selector, tl.swap_with(clean)), **kwargs)
+        runs["patch"] = lambda: tl.trace(
+            model, *args, backend=backend, save=selector, intervene=tl.when(selector, tl.swap_with(clean)), **kwargs
+        )
     if backend == "jax":
         jitted = _jitted(model)
         runs["jit"] = lambda: _block(jitted(*args, **kwargs))
@@ -280,14 +293,24 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
             times[name].append(now() - t0)
             del result
     ms = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
-    row: dict[str, Any] = {"plain_ms": ms["plain"], "trace_ms": ms["trace"], "ratio": ms["trace"] / ms["plain"],
-                           "ops": num_ops, "per_op_us": (ms["trace"] - ms["plain"]) * 1e3 / num_ops,
-                           "halt_at": at if halts else None, "record_ms": ms["record"],
-                           "record_ratio": ms["record"] / ms["plain"], "floor_ms": ms["hold"],
-                           "floor_ratio": ms["hold"] / ms["plain"], "vs_floor": ms["trace"] / ms["hold"],
-                           "units": ops + passes, "unit_ops": ops, "passes": passes,
-                           "recorder_us": (ms["trace"] - ms["hold"]) * 1e3 / (ops + passes),
-                           "least_vs_floor": ms["least"] / ms["hold"] if "least" in ms else None}
+    row: dict[str, Any] = {
+        "plain_ms": ms["plain"],
+        "trace_ms": ms["trace"],
+        "ratio": ms["trace"] / ms["plain"],
+        "ops": num_ops,
+        "per_op_us": (ms["trace"] - ms["plain"]) * 1e3 / num_ops,
+        "halt_at": at if halts else None,
+        "record_ms": ms["record"],
+        "record_ratio": ms["record"] / ms["plain"],
+        "floor_ms": ms["hold"],
+        "floor_ratio": ms["hold"] / ms["plain"],
+        "vs_floor": ms["trace"] / ms["hold"],
+        "units": ops + passes,
+        "unit_ops": ops,
+        "passes": passes,
+        "recorder_us": (ms["trace"] - ms["hold"]) * 1e3 / (ops + passes),
+        "least_vs_floor": ms["least"] / ms["hold"] if "least" in ms else None,
+    }
     if site is not None:
         row.update(patch_site=site, patch_ms=ms["patch"], patch_ratio=ms["patch"] / ms["plain"])
     if halts:
@@ -297,9 +320,14 @@ def measure(backend: str, halts: bool, build: Callable[[], Built], repeats: int,
             raise SystemExit(f"halt=tl.label({at!r}) stopped at {kept[-1].label}")
         row.update(halt_ms=ms["halt"], halt_ratio=ms["halt"] / ms["plain"], halt_ops=len(kept))
     if backend == "jax":
-        row.update(jit_ms=ms["jit"], vs_jit=ms["trace"] / ms["jit"], jit_trace_ms=ms["jit_trace"],
-                   jit_trace_vs_jit=ms["jit_trace"] / ms["jit"], jit_floor_ms=ms["hold_jit"],
-                   jit_floor_ratio=ms["hold_jit"] / ms["jit"])
+        row.update(
+            jit_ms=ms["jit"],
+            vs_jit=ms["trace"] / ms["jit"],
+            jit_trace_ms=ms["jit_trace"],
+            jit_trace_vs_jit=ms["jit_trace"] / ms["jit"],
+            jit_floor_ms=ms["hold_jit"],
+            jit_floor_ratio=ms["hold_jit"] / ms["jit"],
+        )
     return row, runs  # the memory figures come after every model's times (main)
 
 
@@ -316,8 +344,13 @@ def memory(backend: str, runs: dict[str, Callable[[], Any]], meter: PeakMeter, r
         saved = saved_bytes(trace, backend)
         del trace
     p, t = statistics.median(plain), statistics.median(traced)
-    return {"saved_mib": saved / 2**20, "plain_peak_mib": p / 2**20, "trace_peak_mib": t / 2**20,
-            "memory_ratio": (t - p) / saved if saved else None, "peak_ratio": t / saved if saved else None}
+    return {
+        "saved_mib": saved / 2**20,
+        "plain_peak_mib": p / 2**20,
+        "trace_peak_mib": t / 2**20,
+        "memory_ratio": (t - p) / saved if saved else None,
+        "peak_ratio": t / saved if saved else None,
+    }
 
 
 def main() -> None:
@@ -325,8 +358,12 @@ def main() -> None:
     parser.add_argument("--backend", required=True, choices=sorted(MODELS))
     parser.add_argument("--cases", nargs="*", help="models to measure instead of MODELS[backend]")
     parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="wall time (default), or the process's CPU time on a loaded machine")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall time (default), or the process's CPU time on a loaded machine",
+    )
     options = parser.parse_args()
     from torchlens_core.backend.manager import resolve_backend
 
@@ -351,9 +388,19 @@ def main() -> None:
         meter = PeakMeter(info.name)
         for name in rows:
             rows[name].update(memory(info.name, runs[name], meter))
-    print(json.dumps({"backend": info.name, "framework": f"{info.framework} {info.framework_version}",
-                      "repeats": options.repeats, "clock": options.clock, "memory_method": meter.method,
-                      "halt": halts, "models": rows}))
+    print(
+        json.dumps(
+            {
+                "backend": info.name,
+                "framework": f"{info.framework} {info.framework_version}",
+                "repeats": options.repeats,
+                "clock": options.clock,
+                "memory_method": meter.method,
+                "halt": halts,
+                "models": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,11 @@ def torch_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
         def __torch_function__(self, func: Any, types: Any, a: tuple[Any, ...] = (), k: Any = None) -> Any:
             name = getattr(func, "__name__", "")
             # F.relu(x, inplace=True) reaches the mode as `relu` with the keyword (torchvision's ResNets)
-            in_place = ((name.endswith("_") and not name.endswith("__")) or name in ("__iadd__", "__imul__")
-                        or bool(k and k.get("inplace")))
+            in_place = (
+                (name.endswith("_") and not name.endswith("__"))
+                or name in ("__iadd__", "__imul__")
+                or bool(k and k.get("inplace"))
+            )
             if in_place and a and isinstance(a[0], torch.Tensor):
                 with torch._C.DisableTorchFunction():
                     self.kept.append(a[0].clone())
@@ -91,8 +94,11 @@ def torch_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
                 refs = tuple(_least_ref(v, producers, parents) for v in a)
                 kw = {key: _least_ref(v, producers, parents) for key, v in k.items()} if k else {}
                 producers[id(out)] = len(self.records)
-                self.records.append(LeastRecord(func, refs, kw, tuple(parents), out, tuple(out.shape), out.dtype,
-                                                out.device.type, self.stack))
+                self.records.append(
+                    LeastRecord(
+                        func, refs, kw, tuple(parents), out, tuple(out.shape), out.dtype, out.device.type, self.stack
+                    )
+                )
             return out
 
         def pre(self, module: Any, inputs: Any) -> None:
@@ -100,14 +106,16 @@ def torch_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
 
         def post(self, module: Any, inputs: Any, output: Any) -> None:
             self.stack = self.stack[:-1]
-            self.records.append(LeastRecord(module, (), {}, (self.producers.get(id(output), -1),), output, (), None,
-                                            "", self.stack))
+            self.records.append(
+                LeastRecord(module, (), {}, (self.producers.get(id(output), -1),), output, (), None, "", self.stack)
+            )
 
     def under(mode: type) -> Callable[[], Any]:
         def run() -> Any:
             with mode() as active:
                 model(*args, **kwargs)
             return active
+
         return run
 
     def least() -> Any:
@@ -131,8 +139,18 @@ class LeastRecord:
 
     __slots__ = ("func", "args", "kwargs", "parents", "out", "shape", "dtype", "device", "modules")
 
-    def __init__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], parents: tuple[int, ...], out: Any,
-                 shape: tuple[int, ...], dtype: Any, device: str, modules: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        parents: tuple[int, ...],
+        out: Any,
+        shape: tuple[int, ...],
+        dtype: Any,
+        device: str,
+        modules: tuple[str, ...],
+    ) -> None:
         self.func, self.args, self.kwargs, self.parents, self.out = func, args, kwargs, parents, out
         self.shape, self.dtype, self.device, self.modules = shape, dtype, device, modules
 
@@ -155,8 +173,9 @@ def tf_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
         def run() -> Any:
             kept: list[Any] = []
 
-            def callback(op_type: Any, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None,
-                         graph: Any = None) -> None:
+            def callback(
+                op_type: Any, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None, graph: Any = None
+            ) -> None:
                 if keep:
                     kept.append(outputs)
 
@@ -166,6 +185,7 @@ def tf_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
             finally:
                 op_callbacks.remove_op_callback(callback)
             return kept
+
         return run
 
     return {"bare": under(False), "hold": under(True)}
@@ -224,6 +244,7 @@ def paddle_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
                 STATE.recorder = None
                 patches.restore()
             return keeper.kept
+
         return run
 
     return {"bare": under(False), "hold": under(True)}
@@ -256,8 +277,13 @@ def tinygrad_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             finally:
                 self.depth -= 1
             if self.keep:
-                tensors = ([out] if isinstance(out, Tensor) else
-                           [t for t in out if isinstance(t, Tensor)] if isinstance(out, (tuple, list)) else [])
+                tensors = (
+                    [out]
+                    if isinstance(out, Tensor)
+                    else [t for t in out if isinstance(t, Tensor)]
+                    if isinstance(out, (tuple, list))
+                    else []
+                )
                 self.kept += tensors
                 self.pending += tensors
                 if spec.eager:
@@ -286,6 +312,7 @@ def tinygrad_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             finally:
                 keeper.uninstall()
             return keeper.kept
+
         return run
 
     return {"bare": under(False), "hold": under(True)}
@@ -299,7 +326,7 @@ def jax_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict
     from torchlens_jax.modules import view_model
 
     view = view_model(model, args)
-    leaves, treedef = jax.tree_util.tree_flatten((args[view.param_args:], kwargs))
+    leaves, treedef = jax.tree_util.tree_flatten((args[view.param_args :], kwargs))
     array_at = [i for i, leaf in enumerate(leaves) if is_array(leaf)]
     params = [p.value for p in view.params]
     inputs = [leaves[i] for i in array_at]
@@ -339,9 +366,12 @@ def main() -> None:
     parser.add_argument("--backend", required=True, choices=sorted(MODES))
     parser.add_argument("--cases", nargs="*", help="models to measure instead of the backend's table rows")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: this thread's CPU time (the machine's other jobs do not count; sleeps and waits "
-                             "neither)")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: this thread's CPU time (the machine's other jobs do not count; sleeps and waits neither)",
+    )
     options = parser.parse_args()
     names = options.cases or list(MODELS[options.backend])
     if options.backend == "torch":
@@ -350,17 +380,24 @@ def main() -> None:
         torch.set_num_threads(1)
         torch.set_grad_enabled(False)
     modes = {"jax": ("bare", "hold", "hold_jit", "trace"), "torch": ("bare", "hold", "least", "trace")}.get(
-        options.backend, ("bare", "hold", "trace"))
-    print(f"{'model':24s} {'plain ms':>9s} " + " ".join(f"{m:>8s}" for m in modes) + f" {'trace/hold':>10s} "
-          f"{'units':>6s} {'us/unit':>8s} {'faults hold':>12s} {'faults trace':>12s}")
+        options.backend, ("bare", "hold", "trace")
+    )
+    print(
+        f"{'model':24s} {'plain ms':>9s} " + " ".join(f"{m:>8s}" for m in modes) + f" {'trace/hold':>10s} "
+        f"{'units':>6s} {'us/unit':>8s} {'faults hold':>12s} {'faults trace':>12s}"
+    )
     for name, build in build_models(options.backend, names).items():
         built = build()
         plain, ratios, faults = measure(options.backend, *built, options.repeats, options.clock)
         units = recorded_units(options.backend, *built)
         own = (ratios["trace"] - ratios["hold"]) * plain / units * 1e6
-        print(f"{name:24s} {plain * 1e3:9.2f} " + " ".join(f"{ratios[m]:7.2f}x" for m in modes)
-              + f" {ratios['trace'] / ratios['hold']:9.2f}x {units:6d} {own:8.1f}"
-              + f" {faults['hold']:12.0f} {faults['trace']:12.0f}", flush=True)
+        print(
+            f"{name:24s} {plain * 1e3:9.2f} "
+            + " ".join(f"{ratios[m]:7.2f}x" for m in modes)
+            + f" {ratios['trace'] / ratios['hold']:9.2f}x {units:6d} {own:8.1f}"
+            + f" {faults['hold']:12.0f} {faults['trace']:12.0f}",
+            flush=True,
+        )
 
 
 def recorded_units(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -375,13 +412,17 @@ def units(trace: Any) -> tuple[int, int]:
     return sum(op.kind == "op" for op in trace.ops), sum(len(m.passes) for m in trace.modules.values())
 
 
-def measure(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int,
-            clock: str = "wall") -> tuple[float, dict[str, float], dict[str, float]]:
+def measure(
+    backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int, clock: str = "wall"
+) -> tuple[float, dict[str, float], dict[str, float]]:
     """The plain call's median seconds, each mode's median over it, and each mode's median minor page faults."""
     import torchlens as tl
 
-    runs = {"plain": lambda: _block(model(*args, **kwargs)), **MODES[backend](model, args, kwargs),
-            "trace": lambda: tl.trace(model, *args, backend=backend, **kwargs)}
+    runs = {
+        "plain": lambda: _block(model(*args, **kwargs)),
+        **MODES[backend](model, args, kwargs),
+        "trace": lambda: tl.trace(model, *args, backend=backend, **kwargs),
+    }
     times: dict[str, list[float]] = {mode: [] for mode in runs}
     faults: dict[str, list[int]] = {mode: [] for mode in runs}
     now = time.thread_time if clock == "cpu" else time.perf_counter
@@ -397,8 +438,12 @@ def measure(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, A
                 times[mode].append(elapsed)
                 faults[mode].append(faulted)
     plain = statistics.median(times["plain"])
-    return (plain, {mode: statistics.median(t) / plain for mode, t in times.items()},
-            {mode: statistics.median(f) for mode, f in faults.items()})
+    return (
+        plain,
+        {mode: statistics.median(t) / plain for mode, t in times.items()},
+        {mode: statistics.median(f) for mode, f in faults.items()},
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -23,8 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 # One thread everywhere, set before any framework is imported.
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
-             "TF_NUM_INTEROP_THREADS"):
+for _var in (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
@@ -52,8 +57,9 @@ def vit_tiny() -> Built:
     from torchvision.models.vision_transformer import VisionTransformer
 
     # ViT-tiny (vit_b_16 is too big for this machine): 12 layers, 3 heads, 192 wide, random weights
-    model = VisionTransformer(image_size=224, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192,
-                              mlp_dim=768).eval()
+    model = VisionTransformer(
+        image_size=224, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768
+    ).eval()
     return model, (torch.rand(1, 3, 224, 224),), {}
 
 
@@ -130,9 +136,12 @@ def measure_jax(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repea
         tl.trace(model, *args, backend="jax", **kwargs)
         first.append(time.perf_counter() - t0)
     trace = tl.trace(model, *args, backend="jax", **kwargs)
-    return {"jit_ms": statistics.median(fast) * 1e3, "first_ms": statistics.median(first) * 1e3,
-            "cached_ms": statistics.median(cached) * 1e3 if hit else float("nan"),
-            "path": "compiled" if "compiled" in trace.notes else "per-equation"}
+    return {
+        "jit_ms": statistics.median(fast) * 1e3,
+        "first_ms": statistics.median(first) * 1e3,
+        "cached_ms": statistics.median(cached) * 1e3 if hit else float("nan"),
+        "path": "compiled" if "compiled" in trace.notes else "per-equation",
+    }
 
 
 def _jitted(model: Any) -> Callable[..., Any]:
@@ -193,8 +202,9 @@ def main() -> None:
     print(f"{info.name} {info.framework_version}, 1 thread, median of {options.repeats} interleaved runs")
     print(f"{'model':<24} {'plain ms':>10} {'trace ms':>10} {'ratio':>7}", end="")
     if info.name == "jax":  # against the jitted call too, the jitted target's repeat capture, the first capture
-        print(f" {'jit ms':>8} {'vs jit':>7} {'jit trace':>10} {'vs jit':>7} {'first ms':>9} {'1st/jit':>8}  path",
-              end="")
+        print(
+            f" {'jit ms':>8} {'vs jit':>7} {'jit trace':>10} {'vs jit':>7} {'first ms':>9} {'1st/jit':>8}  path", end=""
+        )
     print()
     for name, build in models.items():
         if info.name == "torch":
@@ -206,9 +216,12 @@ def main() -> None:
             r = measure(info.name, build, options.repeats)
         print(f"{name:<24} {r['plain_ms']:>10.1f} {r['trace_ms']:>10.1f} {r['ratio']:>6.2f}x", end="")
         if info.name == "jax":
-            print(f" {r['jit_ms']:>8.2f} {r['trace_ms'] / r['jit_ms']:>6.1f}x {r['cached_ms']:>10.2f} "
-                  f"{r['cached_ms'] / r['jit_ms']:>6.2f}x {r['first_ms']:>9.1f} {r['first_ms'] / r['jit_ms']:>7.1f}x  "
-                  f"{r['path']}", end="")
+            print(
+                f" {r['jit_ms']:>8.2f} {r['trace_ms'] / r['jit_ms']:>6.1f}x {r['cached_ms']:>10.2f} "
+                f"{r['cached_ms'] / r['jit_ms']:>6.2f}x {r['first_ms']:>9.1f} {r['first_ms'] / r['jit_ms']:>7.1f}x  "
+                f"{r['path']}",
+                end="",
+            )
         print()
 
 

@@ -53,8 +53,10 @@ def main() -> None:
             tl.compare(la, lb)
             loaded.append(time.perf_counter() - start)
     first = cmp.first_divergence
-    print(f"tl.compare, GPT-2 small, {len(a.ops)} vs {len(b.ops)} ops, {len(cmp.pairs)} pairs "
-          f"(first divergence {first.a if first else None}):")
+    print(
+        f"tl.compare, GPT-2 small, {len(a.ops)} vs {len(b.ops)} ops, {len(cmp.pairs)} pairs "
+        f"(first divergence {first.a if first else None}):"
+    )
     print(f"  live traces:   {statistics.median(live):.2f} s")
     print(f"  loaded traces: {statistics.median(loaded):.2f} s (target: under 2 s)")
 

@@ -96,27 +96,44 @@ def conv_net(backend: str) -> tuple[Any, list[str], bool]:
         import torch
 
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
-                                    torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
-                                    torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10)).eval()
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, 10),
+        ).eval()
         return model, ["0", "2"], False
     if backend == "paddle":
         import paddle
 
         paddle.seed(0)
-        model = paddle.nn.Sequential(paddle.nn.Conv2D(3, 16, 3, padding=1), paddle.nn.ReLU(),
-                                     paddle.nn.Conv2D(16, 32, 3, padding=1), paddle.nn.ReLU(),
-                                     paddle.nn.AdaptiveAvgPool2D(1), paddle.nn.Flatten(), paddle.nn.Linear(32, 10))
+        model = paddle.nn.Sequential(
+            paddle.nn.Conv2D(3, 16, 3, padding=1),
+            paddle.nn.ReLU(),
+            paddle.nn.Conv2D(16, 32, 3, padding=1),
+            paddle.nn.ReLU(),
+            paddle.nn.AdaptiveAvgPool2D(1),
+            paddle.nn.Flatten(),
+            paddle.nn.Linear(32, 10),
+        )
         model.eval()
         return model, ["0", "2"], False
     if backend == "tf":
         import keras
 
         keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((None, None, 3)),
-                                  keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="conv1"),
-                                  keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2"),
-                                  keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+        model = keras.Sequential(
+            [
+                keras.Input((None, None, 3)),
+                keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="conv1"),
+                keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2"),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(10),
+            ]
+        )
         return model, ["conv1", "conv2"], True
     if backend == "jax":
         from flax import nnx
@@ -148,24 +165,40 @@ def per_backend(args: Any) -> dict[str, Any]:
     os.makedirs(root, exist_ok=True)
     store = os.path.join(root, f"net-{args.backend}")
     # Warm up (imports, kernels, allocator pools) on a store of two batches, outside the measurement.
-    tl.extract_dataset(model, NumpyImages(2 * batch, size, channels_last), layers, batch_size=batch,
-                       output_dir=store, progress=False, overwrite=True)
+    tl.extract_dataset(
+        model,
+        NumpyImages(2 * batch, size, channels_last),
+        layers,
+        batch_size=batch,
+        output_dir=store,
+        progress=False,
+        overwrite=True,
+    )
     baseline_peak = rss_peak_mib()
     t0 = time.perf_counter()
-    handle = tl.extract_dataset(model, data, layers, batch_size=batch, output_dir=store, progress=False,
-                                overwrite=True)
+    handle = tl.extract_dataset(model, data, layers, batch_size=batch, output_dir=store, progress=False, overwrite=True)
     seconds = time.perf_counter() - t0
     peak = rss_peak_mib()
     per_sample = sum(int(np.prod(s)) * np.dtype(handle.dtypes[k]).itemsize for k, s in handle.shapes.items())
     on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(store) for f in fs)
-    results = {"backend": args.backend, "samples": n, "input": [size, size, 3] if channels_last else [3, size, size],
-               "batch_size": batch, "layers": layers, "shapes": {k: list(v) for k, v in handle.shapes.items()},
-               "seconds": round(seconds, 2), "samples_per_s": round(n / seconds, 1),
-               "rss_peak_growth_mib": round(peak - baseline_peak, 1),
-               "activations_mib": round(per_sample * n / 2**20, 1), "on_disk_mib": round(on_disk / 2**20, 1)}
-    print(f"{args.backend}: conv net, {n} samples of {results['input']}, batch {batch}: {seconds:.2f} s, "
-          f"{n / seconds:.1f} samples/s, peak RSS +{peak - baseline_peak:.1f} MiB; "
-          f"{results['activations_mib']} MiB of activations, {results['on_disk_mib']} MiB on disk")
+    results = {
+        "backend": args.backend,
+        "samples": n,
+        "input": [size, size, 3] if channels_last else [3, size, size],
+        "batch_size": batch,
+        "layers": layers,
+        "shapes": {k: list(v) for k, v in handle.shapes.items()},
+        "seconds": round(seconds, 2),
+        "samples_per_s": round(n / seconds, 1),
+        "rss_peak_growth_mib": round(peak - baseline_peak, 1),
+        "activations_mib": round(per_sample * n / 2**20, 1),
+        "on_disk_mib": round(on_disk / 2**20, 1),
+    }
+    print(
+        f"{args.backend}: conv net, {n} samples of {results['input']}, batch {batch}: {seconds:.2f} s, "
+        f"{n / seconds:.1f} samples/s, peak RSS +{peak - baseline_peak:.1f} MiB; "
+        f"{results['activations_mib']} MiB of activations, {results['on_disk_mib']} MiB on disk"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
@@ -217,8 +250,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # 1. The full extraction.
     t0 = time.perf_counter()
     with torch.no_grad() if args.no_grad else contextlib.nullcontext():
-        handle = tl.extract_dataset(model, RandomImages(n, size), args.layers, batch_size=batch,
-                                    output_dir=full_dir, progress=False)
+        handle = tl.extract_dataset(
+            model, RandomImages(n, size), args.layers, batch_size=batch, output_dir=full_dir, progress=False
+        )
     seconds = time.perf_counter() - t0
     peak = rss_peak_mib()
     per_sample = sum(int(np.prod(s)) * np.dtype(handle.dtypes[k]).itemsize for k, s in handle.shapes.items())
@@ -237,8 +271,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     hook = model.register_forward_pre_hook(lambda module, inputs: calls.__setitem__(0, calls[0] + 1))
     try:
         try:
-            tl.extract_dataset(model, RandomImages(n, size, fail_at=interrupt_at), args.layers, batch_size=batch,
-                               output_dir=resumed_dir, progress=False)
+            tl.extract_dataset(
+                model,
+                RandomImages(n, size, fail_at=interrupt_at),
+                args.layers,
+                batch_size=batch,
+                output_dir=resumed_dir,
+                progress=False,
+            )
             raise AssertionError("the interrupted run did not stop")
         except RuntimeError as exc:
             interrupted = str(exc)
@@ -246,8 +286,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         partial = tl.Activations(resumed_dir)
         written_before = int(np.count_nonzero(zarr.open_group(resumed_dir, mode="r")["_chunks_done"][:]))
         t1 = time.perf_counter()
-        resumed = tl.extract_dataset(model, RandomImages(n, size), args.layers, batch_size=batch,
-                                     output_dir=resumed_dir, progress=False)
+        resumed = tl.extract_dataset(
+            model, RandomImages(n, size), args.layers, batch_size=batch, output_dir=resumed_dir, progress=False
+        )
         resume_seconds = time.perf_counter() - t1
         computed_on_resume = calls[0] - before
     finally:
@@ -255,8 +296,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     total_batches = -(-n // batch)
 
     # 3. Checks: resumed == uninterrupted, chunk by chunk; sampled activations == tl.pluck.
-    equal = all(np.array_equal(handle[k][s:s + batch], resumed[k][s:s + batch], equal_nan=True)
-                for k in args.layers for s in range(0, n, batch))
+    equal = all(
+        np.array_equal(handle[k][s : s + batch], resumed[k][s : s + batch], equal_nan=True)
+        for k in args.layers
+        for s in range(0, n, batch)
+    )
     rng = np.random.default_rng(0)
     picks = sorted(rng.choice(n, size=min(args.check, n), replace=False).tolist())
     data = RandomImages(n, size)
@@ -271,33 +315,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             same_batch &= bool(np.array_equal(got, batched[i - start].detach().numpy()))
 
     results = {
-        "samples": n, "input": [3, size, size], "batch_size": batch, "layers": args.layers,
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "no_grad": args.no_grad,
-        "seconds": round(seconds, 2), "samples_per_s": round(n / seconds, 1),
+        "samples": n,
+        "input": [3, size, size],
+        "batch_size": batch,
+        "layers": args.layers,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "no_grad": args.no_grad,
+        "seconds": round(seconds, 2),
+        "samples_per_s": round(n / seconds, 1),
         "plain_forward_seconds": None if plain is None else round(plain, 2),
-        "rss_baseline_mib": round(baseline_now, 1), "rss_peak_mib": round(peak, 1),
+        "rss_baseline_mib": round(baseline_now, 1),
+        "rss_peak_mib": round(peak, 1),
         "rss_peak_growth_mib": round(peak - baseline_peak, 1),
-        "activation_bytes_per_sample": per_sample, "activations_mib": round(per_sample * n / 2**20, 1),
+        "activation_bytes_per_sample": per_sample,
+        "activations_mib": round(per_sample * n / 2**20, 1),
         "on_disk_mib": round(on_disk / 2**20, 1),
-        "interrupted": interrupted, "batches_written_before_resume": written_before,
-        "batches_total": total_batches, "batches_computed_on_resume": computed_on_resume,
+        "interrupted": interrupted,
+        "batches_written_before_resume": written_before,
+        "batches_total": total_batches,
+        "batches_computed_on_resume": computed_on_resume,
         "incomplete_handle_len_before_resume": len(partial),
         "resume_seconds": round(resume_seconds, 2),
-        "resumed_equals_uninterrupted": equal, "checked_samples": picks,
-        "equal_to_pluck_on_same_batch": same_batch, "max_abs_diff_to_pluck_alone": alone,
+        "resumed_equals_uninterrupted": equal,
+        "checked_samples": picks,
+        "equal_to_pluck_on_same_batch": same_batch,
+        "max_abs_diff_to_pluck_alone": alone,
     }
-    print(f"ResNet-18, {n} samples of 3x{size}x{size}, batch {batch}, layers {args.layers}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads{', no_grad' if args.no_grad else ''}")
+    print(
+        f"ResNet-18, {n} samples of 3x{size}x{size}, batch {batch}, layers {args.layers}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads{', no_grad' if args.no_grad else ''}"
+    )
     print(f"  extraction      {seconds:7.2f} s   {n / seconds:7.1f} samples/s")
     if plain is not None:
         print(f"  plain forward   {plain:7.2f} s   {n / plain:7.1f} samples/s  (whole model, no capture, no writes)")
-    print(f"  peak RSS        {peak:7.1f} MiB  (+{peak - baseline_peak:.1f} MiB over the warmed-up process; "
-          f"the activations written are {per_sample * n / 2**20:.1f} MiB, {on_disk / 2**20:.1f} MiB on disk)")
+    print(
+        f"  peak RSS        {peak:7.1f} MiB  (+{peak - baseline_peak:.1f} MiB over the warmed-up process; "
+        f"the activations written are {per_sample * n / 2**20:.1f} MiB, {on_disk / 2**20:.1f} MiB on disk)"
+    )
     print(f"  interrupted     {interrupted!r}: {written_before}/{total_batches} batches were written")
-    print(f"  resumed         computed {computed_on_resume} batches in {resume_seconds:.2f} s "
-          f"(expected {total_batches - written_before})")
-    print(f"  read back       resumed == uninterrupted: {equal}; samples {picks}: equal to tl.pluck on the same "
-          f"batch: {same_batch}, max |diff| to tl.pluck alone: {alone:.2e}")
+    print(
+        f"  resumed         computed {computed_on_resume} batches in {resume_seconds:.2f} s "
+        f"(expected {total_batches - written_before})"
+    )
+    print(
+        f"  read back       resumed == uninterrupted: {equal}; samples {picks}: equal to tl.pluck on the same "
+        f"batch: {same_batch}, max |diff| to tl.pluck alone: {alone:.2e}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -57,12 +57,14 @@ def measure(build: Callable[[], Any], repeats: int) -> None:
     trace = tl.trace(model, x, save_grads=True)
 
     def replayed() -> None:
-        trace.log_backward(lambda out: (out ** 2).sum())
+        trace.log_backward(lambda out: (out**2).sum())
         jax.block_until_ready([op.grad for op in trace.ops if op.grad is not None])
 
-    runs = {"jax.grad": lambda: jax.block_until_ready(eager(state, x)),
-            "jax.jit(jax.grad)": lambda: jax.block_until_ready(compiled(state, x)),
-            "trace.log_backward": replayed}
+    runs = {
+        "jax.grad": lambda: jax.block_until_ready(eager(state, x)),
+        "jax.jit(jax.grad)": lambda: jax.block_until_ready(compiled(state, x)),
+        "trace.log_backward": replayed,
+    }
     for run in runs.values():  # warm: compile the jitted one, fill JAX's dispatch caches
         run()
     times: dict[str, list[float]] = {name: [] for name in runs}

@@ -43,8 +43,11 @@ def main() -> None:
         trace = tl.trace(model, x, save_grads=save_grads)
         trace.log_backward(trace.output.sum())
 
-    runs = {"plain": plain, "save_grads=True": lambda: traced(True),
-            "save_grads=func('relu')": lambda: traced(tl.func("relu"))}
+    runs = {
+        "plain": plain,
+        "save_grads=True": lambda: traced(True),
+        "save_grads=func('relu')": lambda: traced(tl.func("relu")),
+    }
     for run in runs.values():
         run()
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -54,8 +57,10 @@ def main() -> None:
             run()
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times["plain"])
-    print(f"torch {torch.__version__}, ResNet-18 forward + backward, 1 thread, median of {options.repeats} "
-          f"interleaved runs")
+    print(
+        f"torch {torch.__version__}, ResNet-18 forward + backward, 1 thread, median of {options.repeats} "
+        f"interleaved runs"
+    )
     for name, values in times.items():
         t = statistics.median(values)
         print(f"{name:<26} {t * 1e3:8.1f} ms  {t / base:.2f}x")

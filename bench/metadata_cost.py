@@ -47,8 +47,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, median of {options.repeats} interleaved runs")
-    print(f"{'model':<10} {'ops':>5} {'capture ms':>11} {'stack walk ms':>14} {'derived ms':>11} "
-          f"{'to_pandas ms':>13}")
+    print(f"{'model':<10} {'ops':>5} {'capture ms':>11} {'stack walk ms':>14} {'derived ms':>11} {'to_pandas ms':>13}")
     for name, build in REFERENCE.items():
         model, args, kwargs = build()
         with torch.no_grad():
@@ -82,8 +81,10 @@ def main() -> None:
         c = statistics.median(capture)
         walk = statistics.median(walks)
         d, tb = statistics.median(derived), statistics.median(table)
-        print(f"{name:<10} {trace.num_ops:>5} {c * 1e3:>11.1f} {walk * 1e3:>8.1f} ({walk / c:>3.0%}) "
-              f"{d * 1e3:>5.1f} ({d / c:>3.0%}) {tb * 1e3:>6.1f} ({tb / c:>3.0%})")
+        print(
+            f"{name:<10} {trace.num_ops:>5} {c * 1e3:>11.1f} {walk * 1e3:>8.1f} ({walk / c:>3.0%}) "
+            f"{d * 1e3:>5.1f} ({d / c:>3.0%}) {tb * 1e3:>6.1f} ({tb / c:>3.0%})"
+        )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,13 @@ from collections.abc import Callable
 from time import thread_time
 from typing import Any
 
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
-             "TF_NUM_INTEROP_THREADS"):
+for _var in (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+):
     os.environ.setdefault(_var, "1")
 
 from backend_table import build_models  # noqa: E402 - after the thread settings
@@ -155,13 +160,22 @@ def main() -> None:
     overhead = _timer_cost(timers)
     ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
     capture = ms["trace"] - calls * overhead * 1e3
-    print(f"{options.backend} {options.case}: {ops} ops, {passes} module passes; thread CPU ms, medians of "
-          f"{options.repeats}: plain {ms['plain']:.1f}, bare interception {ms['bare']:.1f}, floor {ms['hold']:.1f}, "
-          f"capture {capture:.1f} (timers taken out: {calls} calls x {overhead * 1e6:.2f} µs)")
-    print(f"recorder (capture - floor): {capture - ms['hold']:.1f} ms, "
-          f"{(capture - ms['hold']) * 1e3 / (ops + passes):.0f} µs per op or pass")
-    rows = sorted(((statistics.median(p.get(part, 0.0) for p in parts) * 1e3, part)
-                   for part in {part for p in parts for part in p}), reverse=True)
+    print(
+        f"{options.backend} {options.case}: {ops} ops, {passes} module passes; thread CPU ms, medians of "
+        f"{options.repeats}: plain {ms['plain']:.1f}, bare interception {ms['bare']:.1f}, floor {ms['hold']:.1f}, "
+        f"capture {capture:.1f} (timers taken out: {calls} calls x {overhead * 1e6:.2f} µs)"
+    )
+    print(
+        f"recorder (capture - floor): {capture - ms['hold']:.1f} ms, "
+        f"{(capture - ms['hold']) * 1e3 / (ops + passes):.0f} µs per op or pass"
+    )
+    rows = sorted(
+        (
+            (statistics.median(p.get(part, 0.0) for p in parts) * 1e3, part)
+            for part in {part for p in parts for part in p}
+        ),
+        reverse=True,
+    )
     for spent, part in rows:
         per, unit = (passes, "pass") if part == PASSES else (ops, "op")
         print(f"  {part:48s} {spent:7.2f} ms  {spent * 1e3 / per:6.1f} µs per {unit}")
@@ -171,6 +185,7 @@ def main() -> None:
 
 def _timer_cost(timers: Timers, n: int = 100_000) -> float:
     """Seconds of thread CPU time one timer adds to a call."""
+
     def nothing() -> None:
         pass
 

@@ -1,6 +1,6 @@
 """tl.save / tl.load: time and size for the reference models (median of repeats, one thread).
 
-    python bench/save_load.py
+python bench/save_load.py
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ def main(repeats: int = 5) -> None:
                     saves.append(t2 - t1)
                     loads.append(t3 - t2)
                 size = sum(f.stat().st_size for f in path.iterdir()) / 2**20
-        print(f"{name:<10} {trace.num_ops:>5} {size:>12.1f} {statistics.median(saves):>8.2f} "
-              f"{statistics.median(loads):>8.2f} {statistics.median(captures):>10.2f}")
+        print(
+            f"{name:<10} {trace.num_ops:>5} {size:>12.1f} {statistics.median(saves):>8.2f} "
+            f"{statistics.median(loads):>8.2f} {statistics.median(captures):>10.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,7 @@ from typing import Any
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-STEPS = ("trace", "summary", "to_dot", "save", "load", "audit", "replay", "compare", "diverged", "find",
-         "to_pandas")
+STEPS = ("trace", "summary", "to_dot", "save", "load", "audit", "replay", "compare", "diverged", "find", "to_pandas")
 
 
 def _size(text: str) -> int:
@@ -52,8 +51,15 @@ def decoder(layers: int, seed: int = 0) -> tuple[Any, dict[str, Any]]:
     import torch
     import transformers
 
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
-                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(seed)
     model = transformers.LlamaModel(config).eval()
     return model, {"input_ids": torch.randint(0, config.vocab_size, (1, 8))}
@@ -76,8 +82,9 @@ def ops_of(layers: int) -> int:
         return len(tl.trace(model, **kwargs))
 
 
-def measure(layers: int, steps: tuple[str, ...], profile: bool, sort: str = "cumulative", top: int = 15,
-            calls: bool = False) -> dict[str, Any]:
+def measure(
+    layers: int, steps: tuple[str, ...], profile: bool, sort: str = "cumulative", top: int = 15, calls: bool = False
+) -> dict[str, Any]:
     """Each step's seconds on a decoder of ``layers`` layers (``profile``: print each step's cProfile;
     ``calls``: count each step's Python function calls, under cProfile)."""
     import torch
@@ -135,8 +142,14 @@ def measure(layers: int, steps: tuple[str, ...], profile: bool, sort: str = "cum
                 pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(top)
                 print(f"--- {step} at {len(state['trace'])} ops ---\n{out.getvalue()}")
             del result
-    return {"layers": layers, "ops": len(state["trace"]), "build_s": build, "seconds": seconds,
-            "cpu_seconds": cpu_seconds, "calls": counted}
+    return {
+        "layers": layers,
+        "ops": len(state["trace"]),
+        "build_s": build,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "calls": counted,
+    }
 
 
 def table(rows: list[dict[str, Any]], steps: tuple[str, ...]) -> str:
@@ -163,8 +176,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print each step's cProfile")
     parser.add_argument("--sort", default="cumulative", help="the profile's order: cumulative, tottime...")
     parser.add_argument("--top", type=int, default=15, help="lines of each profile")
-    parser.add_argument("--calls", action="store_true",
-                        help="also count each step's Python function calls per 1k ops (a figure load does not move)")
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="also count each step's Python function calls per 1k ops (a figure load does not move)",
+    )
     parser.add_argument("--out", help="also write the figures as JSON here")
     options = parser.parse_args()
     import torch
@@ -176,13 +192,18 @@ def main() -> None:
     for size in sorted(_size(s) for s in options.sizes):
         row = measure(layers_for(size, ops_of), steps, options.profile, options.sort, options.top, options.calls)
         row["target"] = size
-        print(f"{row['ops']} ops ({row['layers']} layers, built in {row['build_s']:.1f} s): "
-              + ", ".join(f"{k} {v:.2f} s" for k, v in row["seconds"].items()) + " (wall)", flush=True)
+        print(
+            f"{row['ops']} ops ({row['layers']} layers, built in {row['build_s']:.1f} s): "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in row["seconds"].items())
+            + " (wall)",
+            flush=True,
+        )
         rows.append(row)
     print(table(rows, steps))
     if options.out:
-        Path(options.out).write_text(json.dumps({"torch": torch.__version__, "load_average": os.getloadavg(),
-                                                 "rows": rows}, indent=1))
+        Path(options.out).write_text(
+            json.dumps({"torch": torch.__version__, "load_average": os.getloadavg(), "rows": rows}, indent=1)
+        )
 
 
 if __name__ == "__main__":

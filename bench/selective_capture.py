@@ -1,6 +1,6 @@
 """save= and halt= against a full trace and a plain forward: time ratio and bytes the trace holds.
 
-    python bench/selective_capture.py            # ResNet-18, 1x3x224x224, torch, one thread
+python bench/selective_capture.py            # ResNet-18, 1x3x224x224, torch, one thread
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ def main(repeats: int = 15) -> None:
                 result = run()
                 times[name].append(time.perf_counter() - t0)
                 del result
-        held = {name: held_bytes(run()) if name.startswith(("full", "save", "halt")) else None
-                for name, run in runs.items()}
+        held = {
+            name: held_bytes(run()) if name.startswith(("full", "save", "halt")) else None for name, run in runs.items()
+        }
     plain = statistics.median(times["plain forward"])
     print(f"ResNet-18 1x3x224x224, torch {torch.__version__}, 1 thread, median of {repeats} interleaved runs")
     print(f"{'run':<24} {'ms':>8} {'vs plain':>9} {'values held':>12}")

@@ -96,8 +96,9 @@ def main() -> None:
         for step in ("forward", "save_to", "in memory"):
             if step == "in memory" and args.gib * (1 << 30) > memory / 4:
                 continue
-            done = subprocess.run([sys.executable, "-c", CHILD, step, folder, str(n)], capture_output=True,
-                                  text=True, check=True)
+            done = subprocess.run(
+                [sys.executable, "-c", CHILD, step, folder, str(n)], capture_output=True, text=True, check=True
+            )
             rows[step] = json.loads(done.stdout.strip().splitlines()[-1])
             shutil.rmtree(os.path.join(folder, "t"), ignore_errors=True)  # one copy on the disk at a time
         plain = plain_write(folder, rows["save_to"]["bytes"])

@@ -42,8 +42,9 @@ class Block(torch.nn.Module):
 class Group(torch.nn.Module):
     def __init__(self, stages: int, blocks: int) -> None:
         super().__init__()
-        self.stages = torch.nn.Sequential(*[torch.nn.Sequential(*[Block() for _ in range(blocks)])
-                                            for _ in range(stages)])
+        self.stages = torch.nn.Sequential(
+            *[torch.nn.Sequential(*[Block() for _ in range(blocks)]) for _ in range(stages)]
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stages(x)
@@ -132,8 +133,13 @@ def screenshot(trace: tl.Trace, html: pathlib.Path, png: pathlib.Path, op: str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--ops", type=int, nargs="*", default=[1_000, 10_000, 50_000],
-                        help="sizes of the synthetic trace, in ops (default: 1000 10000 50000)")
+    parser.add_argument(
+        "--ops",
+        type=int,
+        nargs="*",
+        default=[1_000, 10_000, 50_000],
+        help="sizes of the synthetic trace, in ops (default: 1000 10000 50000)",
+    )
     parser.add_argument("--gpt2", action="store_true", help="also GPT-2 small (needs transformers)")
     parser.add_argument("--loads", type=int, default=3, help="page loads per file (the median is shown)")
     parser.add_argument("--out", default=None, help="where to keep the HTML files (default: a temporary folder)")
@@ -165,9 +171,12 @@ def main() -> None:
         tl.view(trace, path)
         export = time.perf_counter() - start
         got = in_browser(path, trace.ops[-1].label, args.loads)
-        print(f"| {name} | {len(trace.ops):,} | {traced:.1f} s | {export:.1f} s | "
-              f"{path.stat().st_size / 2**20:.1f} MB | {got['render']:.0f} ms | {got['nodes']:.0f} | "
-              f"{got['open']:.0f} ms | {got['expand']:.0f} ms |", flush=True)
+        print(
+            f"| {name} | {len(trace.ops):,} | {traced:.1f} s | {export:.1f} s | "
+            f"{path.stat().st_size / 2**20:.1f} MB | {got['render']:.0f} ms | {got['nodes']:.0f} | "
+            f"{got['open']:.0f} ms | {got['expand']:.0f} ms |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -19,13 +19,21 @@ pytest_plugins = ["torchlens.conformance.plugin"]
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("torchlens conformance (this checkout)")
-    group.addoption("--backend", action="append", default=[],
-                    help="backend to check (repeatable); default: every available backend")
-    group.addoption("--expected-failures", action="append", default=[],
-                    help="extra expected-failures file (lines 'case[::check]  # reason')")
+    group.addoption(
+        "--backend", action="append", default=[], help="backend to check (repeatable); default: every available backend"
+    )
+    group.addoption(
+        "--expected-failures",
+        action="append",
+        default=[],
+        help="extra expected-failures file (lines 'case[::check]  # reason')",
+    )
     group.addoption("--include-slow", action="store_true", help="also run cases marked slow")
-    group.addoption("--no-untraced", action="store_true",
-                    help="audit without the untraced rerun (trace.audit(untraced=True) is the default)")
+    group.addoption(
+        "--no-untraced",
+        action="store_true",
+        help="audit without the untraced rerun (trace.audit(untraced=True) is the default)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,7 +41,12 @@ def pytest_configure(config: pytest.Config) -> None:
     from torchlens.conformance.plugin import BUILT_IN_EXPECTED_FAILURES, SuiteSettings, configure_suite
 
     extra = tuple(pathlib.Path(p) for p in config.getoption("--expected-failures"))
-    configure_suite(config, SuiteSettings(backends=tuple(config.getoption("--backend")),
-                                          expected_failures=(BUILT_IN_EXPECTED_FAILURES, *extra),
-                                          include_slow=config.getoption("--include-slow"),
-                                          untraced=not config.getoption("--no-untraced")))
+    configure_suite(
+        config,
+        SuiteSettings(
+            backends=tuple(config.getoption("--backend")),
+            expected_failures=(BUILT_IN_EXPECTED_FAILURES, *extra),
+            include_slow=config.getoption("--include-slow"),
+            untraced=not config.getoption("--no-untraced"),
+        ),
+    )

@@ -50,9 +50,11 @@ try:
 except GraphvizNotFoundError:
     with open(picture + ".dot", "w") as f:
         f.write(trace.to_dot(collapse="auto"))
-    print(f"\nNo picture: drawing needs Graphviz's 'dot' program, which is not on PATH. Install Graphviz "
-          f"(apt-get install graphviz, brew install graphviz or conda install graphviz) and run the demo again, "
-          f"or render the DOT source written to {picture}.dot with `dot -Tsvg {picture}.dot -o {picture}.svg`.")
+    print(
+        f"\nNo picture: drawing needs Graphviz's 'dot' program, which is not on PATH. Install Graphviz "
+        f"(apt-get install graphviz, brew install graphviz or conda install graphviz) and run the demo again, "
+        f"or render the DOT source written to {picture}.dot with `dot -Tsvg {picture}.dot -o {picture}.svg`."
+    )
 print()
 report = trace.audit()
 print(report)

@@ -39,15 +39,29 @@ def make_site(where: pathlib.Path, backends: dict[str, str], with_suite: bool = 
     return site
 
 
-def run_pytest(cwd: pathlib.Path, site: pathlib.Path, *args: str, extra_path: tuple[pathlib.Path, ...] = (),
-               write_bytecode: bool = False) -> subprocess.CompletedProcess[str]:
+def run_pytest(
+    cwd: pathlib.Path,
+    site: pathlib.Path,
+    *args: str,
+    extra_path: tuple[pathlib.Path, ...] = (),
+    write_bytecode: bool = False,
+) -> subprocess.CompletedProcess[str]:
     """``pytest -q *args`` in ``cwd``; ``write_bytecode``: let Python and pytest write their caches as they would."""
-    dropped = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_ADDOPTS", *(("PYTHONDONTWRITEBYTECODE",) if write_bytecode
-                                                                    else ()))
+    dropped = (
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD",
+        "PYTEST_ADDOPTS",
+        *(("PYTHONDONTWRITEBYTECODE",) if write_bytecode else ()),
+    )
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (site, *extra_path, NUMPY_PLUGIN))
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def counts(output: str) -> dict[str, int]:

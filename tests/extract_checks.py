@@ -9,8 +9,9 @@ from typing import Any
 class CountingSamples:
     """Sample i is ``convert(data[i])``; reads are counted, and reading sample ``fail_at`` or later interrupts."""
 
-    def __init__(self, data: Sequence[Any], fail_at: int | None = None,
-                 convert: Callable[[Any], Any] = lambda sample: sample) -> None:
+    def __init__(
+        self, data: Sequence[Any], fail_at: int | None = None, convert: Callable[[Any], Any] = lambda sample: sample
+    ) -> None:
         self.data, self.fail_at, self.convert, self.reads = data, fail_at, convert, 0
 
     def __len__(self) -> int:

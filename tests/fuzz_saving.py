@@ -50,30 +50,80 @@ for _ in range(200):  # nesting far deeper than any saved value
     DEEP = [DEEP]
 # Values a hand-edit puts in place of a field: wrong types, references to nothing, NaN, huge and deep.
 REPLACEMENTS: list[Any] = [
-    None, True, False, 0, -1, 1, 2, 2**63, 10**400, 1e308, -0.0, "", "x", "../../etc/passwd", [], {}, [[]], [None],
-    [1, 2], ["a"], {"x": 1}, {"float": "nan"}, {"float": "inf"}, {"array": 0}, {"array": 10**9},
-    {"ref": [0, []]}, {"ref": [10**6, []]}, {"ref": [0, [5]]}, {"ref": [0, ["key"]]}, {"param": "no.such.param"},
-    {"unsaved": "x"}, {"value": {"x": 1}, "repr": "x"}, {"list": [1]}, {"dict": [[1, 2]]}, {"dict": [[[1], 2]]},
-    {"slice": [0, 10**9, 0]}, {"complex": [1, 2]}, {"numpy_dtype": "O"}, {"numpy_type": "<f4"}, DEEP,
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2,
+    2**63,
+    10**400,
+    1e308,
+    -0.0,
+    "",
+    "x",
+    "../../etc/passwd",
+    [],
+    {},
+    [[]],
+    [None],
+    [1, 2],
+    ["a"],
+    {"x": 1},
+    {"float": "nan"},
+    {"float": "inf"},
+    {"array": 0},
+    {"array": 10**9},
+    {"ref": [0, []]},
+    {"ref": [10**6, []]},
+    {"ref": [0, [5]]},
+    {"ref": [0, ["key"]]},
+    {"param": "no.such.param"},
+    {"unsaved": "x"},
+    {"value": {"x": 1}, "repr": "x"},
+    {"list": [1]},
+    {"dict": [[1, 2]]},
+    {"dict": [[[1], 2]]},
+    {"slice": [0, 10**9, 0]},
+    {"complex": [1, 2]},
+    {"numpy_dtype": "O"},
+    {"numpy_type": "<f4"},
+    DEEP,
 ]
 
 
 def use(trace: tl.Trace) -> None:
     """Everything a user may do with a loaded trace; only TorchLens errors may come out of any of it."""
+
     def each_op(fn: Callable[[Any], Any]) -> Callable[[], Any]:
         return lambda: [fn(op) for op in trace.ops]
 
     steps: list[Callable[[], Any]] = [
-        lambda: [trace[op.label] for op in trace.ops], lambda: [trace[i] for i in range(-len(trace), len(trace))],
-        lambda: [trace[k] for k in list(trace.modules)], each_op(trace.keys_of), lambda: "relu_1" in trace,
-        trace.summary, lambda: str(trace), lambda: repr(trace), each_op(str), each_op(repr),
-        trace.to_dot, lambda: trace.to_dot(vis_mode="rolled"), lambda: trace.to_dot(collapse=1),
-        lambda: tl.hash(trace), trace.to_pandas, trace.modules.to_pandas, trace.params.to_pandas,
+        lambda: [trace[op.label] for op in trace.ops],
+        lambda: [trace[i] for i in range(-len(trace), len(trace))],
+        lambda: [trace[k] for k in list(trace.modules)],
+        each_op(trace.keys_of),
+        lambda: "relu_1" in trace,
+        trace.summary,
+        lambda: str(trace),
+        lambda: repr(trace),
+        each_op(str),
+        each_op(repr),
+        trace.to_dot,
+        lambda: trace.to_dot(vis_mode="rolled"),
+        lambda: trace.to_dot(collapse=1),
+        lambda: tl.hash(trace),
+        trace.to_pandas,
+        trace.modules.to_pandas,
+        trace.params.to_pandas,
         each_op(lambda op: (op.flops, op.macs, op.config, op.distances, op.num_bytes, op.module, op.code_site)),
         lambda: (trace.flops, trace.macs, trace.unknown_flops, trace.output_labels, trace.input_labels),
-        lambda: trace.output, lambda: [mp.out for m in trace.modules.values() for mp in m.passes],
+        lambda: trace.output,
+        lambda: [mp.out for m in trace.modules.values() for mp in m.passes],
         lambda: [(mp.output_shapes, mp.output_ops) for m in trace.modules.values() for mp in m.passes],
-        trace.replay, lambda: str(trace.audit()),
+        trace.replay,
+        lambda: str(trace.audit()),
     ]
     for step in steps:
         try:
@@ -144,8 +194,7 @@ class Fuzzer:
             raise exc
         self.counts["escapes"] += 1
         tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-        self.escapes.append(f"[{kind}] {what} -> {stage}: {type(exc).__name__}: {str(exc)[:300]}\n"
-                            + "".join(tb[-4:]))
+        self.escapes.append(f"[{kind}] {what} -> {stage}: {type(exc).__name__}: {str(exc)[:300]}\n" + "".join(tb[-4:]))
 
     # -- mutations -------------------------------------------------------------------------
     def bytes_(self, n: int, rehash: bool) -> None:
@@ -158,12 +207,12 @@ class Fuzzer:
                 for _ in range(self.rng.randint(1, 3)):
                     data[self.rng.randrange(len(data))] ^= 1 << self.rng.randrange(8)
             elif how == "truncate":
-                del data[self.rng.randrange(len(data)):]
+                del data[self.rng.randrange(len(data)) :]
             elif how == "append":
                 data += bytes(self.rng.randrange(256) for _ in range(self.rng.randint(1, 16)))
             else:
                 start = self.rng.randrange(len(data))
-                data[start:start + 8] = bytes(len(data[start:start + 8]))
+                data[start : start + 8] = bytes(len(data[start : start + 8]))
             changed = bytes(data) != self.originals[name]
 
             def mutate(name: str = name, data: bytes = bytes(data)) -> None:
@@ -172,8 +221,12 @@ class Fuzzer:
                     self.rehash()
 
             # Without new hashes only the manifest may change harmlessly (its whitespace, say).
-            self.attempt("bytes, hashes recomputed" if rehash else "bytes", f"{how} in {name}", mutate,
-                         must_refuse=not rehash and name != "manifest.json" and changed)
+            self.attempt(
+                "bytes, hashes recomputed" if rehash else "bytes",
+                f"{how} in {name}",
+                mutate,
+                must_refuse=not rehash and name != "manifest.json" and changed,
+            )
 
     def json_edits(self, n: int) -> None:
         paths = list(_paths(self.records))
@@ -205,8 +258,13 @@ class Fuzzer:
                 what = f"{_show(path)} = value of {_show(other)}"
             else:
                 value = parent[key]
-                parent[key] = value + self.rng.choice([-1, 1]) if type(value) in (int, float) else \
-                    value[:-1] if isinstance(value, str) else None
+                parent[key] = (
+                    value + self.rng.choice([-1, 1])
+                    if type(value) in (int, float)
+                    else value[:-1]
+                    if isinstance(value, str)
+                    else None
+                )
                 what = f"nudge {_show(path)}"
             text = json.dumps(records, allow_nan=True).encode()
 
@@ -244,10 +302,18 @@ class Fuzzer:
             manifest = copy.deepcopy(base)
             edit(manifest)
             text = json.dumps(manifest).encode() if what != "not an object" else b"[1, 2]"
-            self.attempt("manifest edits", what, lambda text=text: (self.folder / "manifest.json").write_bytes(text),
-                         must_refuse=True)
-        self.attempt("manifest edits", "a 2 MB manifest", lambda: (self.folder / "manifest.json").write_bytes(
-            self.originals["manifest.json"] + b" " * (2 << 20)), must_refuse=True)
+            self.attempt(
+                "manifest edits",
+                what,
+                lambda text=text: (self.folder / "manifest.json").write_bytes(text),
+                must_refuse=True,
+            )
+        self.attempt(
+            "manifest edits",
+            "a 2 MB manifest",
+            lambda: (self.folder / "manifest.json").write_bytes(self.originals["manifest.json"] + b" " * (2 << 20)),
+            must_refuse=True,
+        )
 
     def bombs(self) -> None:
         """Folders whose files would cost far more to load than they are worth (issue 36 item 13): all refused."""
@@ -301,12 +367,14 @@ class Fuzzer:
             self.attempt("links and special files", f"{name} missing", missing, must_refuse=True)
             self.attempt("links and special files", f"{name} 4 GiB", oversized, must_refuse=True)
             if hasattr(os, "mkfifo"):
+
                 def fifo(name: str = name) -> None:
                     (self.folder / name).unlink()
                     os.mkfifo(self.folder / name)
 
                 self.attempt("links and special files", f"{name} a FIFO", fifo, must_refuse=True)
             if name == "arrays.bin" and pathlib.Path("/dev/zero").exists():
+
                 def device(name: str = name) -> None:
                     (self.folder / name).unlink()
                     (self.folder / name).symlink_to("/dev/zero")
@@ -346,9 +414,17 @@ def fuzz(backend: str, seed: int = 0, json_edits: int = 140, byte_edits: int = 3
 
     cases = {c.name: c for c in hook().torchlens_conformance_cases(backend=backend) or []}
     rng = random.Random(seed)
-    total: dict[str, Any] = {"backend": backend, "seeds": list(SEEDS[backend]), "tried": 0, "refused": 0,
-                             "loaded_and_used": 0, "escapes": 0, "by_kind": {}, "escape_details": [],
-                             "must_refuse_failures": []}
+    total: dict[str, Any] = {
+        "backend": backend,
+        "seeds": list(SEEDS[backend]),
+        "tried": 0,
+        "refused": 0,
+        "loaded_and_used": 0,
+        "escapes": 0,
+        "by_kind": {},
+        "escape_details": [],
+        "must_refuse_failures": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name in SEEDS[backend]:
             model, args, kwargs = cases[name].build()

@@ -35,8 +35,7 @@ def free_init_method() -> str:
 class RankModel(nn.Module):
     """A data-parallel step's forward: a local layer, an all_reduce of its activation, an all_gather, a head."""
 
-    def __init__(self, world: int, reduce_op: Any = dist.ReduceOp.SUM, extra: bool = False,
-                 pairs: Any = None) -> None:
+    def __init__(self, world: int, reduce_op: Any = dist.ReduceOp.SUM, extra: bool = False, pairs: Any = None) -> None:
         super().__init__()
         self.fc1 = nn.Linear(4, 6)
         self.act = nn.ReLU()
@@ -95,8 +94,9 @@ class SendRecv(nn.Module):
         return buffer + h
 
 
-def _save_case(out: pathlib.Path, case: str, rank: int, model: nn.Module, x: torch.Tensor,
-               grad: bool = True) -> tl.Trace:
+def _save_case(
+    out: pathlib.Path, case: str, rank: int, model: nn.Module, x: torch.Tensor, grad: bool = True
+) -> tl.Trace:
     folder = out / case / f"rank{rank}"
     seen: dict[str, Any] = {}
 

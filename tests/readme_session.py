@@ -33,8 +33,11 @@ def run_session(blocks: list[dict[str, Any]], filename: str) -> dict[str, Any]:
         ast.increment_lineno(tree, block["line"] - 1)  # tracebacks name lines of the README
         for node in tree.body:
             first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-            entry: dict[str, Any] = {"block": number, "first": first - block["line"] + 1,
-                                     "last": node.end_lineno - block["line"] + 1}
+            entry: dict[str, Any] = {
+                "block": number,
+                "first": first - block["line"] + 1,
+                "last": node.end_lineno - block["line"] + 1,
+            }
             captured = io.StringIO()
             try:
                 code = compile(ast.Interactive(body=[node]), filename, "single")

@@ -13,11 +13,45 @@ from torchlens_core.backend.arrays import max_error
 
 def views(t: tl.Trace) -> list[object]:
     """What a loaded trace must reproduce: lookups, summary, tables (without pandas too), drawing, hash."""
-    ops = [(o.label, o.kind, o.func_name, o.shape, o.dtype, o.device, o.parents, o.children, o.module_passes,
-            o.module_outputs, o.params, o.source, o.in_place, o.saved, o.code_context, o.elapsed, o.flops, o.macs,
-            repr(o.config), o.conditions, o.pass_num, o.num_passes) for o in t.ops]
-    return [ops, t.summary(), t.to_dot(), tl.hash(t), t.keys_of(t.ops[-1]), t.output_labels, t.halted, t.model_name,
-            [m.path for m in t.modules.values()], list(t.params)]
+    ops = [
+        (
+            o.label,
+            o.kind,
+            o.func_name,
+            o.shape,
+            o.dtype,
+            o.device,
+            o.parents,
+            o.children,
+            o.module_passes,
+            o.module_outputs,
+            o.params,
+            o.source,
+            o.in_place,
+            o.saved,
+            o.code_context,
+            o.elapsed,
+            o.flops,
+            o.macs,
+            repr(o.config),
+            o.conditions,
+            o.pass_num,
+            o.num_passes,
+        )
+        for o in t.ops
+    ]
+    return [
+        ops,
+        t.summary(),
+        t.to_dot(),
+        tl.hash(t),
+        t.keys_of(t.ops[-1]),
+        t.output_labels,
+        t.halted,
+        t.model_name,
+        [m.path for m in t.modules.values()],
+        list(t.params),
+    ]
 
 
 def same_values(backend: str, a: Any, b: Any) -> bool:

@@ -54,8 +54,9 @@ def test_halt_at_a_quarter_stops_at_that_op() -> None:
     label, count = backend_table.quarter_label(full)
     assert count == len(ops) and label == ops[len(ops) // 4].label
     halted = tl.trace(net, x, halt=tl.label(label))
-    assert [op.label for op in halted.ops if op.kind not in ("input", "output")] == \
-        [op.label for op in ops[:len(ops) // 4 + 1]]
+    assert [op.label for op in halted.ops if op.kind not in ("input", "output")] == [
+        op.label for op in ops[: len(ops) // 4 + 1]
+    ]
 
 
 def test_the_patch_site_is_the_largest_module_call_ending_mid_trace() -> None:
@@ -96,8 +97,21 @@ def test_peak_meter_sees_a_transient_allocation() -> None:
 
 def test_missing_virtualenv_is_a_row_and_no_goal_is_claimed(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "table.md"
-    subprocess.run([sys.executable, str(BENCH / "all_backends.py"), "--envs", str(tmp_path / "none"),
-                    "--backends", "tf", "paddle", "--out", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "all_backends.py"),
+            "--envs",
+            str(tmp_path / "none"),
+            "--backends",
+            "tf",
+            "paddle",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
     table = out.read_text()
     assert f"| tf | — | | | | | | | | | | | no virtualenv {tmp_path / 'none' / 'tf'}: run `nox -s tf` first |" in table
     assert "Not measured: tf, paddle." in table and "goal met" not in table
@@ -105,15 +119,33 @@ def test_missing_virtualenv_is_a_row_and_no_goal_is_claimed(tmp_path: pathlib.Pa
 
 
 def test_goals_are_checked_against_each_figure() -> None:
-    row = {"plain_ms": 10.0, "trace_ms": 12.5, "ratio": 1.25, "floor_ratio": 1.1, "vs_floor": 1.25 / 1.1,
-           "recorder_us": 10.0, "units": 140, "unit_ops": 100, "passes": 40, "halt_ratio": 0.3, "memory_ratio": 1.2,
-           "saved_mib": 5.0, "peak_ratio": 1.3, "per_op_us": 25.0, "ops": 100, "record_ratio": 1.1}
-    assert all_backends.goals("tf", row)[1] == ["capture 1.25x (floor 1.10x, recorder 10 µs × 140 units)",
-                                                "memory 1.20x"]
+    row = {
+        "plain_ms": 10.0,
+        "trace_ms": 12.5,
+        "ratio": 1.25,
+        "floor_ratio": 1.1,
+        "vs_floor": 1.25 / 1.1,
+        "recorder_us": 10.0,
+        "units": 140,
+        "unit_ops": 100,
+        "passes": 40,
+        "halt_ratio": 0.3,
+        "memory_ratio": 1.2,
+        "saved_mib": 5.0,
+        "peak_ratio": 1.3,
+        "per_op_us": 25.0,
+        "ops": 100,
+        "record_ratio": 1.1,
+    }
+    assert all_backends.goals("tf", row)[1] == [
+        "capture 1.25x (floor 1.10x, recorder 10 µs × 140 units)",
+        "memory 1.20x",
+    ]
     assert all_backends.goals("tf", {**row, "floor_ratio": 1.22})[1][0] == "capture 1.25x (the floor 1.22x stops it)"
     # torch's goal is against its floor (1.14x here), not its plain call
     assert all_backends.goals("torch", {**row, "memory_ratio": 1.0})[1] == [
-        "capture/floor 1.14x (recorder 10 µs × 140 units; floor 1.10x)"]
+        "capture/floor 1.14x (recorder 10 µs × 140 units; floor 1.10x)"
+    ]
     assert all_backends.goals("torch", {**row, "vs_floor": 1.09, "memory_ratio": 1.0})[1] == []
     # a trace of kilobytes: no memory verdict
     assert all_backends.goals("tf", {**row, "ratio": 1.1, "saved_mib": 0.01})[1] == []
@@ -121,9 +153,11 @@ def test_goals_are_checked_against_each_figure() -> None:
     assert all_backends.goals("jax", jax)[1] == ["jitted target 2.50x the jitted call (the floor 2.20x stops it)"]
     result = {"backend": "jax", "framework": "jax 0", "memory_method": "rss", "models": {"m": {**jax, "ratio": 2.5}}}
     table = all_backends.markdown([result], repeats=3)
-    assert ("| jax | m | 10.0 | 1.10x | 2.50x | 1.14x | 10 µs | 100 + 40 | 0.30x | — | 0.90x "
-            "| capture ≤ 2.0x, jitted ≤ 2x, memory ≤ 1.10x | no: capture 2.50x (floor 1.10x, recorder 10 µs × 140 "
-            "units); jitted target 2.50x the jitted call (the floor 2.20x stops it) |") in table
+    assert (
+        "| jax | m | 10.0 | 1.10x | 2.50x | 1.14x | 10 µs | 100 + 40 | 0.30x | — | 0.90x "
+        "| capture ≤ 2.0x, jitted ≤ 2x, memory ≤ 1.10x | no: capture 2.50x (floor 1.10x, recorder 10 µs × 140 "
+        "units); jitted target 2.50x the jitted call (the floor 2.20x stops it) |"
+    ) in table
     assert "Goals missed: jax m: capture 2.50x" in table
     result["models"]["m"].update(ratio=1.5, jit_trace_vs_jit=1.5)
     assert "Every goal met." in all_backends.markdown([result], repeats=3)

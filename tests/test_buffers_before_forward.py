@@ -18,8 +18,9 @@ import pytest
 import torchlens as tl
 
 
-def _check(trace: tl.Trace, before: dict[str, np.ndarray], after: dict[str, np.ndarray], moved: list[str],
-           to_numpy, read_model) -> None:
+def _check(
+    trace: tl.Trace, before: dict[str, np.ndarray], after: dict[str, np.ndarray], moved: list[str], to_numpy, read_model
+) -> None:
     for name, value in before.items():
         np.testing.assert_array_equal(to_numpy(trace.params[name].value), value, err_msg=name)
     for name in moved:
@@ -70,8 +71,15 @@ def test_torch_batch_and_instance_norm_statistics() -> None:
     for name, value in buffers(reference).items():  # the traced forward moved the model as a plain one does
         np.testing.assert_array_equal(after[name], value, err_msg=name)
     np.testing.assert_allclose(trace.output.detach().numpy(), expected.numpy(), rtol=1e-6, atol=1e-6)
-    moved = ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked", "inorm.running_mean",
-             "inorm.running_var", "bn1d.running_mean", "bn1d.running_var"]
+    moved = [
+        "bn.running_mean",
+        "bn.running_var",
+        "bn.num_batches_tracked",
+        "inorm.running_mean",
+        "inorm.running_var",
+        "bn1d.running_mean",
+        "bn1d.running_var",
+    ]
     _check(trace, before, after, moved, lambda v: v.detach().numpy(), buffers)
 
 
@@ -136,8 +144,9 @@ def test_paddle_batch_norm_statistics() -> None:
     expected = reference(x).numpy()
 
     def buffers(m=model):  # Paddle holds the statistics as parameters that take no gradient
-        return {k: np.array(v.numpy(), copy=True) for k, v in m.named_parameters()
-                if k.endswith(("._mean", "._variance"))}
+        return {
+            k: np.array(v.numpy(), copy=True) for k, v in m.named_parameters() if k.endswith(("._mean", "._variance"))
+        }
 
     before = buffers()
     trace = tl.trace(model, x)
@@ -163,8 +172,11 @@ def test_keras_batch_normalization_statistics() -> None:
     x = np.random.default_rng(0).normal(size=(3, 6, 6, 2)).astype("float32")
 
     def buffers():
-        return {f"{layer}.{w.name}": np.array(w.numpy(), copy=True) for layer in ("bn", "bn2")
-                for w in model.get_layer(layer).non_trainable_weights}
+        return {
+            f"{layer}.{w.name}": np.array(w.numpy(), copy=True)
+            for layer in ("bn", "bn2")
+            for w in model.get_layer(layer).non_trainable_weights
+        }
 
     before = buffers()
     trace = tl.trace(model, x, training=True)
@@ -191,8 +203,10 @@ def test_tinygrad_batch_norm_statistics() -> None:
     x = Tensor.randn(3, 2, 6, 6).realize()
 
     def buffers():
-        return {f"bn.{k}": np.array(getattr(model.bn, k).numpy(), copy=True)
-                for k in ("running_mean", "running_var", "num_batches_tracked")}
+        return {
+            f"bn.{k}": np.array(getattr(model.bn, k).numpy(), copy=True)
+            for k in ("running_mean", "running_var", "num_batches_tracked")
+        }
 
     with Context(TRAINING=1):
         before = buffers()

@@ -115,9 +115,8 @@ def test_bad_options_are_typed_and_leave_nothing_behind(resnet: tuple) -> None:
 def test_seed_lookback_call_keeps_the_ops_before_each_pick() -> None:
     model = torchvision.models.alexnet(weights=None)
     x = torch.randn(1, 3, 224, 224)
-    conv_before_relu = tl.func('conv2d') & tl.followed_by(tl.func('relu'))
-    log = tl.trace(model, x, save=conv_before_relu,
-                   lookback=4, lookback_payload_policy='detached_raw')
+    conv_before_relu = tl.func("conv2d") & tl.followed_by(tl.func("relu"))
+    log = tl.trace(model, x, save=conv_before_relu, lookback=4, lookback_payload_policy="detached_raw")
     convs = [op for op in log.ops if op.func_name == "conv2d"]
     assert all(op.out is not None for op in convs)
     # conv 2 ran right after maxpool 1, relu 1, conv 1, input: those four are kept, detached
@@ -129,7 +128,8 @@ def test_seed_lookback_call_keeps_the_ops_before_each_pick() -> None:
     assert all(op.out is None for op in far)  # nothing picked near the classifier
     metadata_only = tl.trace(model, x, save=conv_before_relu, lookback=4)
     assert [op.label for op in metadata_only.ops if op.out is not None and op.kind == "op"] == [
-        op.label for op in convs]
+        op.label for op in convs
+    ]
     assert all(metadata_only[op.label].meta.get("lookback") for op in window)
     with pytest.raises(tl.UnsupportedError, match="give save= too"):
         tl.trace(model, x, lookback=2)
@@ -137,7 +137,7 @@ def test_seed_lookback_call_keeps_the_ops_before_each_pick() -> None:
 
 def test_record_defers_naming_until_to_trace(resnet: tuple) -> None:
     model, x = resnet
-    recording = tl.record(model, x, save=tl.func('relu'))
+    recording = tl.record(model, x, save=tl.func("relu"))
     assert isinstance(recording, tl.Recording) and "to_trace" in repr(recording)
     trace = recording.to_trace()
     assert trace is recording.to_trace()

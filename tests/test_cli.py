@@ -35,7 +35,8 @@ def test_summary_prints_the_module_table(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_compare_of_a_trace_with_itself_passes_and_of_a_changed_one_fails(
-        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["compare", str(FIXTURE), str(FIXTURE)]) == 0
     assert capsys.readouterr().out.strip() == str(tl.compare(tl.load(FIXTURE), tl.load(FIXTURE))).strip()
     changed = tl.load(FIXTURE)

@@ -90,15 +90,17 @@ def test_a_flatten_after_a_permuted_layout_is_a_carried_layout_not_a_divergence(
     flat = next(p for p in cmp.pairs if p.a == "reshape_1_3")
     assert flat.layout.kind == "carried" and flat.layout.perm == (0, 2, 3, 1)
     expected = np.asarray(a_value := trace(channels_first, X)["reshape_1_3"].out)
-    assert np.array_equal(flat.layout.apply(a_value.astype(np.float64)).ravel(),
-                          expected.reshape(1, 8, 4, 4).transpose(0, 2, 3, 1).ravel())
+    assert np.array_equal(
+        flat.layout.apply(a_value.astype(np.float64)).ravel(),
+        expected.reshape(1, 8, 4, 4).transpose(0, 2, 3, 1).ravel(),
+    )
 
 
 def test_nhwc_flatten_without_the_weight_permutation_diverges_at_the_matmul():
     cmp = tl.compare(trace(channels_first, X), trace(nhwc_flatten_bug, X_NHWC))
     first = cmp.first_divergence
     assert first is not None and (first.a, first.verdict) == ("matmul_1_4", "diverges"), str(cmp)
-    before = cmp.pairs[:cmp.pairs.index(first)]
+    before = cmp.pairs[: cmp.pairs.index(first)]
     assert [p.a for p in before] == ["input_1", "einsum_1_1", "maximum_1_2", "reshape_1_3"]
     assert all(p.verdict == "agrees" for p in before)
     assert cmp.roots == [first]
@@ -174,9 +176,9 @@ def test_user_equivalences_are_evidence():
 
 def test_ulp_and_tolerance_follow_the_dtype():
     one = np.array([1.0])
-    step = agreement(one + 2.0 ** -23, one, tolerance_for("float32"), "float32")
+    step = agreement(one + 2.0**-23, one, tolerance_for("float32"), "float32")
     assert step.ulp == 1.0 and step.ok  # one float32 ulp at 1.0
-    assert agreement(one + 2.0 ** -7, one, tolerance_for("bfloat16"), "bfloat16").ulp == 1.0
+    assert agreement(one + 2.0**-7, one, tolerance_for("bfloat16"), "bfloat16").ulp == 1.0
     assert tolerance_for("float32", "bfloat16") == tolerance_for("bfloat16")  # the looser wins
     assert not agreement(one * 1.01, one, tolerance_for("float32"), "float32").ok
     assert agreement(one * 1.01, one, tolerance_for("bfloat16"), "bfloat16").ok
@@ -189,8 +191,16 @@ def test_to_networkx_is_the_op_graph():
     assert isinstance(graph, networkx.DiGraph)
     # the code above: input -> einsum -> maximum -> transpose -> reshape -> matmul -> tanh -> mul -> output
     assert list(networkx.topological_sort(graph)) == [
-        "input_1", "einsum_1_1", "maximum_1_2", "transpose_1_3", "reshape_1_4", "matmul_1_5", "tanh_1_6",
-        "multiply_1_7", "output_1"]
+        "input_1",
+        "einsum_1_1",
+        "maximum_1_2",
+        "transpose_1_3",
+        "reshape_1_4",
+        "matmul_1_5",
+        "tanh_1_6",
+        "multiply_1_7",
+        "output_1",
+    ]
     assert graph.nodes["einsum_1_1"]["shape"] == (1, 4, 4, 8) and graph.nodes["tanh_1_6"]["func_name"] == "tanh"
     assert graph.number_of_edges() == 8 and graph.graph["framework"] == "numpy"
 
@@ -277,6 +287,7 @@ def test_a_broadcast_and_merged_axes_are_layouts_not_shape_divergences():
     by_a = {p.a: p for p in cmp.pairs}
     assert by_a["tanh_1_2"].b == "tanh_1_3" and by_a["tanh_1_2"].layout.kind == "broadcast", str(cmp)
     assert by_a["matmul_1_4"].layout.kind == "reshaped" and by_a["matmul_1_4"].verdict == "agrees"
+
     # a broadcast is checked element for element: a port whose rows differ is not the broadcast value
     def uneven(x):
         rows = np.repeat(x.mean(axis=0, keepdims=True), x.shape[0], axis=0)
@@ -298,14 +309,17 @@ def positions_arange(mask, ids):  # the other port: inputs in the other order, t
 def test_inputs_pair_by_value_and_integers_compare_exactly():
     ids = RNG.integers(0, 50, (2, 5))
     mask = np.ones((2, 5), dtype=np.int64)
-    cmp = tl.compare(tl.trace(positions_cumsum, ids, mask, backend="numpy"),
-                     tl.trace(positions_arange, mask, ids, backend="numpy"))
+    cmp = tl.compare(
+        tl.trace(positions_cumsum, ids, mask, backend="numpy"), tl.trace(positions_arange, mask, ids, backend="numpy")
+    )
     by_a = {p.a: p for p in cmp.pairs}
     assert by_a["input_1"].b == "input_2" and by_a["input_2"].b == "input_1", str(cmp)
     assert cmp.first_divergence is None and all("exactly" in p.note for p in cmp.pairs), str(cmp)
     # one position off is a divergence of an exact comparison, not a small float error
-    off = tl.compare(tl.trace(positions_cumsum, ids, mask, backend="numpy"),
-                     tl.trace(lambda m, i: positions_arange(m, i) + 1, mask, ids, backend="numpy"))
+    off = tl.compare(
+        tl.trace(positions_cumsum, ids, mask, backend="numpy"),
+        tl.trace(lambda m, i: positions_arange(m, i) + 1, mask, ids, backend="numpy"),
+    )
     first = off.first_divergence
     assert first is not None and first.a == "output_1" and first.agreement.tolerance.rtol == 0, str(off)
     assert first.agreement.max_abs == 1.0

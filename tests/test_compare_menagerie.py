@@ -66,7 +66,8 @@ def test_a_correct_port_written_by_other_people_has_no_divergence(results: dict[
 
 
 def test_each_visible_porting_bug_is_located_at_its_module_with_everything_before_agreeing(
-        results: dict[str, Any]) -> None:
+    results: dict[str, Any],
+) -> None:
     checked = 0
     for name, entry in results.items():
         for variant, row in entry["variants"].items():

@@ -67,6 +67,7 @@ BUG_AT = {
     "dropout_train": ("dropout_1_15", "dropout", "drop", "diverges"),
 }
 
+
 def _cases(bugs: bool | None = None) -> list[Any]:
     """Every port the builders write, as (framework, arch, variant); only the bugs, or only the correct ones."""
     found = []
@@ -94,9 +95,11 @@ def _load(root: pathlib.Path, framework: str, arch: str, variant: str) -> tuple[
     folder = root / framework / arch / variant
     plain = root / framework / arch / f"{variant}.untraced.npy"
     if not folder.is_dir() or not plain.is_file():
-        pytest.fail(f"{folder} (or {plain.name}) is missing from {ENV}={root}: run "
-                    f"`python tests/ports/build_{framework}.py {root}` in the {framework} environment, or `nox -s "
-                    f"compare`")
+        pytest.fail(
+            f"{folder} (or {plain.name}) is missing from {ENV}={root}: run "
+            f"`python tests/ports/build_{framework}.py {root}` in the {framework} environment, or `nox -s "
+            f"compare`"
+        )
     return tl.load(folder), np.load(plain)
 
 
@@ -118,11 +121,16 @@ def _activations(trace: Any, labels: list[str]) -> list[str]:
 
 
 # -- the ports themselves, without tl.compare ------------------------------------------------------------------
-@pytest.mark.parametrize(("framework", "arch", "variant"), [
-    *(pytest.param("torch", arch, "correct", id=f"torch-{arch}-correct") for arch in WEIGHTS.ARCHITECTURES),
-    *(pytest.param(*p.values, id=p.id) for p in _cases())])
-def test_each_trace_records_the_output_of_a_plain_call(root: pathlib.Path, framework: str, arch: str,
-                                                       variant: str) -> None:
+@pytest.mark.parametrize(
+    ("framework", "arch", "variant"),
+    [
+        *(pytest.param("torch", arch, "correct", id=f"torch-{arch}-correct") for arch in WEIGHTS.ARCHITECTURES),
+        *(pytest.param(*p.values, id=p.id) for p in _cases()),
+    ],
+)
+def test_each_trace_records_the_output_of_a_plain_call(
+    root: pathlib.Path, framework: str, arch: str, variant: str
+) -> None:
     trace, plain = _load(root, framework, arch, variant)
     assert np.asarray(trace.output).shape == plain.shape
     if variant != "dropout_train":  # the plain call drew other dropout masks
@@ -133,8 +141,9 @@ def test_each_trace_records_the_output_of_a_plain_call(root: pathlib.Path, frame
 
 
 @pytest.mark.parametrize(("framework", "arch", "variant"), [pytest.param(*p.values, id=p.id) for p in _cases()])
-def test_correct_ports_match_torch_and_each_bug_changes_the_output(root: pathlib.Path, framework: str, arch: str,
-                                                                   variant: str) -> None:
+def test_correct_ports_match_torch_and_each_bug_changes_the_output(
+    root: pathlib.Path, framework: str, arch: str, variant: str
+) -> None:
     """Plain outputs only: the ground truth the comparison tests rely on."""
     _, reference = _load(root, "torch", arch, "correct")
     _, plain = _load(root, framework, arch, variant)
@@ -146,8 +155,9 @@ def test_correct_ports_match_torch_and_each_bug_changes_the_output(root: pathlib
 
 
 # -- tl.compare ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("framework", "arch", "variant"),
-                         [pytest.param(*p.values, id=p.id, marks=p.marks) for p in _cases(bugs=False)])
+@pytest.mark.parametrize(
+    ("framework", "arch", "variant"), [pytest.param(*p.values, id=p.id, marks=p.marks) for p in _cases(bugs=False)]
+)
 def test_a_correct_port_reports_no_divergence(root: pathlib.Path, framework: str, arch: str, variant: str) -> None:
     cmp = _compare(root, framework, arch, variant)
     assert cmp.first_divergence is None, str(cmp)
@@ -164,10 +174,12 @@ def test_a_correct_port_reports_no_divergence(root: pathlib.Path, framework: str
     assert output.agreement.max_abs == pytest.approx(float(np.max(np.abs(plain - reference))), abs=1e-6)
 
 
-@pytest.mark.parametrize(("framework", "arch", "variant"),
-                         [pytest.param(*p.values, id=p.id, marks=p.marks) for p in _cases(bugs=True)])
-def test_a_porting_bug_is_found_at_its_op_with_everything_before_it_agreeing(root: pathlib.Path, framework: str,
-                                                                               arch: str, variant: str) -> None:
+@pytest.mark.parametrize(
+    ("framework", "arch", "variant"), [pytest.param(*p.values, id=p.id, marks=p.marks) for p in _cases(bugs=True)]
+)
+def test_a_porting_bug_is_found_at_its_op_with_everything_before_it_agreeing(
+    root: pathlib.Path, framework: str, arch: str, variant: str
+) -> None:
     cmp = _compare(root, framework, arch, variant)
     first = cmp.first_divergence
     assert first is not None, str(cmp)
@@ -204,8 +216,9 @@ def test_the_report_prints_and_tabulates_the_first_divergence(root: pathlib.Path
     text = str(cmp)
     first = cmp.first_divergence
     assert f"First divergence: {first.a} ~ {first.b} in norm1" in text
-    assert any(line.split()[:2] == [first.a, first.b] and line.rstrip().endswith("diverges")
-               for line in text.splitlines())
+    assert any(
+        line.split()[:2] == [first.a, first.b] and line.rstrip().endswith("diverges") for line in text.splitlines()
+    )
     frame = cmp.to_pandas()
     assert len(frame) == len(cmp.pairs)
     assert list(frame["a"]) == [p.a for p in cmp.pairs] and list(frame["b"]) == [p.b for p in cmp.pairs]
@@ -268,8 +281,10 @@ def test_comparing_two_500_op_traces(root: pathlib.Path) -> None:
         start = time.perf_counter()
         cmp = tl.compare(a, b)
         seconds = time.perf_counter() - start
-        print(f"\ntl.compare torch ({len(a.ops)} ops) ~ {framework} ({len(b.ops)} ops): {seconds:.2f} s, "
-              f"{len(cmp.pairs)} pairs")
+        print(
+            f"\ntl.compare torch ({len(a.ops)} ops) ~ {framework} ({len(b.ops)} ops): {seconds:.2f} s, "
+            f"{len(cmp.pairs)} pairs"
+        )
         # Every torch op is paired: one block in 29 is not left out for speed.
         grouped = {label for p in cmp.pairs for label in p.a_group}
         assert [op.label for op in a.ops if op.source is None and op.label not in grouped] == []
@@ -294,13 +309,15 @@ TEACHER_FORCING = """
 
 
 @pytest.mark.parametrize("framework", ["jax", "paddle"])
-def test_teacher_forcing_across_frameworks_finds_the_op_that_introduced_the_error(root: pathlib.Path,
-                                                                                 framework: str) -> None:
+def test_teacher_forcing_across_frameworks_finds_the_op_that_introduced_the_error(
+    root: pathlib.Path, framework: str
+) -> None:
     """Runs where the port's framework is installed (its session's python): each of its groups on torch's values."""
     python = os.environ.get(f"TORCHLENS_PYTHON_{framework.upper()}")
     if not python:
-        pytest.skip(f"teacher forcing runs the {framework} ops again: nox -s compare sets TORCHLENS_PYTHON_"
-                    f"{framework.upper()}")
+        pytest.skip(
+            f"teacher forcing runs the {framework} ops again: nox -s compare sets TORCHLENS_PYTHON_{framework.upper()}"
+        )
     variants = [v for v in ("gelu_tanh", "ln_eps") if v in WEIGHTS.variants(framework, "block")]
     cases = [(framework, "block", v) for v in variants]
     for case in cases:

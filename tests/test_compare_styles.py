@@ -91,8 +91,14 @@ def ported(a: BertStyle, bug: str = "") -> FusedStyle:
         q_weight = a.query.weight.T if bug == "transposed_weight" else a.query.weight
         b.qkv.weight.copy_(torch.cat([q_weight, a.key.weight, a.value.weight]))
         b.qkv.bias.copy_(torch.cat([a.query.bias, a.key.bias, a.value.bias]))
-        for mine, theirs in ((b.proj, a.attn_out), (b.fc1, a.up), (b.fc2, a.down), (b.ln_embed, a.norm0),
-                             (b.ln_attn, a.norm1), (b.ln_mlp, a.norm2)):
+        for mine, theirs in (
+            (b.proj, a.attn_out),
+            (b.fc1, a.up),
+            (b.fc2, a.down),
+            (b.ln_embed, a.norm0),
+            (b.ln_attn, a.norm1),
+            (b.ln_mlp, a.norm2),
+        ):
             mine.weight.copy_(theirs.weight)
             mine.bias.copy_(theirs.bias)
     return b.eval()
@@ -174,13 +180,15 @@ def test_mask_fills_agree_whatever_their_value():
     assert not agreement(c.numpy(), a.numpy(), tolerance_for("float32")).ok
 
 
-@pytest.mark.parametrize(("bug", "module_b", "module_a"), [
-    ("gelu_tanh", None, None), ("ln_eps", "ln_attn", "norm1"), ("transposed_weight", None, "query")])
+@pytest.mark.parametrize(
+    ("bug", "module_b", "module_a"),
+    [("gelu_tanh", None, None), ("ln_eps", "ln_attn", "norm1"), ("transposed_weight", None, "query")],
+)
 def test_each_porting_bug_is_found_where_it_is(traces, bug, module_b, module_a):
     cmp = tl.compare(traces[""], traces[bug])
     first = cmp.first_divergence
     assert first is not None, str(cmp)
-    before = cmp.pairs[:cmp.pairs.index(first)]
+    before = cmp.pairs[: cmp.pairs.index(first)]
     assert all(p.verdict == "agrees" for p in before), str(cmp)
     a, b = traces[""], traces[bug]
     if bug == "gelu_tanh":  # a functional op: found by its class

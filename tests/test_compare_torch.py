@@ -53,12 +53,19 @@ def test_a_changed_epsilon_is_located_at_the_layer_norm():
     cmp = tl.compare(tl.trace(a, X), tl.trace(b.eval(), X))
     first = cmp.first_divergence
     assert first is not None and first.a == "layer_norm_1_4" and first.module == "norm", str(cmp)
-    assert all(p.verdict == "agrees" for p in cmp.pairs[:cmp.pairs.index(first)])
+    assert all(p.verdict == "agrees" for p in cmp.pairs[: cmp.pairs.index(first)])
     assert cmp.roots == [first]
     # the reported error is the layer's own: against the layer run by hand on the same input
     h = torch.relu(a.conv(X)).permute(0, 2, 3, 1)
-    expected = (nn.functional.layer_norm(h, (8,), a.norm.weight, a.norm.bias, 1e-5)
-                - nn.functional.layer_norm(h, (8,), a.norm.weight, a.norm.bias, 1e-2)).abs().max().item()
+    expected = (
+        (
+            nn.functional.layer_norm(h, (8,), a.norm.weight, a.norm.bias, 1e-5)
+            - nn.functional.layer_norm(h, (8,), a.norm.weight, a.norm.bias, 1e-2)
+        )
+        .abs()
+        .max()
+        .item()
+    )
     assert first.agreement.max_abs == pytest.approx(expected, rel=1e-5)
 
 
@@ -114,7 +121,7 @@ def test_parameters_pair_through_the_ops_and_a_transposed_weight_stands_out():
     a, b = Mlp().eval(), Mlp().eval()
     b.load_state_dict(a.state_dict())
     with torch.no_grad():
-        b.layers[2].weight.copy_(a.layers[2].weight.T)   # copied without its transpose
+        b.layers[2].weight.copy_(a.layers[2].weight.T)  # copied without its transpose
     x = torch.randn(3, 6)
     cmp = tl.compare(tl.trace(a, x), tl.trace(b, x))
     assert cmp.first_divergence.a == "linear_2_3" and cmp.first_divergence.module == "layers.2", str(cmp)
@@ -132,7 +139,7 @@ def test_teacher_forcing_on_torch_finds_one_introduced_error_and_inherited_ones_
     cmp = tl.compare(tl.trace(a, X), tl.trace(b.eval(), X), teacher_forcing=True)
     first = cmp.first_divergence
     assert first.a == "layer_norm_1_4" and first.origin == "introduced", str(cmp)
-    later = [p for p in cmp.pairs[cmp.pairs.index(first) + 1:] if p.diverges]
+    later = [p for p in cmp.pairs[cmp.pairs.index(first) + 1 :] if p.diverges]
     assert later and all(p.origin == "inherited" for p in later), str(cmp)
     # b's linear run on a's flatten output is a's linear: the same weights, exactly
     head = next(p for p in cmp.pairs if p.a == "linear_1_9")
@@ -170,7 +177,7 @@ def test_bfloat16_against_float32_is_held_to_bfloat16_tolerance():
     # the input and the convolution agree at bfloat16's precision...
     assert by_a["input_1"].agreement.tolerance.rtol == 2e-2
     assert by_a["input_1"].verdict == "agrees" and by_a["conv2d_1_1"].verdict == "agrees", str(cmp)
-    assert 0 < by_a["input_1"].agreement.max_abs <= 2.0 ** -8 * float(X.abs().max())  # one bf16 rounding
+    assert 0 < by_a["input_1"].agreement.max_abs <= 2.0**-8 * float(X.abs().max())  # one bf16 rounding
     # ...and not at float32's: bfloat16's rounding of the input is already a difference there
     strict = tl.compare(ta, tb, rtol=1e-4, atol=1e-6)
     assert strict.first_divergence is not None and strict.first_divergence.a == "input_1"

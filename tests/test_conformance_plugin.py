@@ -53,9 +53,9 @@ def test_the_installed_suite_runs_from_any_directory(tmp_path: pathlib.Path) -> 
 
 def test_the_plugin_is_inert_without_its_option(tmp_path: pathlib.Path) -> None:
     site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
-    (tmp_path / "test_mine.py").write_text("def test_mine(request):\n"
-                                           "    assert request.config.pluginmanager.has_plugin("
-                                           "'torchlens.conformance.plugin')\n")
+    (tmp_path / "test_mine.py").write_text(
+        "def test_mine(request):\n    assert request.config.pluginmanager.has_plugin('torchlens.conformance.plugin')\n"
+    )
     done = run_pytest(tmp_path, site, "test_mine.py")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert counts(done.stdout) == {"passed": 1}
@@ -65,8 +65,16 @@ def test_expected_failures_are_strict(tmp_path: pathlib.Path) -> None:
     site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
     xfails = tmp_path / "xfails.txt"
     xfails.write_text("mlp::output_parity  # listed, but it passes: a strict entry fails the run\n")
-    done = run_pytest(tmp_path, site, "--torchlens-backend", "numpy", "--torchlens-expected-failures", str(xfails),
-                      "-k", "output_parity and mlp")
+    done = run_pytest(
+        tmp_path,
+        site,
+        "--torchlens-backend",
+        "numpy",
+        "--torchlens-expected-failures",
+        str(xfails),
+        "-k",
+        "output_parity and mlp",
+    )
     assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
     assert "XPASS(strict)" in done.stdout and "listed, but it passes" in done.stdout
 
@@ -98,13 +106,16 @@ def broken():
 
 def _mlp_label(site: pathlib.Path, func_name: str, nth: int = 1) -> str:
     """The label of the nth ``func_name`` op in the zoo's mlp, traced by the unbroken plugin in a clean process."""
-    code = ("import torchlens as tl\nfrom torchlens_numpy.zoo import cases\n"
-            "fn, args, kwargs = next(c for c in cases() if c.name == 'mlp').build()\n"
-            "t = tl.trace(fn, *args, backend='numpy', **kwargs)\n"
-            f"print([op.label for op in t.ops if op.func_name == {func_name!r}][{nth - 1}])\n")
+    code = (
+        "import torchlens as tl\nfrom torchlens_numpy.zoo import cases\n"
+        "fn, args, kwargs = next(c for c in cases() if c.name == 'mlp').build()\n"
+        "t = tl.trace(fn, *args, backend='numpy', **kwargs)\n"
+        f"print([op.label for op in t.ops if op.func_name == {func_name!r}][{nth - 1}])\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(site), str(NUMPY_PLUGIN)))}
-    label = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                           check=True).stdout.strip()
+    label = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert label.startswith(f"{func_name}_"), label
     return label
 
@@ -127,8 +138,10 @@ def test_a_plugin_that_loses_an_edge_fails_naming_the_op(tmp_path: pathlib.Path)
     assert {"no_lost_edges", "audit_clean"} <= failed, output[-4000:]
     label = _mlp_label(tmp_path / "site", "maximum")
     add = _mlp_label(tmp_path / "site", "add", 2)  # h @ w2 + b2, whose output maximum reads
-    assert f"{label}: reads an array constant (args[0], shape (4, 16), float32) bitwise equal to the output of " \
-           f"{add}" in output, output[-4000:]
+    assert (
+        f"{label}: reads an array constant (args[0], shape (4, 16), float32) bitwise equal to the output of "
+        f"{add}" in output
+    ), output[-4000:]
     assert f"{label}: reads an array constant (args[0], shape (4, 16), float32) that has other values" in output
     assert "lost edge" in output
 
@@ -139,8 +152,11 @@ def test_a_plugin_that_misses_a_call_fails_naming_the_op_after_it(tmp_path: path
     assert {"no_lost_edges", "replay_on_other_inputs"} <= failed, output[-4000:]
     # tanh(...) @ w2, reading what tanh gave: the second matmul (its index is one less, tanh being unrecorded)
     label = _mlp_label(tmp_path / "site", "matmul", 2).rpartition("_")[0]
-    assert re.search(rf"{label}_\d+: reads an array constant \(args\[0\], shape \(4, 16\), float32\) that has other "
-                     "values", output), output[-4000:]
+    assert re.search(
+        rf"{label}_\d+: reads an array constant \(args\[0\], shape \(4, 16\), float32\) that has other "
+        "values",
+        output,
+    ), output[-4000:]
 
 
 # The numpy plugin with its ArrayOps.mean broken (a sum where a mean is asked for), declaring ``contract``.
@@ -172,13 +188,17 @@ def test_a_rule_of_contract_3_fails_a_backend_declaring_3_and_warns_one_declarin
     ArrayOps fail the check under contract 3, and under contract 2 make it an xfail with a PluginContractWarning
     that names the check, what failed and the version to declare."""
     code, output = _run_broken_mean(tmp_path, 3)
-    assert code == 1 and "FAILED" in output and "mean over (0,) of a float32 array is off NumPy's" in output, \
-        output[-3000:]
+    assert code == 1 and "FAILED" in output and "mean over (0,) of a float32 array is off NumPy's" in output, output[
+        -3000:
+    ]
     code, output = _run_broken_mean(tmp_path, 2)
     assert code == 0, output[-3000:]
     assert counts(output) == {"xfailed": 1}, output[-3000:]
-    assert "PluginContractWarning" in output and "declares plugin contract 2; test_array_ops_agree_with_numpy is a " \
-           "rule of contract 3" in output and "BackendInfo(contract=3)" in output, output[-3000:]
+    assert (
+        "PluginContractWarning" in output
+        and "declares plugin contract 2; test_array_ops_agree_with_numpy is a rule of contract 3" in output
+        and "BackendInfo(contract=3)" in output
+    ), output[-3000:]
 
 
 def copy_template(where: pathlib.Path, package: str, backend: str) -> pathlib.Path:
@@ -202,16 +222,19 @@ def test_a_plugin_copied_from_the_template_passes_the_installed_suite(tmp_path: 
     assert done.returncode == 0, output[-4000:]
     found = counts(output)
     assert found.get("passed", 0) >= 14 * 6 and "failed" not in found, output[-2000:]
-    assert "[mycopy-mlp]" in run_pytest(work, site, "--torchlens-backend", "mycopy", "--collect-only",
-                                        extra_path=(code,)).stdout
+    assert (
+        "[mycopy-mlp]"
+        in run_pytest(work, site, "--torchlens-backend", "mycopy", "--collect-only", extra_path=(code,)).stdout
+    )
 
 
 def test_this_checkouts_conformance_folder_runs_with_the_entry_point_installed(tmp_path: pathlib.Path) -> None:
     # `pytest conformance --backend NAME` (nox, .ci/run) where the pytest11 entry point has loaded the plugin
     # already: conftest.py's pytest_plugins must not register it twice, and --backend must still pick the zoo.
     site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
-    done = run_pytest(ROOT, site, str(ROOT / "conformance"), "--backend", "numpy", "-k", "mlp and parity",
-                      "-p", "no:cacheprovider")
+    done = run_pytest(
+        ROOT, site, str(ROOT / "conformance"), "--backend", "numpy", "-k", "mlp and parity", "-p", "no:cacheprovider"
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert counts(done.stdout) == {"passed": 1}, done.stdout[-2000:]
     assert "Module already imported" not in done.stdout + done.stderr
@@ -219,8 +242,9 @@ def test_this_checkouts_conformance_folder_runs_with_the_entry_point_installed(t
 
 def test_a_missing_expected_failures_file_is_a_usage_error(tmp_path: pathlib.Path) -> None:
     site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
-    done = run_pytest(tmp_path, site, "--torchlens-backend", "numpy", "--torchlens-expected-failures",
-                      str(tmp_path / "nope.txt"))
+    done = run_pytest(
+        tmp_path, site, "--torchlens-backend", "numpy", "--torchlens-expected-failures", str(tmp_path / "nope.txt")
+    )
     assert done.returncode == 4, (done.stdout + done.stderr)[-2000:]  # pytest's usage error
     assert "nope.txt: no such file or directory" in done.stderr
 

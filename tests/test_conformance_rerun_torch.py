@@ -64,8 +64,11 @@ class HoldsWriter(nn.Module):
 def _hooked(model: nn.Module, x: torch.Tensor) -> dict[str, list[torch.Tensor]]:
     """Every submodule's outputs, per call, as forward hooks see them on an untraced run."""
     seen: dict[str, list[torch.Tensor]] = {}
-    handles = [m.register_forward_hook(lambda mod, a, out, name=name: seen.setdefault(name, []).append(
-        out.detach().clone())) for name, m in model.named_modules() if name]
+    handles = [
+        m.register_forward_hook(lambda mod, a, out, name=name: seen.setdefault(name, []).append(out.detach().clone()))
+        for name, m in model.named_modules()
+        if name
+    ]
     with torch.no_grad():
         model(x)
     for handle in handles:
@@ -73,10 +76,14 @@ def _hooked(model: nn.Module, x: torch.Tensor) -> dict[str, list[torch.Tensor]]:
     return seen
 
 
-@pytest.mark.parametrize("build", [
-    lambda: (torchvision.models.resnet18().eval(), torch.randn(1, 3, 64, 64)),
-    lambda: (KeywordsAndReuse().eval(), torch.randn(3, 6)),
-], ids=["resnet18", "keywords_reuse_inplace"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: (torchvision.models.resnet18().eval(), torch.randn(1, 3, 64, 64)),
+        lambda: (KeywordsAndReuse().eval(), torch.randn(3, 6)),
+    ],
+    ids=["resnet18", "keywords_reuse_inplace"],
+)
 def test_each_module_alone_gives_what_its_forward_hook_saw(build: Any) -> None:
     torch.manual_seed(0)
     model, x = build()

@@ -111,8 +111,9 @@ def test_merged_collectives_join_every_rank(world: int, request: pytest.FixtureR
         # every rank's input is a parent of every rank's all_reduce output
         assert sorted(node.parents) == [f"rank{r}/relu_1_2" for r in range(world)]
         np.testing.assert_allclose(_np(node.out), total, rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(_np(node.out), np.sum([_np(merged[p].out) for p in node.parents], axis=0),
-                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            _np(node.out), np.sum([_np(merged[p].out) for p in node.parents], axis=0), rtol=1e-6, atol=1e-6
+        )
         gather = merged[f"rank{rank}/all_gather_1"]
         sent = [merged[f"rank{r}/mul_1"] for r in range(world)]
         assert set(gather.parents) >= {op.label for op in sent}
@@ -334,8 +335,9 @@ def test_world_of_one_boundary_node(world1: Any, async_op: bool, tmp_path: pathl
     trace = tl.trace(model, x, async_op=async_op)
     assert torch.equal(trace.output, plain) and torch.equal(trace.replay(), plain)
     node = trace["all_reduce_1"]
-    assert node.meta["collective"]["group"] == [0] and trace.notes["distributed"]["collectives"][0]["index"] == \
-        node.index
+    assert (
+        node.meta["collective"]["group"] == [0] and trace.notes["distributed"]["collectives"][0]["index"] == node.index
+    )
     assert trace.audit()
     tl.save(trace, tmp_path / "t")
     loaded = tl.load(tmp_path / "t")
@@ -430,8 +432,10 @@ def test_a_saved_boundary_call_loads_only_from_the_receivers() -> None:
 
     all_gather = torch_distributed.RECEIVERS["all_gather"]
     assert torch_distributed.decode_call({"ns": "torchlens.collective", "name": "all_gather"}) is all_gather
-    for hostile in ({"ns": "torchlens.collective", "name": "system"}, {"ns": "torchlens.collective",
-                                                                        "name": "all_reduce", "get": True}):
+    for hostile in (
+        {"ns": "torchlens.collective", "name": "system"},
+        {"ns": "torchlens.collective", "name": "all_reduce", "get": True},
+    ):
         with pytest.raises(TraceFileError):
             torch_distributed.decode_call(hostile)
     assert torch_distributed.decode_call({"ns": "torch", "name": "relu"}) is torch.relu  # torch's own, as before

@@ -39,8 +39,11 @@ def test_the_worked_port_runs_as_written(tmp_path):
     for name, text in scripts().items():
         (tmp_path / name).write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    for python, name in ((pythons["torch"], "torch_side.py"), (pythons["jax"], "jax_side.py"),
-                         (sys.executable, "compare.py")):
+    for python, name in (
+        (pythons["torch"], "torch_side.py"),
+        (pythons["jax"], "jax_side.py"),
+        (sys.executable, "compare.py"),
+    ):
         done = subprocess.run([python, name], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"{name} failed:\n{done.stdout}\n{done.stderr}"
     assert "torch" not in sys.modules and "jax" not in sys.modules

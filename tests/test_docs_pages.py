@@ -128,12 +128,22 @@ def run_page(page: str, folder: pathlib.Path) -> tuple[list[Block], dict]:
             (folder / name).write_text(block.code)
             pasted.append({"code": f"import {name[:-3]}\n", "line": block.line})
     path = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]  # the saved files import, as from `python`
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "TORCHLENS_CACHE": str(folder / "cache"),
-           "OMP_NUM_THREADS": "1",
-           "BROWSER": "true"}  # trace.show() outside Jupyter opens a browser: here, a program that does nothing
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "readme_session.py"), str(DOCS / page),
-                           str(folder / "result.json")], input=json.dumps(pasted), text=True, cwd=folder, env=env,
-                          capture_output=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(path),
+        "TORCHLENS_CACHE": str(folder / "cache"),
+        "OMP_NUM_THREADS": "1",
+        "BROWSER": "true",
+    }  # trace.show() outside Jupyter opens a browser: here, a program that does nothing
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "readme_session.py"), str(DOCS / page), str(folder / "result.json")],
+        input=json.dumps(pasted),
+        text=True,
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return blocks, json.loads((folder / "result.json").read_text())
 
@@ -152,8 +162,10 @@ def failures(page: str, blocks: list[Block], result: dict) -> list[str]:
             if not owner and not any("error" in s for s in result["statements"]):
                 wrong.append(f"docs/{page}:{block.line + line - 1}: an expectation on a line that is no statement")
             elif owner and not fits(expected, owner[0]["output"]):
-                wrong.append(f"docs/{page}:{block.line + line - 1}: says {expected!r}, "
-                             f"printed {owner[0]['output'].strip()[:300]!r}")
+                wrong.append(
+                    f"docs/{page}:{block.line + line - 1}: says {expected!r}, "
+                    f"printed {owner[0]['output'].strip()[:300]!r}"
+                )
     for before, after in zip(blocks, blocks[1:]):
         if before.lang == "python" and after.lang == "text":
             printed = "".join(s["output"] for s in result["statements"] if s["block"] == python.index(before))
@@ -188,9 +200,11 @@ def test_the_page_runs_as_written(page: str, tmp_path: pathlib.Path) -> None:
 # -- the table above covers the docs ---------------------------------------------------------------
 def test_every_page_with_python_blocks_is_listed() -> None:
     with_python = {p.name for p in DOCS.glob("*.md") if python_blocks(p.name)}
-    assert with_python == set(PAGES), "PAGES must name exactly the docs pages with ```python blocks: " \
-                                      f"unlisted {sorted(with_python - set(PAGES))}, " \
-                                      f"without any {sorted(set(PAGES) - with_python)}"
+    assert with_python == set(PAGES), (
+        "PAGES must name exactly the docs pages with ```python blocks: "
+        f"unlisted {sorted(with_python - set(PAGES))}, "
+        f"without any {sorted(set(PAGES) - with_python)}"
+    )
 
 
 def test_every_page_is_run_by_a_nox_session() -> None:
@@ -209,13 +223,16 @@ def test_the_checks_catch_a_failing_block_and_a_wrong_comment(tmp_path: pathlib.
     code = "x = 2 ** 10\nx  # -> 1024\nx + 1  # -> 1024\nprint(x - 1)\n"
     blocks = [Block("python", code, 5, ""), Block("text", "1022\n", 11, "")]
     result = run_session([{"code": code, "line": 5}], "<page>")
-    assert failures("fake.md", blocks, result) == ["docs/fake.md:7: says '1024', printed '1025'",
-                                                   "docs/fake.md:11: not what the block above prints:\n"
-                                                   "1024\n1025\n1023\n"]
+    assert failures("fake.md", blocks, result) == [
+        "docs/fake.md:7: says '1024', printed '1025'",
+        "docs/fake.md:11: not what the block above prints:\n1024\n1025\n1023\n",
+    ]
     raising = [Block("python", "import torchlens_core\nundefined_name\n", 3, "")]
     result = run_session([{"code": b.code, "line": b.line} for b in raising], "<page>")
     assert "NameError" in failures("fake.md", raising, result)[0]
-    labelled = fenced_blocks("<!-- example: mod.py -->\n```python\nA = 1\n```\n  ```python-sketch\n  f(...)\n  ```\n"
-                             "```` ```text ```` is prose\n````markdown\n```python\n````\n")
+    labelled = fenced_blocks(
+        "<!-- example: mod.py -->\n```python\nA = 1\n```\n  ```python-sketch\n  f(...)\n  ```\n"
+        "```` ```text ```` is prose\n````markdown\n```python\n````\n"
+    )
     assert [example_file(b) for b in labelled] == ["mod.py", None, None] and labelled[1].code == "f(...)\n"
     assert labelled[2] == Block("markdown", "```python\n", 10, "```` ```text ```` is prose")

@@ -95,8 +95,11 @@ def test_buffers_are_counted_apart_from_parameters_as_the_summary_counts(resnet:
     conv1 = labels[resnet["conv1"].label]
     assert not any(line.startswith("buffers") for line in conv1)
 
-    boxes = {node.label.split("\\n")[0]: node.label.split("\\n")
-             for node in drawing.view(resnet, collapse=1).nodes.values() if node.kind == "module"}
+    boxes = {
+        node.label.split("\\n")[0]: node.label.split("\\n")
+        for node in drawing.view(resnet, collapse=1).nodes.values()
+        if node.kind == "module"
+    }
     layer1 = boxes["layer1"]
     assert f"params: {sum(p.numel() for p in model.layer1.parameters()) / 1e3:.1f}k" in layer1
     assert f"buffers: {sum(b.numel() for b in model.layer1.buffers())}" in layer1  # num_batches_tracked too
@@ -166,8 +169,9 @@ def test_errors_are_typed(resnet: tl.Trace, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @needs_dot
-def test_seed_draw_calls_run_as_written(resnet: tl.Trace, recurrent: tl.Trace, tmp_path: Any,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_seed_draw_calls_run_as_written(
+    resnet: tl.Trace, recurrent: tl.Trace, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     trace = log = resnet
     recurrent_log = recurrent

@@ -161,7 +161,8 @@ def test_layout_size_counts_a_bend_for_every_rank_an_edge_crosses() -> None:
 
 
 def test_an_unrolled_drawing_over_max_nodes_is_refused_before_graphviz(
-        deep: tl.Trace, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    deep: tl.Trace, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(drawing, "render", lambda *a, **k: pytest.fail("Graphviz ran on a refused drawing"))
     with pytest.raises(tl.DrawingTooLargeError) as caught:
         deep.draw(str(tmp_path / "full"), file_format="svg", max_nodes=1_000)
@@ -175,7 +176,8 @@ def test_an_unrolled_drawing_over_max_nodes_is_refused_before_graphviz(
 
 
 def test_a_slow_unrolled_drawing_warns_with_its_estimate(
-        deep: tl.Trace, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    deep: tl.Trace, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rendered: list[bool] = []
     monkeypatch.setattr(drawing, "render", lambda source, path, fmt, quick=False: rendered.append(quick))
     size = drawing.layout_size(drawing.view(deep))

@@ -72,13 +72,13 @@ def test_nnx_model_equals_pluck_and_the_untraced_layers(tmp_path: pathlib.Path) 
     assert [(e["layout"], e["spatial_axes"]) for e in handle.index["layers"]] == [("NHWC", [1, 2])] * 2
     assert zarr.open_group(str(tmp_path / "out"))["conv1"].attrs["torchlens"]["layout"] == "NHWC"
     for start in range(0, 10, 4):
-        batch = jnp.stack(data[start:start + 4])
+        batch = jnp.stack(data[start : start + 4])
         conv1 = model.conv1(batch)  # untraced: the submodule called directly
         relu2 = nnx.relu(model.conv2(nnx.relu(conv1)))
-        assert np.array_equal(handle["conv1"][start:start + 4], np.asarray(conv1))
-        assert np.array_equal(handle["max_2_8"][start:start + 4], np.asarray(relu2))
+        assert np.array_equal(handle["conv1"][start : start + 4], np.asarray(conv1))
+        assert np.array_equal(handle["max_2_8"][start : start + 4], np.asarray(relu2))
         for key in layers:
-            assert np.array_equal(handle[key][start:start + 4], np.asarray(tl.pluck(model, batch, key)))
+            assert np.array_equal(handle[key][start : start + 4], np.asarray(tl.pluck(model, batch, key)))
 
 
 def test_linen_through_apply_and_plain_functions(tmp_path: pathlib.Path) -> None:
@@ -92,8 +92,15 @@ def test_linen_through_apply_and_plain_functions(tmp_path: pathlib.Path) -> None
     module = MLP()
     variables = module.init(jax.random.key(0), jnp.ones((1, 4)))
     data = [jax.random.normal(k, (4,)) for k in jax.random.split(jax.random.key(1), 6)]
-    handle = tl.extract_dataset(functools.partial(module.apply, variables), data, ["max_1_4"], batch_size=4,
-                                output_dir=tmp_path / "linen", backend="jax", progress=False)
+    handle = tl.extract_dataset(
+        functools.partial(module.apply, variables),
+        data,
+        ["max_1_4"],
+        batch_size=4,
+        output_dir=tmp_path / "linen",
+        backend="jax",
+        progress=False,
+    )
     batch = jnp.stack(data)
     hidden = module.apply(variables, batch, capture_intermediates=True)[1]["intermediates"]["fc1"]["__call__"][0]
     # batches of 4 and 2 against one of 6: XLA's CPU matmul may round the last bit differently per batch shape
@@ -104,8 +111,15 @@ def test_linen_through_apply_and_plain_functions(tmp_path: pathlib.Path) -> None
 
     scales = [jnp.full((4,), float(i)) for i in range(6)]
     label = [op.label for op in tl.trace(gelu_net, batch, jnp.stack(scales)).ops if op.func_name == "mul"][-1]
-    as_dicts = tl.extract_dataset(gelu_net, iter([{"x": x, "scale": s} for x, s in zip(data, scales)]), [label],
-                                  batch_size=4, output_dir=tmp_path / "dicts", backend="jax", progress=False)
+    as_dicts = tl.extract_dataset(
+        gelu_net,
+        iter([{"x": x, "scale": s} for x, s in zip(data, scales)]),
+        [label],
+        batch_size=4,
+        output_dir=tmp_path / "dicts",
+        backend="jax",
+        progress=False,
+    )
     expected = np.asarray(jax.nn.gelu(batch) * jnp.stack(scales))  # keyword inputs, untraced
     np.testing.assert_allclose(as_dicts[label][:], expected, rtol=1e-6, atol=1e-7)
 
@@ -117,28 +131,31 @@ def test_equinox_model(tmp_path: pathlib.Path) -> None:
     data = [jax.random.normal(k, (4,)) for k in jax.random.split(jax.random.key(3), 5)]
     trace = tl.trace(batched, jnp.stack(data[:2]), backend="jax")
     last = [op.label for op in trace.ops if op.kind == "op"][-1]
-    handle = tl.extract_dataset(batched, data, [last], batch_size=2, output_dir=tmp_path / "eqx", backend="jax",
-                                progress=False)
+    handle = tl.extract_dataset(
+        batched, data, [last], batch_size=2, output_dir=tmp_path / "eqx", backend="jax", progress=False
+    )
     np.testing.assert_allclose(handle[last][:], np.asarray(batched(jnp.stack(data))), rtol=1e-6, atol=1e-6)
     for start in (0, 2, 4):
-        batch = jnp.stack(data[start:start + 2])
-        assert np.array_equal(handle[last][start:start + 2], np.asarray(tl.pluck(batched, batch, last,
-                                                                                   backend="jax")))
+        batch = jnp.stack(data[start : start + 2])
+        assert np.array_equal(
+            handle[last][start : start + 2], np.asarray(tl.pluck(batched, batch, last, backend="jax"))
+        )
 
 
 def test_an_interrupted_run_resumes_without_recomputing(tmp_path: pathlib.Path) -> None:
     model, data = CNN(nnx.Rngs(0)), images(10)
-    reference = tl.extract_dataset(model, data, ["conv2"], batch_size=4, output_dir=tmp_path / "ref",
-                                   progress=False)
+    reference = tl.extract_dataset(model, data, ["conv2"], batch_size=4, output_dir=tmp_path / "ref", progress=False)
     FORWARDS[0] = 0
     with pytest.raises(RuntimeError, match="interrupted at sample 9"):
-        tl.extract_dataset(model, stopping(data, 9), ["conv2"], batch_size=4, output_dir=tmp_path / "out",
-                           progress=False)
+        tl.extract_dataset(
+            model, stopping(data, 9), ["conv2"], batch_size=4, output_dir=tmp_path / "out", progress=False
+        )
     per_batch = FORWARDS[0] // 2
     assert per_batch >= 1 and FORWARDS[0] == 2 * per_batch and markers(tmp_path / "out") == [4, 4]
     FORWARDS[0] = 0
-    resumed = tl.extract_dataset(model, iter(data), ["conv2"], batch_size=4, output_dir=tmp_path / "out",
-                                 progress=False)
+    resumed = tl.extract_dataset(
+        model, iter(data), ["conv2"], batch_size=4, output_dir=tmp_path / "out", progress=False
+    )
     assert FORWARDS[0] == per_batch  # only the last batch (2 samples) was computed
     assert resumed.complete and np.array_equal(resumed["conv2"][:], reference["conv2"][:])
 
@@ -154,8 +171,9 @@ def test_a_numpy_array_dataset_is_converted_and_read_by_index(tmp_path: pathlib.
 def test_bfloat16_is_stored_as_raw_bits_and_read_back_exactly(tmp_path: pathlib.Path) -> None:
     ml_dtypes = pytest.importorskip("ml_dtypes")
     model, data = CNN(nnx.Rngs(0), dtype=jnp.bfloat16), images(5, dtype=jnp.bfloat16)
-    handle = tl.extract_dataset(model, data, ["conv1", "head"], batch_size=4, output_dir=tmp_path / "bf16",
-                                progress=False)
+    handle = tl.extract_dataset(
+        model, data, ["conv1", "head"], batch_size=4, output_dir=tmp_path / "bf16", progress=False
+    )
     expected = np.asarray(model.conv1(jnp.stack(data)))
     assert expected.dtype == ml_dtypes.bfloat16 and handle.dtypes == {"conv1": "bfloat16", "head": "bfloat16"}
     read = handle["conv1"][:]
@@ -178,8 +196,9 @@ def test_batch_axis_for_a_time_major_output(tmp_path: pathlib.Path) -> None:
     cumsum = next(op.label for op in trace.ops if op.func_name == "cumsum")
     with pytest.raises(extract.ExtractError, match=r"first axis is not the batch.*batch_axis="):
         tl.extract_dataset(time_major, data, [cumsum], batch_size=4, output_dir=tmp_path / "no", progress=False)
-    handle = tl.extract_dataset(time_major, data, [cumsum], batch_size=4, output_dir=tmp_path / "tm",
-                                batch_axis={cumsum: 1}, progress=False)
+    handle = tl.extract_dataset(
+        time_major, data, [cumsum], batch_size=4, output_dir=tmp_path / "tm", batch_axis={cumsum: 1}, progress=False
+    )
     assert handle.shapes == {cumsum: (5, 3)} and handle.index["layers"][0]["batch_axis"] == 1
     expected = np.cumsum(np.tanh(np.asarray(batch).swapaxes(0, 1)), axis=0).swapaxes(0, 1)
     np.testing.assert_allclose(handle[cumsum][:], expected, rtol=1e-6, atol=1e-6)
@@ -191,7 +210,8 @@ def test_a_dtype_the_store_cannot_hold_is_a_clear_error(tmp_path: pathlib.Path) 
         return (x * 2.0).astype(jnp.float8_e4m3fn).astype(jnp.float32)
 
     data = [jnp.ones((3,)) * i for i in range(4)]
-    label = next(op.label for op in tl.trace(to_float8, jnp.stack(data)).ops
-                 if op.kind == "op" and "float8" in str(op.dtype))
+    label = next(
+        op.label for op in tl.trace(to_float8, jnp.stack(data)).ops if op.kind == "op" and "float8" in str(op.dtype)
+    )
     with pytest.raises(extract.ExtractError, match="float8_e4m3fn, which the activation store cannot hold"):
         tl.extract_dataset(to_float8, data, [label], output_dir=tmp_path / "f8", progress=False)

@@ -69,16 +69,15 @@ def test_stack_hook() -> None:
 def test_equals_pluck_and_a_forward_hook(tmp_path: pathlib.Path) -> None:
     net, data = model(), images(10)
     tensors = [paddle.to_tensor(x) for x in data]
-    handle = tl.extract_dataset(net, tensors, ["conv1", "conv2"], batch_size=4, output_dir=tmp_path / "out",
-                                progress=False)
+    handle = tl.extract_dataset(
+        net, tensors, ["conv1", "conv2"], batch_size=4, output_dir=tmp_path / "out", progress=False
+    )
     assert handle.backend == "paddle" and handle.shapes == {"conv1": (4, 8, 8), "conv2": (8, 8, 8)}
     for start in range(0, 10, 4):
-        batch = data[start:start + 4]
+        batch = data[start : start + 4]
         for name in ("conv1", "conv2"):
-            np.testing.assert_allclose(handle[name][start:start + 4], hooked(net, name, batch), rtol=1e-5,
-                                       atol=1e-6)
-            assert np.array_equal(handle[name][start:start + 4],
-                                  tl.pluck(net, paddle.to_tensor(batch), name).numpy())
+            np.testing.assert_allclose(handle[name][start : start + 4], hooked(net, name, batch), rtol=1e-5, atol=1e-6)
+            assert np.array_equal(handle[name][start : start + 4], tl.pluck(net, paddle.to_tensor(batch), name).numpy())
 
 
 def test_a_paddle_dataset_of_numpy_samples_resumes(tmp_path: pathlib.Path) -> None:
@@ -87,8 +86,9 @@ def test_a_paddle_dataset_of_numpy_samples_resumes(tmp_path: pathlib.Path) -> No
     np.testing.assert_allclose(reference["conv2"][:], hooked(net, "conv2", data), rtol=1e-5, atol=1e-6)
     FORWARDS[0] = 0
     with pytest.raises(KeyboardInterrupt):
-        tl.extract_dataset(net, Images(data, fail_at=5), ["conv2"], batch_size=4, output_dir=tmp_path / "out",
-                           progress=False)
+        tl.extract_dataset(
+            net, Images(data, fail_at=5), ["conv2"], batch_size=4, output_dir=tmp_path / "out", progress=False
+        )
     assert FORWARDS[0] == 1 and zarr.open_group(str(tmp_path / "out"))[extract.MARKERS][:].tolist() == [4, 0, 0]
     FORWARDS[0] = 0
     rerun = Images(data)
@@ -102,6 +102,7 @@ def test_a_dataloader_is_refused_with_the_call_to_make(tmp_path: pathlib.Path) -
     loader = paddle.io.DataLoader(dataset, batch_size=3)
     with pytest.raises(tl.UnsupportedError, match=r"Paddle DataLoader yields batches.*loader.dataset.*batch_size=3"):
         tl.extract_dataset(net, loader, ["conv1"], output_dir=tmp_path / "loader", progress=False)
-    handle = tl.extract_dataset(net, loader.dataset, ["conv1"], batch_size=3, output_dir=tmp_path / "fixed",
-                                progress=False)
+    handle = tl.extract_dataset(
+        net, loader.dataset, ["conv1"], batch_size=3, output_dir=tmp_path / "fixed", progress=False
+    )
     np.testing.assert_allclose(handle["conv1"][:], hooked(net, "conv1", dataset.data), rtol=1e-5, atol=1e-6)

@@ -35,8 +35,9 @@ def test_equals_pluck_and_the_plain_forward(tmp_path: pathlib.Path) -> None:
     assert handle.backend == "tinygrad" and handle.shapes == {"fc1": (8,)}
     np.testing.assert_allclose(handle["fc1"][:], model.fc1(Tensor(array)).numpy(), rtol=1e-5, atol=1e-6)
     for start in (0, 4):
-        batch = Tensor(array[start:start + 4])
-        assert np.array_equal(handle["fc1"][start:start + 4], tl.pluck(model, batch, "fc1").numpy())
-    from_numpy = tl.extract_dataset(model, array, ["fc1"], batch_size=4, output_dir=tmp_path / "np",
-                                    backend="tinygrad", progress=False)
+        batch = Tensor(array[start : start + 4])
+        assert np.array_equal(handle["fc1"][start : start + 4], tl.pluck(model, batch, "fc1").numpy())
+    from_numpy = tl.extract_dataset(
+        model, array, ["fc1"], batch_size=4, output_dir=tmp_path / "np", backend="tinygrad", progress=False
+    )
     assert np.array_equal(from_numpy["fc1"][:], handle["fc1"][:])

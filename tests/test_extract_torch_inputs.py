@@ -20,8 +20,11 @@ from torchlens_core.store import extract  # noqa: E402 - after the skips
 
 def cnn(dtype: Any = torch.float32) -> Any:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
-                               torch.nn.Conv2d(4, 8, 3, padding=1)).to(dtype).eval()
+    return (
+        torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 8, 3, padding=1))
+        .to(dtype)
+        .eval()
+    )
 
 
 def test_a_dataloader_is_refused_with_the_call_to_make(tmp_path: pathlib.Path) -> None:
@@ -31,8 +34,13 @@ def test_a_dataloader_is_refused_with_the_call_to_make(tmp_path: pathlib.Path) -
         tl.extract_dataset(model, loader, ["0"], output_dir=tmp_path / "loader", progress=False)
     sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(data), 3, False)
     with pytest.raises(tl.UnsupportedError, match="yields batches"):  # batch_size is None, yet it batches
-        tl.extract_dataset(model, torch.utils.data.DataLoader(list(data), batch_sampler=sampler), ["0"],
-                           output_dir=tmp_path / "sampler", progress=False)
+        tl.extract_dataset(
+            model,
+            torch.utils.data.DataLoader(list(data), batch_sampler=sampler),
+            ["0"],
+            output_dir=tmp_path / "sampler",
+            progress=False,
+        )
     unbatched = torch.utils.data.DataLoader(list(data), batch_size=None)  # yields samples: fine
     handle = tl.extract_dataset(model, unbatched, ["0"], batch_size=4, output_dir=tmp_path / "ok", progress=False)
     with torch.no_grad():
@@ -96,9 +104,15 @@ def test_lstm_leaves_and_a_time_major_batch_axis(tmp_path: pathlib.Path) -> None
         tl.extract_dataset(model, data, ["lstm"], output_dir=tmp_path / "whole", progress=False)
     with pytest.raises(extract.ExtractError, match="first axis is not the batch"):
         tl.extract_dataset(model, data, [("lstm", 0)], batch_size=4, output_dir=tmp_path / "axis", progress=False)
-    handle = tl.extract_dataset(model, data, [("lstm", 0), ("lstm", 1, 0)], batch_size=4,
-                                batch_axis={"lstm[0]": 1, "lstm[1][0]": 1}, output_dir=tmp_path / "leaves",
-                                progress=False)
+    handle = tl.extract_dataset(
+        model,
+        data,
+        [("lstm", 0), ("lstm", 1, 0)],
+        batch_size=4,
+        batch_axis={"lstm[0]": 1, "lstm[1][0]": 1},
+        output_dir=tmp_path / "leaves",
+        progress=False,
+    )
     assert handle.layers == ["lstm[0]", "lstm[1][0]"]
     assert handle.shapes == {"lstm[0]": (5, 4), "lstm[1][0]": (1, 4)}  # batch first, the time axis after it
     assert [entry["batch_axis"] for entry in handle.index["layers"]] == [1, 1]
@@ -109,12 +123,17 @@ def test_lstm_leaves_and_a_time_major_batch_axis(tmp_path: pathlib.Path) -> None
 
 
 def test_the_layout_is_read_from_the_trace(tmp_path: pathlib.Path) -> None:
-    model = torch.nn.Sequential(torch.nn.Conv1d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                torch.nn.Linear(4 * 6, 2)).eval()
+    model = torch.nn.Sequential(
+        torch.nn.Conv1d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6, 2)
+    ).eval()
     data = list(torch.randn(3, 3, 8))
     handle = tl.extract_dataset(model, data, ["0", "1", "2", "3"], output_dir=tmp_path / "out", progress=False)
     assert [(e["layout"], e["spatial_axes"]) for e in handle.index["layers"]] == [
-        ("NCW", [2]), ("NCW", [2]), (None, None), (None, None)]  # a flatten merges the axes: not known
+        ("NCW", [2]),
+        ("NCW", [2]),
+        (None, None),
+        (None, None),
+    ]  # a flatten merges the axes: not known
     assert zarr.open_group(str(tmp_path / "out"))["1"].attrs["torchlens"]["layout"] == "NCW"
     resumed = tl.extract_dataset(model, data, ["0", "1", "2", "3"], output_dir=tmp_path / "out", progress=False)
     assert resumed.index["layers"] == handle.index["layers"]
@@ -129,8 +148,13 @@ def test_a_store_from_before_sharding_and_batch_axis_resumes(tmp_path: pathlib.P
     old[:4] = reference["0"][:4]
     markers = group.create_array(extract.MARKERS, shape=(2,), chunks=(1,), dtype="uint32", fill_value=0)
     markers[0] = 4
-    index = dict(reference.index, complete=False, layers=[{k: v for k, v in e.items() if k in (
-        "key", "array", "shape", "dtype")} for e in reference.index["layers"]])
+    index = dict(
+        reference.index,
+        complete=False,
+        layers=[
+            {k: v for k, v in e.items() if k in ("key", "array", "shape", "dtype")} for e in reference.index["layers"]
+        ],
+    )
     del index["batch_axes"]
     group.attrs["torchlens"] = index
     resumed = tl.extract_dataset(model, data, ["0"], batch_size=4, output_dir=tmp_path / "old", progress=False)

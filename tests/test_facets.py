@@ -48,13 +48,30 @@ def gpt2(implementation: str = "sdpa"):
 
 
 def llama(implementation: str = "sdpa"):
-    return _hf("Llama", implementation, num_hidden_layers=1, hidden_size=32, num_attention_heads=4,
-               num_key_value_heads=2, intermediate_size=37, vocab_size=50, max_position_embeddings=16)
+    return _hf(
+        "Llama",
+        implementation,
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=37,
+        vocab_size=50,
+        max_position_embeddings=16,
+    )
 
 
 def bert(implementation: str = "sdpa"):
-    return _hf("Bert", implementation, num_hidden_layers=1, hidden_size=32, num_attention_heads=4,
-               intermediate_size=37, vocab_size=50, max_position_embeddings=16)
+    return _hf(
+        "Bert",
+        implementation,
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=37,
+        vocab_size=50,
+        max_position_embeddings=16,
+    )
 
 
 IDS = torch.tensor([[3, 14, 15, 9, 2, 6, 5], [35, 8, 9, 7, 9, 3, 2]])
@@ -64,8 +81,11 @@ LEFT_PADDED = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]])
 def hooked(module: torch.nn.Module, run, pre: bool = False) -> list:
     """What ``module`` took (pre) or returned in one untraced ``run()``."""
     seen: list = []
-    handle = (module.register_forward_pre_hook(lambda m, args: seen.append(args)) if pre
-              else module.register_forward_hook(lambda m, args, out: seen.append(out)))
+    handle = (
+        module.register_forward_pre_hook(lambda m, args: seen.append(args))
+        if pre
+        else module.register_forward_hook(lambda m, args, out: seen.append(out))
+    )
     try:
         with torch.no_grad():
             run()
@@ -225,8 +245,13 @@ def test_gpt2_block_residual_stream_against_module_hooks() -> None:
     assert close(facets["attn_out"], attn_out[0]) and close(facets["mlp_out"], mlp_out)
     assert close(facets["resid_mid"], pre[0] + attn_out[0])
     assert close(facets["resid_post"], post) and close(facets["hook_resid_post"], post)
-    assert set(facets.aliases) == {"hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out",
-                                   "hook_mlp_out"}
+    assert set(facets.aliases) == {
+        "hook_resid_pre",
+        "hook_resid_mid",
+        "hook_resid_post",
+        "hook_attn_out",
+        "hook_mlp_out",
+    }
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -241,8 +266,9 @@ def test_llama_grouped_query_keys_keep_their_own_heads(implementation: str) -> N
     (k_lin,) = hooked(attn.k_proj, lambda: model(IDS))
     (v_lin,) = hooked(attn.v_proj, lambda: model(IDS))
     ((cos, sin),) = hooked(model.rotary_emb, lambda: model(IDS))
-    q, k = apply_rotary_pos_emb(q_lin.view(2, 7, 4, 8).transpose(1, 2), k_lin.view(2, 7, 2, 8).transpose(1, 2),
-                                cos, sin)
+    q, k = apply_rotary_pos_emb(
+        q_lin.view(2, 7, 4, 8).transpose(1, 2), k_lin.view(2, 7, 2, 8).transpose(1, 2), cos, sin
+    )
     assert facets["k"].shape == (2, 2, 7, 8), "two key heads, not the four repeat_kv makes"
     assert close(facets["q"], q) and close(facets["k"], k)
     assert close(facets["v"], v_lin.view(2, 7, 2, 8).transpose(1, 2))
@@ -283,8 +309,11 @@ PADDING = torch.tensor([[False] * 5, [False, False, False, True, True]])
 
 
 @pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "seq_first"])
-@pytest.mark.parametrize("masks", [{}, {"key_padding_mask": PADDING}, {"attn_mask": CAUSAL, "is_causal": True},
-                                   {"attn_mask": CAUSAL.isinf()}], ids=["none", "padding", "causal", "bool"])
+@pytest.mark.parametrize(
+    "masks",
+    [{}, {"key_padding_mask": PADDING}, {"attn_mask": CAUSAL, "is_causal": True}, {"attn_mask": CAUSAL.isinf()}],
+    ids=["none", "padding", "causal", "bool"],
+)
 def test_multihead_attention_facets_against_its_own_weights(batch_first: bool, masks: dict) -> None:
     torch.manual_seed(0)
     net = Wrapped(batch_first).eval()
@@ -344,6 +373,7 @@ def _zero_columns(start: int, stop: int):
         edited = args[0].clone()
         edited[..., start:stop] = 0
         return (edited,)
+
     return pre
 
 
@@ -393,8 +423,9 @@ def test_patching_attn_out_from_a_clean_run_equals_a_module_hook(vit) -> None:
     model, x = vit
     clean = tl.trace(model, x)
     corrupted = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
-    patched = tl.trace(model, corrupted,
-                       intervene=clean.modules["blocks.0"].facets.when("attn_out", tl.swap_with(clean)))
+    patched = tl.trace(
+        model, corrupted, intervene=clean.modules["blocks.0"].facets.when("attn_out", tl.swap_with(clean))
+    )
     (clean_attn,) = hooked(model.blocks[0].attn, lambda: model(x))
     handle = model.blocks[0].attn.register_forward_hook(lambda m, a, out: clean_attn)
     try:

@@ -22,6 +22,7 @@ def test_the_facets_page_runs_as_written(capsys: pytest.CaptureFixture[str]) -> 
         exec(compile(block, str(DOC), "exec"), namespace)
     printed = capsys.readouterr().out
     # the save= example prints the error, which names the op that holds q and what to do
-    assert re.search(r"reads identity_\d+_\d+, whose value save= left out: capture with a save= that also picks",
-                     printed)
+    assert re.search(
+        r"reads identity_\d+_\d+, whose value save= left out: capture with a save= that also picks", printed
+    )
     assert namespace["patched"].interventions and namespace["ablated"].interventions

@@ -137,8 +137,7 @@ def test_every_position_of_a_conv_general_dilated(case) -> None:
 
 def test_every_position_of_a_padded_pool() -> None:
     def f(x: jax.Array) -> jax.Array:
-        return jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 3, 2, 1), (1, 2, 2, 1),
-                                     ((0, 0), (1, 1), (1, 0), (0, 0)))
+        return jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 3, 2, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 0), (0, 0)))
 
     x = jnp.ones((1, 9, 8, 2))
     log = tl.trace(f, x)

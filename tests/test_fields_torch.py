@@ -100,7 +100,7 @@ def test_seed_block_on_alexnet() -> None:
     unit = rf.center_unit(batch_index=0)
     box = rf.at((3, 3))
     check = rf.check(unit)
-    outgoing = target.projective_field.at((3, 3), target=log['features.8'])
+    outgoing = target.projective_field.at((3, 3), target=log["features.8"])
 
     assert unit == (0, 0, 6, 6)
     # conv3 of AlexNet: receptive field 99, stride 16 (closed form: 11 + 2*4 + 4*4*(2+2) + ... = 99).
@@ -216,8 +216,10 @@ def test_every_position_of_one_layer(layer: nn.Module) -> None:
             if reached.numel() == 0:  # a stride larger than the kernel skips this input position
                 assert all(a.size == 0 for a in box.axes), (i, j, box)
                 continue
-            assert box.extent == ((int(reached[:, 0].min()), int(reached[:, 0].max()) + 1),
-                                  (int(reached[:, 1].min()), int(reached[:, 1].max()) + 1)), (i, j, box)
+            assert box.extent == (
+                (int(reached[:, 0].min()), int(reached[:, 0].max()) + 1),
+                (int(reached[:, 1].min()), int(reached[:, 1].max()) + 1),
+            ), (i, j, box)
 
 
 def test_padding_amount_has_a_closed_form() -> None:
@@ -329,7 +331,7 @@ def test_draw_writes_a_png_with_the_box(tmp_path) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (280, 280)  # scaled x7 to reach 256
-    idat = data[data.index(b"IDAT") + 4: data.index(b"IEND") - 8]
+    idat = data[data.index(b"IDAT") + 4 : data.index(b"IEND") - 8]
     rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, 1 + width * 3)[:, 1:]
     pixels = rows.reshape(height, width, 3)
     # box rows [18, 23), cols [8, 13) at scale 7: the top edge is red, the centre is the image

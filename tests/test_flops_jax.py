@@ -91,8 +91,9 @@ def test_attention_macs_by_hand() -> None:
 def test_transposed_and_depthwise_convs() -> None:
     def f(x: jax.Array, w_t: jax.Array, w_dw: jax.Array) -> jax.Array:
         up = jax.lax.conv_transpose(x, w_t, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-        return jax.lax.conv_general_dilated(up, w_dw, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                            feature_group_count=5)
+        return jax.lax.conv_general_dilated(
+            up, w_dw, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=5
+        )
 
     x, w_t, w_dw = _x(1, 4, 4, 3), _x(3, 3, 3, 5, seed=1), _x(3, 3, 1, 5, seed=2)
     trace = tl.trace(f, x, w_t, w_dw)
@@ -109,8 +110,14 @@ def test_zero_cost_ops() -> None:
 
     trace = tl.trace(f, _x(3, 4))
     moved = [op for op in trace.ops if op.kind == "op"]
-    assert {op.func_name for op in moved} >= {"transpose", "concatenate", "slice", "reshape", "convert_element_type",
-                                              "broadcast_in_dim"}
+    assert {op.func_name for op in moved} >= {
+        "transpose",
+        "concatenate",
+        "slice",
+        "reshape",
+        "convert_element_type",
+        "broadcast_in_dim",
+    }
     assert all(op.flops == 0 and op.macs == 0 for op in moved)
 
 
@@ -126,8 +133,14 @@ class DeeperCNN(nnx.Module):
     """VGG-like, on 32x32: strided, grouped and 1x1 convs, then a dense head."""
 
     # (in, out, kernel, stride, groups)
-    LAYERS = [(3, 16, 3, 1, 1), (16, 32, 3, 2, 1), (32, 32, 3, 1, 8), (32, 64, 1, 1, 1), (64, 64, 3, 2, 1),
-              (64, 128, 3, 2, 4)]
+    LAYERS = [
+        (3, 16, 3, 1, 1),
+        (16, 32, 3, 2, 1),
+        (32, 32, 3, 1, 8),
+        (32, 64, 1, 1, 1),
+        (64, 64, 3, 2, 1),
+        (64, 128, 3, 2, 4),
+    ]
 
     def __init__(self, rngs: nnx.Rngs) -> None:
         layers = []

@@ -134,8 +134,12 @@ def test_formulas_on_hand_built_calls():
     assert einsum_count("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]) == (2 * 64, 64)  # (2*3*4) then (2*4*5)
     assert einsum_count("ii", [(3, 3)]) == (9, 0)  # one operand: a sum
     # adaptive average pooling 5 -> 3 reads windows [0, 2), [1, 4), [3, 5) along each axis: 2 + 3 + 2
-    call = OpCall("pool2d", (ArraySpec((1, 2, 5, 5)), [3, 3], [1, 1], [0, 0], False, True, "NCHW", "avg", False,
-                             True, "EXPLICIT"), {}, (1, 2, 3, 3))
+    call = OpCall(
+        "pool2d",
+        (ArraySpec((1, 2, 5, 5)), [3, 3], [1, 1], [0, 0], False, True, "NCHW", "avg", False, True, "EXPLICIT"),
+        {},
+        (1, 2, 3, 3),
+    )
     assert FORMULAS["pool2d"](call) == (2 * 7 * 7, 0)
     # a transposed convolution scatters each input element over C_out / groups * kh * kw outputs
     call = OpCall("conv2d_transpose", (ArraySpec((1, 4, 5, 5)), ArraySpec((4, 6, 3, 3))), {}, (1, 6, 11, 11))
@@ -164,15 +168,23 @@ def _resnet18_macs() -> int:
 
 
 def _alexnet_macs() -> int:
-    convs = (_conv(55, 3, 64, 11) + _conv(27, 64, 192, 5) + _conv(13, 192, 384, 3) + _conv(13, 384, 256, 3)
-             + _conv(13, 256, 256, 3))
+    convs = (
+        _conv(55, 3, 64, 11)
+        + _conv(27, 64, 192, 5)
+        + _conv(13, 192, 384, 3)
+        + _conv(13, 384, 256, 3)
+        + _conv(13, 256, 256, 3)
+    )
     return convs + 256 * 6 * 6 * 4096 + 4096 * 4096 + 4096 * 1000
 
 
-@pytest.mark.parametrize("name, expected, published", [
-    ("resnet18", _resnet18_macs(), 1.81e9),
-    ("alexnet", _alexnet_macs(), 0.71e9),
-])
+@pytest.mark.parametrize(
+    "name, expected, published",
+    [
+        ("resnet18", _resnet18_macs(), 1.81e9),
+        ("alexnet", _alexnet_macs(), 0.71e9),
+    ],
+)
 def test_vision_models_match_published_macs(name, expected, published):
     paddle.seed(0)
     model = getattr(paddle.vision.models, name)()

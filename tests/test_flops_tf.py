@@ -31,15 +31,17 @@ def _by_name(trace: tl.Trace, name: str) -> list:
 
 def test_cnn_counted_by_hand() -> None:
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((16, 16, 3)),
-        keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(2),
-        keras.layers.DepthwiseConv2D(3, padding="same"),
-        keras.layers.Conv2DTranspose(4, 3, strides=2, padding="same"),
-        keras.layers.Flatten(),
-        keras.layers.Dense(10),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.DepthwiseConv2D(3, padding="same"),
+            keras.layers.Conv2DTranspose(4, 3, strides=2, padding="same"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10),
+        ]
+    )
     trace = tl.trace(model, _x(2, 16, 16, 3))
     conv = 2 * 16 * 16 * 8 * (3 * 3 * 3)  # output elements x kernel taps x input channels
     depthwise = 2 * 8 * 8 * 8 * (3 * 3)  # one input channel per output channel

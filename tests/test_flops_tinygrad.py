@@ -89,8 +89,9 @@ def test_attention_model_by_hand():
     assert only(t, "layernorm").flops == 5 * tokens * d  # nn.LayerNorm's weight and bias: a separate mul and add
     assert t.macs == qkv_macs + out_macs + 2 * score * head_dim
     residual = tokens * d
-    assert t.flops == (2 * t.macs + 5 * tokens * d + 2 * tokens * d + tokens * 3 * d + tokens * d + 4 * score
-                       + residual)
+    assert t.flops == (
+        2 * t.macs + 5 * tokens * d + 2 * tokens * d + tokens * 3 * d + tokens * d + 4 * score + residual
+    )
     for name in ("chunk", "reshape", "transpose"):
         assert ops_of(t, name) and all(op.flops == 0 and op.macs == 0 for op in ops_of(t, name))
 

@@ -51,9 +51,12 @@ def test_a_fork_replays_and_reruns_its_edits_and_leaves_the_trace_alone(resnet: 
     edit_layer2 = lambda out: -out
 
     def by_hand(v: Any) -> Any:
-        handles = [resnet.layer2.register_forward_hook(lambda m, a, out: edit_layer2(out)),
-                   resnet.relu.register_forward_hook(lambda m, a, out: out.clamp(max=0.5) if out.shape[1] == 64
-                                                     and out.shape[-1] == 32 else out)]
+        handles = [
+            resnet.layer2.register_forward_hook(lambda m, a, out: edit_layer2(out)),
+            resnet.relu.register_forward_hook(
+                lambda m, a, out: out.clamp(max=0.5) if out.shape[1] == 64 and out.shape[-1] == 32 else out
+            ),
+        ]
         try:
             with torch.no_grad():
                 return resnet(v)
@@ -76,8 +79,11 @@ def test_a_fork_of_an_edited_trace_keeps_its_edits_and_adds_its_own(resnet: Any,
     x, _ = inputs
     steer = torch.full((64, 1, 1), 0.25)
     live = tl.trace(resnet, x, intervene=tl.when(tl.module("layer1"), tl.steer(steer)))
-    both = tl.trace(resnet, x, intervene=[tl.when(tl.module("layer1"), tl.steer(steer)),
-                                          tl.when(tl.module("layer3"), tl.zero_ablate())])
+    both = tl.trace(
+        resnet,
+        x,
+        intervene=[tl.when(tl.module("layer1"), tl.steer(steer)), tl.when(tl.module("layer3"), tl.zero_ablate())],
+    )
     fork = live.fork().when(tl.module("layer3"), tl.zero_ablate())
     assert torch.equal(fork.replay(), both.output)
     assert torch.equal(fork.rerun(resnet, x).output, both.output)
@@ -124,10 +130,15 @@ def test_new_inputs_that_would_change_a_baked_in_value_are_refused_naming_the_op
 def test_edits_are_saved_and_replay_after_loading(resnet: Any, inputs: Any, tmp_path: Any) -> None:
     x, x2 = inputs
     other = tl.trace(resnet, x2)
-    edited = tl.trace(resnet, x, intervene=[
-        tl.when(tl.module("layer1"), tl.steer(torch.ones(64, 1, 1)), tl.scale(0.5)),
-        tl.when(tl.func("relu") & tl.in_module("layer2"), tl.noise(0.1, seed=2), tl.clamp(max=1.0)),
-        tl.when(tl.label("conv2d_1_1"), tl.project_off(torch.linspace(0, 1, 64), dim=1))])
+    edited = tl.trace(
+        resnet,
+        x,
+        intervene=[
+            tl.when(tl.module("layer1"), tl.steer(torch.ones(64, 1, 1)), tl.scale(0.5)),
+            tl.when(tl.func("relu") & tl.in_module("layer2"), tl.noise(0.1, seed=2), tl.clamp(max=1.0)),
+            tl.when(tl.label("conv2d_1_1"), tl.project_off(torch.linspace(0, 1, 64), dim=1)),
+        ],
+    )
     loaded = tl.load(tl.save(edited, tmp_path / "edited"))
     assert [repr(e) for e in loaded.interventions] == [repr(e) for e in edited.interventions]
     assert torch.equal(loaded.replay(), edited.output) and loaded.audit()
@@ -170,4 +181,3 @@ def test_intervention_ready_refuses_what_forking_cannot_use(resnet: Any, inputs:
     halted = tl.trace(resnet, x, halt=tl.module("layer1"))
     with pytest.raises(tl.UnsupportedError, match="halted"):
         halted.fork()
-

@@ -42,7 +42,7 @@ def test_every_op_of_an_mlp_matches_jax_grad_with_a_zero_added_there() -> None:
     params = {"w1": _normal(0, 4, 8), "b1": _normal(1, 8), "w2": _normal(2, 8, 3)}
     x = _normal(3, 5, 4)
     trace = tl.trace(_mlp, params, x, save_grads=True)
-    trace.log_backward(lambda out: (out ** 2).sum())
+    trace.log_backward(lambda out: (out**2).sum())
 
     def perturbed(params: dict[str, Any], x: Any, d: list[Any]) -> Any:
         pre = x @ params["w1"] + params["b1"] + d[0]
@@ -118,24 +118,24 @@ def test_each_scan_step_has_its_own_gradient() -> None:
         def step(h: Any, x: Any) -> tuple[Any, Any]:
             h = jnp.tanh(x @ w_x + h @ w_h)
             return h, h
+
         return jax.lax.scan(step, jnp.zeros((2, 4)), xs)[0]
 
     trace = tl.trace(rnn, w_x, w_h, xs, save_grads=True)
-    trace.log_backward(lambda out: jnp.sum(out ** 3))
+    trace.log_backward(lambda out: jnp.sum(out**3))
 
     def unrolled(d: list[Any]) -> Any:  # the same recurrence by hand, a zero after each step's tanh
         h = jnp.zeros((2, 4))
         for t in range(5):
             h = jnp.tanh(xs[t] @ w_x + h @ w_h) + d[t]
-        return jnp.sum(h ** 3)
+        return jnp.sum(h**3)
 
     expected = jax.grad(unrolled)([jnp.zeros((2, 4))] * 5)
     tanhs = _ops(trace, "tanh")
     assert len(tanhs) == 5
     for op, g in zip(tanhs, expected):
         _close(op.grad, g)
-    _close(trace.ops[trace.call.args[0].index].grad,
-           jax.grad(lambda w: jnp.sum(rnn(w, w_h, xs) ** 3))(w_x))
+    _close(trace.ops[trace.call.args[0].index].grad, jax.grad(lambda w: jnp.sum(rnn(w, w_h, xs) ** 3))(w_x))
 
 
 def test_cond_jit_and_while_bodies_have_gradients() -> None:
@@ -148,7 +148,7 @@ def test_cond_jit_and_while_bodies_have_gradients() -> None:
     def f(x: Any) -> Any:
         y = jax.lax.cond(x.sum() > 0, lambda v: jnp.sin(v) * 2.0, lambda v: jnp.cos(v), x)
         y = inner(y)
-        return jax.lax.while_loop(lambda s: jnp.sum(s ** 2) > 1.0, lambda s: s * 0.5, y)
+        return jax.lax.while_loop(lambda s: jnp.sum(s**2) > 1.0, lambda s: s * 0.5, y)
 
     trace = tl.trace(f, x, save_grads=True)
     trace.log_backward(lambda out: out.sum())
@@ -193,7 +193,7 @@ def test_ops_with_several_outputs_get_the_output_s_structure() -> None:
     def f(x: Any, y: Any) -> Any:
         keys, vals = jax.lax.sort((x, y), num_keys=1)
         top, idx = jax.lax.top_k(vals * keys, 3)
-        return top.sum() * 2.0 + (vals ** 2).sum() + idx.sum().astype(jnp.float32)
+        return top.sum() * 2.0 + (vals**2).sum() + idx.sum().astype(jnp.float32)
 
     trace = tl.trace(f, x, y, save_grads=True)
     trace.log_backward(lambda out: out)
@@ -203,7 +203,7 @@ def test_ops_with_several_outputs_get_the_output_s_structure() -> None:
         keys, vals = keys + d_keys, vals + d_vals
         top, idx = jax.lax.top_k(vals * keys, 3)
         top = top + d_top
-        return top.sum() * 2.0 + (vals ** 2).sum() + idx.sum().astype(jnp.float32)
+        return top.sum() * 2.0 + (vals**2).sum() + idx.sum().astype(jnp.float32)
 
     g_keys, g_vals, g_top = jax.grad(by_hand, argnums=(0, 1, 2))(jnp.zeros(7), jnp.zeros(7), jnp.zeros(3))
     sort, top_k = _ops(trace, "sort")[0], _ops(trace, "top_k")[0]
@@ -258,7 +258,7 @@ def test_the_user_s_model_is_untouched_by_a_training_mode_backward() -> None:
     x = _normal(14, 6, 4)
     before = jax.tree.map(np.asarray, nnx.state(model))
     trace = tl.trace(model, x, save_grads=True)
-    trace.log_backward(lambda out: (out ** 2).sum())
+    trace.log_backward(lambda out: (out**2).sum())
     after = jax.tree.map(np.asarray, nnx.state(model))
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
         np.testing.assert_array_equal(a, b)

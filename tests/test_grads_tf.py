@@ -43,9 +43,15 @@ def _op(trace: tl.Trace, func: str, module: str | None = None, k: int = 0) -> An
 
 def _mlp() -> Any:
     keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, activation="relu", name="fc1"),
-                             keras.layers.Dense(4, activation="tanh", name="fc2"), keras.layers.Dense(3, name="head")],
-                            name="mlp")
+    return keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(6, activation="relu", name="fc1"),
+            keras.layers.Dense(4, activation="tanh", name="fc2"),
+            keras.layers.Dense(3, name="head"),
+        ],
+        name="mlp",
+    )
 
 
 def _square_loss(out: Any) -> Any:
@@ -69,8 +75,9 @@ def _mlp_by_hand(model: Any, x: Any, edit: Any = None) -> tuple[dict[str, Any], 
         seen["out"] = tf.nn.bias_add(tf.matmul(seen["tanh"], head.kernel), head.bias)
         loss = _square_loss(seen["out"])
     grads = tape.gradient(loss, seen)
-    params = tape.gradient(loss, {f"{layer.name}.{v.name}": v for layer in (fc1, fc2, head)
-                                  for v in layer.trainable_variables})
+    params = tape.gradient(
+        loss, {f"{layer.name}.{v.name}": v for layer in (fc1, fc2, head) for v in layer.trainable_variables}
+    )
     del tape
     return grads, params, seen["out"]
 
@@ -170,6 +177,7 @@ def test_ops_inside_a_tf_function_branch_run_eagerly_have_gradients() -> None:
 
 def _looped(x: Any, v: Any) -> Any:
     """A tf.while_loop and a tf.cond (both run eagerly), scaled by a variable given as an argument."""
+
     def body(i: Any, h: Any) -> Any:
         return i + 1, tf.tanh(h * v)
 
@@ -205,8 +213,14 @@ def test_each_iteration_of_a_while_loop_and_the_cond_branch_taken_have_their_gra
 
 def test_an_embedding_and_dropped_values_give_the_gradients_of_the_model() -> None:
     keras.utils.set_random_seed(4)
-    model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4, name="embed"),
-                              keras.layers.Flatten(name="flat"), keras.layers.Dense(2, name="head")])
+    model = keras.Sequential(
+        [
+            keras.Input((3,), dtype="int32"),
+            keras.layers.Embedding(10, 4, name="embed"),
+            keras.layers.Flatten(name="flat"),
+            keras.layers.Dense(2, name="head"),
+        ]
+    )
     ids = tf.constant([[1, 2, 2], [3, 4, 9]])
     traced = tl.trace(model, ids, save_grads=True, save=tl.func("matmul"))  # most values dropped after capture
     assert _op(traced, "reshape").out is None
@@ -215,8 +229,14 @@ def test_an_embedding_and_dropped_values_give_the_gradients_of_the_model() -> No
         rows = tf.gather(model.get_layer("embed").embeddings, ids)
         flat = tf.reshape(rows, (2, 12))
         loss = tf.reduce_sum(model.get_layer("head")(flat) ** 2)
-    expected = tape.gradient(loss, {"flat": flat, "embed.embeddings": model.get_layer("embed").embeddings,
-                                    "head.kernel": model.get_layer("head").kernel})
+    expected = tape.gradient(
+        loss,
+        {
+            "flat": flat,
+            "embed.embeddings": model.get_layer("embed").embeddings,
+            "head.kernel": model.get_layer("head").kernel,
+        },
+    )
     assert _close(_op(traced, "reshape").grad, expected["flat"])
     for name in ("embed.embeddings", "head.kernel"):
         assert _close(traced.params[name].grad, expected[name]), name
@@ -238,8 +258,11 @@ class _Quantized(tf.Module):
         @tf.custom_gradient
         def clipped_matmul(h: Any) -> Any:
             def grad(dy: Any, variables: Any = None) -> Any:
-                return (tf.clip_by_value(tf.matmul(dy, self.w, transpose_b=True), -0.1, 0.1),
-                        [tf.matmul(h, dy, transpose_a=True) * 2.0])
+                return (
+                    tf.clip_by_value(tf.matmul(dy, self.w, transpose_b=True), -0.1, 0.1),
+                    [tf.matmul(h, dy, transpose_a=True) * 2.0],
+                )
+
             return tf.matmul(h, self.w), grad
 
         return tf.tanh(clipped_matmul(straight_through(x * 2.0) * x))
@@ -344,9 +367,15 @@ def test_variables_get_the_gradients_the_tape_gives_them_and_keep_their_values()
 
 def test_training_mode_gradients_leave_batch_norm_statistics_and_dropout_seeds_alone() -> None:
     keras.utils.set_random_seed(2)
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, name="fc"),
-                              keras.layers.BatchNormalization(name="bn"), keras.layers.Dropout(0.5, name="drop"),
-                              keras.layers.Dense(2, name="head")])
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8, name="fc"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.Dropout(0.5, name="drop"),
+            keras.layers.Dense(2, name="head"),
+        ]
+    )
     x = _normal(5, 6, seed=8)
     start = [v.numpy().copy() for v in model.variables]
     traced = tl.trace(model, x, training=True, save_grads=True)

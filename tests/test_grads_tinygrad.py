@@ -68,13 +68,19 @@ class _Zeros:
 def _reference(model: Net, x: Tensor, loss: Any) -> tuple[dict[str, list[np.ndarray]], np.ndarray, dict[str, Any]]:
     zeros = _Zeros()
     leaf = Tensor(x.numpy())
-    params = {"a.weight": model.a.weight, "a.bias": model.a.bias, "b.weight": model.b.weight, "b.bias": model.b.bias,
-              "bn.weight": model.bn.weight, "bn.bias": model.bn.bias}
+    params = {
+        "a.weight": model.a.weight,
+        "a.bias": model.a.bias,
+        "b.weight": model.b.weight,
+        "b.bias": model.b.bias,
+        "bn.weight": model.bn.weight,
+        "bn.bias": model.bn.bias,
+    }
     with Context(TRAINING=1):
         target = loss(model(leaf, zeros))
         grads = target.gradient(leaf, *params.values(), *(z for _, z in zeros.zeros))
     seen: dict[str, list[np.ndarray]] = {}
-    for (name, _), grad in zip(zeros.zeros, grads[1 + len(params):]):
+    for (name, _), grad in zip(zeros.zeros, grads[1 + len(params) :]):
         seen.setdefault(name, []).append(grad.numpy())
     return seen, grads[0].numpy(), {name: g.numpy() for name, g in zip(params, grads[1:])}
 

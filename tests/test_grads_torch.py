@@ -25,6 +25,7 @@ def _grads_at_outputs(model: Any, modules: dict[str, Any], x: Any) -> tuple[dict
             order[name].append(slot)
             seen[name].append(None)
             out.register_hook(lambda g: seen[name].__setitem__(slot, g))
+
         return hook
 
     handles = [m.register_forward_hook(hooked(name)) for name, m in modules.items()]
@@ -47,10 +48,10 @@ def test_the_seed_backward_section_runs_as_written(capsys: pytest.CaptureFixture
     log = tl.trace(model, x, capture=tl.options.CaptureOptions(save_grads=True))
     log.log_backward(log[log.output_layers[0]].out.sum())
 
-    grad = log['relu_1_2'].grad      # gradient tensor flowing through that op
-    print(grad.shape)                 # torch.Size([1, 64, 55, 55])
+    grad = log["relu_1_2"].grad  # gradient tensor flowing through that op
+    print(grad.shape)  # torch.Size([1, 64, 55, 55])
 
-    narrow = tl.trace(model, x, capture=tl.options.CaptureOptions(save_grads=tl.func('relu')))
+    narrow = tl.trace(model, x, capture=tl.options.CaptureOptions(save_grads=tl.func("relu")))
     narrow.log_backward(narrow[narrow.output_layers[0]].out.sum())
 
     assert capsys.readouterr().out.strip() == "torch.Size([1, 64, 55, 55])"
@@ -87,7 +88,7 @@ def test_resnet_gradients_are_right_after_in_place_ops_and_at_module_outputs() -
     assert torch.allclose(log["layer2"].grad, seen["layer2"][0], atol=1e-5)  # a module path gives its output's
     assert torch.allclose(log["input_1"].grad, x_grad, atol=1e-5)
     weight = dict(model.named_parameters())["layer1.0.conv1.weight"]
-    expected_w, = torch.autograd.grad(model(x).sum(), weight)
+    (expected_w,) = torch.autograd.grad(model(x).sum(), weight)
     assert torch.allclose(log.params["layer1.0.conv1.weight"].grad, expected_w, atol=1e-4)
 
 

@@ -50,8 +50,9 @@ def test_hash_ignores_module_names_unless_asked() -> None:
     pinned = tl.assert_unchanged(Named("encoder"), x, expected=None)
     assert tl.assert_unchanged(Named("proj"), x, pinned) == pinned  # a renamed attribute keeps the pin
     with pytest.raises(tl.ArchitectureChanged):
-        tl.assert_unchanged(Named("proj"), x, tl.assert_unchanged(Named("encoder"), x, module_names=True),
-                            module_names=True)
+        tl.assert_unchanged(
+            Named("proj"), x, tl.assert_unchanged(Named("encoder"), x, module_names=True), module_names=True
+        )
 
 
 def test_assert_unchanged_pins_and_explains(capsys: pytest.CaptureFixture[str]) -> None:

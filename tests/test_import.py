@@ -36,25 +36,90 @@ def test_core_never_imports_a_framework() -> None:
 
 
 def test_public_api() -> None:
-    assert sorted(tl.__all__) == sorted([
-        "Activations", "AlignedPair", "ArchitectureChanged", "AuditReport", "Comparison", "compare",
-        "register_equivalence", "BackendNotFoundError", "Bundle", "CaptureError",
-        "CodeLocation", "GraphDoesNotHold", "InterventionError", "LabelNotFoundError", "ModulePass", "ModuleRecord",
-        "OpRecord", "ParamRecord", "PluginContractWarning", "Recording",
-        "ReplayError", "Selector", "TorchLensError", "Trace",
-        "TraceFileError", "UnsupportedError", "__version__", "assert_unchanged", "backends", "bundle", "clamp",
-        "extract_dataset", "followed_by", "func", "hash", "in_module", "label", "load", "mean_ablate", "module",
-        "noise", "options", "pluck", "preceded_by", "project_off", "project_onto", "record", "register_flops",
-        "resample_ablate", "save", "scale", "splice_module", "steer", "swap_with", "trace", "when", "where",
-        "zero_ablate",
-        "FacetError", "Facets",
-        "Coverage", "PartialCoverage", "compat", "validate",
-        "MergeReport", "RankFinding", "RankMergeError", "distributed", "merge_ranks", "merge_report",
-        "view",
-        "DrawingTooLargeError", "LargeDrawingWarning",
-        "ArgumentTypeError", "ExtractError", "FieldError", "GraphvizNotFoundError", "MissingDependencyError",
-        "OutputPathError", "PatternError",
-    ])
+    assert sorted(tl.__all__) == sorted(
+        [
+            "Activations",
+            "AlignedPair",
+            "ArchitectureChanged",
+            "AuditReport",
+            "Comparison",
+            "compare",
+            "register_equivalence",
+            "BackendNotFoundError",
+            "Bundle",
+            "CaptureError",
+            "CodeLocation",
+            "GraphDoesNotHold",
+            "InterventionError",
+            "LabelNotFoundError",
+            "ModulePass",
+            "ModuleRecord",
+            "OpRecord",
+            "ParamRecord",
+            "PluginContractWarning",
+            "Recording",
+            "ReplayError",
+            "Selector",
+            "TorchLensError",
+            "Trace",
+            "TraceFileError",
+            "UnsupportedError",
+            "__version__",
+            "assert_unchanged",
+            "backends",
+            "bundle",
+            "clamp",
+            "extract_dataset",
+            "followed_by",
+            "func",
+            "hash",
+            "in_module",
+            "label",
+            "load",
+            "mean_ablate",
+            "module",
+            "noise",
+            "options",
+            "pluck",
+            "preceded_by",
+            "project_off",
+            "project_onto",
+            "record",
+            "register_flops",
+            "resample_ablate",
+            "save",
+            "scale",
+            "splice_module",
+            "steer",
+            "swap_with",
+            "trace",
+            "when",
+            "where",
+            "zero_ablate",
+            "FacetError",
+            "Facets",
+            "Coverage",
+            "PartialCoverage",
+            "compat",
+            "validate",
+            "MergeReport",
+            "RankFinding",
+            "RankMergeError",
+            "distributed",
+            "merge_ranks",
+            "merge_report",
+            "view",
+            "DrawingTooLargeError",
+            "LargeDrawingWarning",
+            "ArgumentTypeError",
+            "ExtractError",
+            "FieldError",
+            "GraphvizNotFoundError",
+            "MissingDependencyError",
+            "OutputPathError",
+            "PatternError",
+        ]
+    )
 
 
 def test_every_error_torchlens_raises_is_importable_from_torchlens() -> None:
@@ -63,9 +128,14 @@ def test_every_error_torchlens_raises_is_importable_from_torchlens() -> None:
 
     from torchlens_core.ir import errors
 
-    raised = {name for name, cls in vars(errors).items()
-              if inspect.isclass(cls) and issubclass(cls, (errors.TorchLensError, Warning)) and cls.__module__ ==
-              errors.__name__ and not name.startswith("_")}
+    raised = {
+        name
+        for name, cls in vars(errors).items()
+        if inspect.isclass(cls)
+        and issubclass(cls, (errors.TorchLensError, Warning))
+        and cls.__module__ == errors.__name__
+        and not name.startswith("_")
+    }
     missing = sorted(name for name in raised if getattr(tl, name, None) is not getattr(errors, name))
     assert not missing, f"export these from torchlens/__init__.py: {missing}"
 

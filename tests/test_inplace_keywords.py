@@ -78,8 +78,14 @@ def test_replay_does_not_write_into_the_model_parameter():
     assert trace.audit(), trace.audit()
 
 
-@pytest.mark.parametrize("write", [lambda h: torch.relu_(input=h), lambda h: F.relu(input=h, inplace=True),
-                                   lambda h: torch.nn.init.constant_(tensor=h, val=0.5)])
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda h: torch.relu_(input=h),
+        lambda h: F.relu(input=h, inplace=True),
+        lambda h: torch.nn.init.constant_(tensor=h, val=0.5),
+    ],
+)
 def test_keyword_writes_protect_earlier_values(write):
     def fn(x):
         h = x * 2

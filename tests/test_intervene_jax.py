@@ -115,8 +115,10 @@ def fc2_value(model: Any, x: Any) -> Any:
 # turn, are checked here against the edit made by hand.
 # name -> (helper given the reference trace, the same edit by hand: (value, the site's value in the reference run))
 HELPERS: dict[str, tuple[Callable[[Any], Any], Callable[[Any, Any], Any]]] = {
-    "steer_jax_vector": (lambda ref: tl.steer(jnp.asarray(VECTOR, jnp.float32), -0.5),
-                         lambda v, r: v - 0.5 * jnp.asarray(VECTOR, jnp.float32)),
+    "steer_jax_vector": (
+        lambda ref: tl.steer(jnp.asarray(VECTOR, jnp.float32), -0.5),
+        lambda v, r: v - 0.5 * jnp.asarray(VECTOR, jnp.float32),
+    ),
     "chained": (lambda ref: (tl.scale(3.0), tl.clamp(min=0.0)), lambda v, r: jnp.maximum(v * 3.0, 0.0)),
 }
 
@@ -171,8 +173,11 @@ def test_every_helper_at_module_sites(name: str, net: Any) -> None:
 
 
 def test_a_module_site_and_an_op_site_together(net: Any) -> None:
-    trace = audited(tl.trace(net, X, intervene=[tl.when(tl.module("fc1"), tl.scale(-1.0)),
-                                                tl.when(tl.func("tanh"), tl.clamp(max=0.5))]))
+    trace = audited(
+        tl.trace(
+            net, X, intervene=[tl.when(tl.module("fc1"), tl.scale(-1.0)), tl.when(tl.func("tanh"), tl.clamp(max=0.5))]
+        )
+    )
     copy = nnx.clone(net)
     copy.fc1 = Edited(copy.fc1, lambda v: -v)
     close(trace.output, forward(copy, X, lambda z: jnp.minimum(jnp.tanh(z), 0.5)))
@@ -263,8 +268,7 @@ def _intercepting(path: tuple[str, ...], replace: Callable[..., Any]) -> Any:
 def test_linen_module_sites_against_intercept_methods(name: str) -> None:
     model = LinenMLP()
     variables = model.init(jax.random.key(0), X)
-    trace = audited(tl.trace(model.apply, variables, X, intervene=tl.when(tl.module("fc1"),
-                                                                          *_helpers(name, None))))
+    trace = audited(tl.trace(model.apply, variables, X, intervene=tl.when(tl.module("fc1"), *_helpers(name, None))))
     with _intercepting(("fc1",), lambda f, *a, **k: HELPERS[name][1](f(*a, **k), None)):
         expected = model.apply(variables, X)
     close(trace.output, expected)
@@ -277,8 +281,9 @@ def test_linen_splice_against_intercept_methods() -> None:
     def replacement(x: Any) -> Any:
         return jnp.concatenate([x, -x, x[..., :4]], axis=-1)
 
-    trace = audited(tl.trace(model.apply, variables, X, intervene=tl.when(tl.module("fc1"),
-                                                                          tl.splice_module(replacement))))
+    trace = audited(
+        tl.trace(model.apply, variables, X, intervene=tl.when(tl.module("fc1"), tl.splice_module(replacement)))
+    )
     with _intercepting(("fc1",), lambda f, *a, **k: replacement(*a, **k)):
         expected = model.apply(variables, X)
     close(trace.output, expected)
@@ -348,6 +353,7 @@ WX, WH, XS = normal(12, 3, 5), normal(13, 5, 5) * 0.5, normal(14, 6, 2, 3)
 
 def rnn(wx: Any, wh: Any, xs: Any, edit: Callable[[int, Any], Any] | None = None) -> Any:
     """A scan; with ``edit``, the same recurrence unrolled by hand with the edit at each step."""
+
     def step(h: Any, x: Any) -> tuple[Any, Any]:
         h = jnp.tanh(x @ wx + h @ wh)
         return h, h
@@ -515,13 +521,15 @@ class PassesThrough(nnx.Module):
 
 def test_a_module_site_on_a_pass_through_module_leaves_the_callers_array_unedited() -> None:
     model, x = PassesThrough(nnx.Rngs(9)), jax.random.normal(jax.random.key(9), (3, 4))
-    traced = audited(tl.trace(model, x, save=tl.module("same"),
-                              intervene=tl.when(tl.module("same"), tl.scale(-2.0))))
+    traced = audited(tl.trace(model, x, save=tl.module("same"), intervene=tl.when(tl.module("same"), tl.scale(-2.0))))
     h = np.asarray(model.fc(x))
     close(traced.output, h * -2.0 + h)  # the model's own h, unedited
     close(traced["same"].out, h * -2.0)
-    (add,) = [op for op in traced.ops if op.func_name == "add" and len(op.parents) == 2
-              and traced[op.parents[0]].func_name == "identity"]
+    (add,) = [
+        op
+        for op in traced.ops
+        if op.func_name == "add" and len(op.parents) == 2 and traced[op.parents[0]].func_name == "identity"
+    ]
     edit, kept = (traced[label] for label in add.parents)
     assert edit.edited and not kept.edited
     # JAX's recorded graph tells the caller's reads from the module's: a fork replays the edit as it ran live
@@ -569,8 +577,7 @@ def test_an_edited_module_output_read_again_where_the_model_kept_it_is_refused()
     model.reread = False
     assert not tl.trace(model, x)["max_1_4"].meta.get("read_where_kept")
     close(tl.trace(model, x).fork().when(tl.module("block"), tl.scale(-2.0)).replay(), -6.0 * y + 1.0)
-    close(audited(tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))).output,
-          -6.0 * y + 1.0)
+    close(audited(tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))).output, -6.0 * y + 1.0)
 
 
 def test_nothing_is_left_patched_after_a_helper_or_a_replacement_raises(net: Any) -> None:
@@ -582,6 +589,7 @@ def test_nothing_is_left_patched_after_a_helper_or_a_replacement_raises(net: Any
         tl.trace(net, X, intervene=tl.when(tl.module("fc1"), _boom))
 
     for exc in (Boom, KeyboardInterrupt):
+
         def raising(h: Any, exc: type[BaseException] = exc) -> Any:  # raises while the jaxpr is traced
             raise exc("replacement")
 

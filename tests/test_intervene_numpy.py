@@ -71,8 +71,7 @@ VECTOR = np.random.default_rng(1).standard_normal(16).astype(np.float32)
 # helper's arithmetic, at an op and at a module call of each zoo case, is the conformance suite's
 # (torchlens/conformance/edit_checks.py); these are the argument forms it does not pass.
 HELPERS = [
-    ("mean_ablate_dims", lambda ref: tl.mean_ablate(dims=(0, 1)),
-     lambda h, other: np.full_like(h, h.mean())),
+    ("mean_ablate_dims", lambda ref: tl.mean_ablate(dims=(0, 1)), lambda h, other: np.full_like(h, h.mean())),
     ("steer_list", lambda ref: tl.steer(VECTOR.tolist(), scale=-1.0), lambda h, other: h - VECTOR),
     ("clamp_max", lambda ref: tl.clamp(max=0.1), lambda h, other: np.minimum(h, np.float32(0.1))),
 ]
@@ -186,9 +185,15 @@ def test_an_edit_of_the_condition_takes_the_other_branch() -> None:
 
 def test_several_interventions_at_once_each_at_its_sites() -> None:
     args, _ = _mlp()
-    t = trace(zoo.mlp, *args, intervene=[tl.when(tl.func("tanh"), tl.scale(2.0)),
-                                         tl.when(tl.func("maximum"), tl.clamp(max=0.05)),
-                                         tl.when(tl.func("tanh"), tl.steer(VECTOR))])
+    t = trace(
+        zoo.mlp,
+        *args,
+        intervene=[
+            tl.when(tl.func("tanh"), tl.scale(2.0)),
+            tl.when(tl.func("maximum"), tl.clamp(max=0.05)),
+            tl.when(tl.func("tanh"), tl.steer(VECTOR)),
+        ],
+    )
     x, w1, b1, w2, b2, w3 = args
     h = np.tanh(x @ w1 + b1) * 2.0 + VECTOR
     expected = np.minimum(np.maximum(h @ w2 + b2, 0), np.float32(0.05)) @ w3
@@ -389,18 +394,32 @@ def test_array_ops_give_plain_values_for_tracked_arrays_and_keep_scalars() -> No
     def fn(x):
         y = x * 2.0
         s = y.sum()  # a NumPy scalar, tracked as a 0-d array
-        seen.update(zeros=ARRAY_OPS.zeros_like(y), mean=ARRAY_OPS.mean(y, (0,)), sum=ARRAY_OPS.sum(y, 1),
-                    clip=ARRAY_OPS.clip(y, 0.0, 3.0), take=ARRAY_OPS.take(y, [1, 0], 0),
-                    from_numpy=ARRAY_OPS.from_numpy(np.ones(3), y), copy=ARRAY_OPS.copy(y),
-                    scalar_zeros=ARRAY_OPS.zeros_like(s), scalar_copy=ARRAY_OPS.copy(s))
+        seen.update(
+            zeros=ARRAY_OPS.zeros_like(y),
+            mean=ARRAY_OPS.mean(y, (0,)),
+            sum=ARRAY_OPS.sum(y, 1),
+            clip=ARRAY_OPS.clip(y, 0.0, 3.0),
+            take=ARRAY_OPS.take(y, [1, 0], 0),
+            from_numpy=ARRAY_OPS.from_numpy(np.ones(3), y),
+            copy=ARRAY_OPS.copy(y),
+            scalar_zeros=ARRAY_OPS.zeros_like(s),
+            scalar_copy=ARRAY_OPS.copy(s),
+        )
         return y + 1.0
 
     x = np.arange(6.0).reshape(2, 3)
     t = trace(fn, x)
     assert [op.func_name for op in t.ops] == ["input", "multiply", "sum", "add", "output"]  # nothing more
     y = x * 2.0
-    expected = dict(zeros=np.zeros_like(y), mean=y.mean(0, keepdims=True), sum=y.sum(1, keepdims=True),
-                    clip=np.clip(y, 0, 3), take=y[[1, 0]], from_numpy=np.ones(3), copy=y)
+    expected = dict(
+        zeros=np.zeros_like(y),
+        mean=y.mean(0, keepdims=True),
+        sum=y.sum(1, keepdims=True),
+        clip=np.clip(y, 0, 3),
+        take=y[[1, 0]],
+        from_numpy=np.ones(3),
+        copy=y,
+    )
     for name, value in expected.items():
         assert type(seen[name]) is np.ndarray and close(seen[name], value), name
     assert type(seen["scalar_zeros"]) is np.float64 and seen["scalar_zeros"] == 0.0
@@ -414,8 +433,10 @@ def test_two_threads_editing_at_once_each_get_their_own_edits() -> None:
     plain_ops = len(trace(zoo.mlp, *args).ops)
     scaled, zeroed = mlp_by_hand(*args, edit=lambda h: h * 0.5), mlp_by_hand(*args, edit=np.zeros_like)
     for r in range(ROUNDS):
-        results = run_together(lambda: trace(zoo.mlp, *args, intervene=tl.when(tl.func("tanh"), tl.scale(0.5))),
-                               lambda: trace(zoo.mlp, *args, intervene=tl.when(tl.func("tanh"), tl.zero_ablate())))
+        results = run_together(
+            lambda: trace(zoo.mlp, *args, intervene=tl.when(tl.func("tanh"), tl.scale(0.5))),
+            lambda: trace(zoo.mlp, *args, intervene=tl.when(tl.func("tanh"), tl.zero_ablate())),
+        )
         raised(results)
         assert close(results[0].output, scaled) and close(results[1].output, zeroed), f"round {r}"
         assert [len(t.ops) for t in results] == [plain_ops, plain_ops], f"round {r}"
@@ -479,8 +500,11 @@ def test_helper_arguments_are_checked_where_the_helper_is_made() -> None:
 
 def test_a_steering_vector_that_does_not_broadcast_is_refused_naming_both_shapes() -> None:
     args, _ = _mlp()
-    with pytest.raises(tl.InterventionError, match=r"tl.steer's vector, shape \[5\], does not broadcast to the "
-                                                   r"value at tanh_1_\d+:1, shape \[4, 16\]"):
+    with pytest.raises(
+        tl.InterventionError,
+        match=r"tl.steer's vector, shape \[5\], does not broadcast to the "
+        r"value at tanh_1_\d+:1, shape \[4, 16\]",
+    ):
         trace(zoo.mlp, *args, intervene=tl.when(tl.func("tanh"), tl.steer(np.ones(5, dtype=np.float32))))
 
 

@@ -99,8 +99,10 @@ def _vector(channels: int) -> np.ndarray:
 # name -> (helpers given the reference trace and the site's channel count,
 #          the same edit by hand: (value, the site's value in the reference run))
 HELPERS: dict[str, tuple[Callable[[Any, int], tuple], Callable[[np.ndarray, np.ndarray], np.ndarray]]] = {
-    "steer_paddle_vector": (lambda ref, c: (tl.steer(tensor(_vector(c)), -0.5),),
-                            lambda v, r: v - 0.5 * _vector(v.shape[1])),
+    "steer_paddle_vector": (
+        lambda ref, c: (tl.steer(tensor(_vector(c)), -0.5),),
+        lambda v, r: v - 0.5 * _vector(v.shape[1]),
+    ),
     "chained": (lambda ref, c: (tl.scale(-3.0), tl.clamp(min=0.0)), lambda v, r: np.maximum(v * -3.0, 0.0)),
 }
 
@@ -151,12 +153,21 @@ def test_every_helper_at_a_module_site_equals_a_post_hook_doing_it(resnet: Any, 
 
 def test_a_module_site_and_an_op_site_together(resnet: Any, inputs: Any) -> None:
     x, _ = inputs
-    trace = audited(tl.trace(resnet, x, intervene=[tl.when(tl.module("layer3"), tl.scale(-1.0)),
-                                                   tl.when(tl.func("relu") & tl.in_module("layer4"),
-                                                           tl.clamp(max=0.5))]))
+    trace = audited(
+        tl.trace(
+            resnet,
+            x,
+            intervene=[
+                tl.when(tl.module("layer3"), tl.scale(-1.0)),
+                tl.when(tl.func("relu") & tl.in_module("layer4"), tl.clamp(max=0.5)),
+            ],
+        )
+    )
     hooks = [resnet.layer3.register_forward_post_hook(lambda layer, a, out: -out)]
-    hooks += [block.relu.register_forward_post_hook(lambda layer, a, out: paddle.minimum(out, paddle.to_tensor(0.5)))
-              for block in resnet.layer4]
+    hooks += [
+        block.relu.register_forward_post_hook(lambda layer, a, out: paddle.minimum(out, paddle.to_tensor(0.5)))
+        for block in resnet.layer4
+    ]
     try:
         expected = resnet(x)
     finally:
@@ -171,8 +182,9 @@ def test_every_recorded_output_of_an_op_of_several_is_edited(resnet: Any, inputs
     # scratch outputs that capture does not record (and so does not edit)
     x, _ = inputs
     bn = resnet.layer1[0].bn1
-    trace = audited(tl.trace(resnet, x, intervene=tl.when(tl.func("batch_norm") & tl.in_module("layer1.0.bn1"),
-                                                          tl.scale(0.5))))
+    trace = audited(
+        tl.trace(resnet, x, intervene=tl.when(tl.func("batch_norm") & tl.in_module("layer1.0.bn1"), tl.scale(0.5)))
+    )
     (before,), expected = hooked(resnet, x, bn, lambda v, i: v * 0.5)
     close(trace.output, expected)
     (op,) = [op for op in trace.ops if op.edited]
@@ -203,10 +215,17 @@ def test_functional_op_sites_equal_the_model_with_the_edit_written_in() -> None:
     paddle.seed(2)
     model, x = Taps(), paddle.randn([4, 6])
     direction = np.cos(np.arange(8.0))
-    trace = audited(tl.trace(model, x, intervene=[
-        tl.when(tl.func("gelu"), tl.project_off(direction)),
-        tl.when(tl.func("split"), tl.zero_ablate()),  # a list of two tensors: each edited
-        tl.when(tl.func("add"), tl.steer(np.linspace(0, 1, 8), 3.0))]))
+    trace = audited(
+        tl.trace(
+            model,
+            x,
+            intervene=[
+                tl.when(tl.func("gelu"), tl.project_off(direction)),
+                tl.when(tl.func("split"), tl.zero_ablate()),  # a list of two tensors: each edited
+                tl.when(tl.func("add"), tl.steer(np.linspace(0, 1, 8), 3.0)),
+            ],
+        )
+    )
 
     def by_hand(name: str, v: Any) -> Any:
         if name == "gelu":
@@ -373,7 +392,8 @@ def test_an_op_of_several_outputs_with_an_uninitialized_one_is_edited_where_it_h
     model, x = Outer(), paddle.randn([2, 3, 5])
     trace = audited(tl.trace(model, x, intervene=tl.when(tl.func("rnn"), tl.scale(-0.5))))
     handle = model.lstm.register_forward_post_hook(
-        lambda layer, args, out: (out[0] * -0.5, (out[1][0] * -0.5, out[1][1] * -0.5)))
+        lambda layer, args, out: (out[0] * -0.5, (out[1][0] * -0.5, out[1][1] * -0.5))
+    )
     try:
         expected = model(x)
     finally:
@@ -422,8 +442,7 @@ def test_identity_ops_of_returned_tensors_are_edited_for_what_follows() -> None:
 def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedited() -> None:
     paddle.seed(9)
     model, x = PassesThrough(), paddle.randn([3, 4])
-    trace = audited(tl.trace(model, x, save=tl.module("same"), intervene=tl.when(tl.module("same"),
-                                                                                 tl.scale(-2.0))))
+    trace = audited(tl.trace(model, x, save=tl.module("same"), intervene=tl.when(tl.module("same"), tl.scale(-2.0))))
     handle = model.same.register_forward_post_hook(lambda layer, args, out: out * -2.0)
     try:
         summed, _ = model(x)
@@ -515,15 +534,15 @@ def test_an_edited_module_output_read_again_where_the_model_kept_it_is_refused()
     y = np_(F.relu(model.block.fc(x)))
     close(audited(tl.trace(model, x, intervene=tl.when(tl.label("relu_1_2:1"), tl.scale(-2.0)))).output, -8.0 * y)
     model.reread = False
-    close(audited(tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))).output,
-          -6.0 * y + 1.0)
+    close(audited(tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))).output, -6.0 * y + 1.0)
 
 
 # -- save= ------------------------------------------------------------------------
 def test_edits_apply_to_ops_that_save_leaves_out(resnet: Any, inputs: Any) -> None:
     x, _ = inputs
-    trace = audited(tl.trace(resnet, x, save=tl.func("conv2d"), intervene=tl.when(tl.module("layer2"),
-                                                                                   tl.zero_ablate())))
+    trace = audited(
+        tl.trace(resnet, x, save=tl.func("conv2d"), intervene=tl.when(tl.module("layer2"), tl.zero_ablate()))
+    )
     _, expected = hooked(resnet, x, resnet.layer2, lambda v, i: np.zeros_like(v))
     close(trace.output, expected)
     (op,) = [op for op in trace.ops if op.edited]
@@ -557,12 +576,16 @@ def _interrupts(value: Any, site: Any) -> Any:
     raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("intervention", [
-    tl.when(tl.func("relu"), _raises),
-    tl.when(tl.module("layer2"), _raises),
-    tl.when(tl.module("layer2"), tl.splice_module(lambda h: _raises(h, None))),
-    tl.when(tl.func("add") & tl.in_module("layer3"), _interrupts),
-], ids=["op_site", "module_site", "splice", "interrupt"])
+@pytest.mark.parametrize(
+    "intervention",
+    [
+        tl.when(tl.func("relu"), _raises),
+        tl.when(tl.module("layer2"), _raises),
+        tl.when(tl.module("layer2"), tl.splice_module(lambda h: _raises(h, None))),
+        tl.when(tl.func("add") & tl.in_module("layer3"), _interrupts),
+    ],
+    ids=["op_site", "module_site", "splice", "interrupt"],
+)
 def test_an_error_in_a_helper_leaves_nothing_installed(resnet: Any, inputs: Any, intervention: Any) -> None:
     x, _ = inputs
     plain = resnet(x)

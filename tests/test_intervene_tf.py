@@ -107,13 +107,19 @@ def net() -> Net:
 
 @pytest.fixture(scope="module")
 def inputs() -> tuple[Any, Any]:
-    return (tf.random.stateless_normal((2, 8, 8, 3), seed=(1, 0)),
-            tf.random.stateless_normal((2, 8, 8, 3), seed=(2, 0)))
+    return (
+        tf.random.stateless_normal((2, 8, 8, 3), seed=(1, 0)),
+        tf.random.stateless_normal((2, 8, 8, 3), seed=(2, 0)),
+    )
 
 
-def _by_hand(net: Net, x: Any, block_edit: Callable[[Any], Any] = _same,
-             edits: dict[str, Callable[[Any], Any]] | None = None,
-             splices: dict[str, Callable[..., Any]] | None = None) -> Any:
+def _by_hand(
+    net: Net,
+    x: Any,
+    block_edit: Callable[[Any], Any] = _same,
+    edits: dict[str, Callable[[Any], Any]] | None = None,
+    splices: dict[str, Callable[..., Any]] | None = None,
+) -> Any:
     """The model's output with the edits written into its code (no TorchLens)."""
     net.block1.hand_edit = block_edit
     net.hand.edits, net.hand.splices = edits or {}, splices or {}
@@ -185,8 +191,7 @@ def test_every_helper_at_op_sites_equals_the_edit_written_into_the_model(net: Ne
 
 
 @pytest.mark.parametrize("name", HELPERS)
-def test_every_helper_at_a_module_site_equals_the_edit_written_into_the_model(net: Net, inputs: Any,
-                                                                             name: str) -> None:
+def test_every_helper_at_a_module_site_equals_the_edit_written_into_the_model(net: Net, inputs: Any, name: str) -> None:
     x, other = inputs
     reference = tl.trace(net, other)
     kept: list[Any] = []  # block1's output in a plain run on `other`
@@ -196,7 +201,7 @@ def test_every_helper_at_a_module_site_equals_the_edit_written_into_the_model(ne
     expected = _by_hand(net, x, edits={"block1": by_hand})
     _close(traced.output, expected)
     assert not np.allclose(expected, net(x), atol=1e-4)
-    edit, = traced.interventions
+    (edit,) = traced.interventions
     assert (edit.site, edit.kind) == ("block1:1", "module")
     assert traced["block1"].edited
     report = traced.audit()
@@ -229,16 +234,16 @@ def test_an_edited_variable_write_reaches_later_reads_and_leaves_every_other_val
 
     _close(traced.output, expected)
     np.testing.assert_array_equal(model.total.numpy(), reference.total.numpy())  # the variable holds the edit
-    write, = traced.find(tl.func("assign_add"))
+    (write,) = traced.find(tl.func("assign_add"))
     assert write.in_place and write.edited
     np.testing.assert_array_equal(write.pre_edit, plain[write.label].out)
     _close(write.out, -2.0 * plain[write.label].out)
     # every value recorded before the write is the plain run's (the read of the variable included)
-    for op in traced.ops[:write.index]:
+    for op in traced.ops[: write.index]:
         np.testing.assert_array_equal(op.out, plain[op.label].out, err_msg=op.label)
     np.testing.assert_array_equal(traced.params["total"].value, np.ones(4))  # the state before the forward
     # the op after it reads the variable (inside TensorFlow's fast path), which now holds the edit
-    later, = [op for op in traced.ops[write.index + 1:] if op.kind == "op" and write.label in op.parents]
+    (later,) = [op for op in traced.ops[write.index + 1 :] if op.kind == "op" and write.label in op.parents]
     assert later.func_name == "mul"
     report = traced.audit()
     assert report, str(report)
@@ -247,6 +252,7 @@ def test_an_edited_variable_write_reaches_later_reads_and_leaves_every_other_val
 # -- control flow ------------------------------------------------------------------------------
 def looped(x: Any, hand_edit: Callable[[Any], Any] | None = None, at: int | None = None) -> Any:
     """tanh three times in a tf.while_loop, then a tf.cond on the sign of the sum."""
+
     def body(i: Any, h: Any) -> Any:
         t = tf.tanh(h)
         if hand_edit is not None and (at is None or int(i) == at):
@@ -298,8 +304,8 @@ def test_a_python_branch_follows_the_edited_value_and_names_it() -> None:
     x = tf.constant([[0.5, -1.0, 2.0]])
     traced = tl.trace(gate, x, intervene=tl.when(tl.func("relu"), tl.zero_ablate()))
     _close(traced.output, gate(x, hand_edit=tf.zeros_like))
-    branch, = traced.find(tl.func("sub"))
-    test, = traced.find(tl.func("greater"))
+    (branch,) = traced.find(tl.func("sub"))
+    (test,) = traced.find(tl.func("greater"))
     assert branch.conditions == [test.label]
     assert "mul" not in [op.func_name for op in traced.ops]
     assert traced.audit()
@@ -380,7 +386,7 @@ def test_every_leaf_of_a_dict_output_is_edited_and_ops_inside_see_the_unedited_v
     assert sorted(e.where.path for e in traced.interventions) == [("a",), ("b",)]  # the leaves of the output
     plain = tl.trace(model, x)
     # b's matmul read `a` inside the layer: it saw the value before the edit, as by hand
-    matmul_b, = [op for op in traced.ops if op.func_name == "matmul" and op.module == "two.b"]
+    (matmul_b,) = [op for op in traced.ops if op.func_name == "matmul" and op.module == "two.b"]
     np.testing.assert_array_equal(matmul_b.out, plain[matmul_b.label].out)
     assert traced.audit()
 
@@ -437,8 +443,9 @@ def test_save_and_halt_keep_working_with_edits(net: Net, inputs: Any) -> None:
 
 
 @pytest.mark.parametrize("where", ["fast path op", "fallback path op", "module"])
-def test_gradients_flow_through_an_edit_as_through_one_written_by_hand(net: Net, inputs: Any, where: str,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gradients_flow_through_an_edit_as_through_one_written_by_hand(
+    net: Net, inputs: Any, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tensorflow.python.eager import execute
 
     x, _ = inputs
@@ -463,7 +470,7 @@ def test_gradients_flow_through_an_edit_as_through_one_written_by_hand(net: Net,
     with tf.GradientTape() as tape:
         tape.watch(x)
         traced = tl.trace(net, x, intervene=tl.when(selector, *helper))
-        loss = tf.reduce_sum(traced.output ** 2)
+        loss = tf.reduce_sum(traced.output**2)
     grad = tape.gradient(loss, x)
     if where == "fallback path op":
         assert b"BiasAdd" in ran
@@ -574,9 +581,16 @@ def _interception_state() -> tuple[Any, ...]:
     from tensorflow.python.framework import ops
 
     value_reads = tuple(vars(ops._EagerTensorBase).get(name) for name in ("__bool__", "__float__", "numpy"))
-    return (tuple(context.context().op_callbacks), execute.execute, execute.record_gradient,
-            pywrap_tfe.TFE_Py_FastPathExecute, keras.layers.Layer.__dict__["__call__"],
-            polymorphic_function.Function.__dict__["__call__"], tf.config.functions_run_eagerly(), value_reads)
+    return (
+        tuple(context.context().op_callbacks),
+        execute.execute,
+        execute.record_gradient,
+        pywrap_tfe.TFE_Py_FastPathExecute,
+        keras.layers.Layer.__dict__["__call__"],
+        polymorphic_function.Function.__dict__["__call__"],
+        tf.config.functions_run_eagerly(),
+        value_reads,
+    )
 
 
 class Forgiving(keras.Model):
@@ -617,7 +631,8 @@ def test_an_error_in_a_helper_leaves_nothing_installed(net: Net, inputs: Any, er
 
 @pytest.mark.parametrize("given", [tuple, list])
 def test_a_tensorflow_that_would_not_return_the_edit_is_refused_not_misrecorded(
-        net: Net, inputs: Any, given: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    net: Net, inputs: Any, given: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The edit reaches the model through the output list the op callback is given (torchlens_tf.edits).
 
     Here the callback is handed a copy of it instead, as another TensorFlow
@@ -633,6 +648,7 @@ def test_a_tensorflow_that_would_not_return_the_edit_is_refused_not_misrecorded(
     def add_copying(self: Any, callback: Any) -> None:
         def copying(op_type: Any, inputs: Any, attrs: Any, outputs: Any, *args: Any) -> Any:
             return callback(op_type, inputs, attrs, given(outputs) if outputs else outputs, *args)
+
         wrappers[id(callback)] = copying
         add(self, copying)
 
@@ -666,9 +682,11 @@ def test_array_operations_agree_with_the_numpy_reference() -> None:
             ("copy", lambda ops, x: ops.copy(x)),
         ]
         if a.dtype != bool:
-            cases += [("clip", lambda ops, x: ops.clip(x, -1.5, 2.5)),
-                      ("clip low", lambda ops, x: ops.clip(x, 0.5, None)),
-                      ("clip high", lambda ops, x: ops.clip(x, None, 2.0))]
+            cases += [
+                ("clip", lambda ops, x: ops.clip(x, -1.5, 2.5)),
+                ("clip low", lambda ops, x: ops.clip(x, 0.5, None)),
+                ("clip high", lambda ops, x: ops.clip(x, None, 2.0)),
+            ]
         for name, run in cases:
             got, want = run(ARRAY_OPS, t), run(reference, a)
             assert isinstance(got, tf.Tensor) and got.dtype.as_numpy_dtype == want.dtype, (name, a.dtype)

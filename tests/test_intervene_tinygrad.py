@@ -30,8 +30,11 @@ import pytest
 
 tinygrad = pytest.importorskip("tinygrad")
 if shutil.which("clang") is None and not os.environ.get("DEV"):
-    pytest.fail("tinygrad's CPU device compiles its kernels with clang, which is not installed: "
-                "apt-get install -y clang (or set DEV=PYTHON, 40-50x slower)", pytrace=False)
+    pytest.fail(
+        "tinygrad's CPU device compiles its kernels with clang, which is not installed: "
+        "apt-get install -y clang (or set DEV=PYTHON, 40-50x slower)",
+        pytrace=False,
+    )
 from tinygrad import Tensor, nn  # noqa: E402
 from tinygrad.engine.jit import _TinyJit  # noqa: E402
 
@@ -168,8 +171,7 @@ HELPERS: dict[str, tuple[Callable[[Any], tuple], Callable[[np.ndarray, np.ndarra
 
 # -- every helper at op sites ------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(HELPERS))
-def test_every_helper_at_op_sites_equals_the_model_with_the_edit_written_in(net: Net, inputs: Any,
-                                                                            name: str) -> None:
+def test_every_helper_at_op_sites_equals_the_model_with_the_edit_written_in(net: Net, inputs: Any, name: str) -> None:
     x, x2 = inputs
     make, by_hand = HELPERS[name]
     reference = tl.trace(net, x2)
@@ -185,8 +187,9 @@ def test_every_helper_at_op_sites_equals_the_model_with_the_edit_written_in(net:
     close(trace.replay(), expected)
     edited = [op for op in trace.ops if op.edited]
     assert [op.func_name for op in edited] == ["relu"] * 5
-    assert [e.site for e in trace.interventions] == [f"{op.label}:1" if ":" not in op.label else op.label
-                                                     for op in edited]
+    assert [e.site for e in trace.interventions] == [
+        f"{op.label}:1" if ":" not in op.label else op.label for op in edited
+    ]
     for op, value, other in zip(edited, before, others):
         close(op.pre_edit, value)  # the value before the edit, as the model computed it
         close(op.out, by_hand(value, other))  # the value every later op saw
@@ -220,8 +223,11 @@ def test_every_helper_at_a_module_site_equals_the_layer_wrapped_by_hand(net: Net
 
 def test_a_module_site_and_an_op_site_together(net: Net, inputs: Any) -> None:
     x, _ = inputs
-    trace = audited(tl.trace(net, x, intervene=[tl.when(tl.module("stem"), tl.scale(-1.0)),
-                                                tl.when(tl.func("relu"), tl.clamp(max=0.5))]))
+    trace = audited(
+        tl.trace(
+            net, x, intervene=[tl.when(tl.module("stem"), tl.scale(-1.0)), tl.when(tl.func("relu"), tl.clamp(max=0.5))]
+        )
+    )
     original = net.stem
     net.stem = Edited(original, lambda v: -v)
     try:
@@ -309,8 +315,11 @@ def test_the_value_before_an_edit_of_a_view_survives_a_later_write_into_its_base
         return x.sum() + flat.sum() * 2.0
 
     data = np.arange(12.0, dtype=np.float32).reshape(3, 4)
-    trace = audited(tl.trace(view_then_write, Tensor(data).realize(),
-                             intervene=tl.when(tl.func("reshape"), tl.steer(np.ones(12), 5.0))))
+    trace = audited(
+        tl.trace(
+            view_then_write, Tensor(data).realize(), intervene=tl.when(tl.func("reshape"), tl.steer(np.ones(12), 5.0))
+        )
+    )
     # (realized by hand: tinygrad cannot schedule the lazy edit beside the later write, "cycle detected")
     close(trace.output, view_then_write(Tensor(data).realize(), lambda v: (v + 5.0).realize()))
     (op,) = [op for op in trace.ops if op.edited]
@@ -328,8 +337,9 @@ def test_a_view_of_an_edited_value_keeps_its_value_across_a_write_as_in_a_lazy_r
         return edited.sum() + flat.sum() * 2.0
 
     data = np.arange(-6.0, 6.0, dtype=np.float32).reshape(3, 4)
-    trace = audited(tl.trace(view_then_write, Tensor(data).realize(), intervene=tl.when(tl.func("relu"),
-                                                                                        tl.scale(3.0))))
+    trace = audited(
+        tl.trace(view_then_write, Tensor(data).realize(), intervene=tl.when(tl.func("relu"), tl.scale(3.0)))
+    )
     expected = view_then_write(Tensor(data).realize(), lambda v: v * 3.0)
     value = np.maximum(data * 2, 0) * 3.0
     close(expected, (value + 1).sum() + value.sum() * 2.0)  # tinygrad's own semantics, as this test assumes
@@ -446,8 +456,7 @@ def test_identity_ops_of_returned_tensors_are_edited_for_what_follows() -> None:
 def test_a_module_site_on_a_pass_through_layer_leaves_the_callers_tensor_unedited() -> None:
     Tensor.manual_seed(9)
     model, x = PassesThrough(), Tensor.randn(3, 4).realize()
-    trace = audited(tl.trace(model, x, save=tl.module("same"), intervene=tl.when(tl.module("same"),
-                                                                                 tl.scale(-2.0))))
+    trace = audited(tl.trace(model, x, save=tl.module("same"), intervene=tl.when(tl.module("same"), tl.scale(-2.0))))
     original = model.same
     model.same = Edited(original, lambda v: v * -2.0)
     try:
@@ -508,14 +517,14 @@ def test_an_edited_module_output_read_again_where_the_model_kept_it_is_refused()
     y = np_(model.block.fc(x).relu())
     close(audited(tl.trace(model, x, intervene=tl.when(tl.label(label), tl.scale(-2.0)))).output, -8.0 * y)
     model.reread = False
-    close(audited(tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))).output,
-          -6.0 * y + 1.0)
+    close(audited(tl.trace(model, x, intervene=tl.when(tl.module("block"), tl.scale(-2.0)))).output, -6.0 * y + 1.0)
 
 
 def test_edits_apply_to_ops_that_save_leaves_out(net: Net, inputs: Any) -> None:
     x, _ = inputs
-    trace = audited(tl.trace(net, x, save=tl.func("conv2d"), intervene=tl.when(tl.module("blocks.0"),
-                                                                                tl.zero_ablate())))
+    trace = audited(
+        tl.trace(net, x, save=tl.func("conv2d"), intervene=tl.when(tl.module("blocks.0"), tl.zero_ablate()))
+    )
     expected = run_with(net, x, net.blocks, 0, lambda h, act: h.zeros_like())
     close(trace.output, expected)
     (op,) = [op for op in trace.ops if op.edited]
@@ -536,8 +545,12 @@ def _patchable_state() -> tuple:
 
 
 def _same(a: tuple, b: tuple) -> bool:
-    return (a[0].keys() == b[0].keys() and all(a[0][k] is b[0][k] for k in a[0])
-            and all(x is y for x, y in zip(a[1], b[1])) and a[2] is b[2])
+    return (
+        a[0].keys() == b[0].keys()
+        and all(a[0][k] is b[0][k] for k in a[0])
+        and all(x is y for x, y in zip(a[1], b[1]))
+        and a[2] is b[2]
+    )
 
 
 def _raises(value: Any, site: Any) -> Any:
@@ -548,12 +561,16 @@ def _interrupts(value: Any, site: Any) -> Any:
     raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("intervention", [
-    tl.when(tl.func("relu"), _raises),
-    tl.when(tl.module("blocks.0"), _raises),
-    tl.when(tl.module("blocks.0"), tl.splice_module(lambda h, act: _raises(h, None))),
-    tl.when(tl.func("add"), _interrupts),
-], ids=["op_site", "module_site", "splice", "interrupt"])
+@pytest.mark.parametrize(
+    "intervention",
+    [
+        tl.when(tl.func("relu"), _raises),
+        tl.when(tl.module("blocks.0"), _raises),
+        tl.when(tl.module("blocks.0"), tl.splice_module(lambda h, act: _raises(h, None))),
+        tl.when(tl.func("add"), _interrupts),
+    ],
+    ids=["op_site", "module_site", "splice", "interrupt"],
+)
 def test_an_error_in_a_helper_leaves_nothing_installed(net: Net, inputs: Any, intervention: Any) -> None:
     x, _ = inputs
     plain = np_(net(x))

@@ -83,6 +83,7 @@ def test_every_helper_at_op_sites_equals_hooks_doing_it(resnet: Any, inputs: Any
         def value(v: Any) -> Any:
             k = calls[id(module)] - 1
             return ref_values[id(module)][k]
+
         return value
 
     helper, _ = _hand_made(name, reference, lambda v: v)
@@ -92,6 +93,7 @@ def test_every_helper_at_op_sites_equals_hooks_doing_it(resnet: Any, inputs: Any
         def hook(m: Any, a: Any, out: Any) -> Any:
             calls[id(module)] = calls.get(id(module), 0) + 1
             return _hand_made(name, reference, site_value(module))[1](out)
+
         return hook
 
     handles = [m.register_forward_hook(hooked(m)) for m in _layer1_relus(resnet)]
@@ -116,7 +118,7 @@ def test_every_helper_at_a_module_site_equals_a_hook_on_it(resnet: Any, inputs: 
     traced = tl.trace(resnet, x, intervene=tl.when(tl.module("layer1"), helper))
     expected = _with_hooks(resnet, [resnet.layer1], by_hand, x)
     assert torch.allclose(traced.output, expected, rtol=1e-5, atol=1e-5), (traced.output - expected).abs().max()
-    edit, = traced.interventions
+    (edit,) = traced.interventions
     assert (edit.site, edit.kind) == ("layer1:1", "module")
     report = traced.audit()
     assert report, str(report)
@@ -128,35 +130,33 @@ def test_the_seed_interventions_section_runs_as_written(capsys: pytest.CaptureFi
     model = models.alexnet(weights=None)
     x = torch.randn(1, 3, 224, 224)
 
-    ablated = tl.trace(model, x, save=tl.func('relu'),
-                       intervene=tl.when(tl.func('relu'), tl.zero_ablate()))
-    print(ablated['relu_1_2'].out.abs().max())  # tensor(0.)
-    scaled = tl.trace(model, x, save=tl.func('relu'), intervene=tl.when(tl.func('relu'), tl.scale(0.5)))
+    ablated = tl.trace(model, x, save=tl.func("relu"), intervene=tl.when(tl.func("relu"), tl.zero_ablate()))
+    print(ablated["relu_1_2"].out.abs().max())  # tensor(0.)
+    scaled = tl.trace(model, x, save=tl.func("relu"), intervene=tl.when(tl.func("relu"), tl.scale(0.5)))
     assert len(scaled.interventions) == 7
 
-    clean_log = tl.trace(model, x, save=tl.func('relu'))
-    patched_log = tl.trace(model, x, save=tl.func('relu'),
-                           intervene=tl.when(tl.func('relu'), tl.zero_ablate()))
-    bundle = tl.bundle({'clean': clean_log, 'patched': patched_log}, baseline='clean')
-    comparison = bundle.compare_at('relu_1_2')   # one site; a multi-site selector must resolve uniquely
+    clean_log = tl.trace(model, x, save=tl.func("relu"))
+    patched_log = tl.trace(model, x, save=tl.func("relu"), intervene=tl.when(tl.func("relu"), tl.zero_ablate()))
+    bundle = tl.bundle({"clean": clean_log, "patched": patched_log}, baseline="clean")
+    comparison = bundle.compare_at("relu_1_2")  # one site; a multi-site selector must resolve uniquely
 
     assert capsys.readouterr().out.startswith("tensor(0.")
-    assert float(ablated['relu_1_2'].out.detach().abs().max()) == 0.0
+    assert float(ablated["relu_1_2"].out.detach().abs().max()) == 0.0
     # AlexNet in training mode draws dropout masks: the same draws, by seed, for the hand-made runs
     relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
     for helper, by_hand in ((tl.scale(0.5), lambda o: o * 0.5), (tl.zero_ablate(), torch.zeros_like)):
         torch.manual_seed(11)
-        traced = tl.trace(model, x, intervene=tl.when(tl.func('relu'), helper))
+        traced = tl.trace(model, x, intervene=tl.when(tl.func("relu"), helper))
         torch.manual_seed(11)
         assert torch.equal(traced.output, _with_hooks(model, relus, by_hand, x))
         assert traced.audit()
     clean, patched = comparison.rows
     assert clean.difference.max_abs == 0 and patched.difference.norm == 0 and patched.edited
-    assert patched.difference.max_abs == pytest.approx(float(clean_log['relu_1_2'].out.detach().abs().max()))
+    assert patched.difference.max_abs == pytest.approx(float(clean_log["relu_1_2"].out.detach().abs().max()))
     assert "patched" in str(comparison) and list(comparison.to_pandas()["run"]) == ["clean", "patched"]
     with pytest.raises(tl.LabelNotFoundError, match="picks 7 sites"):
-        bundle.compare_at(tl.func('relu'))
-    assert bundle.compare_at(tl.label('relu_1_2')).site == comparison.site
+        bundle.compare_at(tl.func("relu"))
+    assert bundle.compare_at(tl.label("relu_1_2")).site == comparison.site
 
 
 def test_an_in_place_edit_leaves_every_other_recorded_value_intact(resnet: Any, inputs: Any) -> None:
@@ -168,7 +168,7 @@ def test_an_in_place_edit_leaves_every_other_recorded_value_intact(resnet: Any, 
     assert torch.equal(edited.pre_edit, plain["relu_1_3"].out)  # the value before, kept apart
     assert torch.equal(edited.out, -plain["relu_1_3"].out)
     # the ops before the edit are untouched, in particular the batch norm whose output relu_ wrote into
-    for op in traced.ops[:edited.index]:
+    for op in traced.ops[: edited.index]:
         if op.kind == "op":
             assert torch.equal(op.out, plain[op.label].out), op.label
     assert torch.equal(traced.output, _with_hooks(resnet, [resnet.relu], lambda o: -o, x))
@@ -189,8 +189,9 @@ def _gpt2() -> tuple[Any, Any, Any]:
 def test_activation_patching_a_gpt2_block_equals_hooks_doing_it() -> None:
     model, clean_ids, corrupted_ids = _gpt2()
     clean = tl.trace(model, input_ids=clean_ids, save=tl.module("transformer.h.6"))
-    patched = tl.trace(model, input_ids=corrupted_ids,
-                       intervene=tl.when(tl.module("transformer.h.6"), tl.swap_with(clean)))
+    patched = tl.trace(
+        model, input_ids=corrupted_ids, intervene=tl.when(tl.module("transformer.h.6"), tl.swap_with(clean))
+    )
 
     with torch.no_grad():
         seen = {}
@@ -220,8 +221,11 @@ def test_an_error_in_a_helper_leaves_nothing_installed(resnet: Any, inputs: Any)
         with pytest.raises(RuntimeError, match="helper failed"):
             tl.trace(resnet, x, intervene=tl.when(selector, broken))
         assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
-        assert torch._C._get_torch_function_mode() is None if hasattr(torch._C, "_get_torch_function_mode") \
+        assert (
+            torch._C._get_torch_function_mode() is None
+            if hasattr(torch._C, "_get_torch_function_mode")
             else not torch.overrides._get_current_function_mode_stack()
+        )
     with torch.no_grad():
         assert torch.equal(resnet(x), tl.trace(resnet, x).output)
 
@@ -282,8 +286,10 @@ def test_a_fork_refuses_to_replay_an_edit_of_a_pass_through_and_reruns_it() -> N
         h = model.fc(x)
         live = tl.trace(model, x, intervene=tl.when(tl.module("same"), tl.scale(-2.0)))
         assert torch.allclose(live.output[0], -2.0 * h + h)  # a hook's answer: the caller's own h stays unedited
-        for selector, site in ((tl.module("same"), "same:1 returns identity_1_2"),
-                               (tl.label("identity_1_2"), "identity_1_2")):
+        for selector, site in (
+            (tl.module("same"), "same:1 returns identity_1_2"),
+            (tl.label("identity_1_2"), "identity_1_2"),
+        ):
             assert clean.find_sites(selector) == ["same:1" if "returns" in site else "identity_1_2:1"]
             fork = clean.fork().when(selector, tl.scale(-2.0))
             with pytest.raises(tl.UnsupportedError, match=f"edits {site}, an array returned without"):
@@ -358,8 +364,10 @@ def test_save_and_halt_keep_working_with_edits(resnet: Any, inputs: Any) -> None
     halted = tl.trace(resnet, x, halt=tl.module("layer2"), intervene=tl.when(tl.module("layer1"), steer))
     assert halted.halted and halted["layer1"].edited
     seen = {}
-    hooks = [resnet.layer1.register_forward_hook(lambda m, a, out: out + 1),
-             resnet.layer2.register_forward_hook(lambda m, a, out: seen.update(out=out))]
+    hooks = [
+        resnet.layer1.register_forward_hook(lambda m, a, out: out + 1),
+        resnet.layer2.register_forward_hook(lambda m, a, out: seen.update(out=out)),
+    ]
     try:
         with torch.no_grad():
             resnet(x)

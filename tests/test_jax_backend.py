@@ -49,8 +49,20 @@ def traced() -> Any:
 # -- the zoo -----------------------------------------------------------------------------------
 def test_zoo_is_big_enough() -> None:
     assert len(CASES) >= 10
-    assert {"jnp_mlp", "jnp_cnn", "nnx_mlp", "nnx_cnn", "nnx_attention", "nnx_residual", "eqx_mlp", "eqx_cnn",
-            "scan_rnn", "cond_branch", "while_loop", "custom_derivatives"} <= set(CASES)
+    assert {
+        "jnp_mlp",
+        "jnp_cnn",
+        "nnx_mlp",
+        "nnx_cnn",
+        "nnx_attention",
+        "nnx_residual",
+        "eqx_mlp",
+        "eqx_cnn",
+        "scan_rnn",
+        "cond_branch",
+        "while_loop",
+        "custom_derivatives",
+    } <= set(CASES)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -64,8 +76,9 @@ def test_zoo_case(name: str, traced: Any) -> None:
     assert max_error("jax", trace.replay(), own) <= case.rtol
     if not case.check_modules:
         return
-    seen = _run(case, lambda: hook().torchlens_observe_module_outputs(
-        backend="jax", target=model, args=args, kwargs=kwargs))
+    seen = _run(
+        case, lambda: hook().torchlens_observe_module_outputs(backend="jax", target=model, args=args, kwargs=kwargs)
+    )
     recorded = {mp.label: mp for m in trace.modules.values() for mp in m.passes}
     assert seen and set(seen) == set(recorded)
     for label, value in seen.items():
@@ -311,9 +324,11 @@ def test_unsupported_targets_say_why() -> None:
 
 
 def test_importing_torchlens_imports_no_jax() -> None:
-    code = ("import sys, torchlens as tl, torchlens_jax.plugin\n"
-            "tl.backends()\n"
-            "print(sorted(m for m in ('jax', 'jaxlib', 'flax', 'equinox') if m in sys.modules))\n")
+    code = (
+        "import sys, torchlens as tl, torchlens_jax.plugin\n"
+        "tl.backends()\n"
+        "print(sorted(m for m in ('jax', 'jaxlib', 'flax', 'equinox') if m in sys.modules))\n"
+    )
     result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
@@ -331,6 +346,7 @@ def test_to_numpy_copies() -> None:
     out = to_numpy(backend="jax", value=jnp.arange(3))
     assert isinstance(out, np.ndarray) and out.tolist() == [0, 1, 2]
     assert to_numpy(backend="jax", value=jax.random.key(0)).shape == (2,)  # a key's raw data
+
 
 def test_array_error() -> None:
     a = jnp.array([1.0, 2.0, jnp.nan, jnp.inf])

@@ -185,8 +185,9 @@ def _same_trace(cached, uncached) -> None:
     assert cached.output_template == uncached.output_template and cached.halted == uncached.halted
     assert (cached.backend, cached.model_name) == (uncached.backend, uncached.model_name)
     skip = {"capture", "compiled"}
-    assert {k: v for k, v in cached.notes.items() if k not in skip} == \
-        {k: v for k, v in uncached.notes.items() if k not in skip}
+    assert {k: v for k, v in cached.notes.items() if k not in skip} == {
+        k: v for k, v in uncached.notes.items() if k not in skip
+    }
     if "compiled" in uncached.notes:
         same = ("outputs", "slots", "steps")
         assert [cached.notes["compiled"][k] for k in same] == [uncached.notes["compiled"][k] for k in same]
@@ -304,8 +305,9 @@ def test_new_linen_variables_and_equinox_weights_give_new_values(counts):
     trace = tl.trace(target, doubled, x)
     assert counts.now() == before and trace.notes["capture"] == capture_cache.CAPTURE_NOTE
     _leaves_close(trace.output, apply(doubled, x))
-    assert all(trace.params[name].value is leaf for name, leaf in
-               zip(trace.params, jax.tree_util.tree_leaves(doubled)))  # the parameters given, by reference
+    assert all(
+        trace.params[name].value is leaf for name, leaf in zip(trace.params, jax.tree_util.tree_leaves(doubled))
+    )  # the parameters given, by reference
 
     model, (x,), _ = CASES["eqx_mlp"].build()
     step = eqx.filter_jit(lambda m, x: m(x))
@@ -409,8 +411,9 @@ def test_complex_arguments_that_differ_in_the_sign_of_a_zero_miss():
     assert not _missed(plus) and not _missed(minus)
     assert np.all(np.signbit(np.imag(to_numpy(minus.output))))
     assert not np.any(np.signbit(np.imag(to_numpy(plus.output))))
-    assert np.array_equal(np.signbit(np.imag(to_numpy(minus.output))),
-                          np.signbit(np.imag(np.asarray(f(x, complex(1.0, -0.0))))))
+    assert np.array_equal(
+        np.signbit(np.imag(to_numpy(minus.output))), np.signbit(np.imag(np.asarray(f(x, complex(1.0, -0.0)))))
+    )
 
 
 class Stack(nnx.Module):
@@ -447,9 +450,13 @@ def test_jax_configuration_is_part_of_the_key():
 
 def test_save_and_halt_are_part_of_the_key_and_give_the_uncached_trace(monkeypatch):
     target, args, _ = _nnx_fn("nnx_cnn")
-    for options in ({"save": tl.func("conv.*")}, {"save": tl.module("conv1") | tl.func("max.*")},
-                    {"halt": tl.module("conv2")}, {"save": tl.in_module("fc"), "halt": tl.module("fc")},
-                    {"save": tl.followed_by(tl.func("max.*")), "lookback": 1}):
+    for options in (
+        {"save": tl.func("conv.*")},
+        {"save": tl.module("conv1") | tl.func("max.*")},
+        {"halt": tl.module("conv2")},
+        {"save": tl.in_module("fc"), "halt": tl.module("fc")},
+        {"save": tl.followed_by(tl.func("max.*")), "lookback": 1},
+    ):
         reference = _uncached(target, args, monkeypatch, **options)
         cached = _cached(target, args, **options)
         _same_trace(cached, reference)

@@ -18,8 +18,19 @@ from torchlens_jax import compiled, zoo  # noqa: E402
 from torchlens_jax.arrays import to_numpy  # noqa: E402
 
 CASES = {c.name: c for c in zoo.cases()}
-STRAIGHT = ["jnp_mlp", "jit_mlp", "jnp_cnn", "custom_derivatives", "linen_mlp", "nnx_mlp", "nnx_cnn",
-            "nnx_attention", "nnx_residual", "eqx_mlp", "eqx_cnn"]
+STRAIGHT = [
+    "jnp_mlp",
+    "jit_mlp",
+    "jnp_cnn",
+    "custom_derivatives",
+    "linen_mlp",
+    "nnx_mlp",
+    "nnx_cnn",
+    "nnx_attention",
+    "nnx_residual",
+    "eqx_mlp",
+    "eqx_cnn",
+]
 LOOPS = ["scan_rnn", "cond_branch", "while_loop", "nnx_scan_rnn"]
 # XLA fuses the executable's ops: a value it returns may differ from an eager bind in the last bits (float32).
 TOL = 1e-5
@@ -48,8 +59,26 @@ def _capture(name: str, fast: bool, **options):
 
 
 def _records(t):
-    return [(o.label, o.kind, o.func_name, o.parents, o.module_passes, o.module_outputs, o.shape, o.dtype, o.device,
-             o.params, o.source, o.code_context, o.layer_key, repr(o.config), o.saved) for o in t.ops]
+    return [
+        (
+            o.label,
+            o.kind,
+            o.func_name,
+            o.parents,
+            o.module_passes,
+            o.module_outputs,
+            o.shape,
+            o.dtype,
+            o.device,
+            o.params,
+            o.source,
+            o.code_context,
+            o.layer_key,
+            repr(o.config),
+            o.saved,
+        )
+        for o in t.ops
+    ]
 
 
 def _close(a, b) -> bool:
@@ -69,8 +98,9 @@ def test_fast_path_gives_the_per_equation_records_and_values(name):
     slow, _ = _capture(name, False)
     assert _took_fast(fast) and not _took_fast(slow)
     assert _records(fast) == _records(slow)
-    assert [m.passes and [(p.label, p.ops) for p in m.passes] for m in fast.modules.values()] == \
-        [m.passes and [(p.label, p.ops) for p in m.passes] for m in slow.modules.values()]
+    assert [m.passes and [(p.label, p.ops) for p in m.passes] for m in fast.modules.values()] == [
+        m.passes and [(p.label, p.ops) for p in m.passes] for m in slow.modules.values()
+    ]
     for f, s in zip(fast.ops, slow.ops):
         assert _close(f.out, s.out), f.label
         assert f.meta.get("custom_rule") == s.meta.get("custom_rule")

@@ -57,13 +57,28 @@ def tampered(saved: pathlib.Path, into: pathlib.Path, primitive: str, param: str
 # (primitive, which of its ops, parameter, new value, what the refusal says). The model's reshapes: the conv
 # bias's to (1, 1, 1, 4), then the activations' to (2, 144).
 TAMPERINGS = {
-    "conv window strides 2": ("conv_general_dilated", 0, "window_strides", [2, 2],
-                              "gives shape (2, 3, 3, 4), its record says (2, 6, 6, 4)"),
-    "conv padding 0": ("conv_general_dilated", 0, "padding", [[0, 0], [0, 0]],
-                       "gives shape (2, 4, 4, 4), its record says (2, 6, 6, 4)"),
+    "conv window strides 2": (
+        "conv_general_dilated",
+        0,
+        "window_strides",
+        [2, 2],
+        "gives shape (2, 3, 3, 4), its record says (2, 6, 6, 4)",
+    ),
+    "conv padding 0": (
+        "conv_general_dilated",
+        0,
+        "padding",
+        [[0, 0], [0, 0]],
+        "gives shape (2, 4, 4, 4), its record says (2, 6, 6, 4)",
+    ),
     "conv of one spatial dimension": ("conv_general_dilated", 0, "window_strides", [1], "do not fit its arguments"),
-    "dot_general contracting the batch": ("dot_general", 0, "dimension_numbers", [[[0], [0]], [[], []]],
-                                          "do not fit its arguments"),
+    "dot_general contracting the batch": (
+        "dot_general",
+        0,
+        "dimension_numbers",
+        [[[0], [0]], [[], []]],
+        "do not fit its arguments",
+    ),
     # reshape's shape rule leaves the element count to lowering (MLIR's verifier): the record catches it
     "reshape to other sizes": ("reshape", 1, "new_sizes", [2, 100], "gives shape (2, 100), its record says (2, 144)"),
     "reshape to the same count": ("reshape", 1, "new_sizes", [4, 72], "gives shape (4, 72), its record says (2, 144)"),

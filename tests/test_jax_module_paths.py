@@ -178,10 +178,12 @@ def closure_fn(x: Any) -> Any:
 def test_an_nnx_model_inside_a_function_has_the_paths_of_the_model(how: str) -> None:
     direct = tl.trace(MODEL, X)
     model = MODEL
-    trace = {"lambda": lambda: traced(lambda x: model(x), X),
-             "global": lambda: traced(closure_fn, X),
-             "argument": lambda: traced(lambda m, x: m(x), MODEL, X),
-             "method": lambda: traced(lambda x: model.encode(x), X)}[how]()
+    trace = {
+        "lambda": lambda: traced(lambda x: model(x), X),
+        "global": lambda: traced(closure_fn, X),
+        "argument": lambda: traced(lambda m, x: m(x), MODEL, X),
+        "method": lambda: traced(lambda x: model.encode(x), X),
+    }[how]()
     assert list(trace.modules) == list(direct.modules) == ["fc1", "fc2"]
     expected = by_hand(MODEL, X)
     close(out(trace, "fc1"), expected["fc1"])
@@ -282,11 +284,15 @@ def test_repeat_captures_of_a_function_hit_the_cached_executable(monkeypatch: An
     for t in traces:
         assert list(t.modules) == list(slow.modules)
         assert structure(t) == structure(slow)
-        assert [[(p.label, p.ops) for p in m.passes] for m in t.modules.values()] == \
-            [[(p.label, p.ops) for p in m.passes] for m in slow.modules.values()]
+        assert [[(p.label, p.ops) for p in m.passes] for m in t.modules.values()] == [
+            [(p.label, p.ops) for p in m.passes] for m in slow.modules.values()
+        ]
     assert [p for p in slow.modules if "." not in p] == ["enc", "dec", "CNN_M"]  # closure, then global names
-    expected = {"enc.fc1": by_hand(enc, x)["fc1"], "dec.fc2": by_hand(dec, enc(x))["fc2"],
-                "CNN_M.Conv_0": intermediates(CNN_M, CNN_V, X_IMG)["Conv_0"]}
+    expected = {
+        "enc.fc1": by_hand(enc, x)["fc1"],
+        "dec.fc2": by_hand(dec, enc(x))["fc2"],
+        "CNN_M.Conv_0": intermediates(CNN_M, CNN_V, X_IMG)["Conv_0"],
+    }
     for t in (*traces, slow):
         assert t.audit(untraced=True)
         for path, value in expected.items():
@@ -303,6 +309,7 @@ def test_repeat_captures_of_a_function_hit_the_cached_executable(monkeypatch: An
 # -- interventions ------------------------------------------------------------------------------
 def test_splices_and_edits_name_modules_by_their_paths_in_the_function() -> None:
     enc, dec = MODEL, OTHER
+
     def replacement(h: Any) -> Any:  # instead of enc.fc2 (6 -> 3 features)
         return jnp.sin(h[:, :3])
 
@@ -313,8 +320,9 @@ def test_splices_and_edits_name_modules_by_their_paths_in_the_function() -> None
     model = MODEL
     edited = tl.trace(lambda x: model(x), X, backend="jax", intervene=tl.when(tl.module("fc1"), tl.zero_ablate()))
     close(edited.output, MODEL.fc2(jnp.zeros((4, 6))))
-    lone = tl.trace(lambda x: model(x), X, backend="jax", intervene=tl.when(tl.module("fc2"),
-                                                                             tl.splice_module(jnp.cos)))
+    lone = tl.trace(
+        lambda x: model(x), X, backend="jax", intervene=tl.when(tl.module("fc2"), tl.splice_module(jnp.cos))
+    )
     close(lone.output, jnp.cos(nnx.relu(MODEL.fc1(X))))
     assert list(lone.modules) == ["fc1", "fc2"]
 
@@ -344,6 +352,7 @@ def test_nothing_stays_wrapped_after_a_capture_or_an_error() -> None:
     tl.trace(lambda x: model(x) + CNN_M.apply(CNN_V, X_IMG).sum(), X, backend="jax")
     assert current() == originals
     for exc in (ValueError("inside the function"), KeyboardInterrupt()):
+
         def boom(x: Any, exc: BaseException = exc) -> Any:
             model(x)
             raise exc
@@ -415,5 +424,6 @@ def test_linen_module_calls_inside_a_lifted_scan_are_observed_and_match() -> Non
     assert seen["OptimizedLSTMCell_0:1"] is None and all(seen[k] is not None for k in cell[1:])
     trace = tl.trace(model.apply, variables, x, backend="jax")
     case = Case("linen_rnn", lambda: (model.apply, (variables, x), {}), rtol=1e-5)
-    checks.test_module_outputs(checks.Traced("jax", case, model.apply, (variables, x), {}, trace,
-                                             model.apply(variables, x)))
+    checks.test_module_outputs(
+        checks.Traced("jax", case, model.apply, (variables, x), {}, trace, model.apply(variables, x))
+    )

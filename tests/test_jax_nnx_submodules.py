@@ -131,7 +131,15 @@ def test_a_changed_structure_is_walked_again(walks: list[int]) -> None:
     trace = tl.trace(net, x, backend="jax")
     assert len(walks) == 2
     assert "seq.layers.2" in trace.modules
-    np.testing.assert_allclose(np.asarray(trace.modules["seq"].passes[0].out),
-                               np.asarray(net.seq(nnx.List.__getitem__(net.blocks, 2)(
-                                   nnx.List.__getitem__(net.blocks, 1)(nnx.List.__getitem__(net.blocks, 0)(x))))),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(trace.modules["seq"].passes[0].out),
+        np.asarray(
+            net.seq(
+                nnx.List.__getitem__(net.blocks, 2)(
+                    nnx.List.__getitem__(net.blocks, 1)(nnx.List.__getitem__(net.blocks, 0)(x))
+                )
+            )
+        ),
+        rtol=1e-5,
+        atol=1e-5,
+    )

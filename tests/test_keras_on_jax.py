@@ -24,13 +24,15 @@ pytest.importorskip("jax")
 if importlib.util.find_spec("keras") is None:
     pytest.skip("Keras is not installed beside JAX here", allow_module_level=True)
 
-PREAMBLE = r'''
+PREAMBLE = r"""
 import numpy as np, keras, torchlens as tl
 keras.utils.set_random_seed(0)
 rng = np.random.default_rng(0)
-'''
+"""
 
-NESTED_LAYERS = PREAMBLE + r'''
+NESTED_LAYERS = (
+    PREAMBLE
+    + r"""
 inputs = keras.Input((6,))
 block = keras.Sequential([keras.layers.Dense(8, name="inner"), keras.layers.Dropout(0.1, name="drop")], name="block")
 model = keras.Model(inputs, keras.layers.Dense(3, name="head")(block(keras.layers.Dense(6, name="stem")(inputs))))
@@ -50,9 +52,12 @@ assert {"stem.kernel", "stem.bias", "block.inner.kernel", "head.kernel"} <= name
 assert np.array_equal(np.asarray(trace.output), np.asarray(model(x)))
 assert trace.audit()
 print("ok")
-'''
+"""
+)
 
-TRAINING_DROPOUT = PREAMBLE + r'''
+TRAINING_DROPOUT = (
+    PREAMBLE
+    + r"""
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu", name="d1"),
                           keras.layers.Dropout(0.5, name="drop"), keras.layers.BatchNormalization(name="bn"),
                           keras.layers.Dense(4, name="d2")])
@@ -70,9 +75,12 @@ for v, old in zip(model.variables, before):
     assert np.array_equal(np.asarray(v.value), old), v.path
 assert trace.audit()
 print("ok")
-'''
+"""
+)
 
-APPLICATION = PREAMBLE + r'''
+APPLICATION = (
+    PREAMBLE
+    + r"""
 import tempfile
 model = keras.applications.MobileNetV3Small(weights=None, input_shape=(32, 32, 3), include_preprocessing=False)
 x = rng.standard_normal((1, 32, 32, 3)).astype("float32")
@@ -88,12 +96,20 @@ folder = tempfile.mkdtemp() + "/trace"
 tl.save(trace, folder)
 assert tl.load(folder).audit()
 print("ok")
-'''
+"""
+)
 
 
-@pytest.mark.parametrize("name, check", [("nested_layers", NESTED_LAYERS), ("training_dropout", TRAINING_DROPOUT),
-                                         ("application", APPLICATION)])
+@pytest.mark.parametrize(
+    "name, check",
+    [("nested_layers", NESTED_LAYERS), ("training_dropout", TRAINING_DROPOUT), ("application", APPLICATION)],
+)
 def test_keras_models_on_jax_record_their_layers_and_variables(name: str, check: str) -> None:
-    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "KERAS_BACKEND": "jax"})
+    done = subprocess.run(
+        [sys.executable, "-c", check],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "KERAS_BACKEND": "jax"},
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr

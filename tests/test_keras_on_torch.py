@@ -22,7 +22,7 @@ pytest.importorskip("torch")
 if importlib.util.find_spec("keras") is None:
     pytest.skip("Keras is not installed beside torch here", allow_module_level=True)
 
-CHECK = r'''
+CHECK = r"""
 import keras, torch, torchlens as tl
 
 keras.utils.set_random_seed(0)
@@ -46,10 +46,15 @@ for name, value in seen.items():
     op = next(op for op in trace.ops if f"{name}:1" in op.module_outputs)
     assert torch.equal(torch.as_tensor(op.out), value), name
 print("ok")
-'''
+"""
 
 
 def test_keras_layers_are_module_passes_with_the_outputs_their_forward_hooks_see() -> None:
-    done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "KERAS_BACKEND": "torch"})
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "KERAS_BACKEND": "torch"},
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr

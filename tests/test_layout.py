@@ -13,8 +13,20 @@ import pytest
 
 CORE = pathlib.Path(__file__).resolve().parent.parent / "torchlens_core"
 # bottom to top
-LAYERS = ["ir", "backend", "capture", "replay", "steer", "grads", "fields", "views", "compare", "ranks", "store",
-          "viewer"]
+LAYERS = [
+    "ir",
+    "backend",
+    "capture",
+    "replay",
+    "steer",
+    "grads",
+    "fields",
+    "views",
+    "compare",
+    "ranks",
+    "store",
+    "viewer",
+]
 
 
 def _upward_imports(path: pathlib.Path) -> list[tuple[int, str, bool]]:
@@ -38,8 +50,9 @@ def _upward_imports(path: pathlib.Path) -> list[tuple[int, str, bool]]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted(p for p in CORE.rglob("*.py") if p.parent != CORE),
-                         ids=lambda p: str(p.relative_to(CORE)))
+@pytest.mark.parametrize(
+    "path", sorted(p for p in CORE.rglob("*.py") if p.parent != CORE), ids=lambda p: str(p.relative_to(CORE))
+)
 def test_no_layer_imports_a_layer_above_it(path: pathlib.Path) -> None:
     upward = _upward_imports(path)
     if path.parent.name == "ir":
@@ -50,13 +63,15 @@ def test_no_layer_imports_a_layer_above_it(path: pathlib.Path) -> None:
 
 
 def test_importing_the_ir_loads_nothing_above_it() -> None:
-    code = ("import sys, torchlens_core.ir\n"
-            "print(sorted(m for m in sys.modules if m.startswith('torchlens_core.')))")
+    code = "import sys, torchlens_core.ir\nprint(sorted(m for m in sys.modules if m.startswith('torchlens_core.')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     above = [m for m in eval(loaded) if m.split(".")[1] in LAYERS[1:]]
     assert above == [], above
-    assert not [m for m in eval(loaded) if m.startswith(("torch", "jax", "tensorflow", "paddle", "tinygrad"))
-                and not m.startswith("torchlens")]
+    assert not [
+        m
+        for m in eval(loaded)
+        if m.startswith(("torch", "jax", "tensorflow", "paddle", "tinygrad")) and not m.startswith("torchlens")
+    ]
 
 
 def test_every_layer_imports_on_its_own() -> None:
@@ -64,8 +79,25 @@ def test_every_layer_imports_on_its_own() -> None:
         subprocess.run([sys.executable, "-c", f"import torchlens_core.{layer}"], check=True)
 
 
-@pytest.mark.parametrize("old", ["builder", "records", "trace", "tree", "conformance", "plugins", "hookspecs",
-                                 "flops", "saving", "selectors", "policy", "errors", "arrays", "sites"])
+@pytest.mark.parametrize(
+    "old",
+    [
+        "builder",
+        "records",
+        "trace",
+        "tree",
+        "conformance",
+        "plugins",
+        "hookspecs",
+        "flops",
+        "saving",
+        "selectors",
+        "policy",
+        "errors",
+        "arrays",
+        "sites",
+    ],
+)
 def test_old_module_paths_are_the_moved_modules(old: str) -> None:
     from torchlens_core.old_paths import MOVED
 
@@ -80,16 +112,18 @@ def test_old_module_paths_are_the_moved_modules(old: str) -> None:
 
 
 def test_third_party_imports_of_the_old_layout_still_work() -> None:
-    code = ("import warnings; warnings.simplefilter('ignore')\n"
-            "from torchlens_core.backend import Backend, lazy\n"
-            "from torchlens_core.conformance import Case\n"
-            "from torchlens_core.builder import TraceBuilder\n"
-            "from torchlens_core.replay import Observe, interpret\n"
-            "from torchlens_core import tree\n"
-            "from torchlens_core.records import Ref\n"
-            "import torchlens_core, torchlens_core.capture\n"
-            "assert TraceBuilder is torchlens_core.capture.TraceBuilder is torchlens_core.TraceBuilder\n"
-            "assert Backend is torchlens_core.Backend and tree.map_leaves and Ref(0).index == 0\n")
+    code = (
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "from torchlens_core.backend import Backend, lazy\n"
+        "from torchlens_core.conformance import Case\n"
+        "from torchlens_core.builder import TraceBuilder\n"
+        "from torchlens_core.replay import Observe, interpret\n"
+        "from torchlens_core import tree\n"
+        "from torchlens_core.records import Ref\n"
+        "import torchlens_core, torchlens_core.capture\n"
+        "assert TraceBuilder is torchlens_core.capture.TraceBuilder is torchlens_core.TraceBuilder\n"
+        "assert Backend is torchlens_core.Backend and tree.map_leaves and Ref(0).index == 0\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -103,8 +137,13 @@ def test_every_package_is_installed() -> None:
     # a folder of data files only (the conformance suite's expected failures) is a package too, for setuptools: one
     # left out is shipped with a warning on every install, and not at all by its next major version
     for root in (CORE, CORE.parent / "torchlens"):
-        found |= {".".join(p.parent.relative_to(CORE.parent).parts) for p in root.rglob("*")
-                  if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
-                  and p.parent not in (CORE, CORE.parent / "torchlens")}
+        found |= {
+            ".".join(p.parent.relative_to(CORE.parent).parts)
+            for p in root.rglob("*")
+            if p.is_file()
+            and p.suffix not in (".py", ".pyc")
+            and "__pycache__" not in p.parts
+            and p.parent not in (CORE, CORE.parent / "torchlens")
+        }
     missing = sorted(found - listed)
     assert not missing, f"add these packages to [tool.setuptools] packages in pyproject.toml: {missing}"

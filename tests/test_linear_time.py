@@ -24,8 +24,9 @@ class Deep(nn.Module):
 
     def __init__(self, blocks: int = 40, width: int = 8) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU())
-                                    for _ in range(blocks))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU()) for _ in range(blocks)
+        )
         self.head = nn.Linear(width, 3)
 
     def forward(self, x):
@@ -61,8 +62,11 @@ def test_counts_agree_walks_the_ops_a_constant_number_of_times(monkeypatch):
     passes = sum(m.num_passes for m in trace.modules.values())
     assert passes > 100
     # the reference: each pass's ops, found op by op from the records' own module passes
-    expected = {(mp.path, mp.pass_num): [op.label for op in trace.ops if (mp.path, mp.pass_num) in op.module_passes]
-                for m in trace.modules.values() for mp in m.passes}
+    expected = {
+        (mp.path, mp.pass_num): [op.label for op in trace.ops if (mp.path, mp.pass_num) in op.module_passes]
+        for m in trace.modules.values()
+        for mp in m.passes
+    }
     assert all(expected[(mp.path, mp.pass_num)] == mp.ops for m in trace.modules.values() for mp in m.passes)
     monkeypatch.setattr(trace, "ops", Walks(trace.ops))
     Walks.walks = 0
@@ -85,6 +89,7 @@ def test_compare_builds_no_matrix_over_every_pair_of_ops(monkeypatch):
         def wrapper(x, y, *args, **kwargs):
             areas.append(len(x) * len(y))
             return function(x, y, *args, **kwargs)
+
         return wrapper
 
     monkeypatch.setattr(align, "scores", counted(evidence.scores))
@@ -151,8 +156,10 @@ def test_best_pairs_over_live_cells_is_the_dense_alignment_tie_for_tie():
 
 def _left(aligner: align.Aligner) -> tuple[list[int], list[int]]:
     """The points the structural step aligns: those the value pass left unpaired, as _structural_pairs picks them."""
-    return ([k for k in range(len(aligner.pa)) if k not in aligner.b_of_a and not aligner._relaid("a", k)],
-            [c for c in range(len(aligner.pb)) if c not in aligner.a_of_b and not aligner._relaid("b", c)])
+    return (
+        [k for k in range(len(aligner.pa)) if k not in aligner.b_of_a and not aligner._relaid("a", k)],
+        [c for c in range(len(aligner.pb)) if c not in aligner.a_of_b and not aligner._relaid("b", c)],
+    )
 
 
 def test_structural_candidates_are_the_live_cells_of_the_dense_matrix():
@@ -169,8 +176,9 @@ def test_structural_candidates_are_the_live_cells_of_the_dense_matrix():
     dense = evidence.scores(sa, sb, evidence.fingerprint_gaps(sa, sb), aligner._keys)
     for x, k in enumerate(left_a):
         frontier = aligner._canon(aligner._frontier_a(aligner.pa[k].index, {}))
-        inputs = [a.ops[aligner.pa[k].index].kind == "input" and b.ops[aligner.pb[c].index].kind == "input"
-                  for c in left_b]
+        inputs = [
+            a.ops[aligner.pa[k].index].kind == "input" and b.ops[aligner.pb[c].index].kind == "input" for c in left_b
+        ]
         keep = [frontier & fb[c] or inputs[y] for y, c in enumerate(left_b)]
         expected = np.flatnonzero((dense[x] > evidence.NO_PAIR) & np.array(keep, dtype=bool))
         ys, values = cells.row(x)

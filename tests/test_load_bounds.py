@@ -112,12 +112,12 @@ def test_json_cost_is_an_upper_bound_of_what_json_loads_takes(path) -> None:
         "big ints": b"[" + b",".join([b"123456789012345"] * n) + b"]",
         "short strings": b"[" + b",".join([b'"ab"'] * n) + b"]",
         "unique keys": b"{" + b",".join(f'"k{i}":{i * 1000}'.encode() for i in range(n)) + b"}",
-        "wide text": ("[" + ",".join(['"\U0001F600ab"'] * n) + "]").encode(),
+        "wide text": ("[" + ",".join(['"\U0001f600ab"'] * n) + "]").encode(),
     }
     for name, raw in documents.items():
         cost = files.JsonCost()
         for start in range(0, len(raw), 4096):
-            cost.feed(raw[start:start + 4096])
+            cost.feed(raw[start : start + 4096])
         text = raw.decode()
         tracemalloc.start()
         parsed = json.loads(text)
@@ -148,8 +148,17 @@ def test_an_arrays_bin_that_fails_its_hash_is_refused_without_being_held(path) -
     records = json.loads((path / "trace.json").read_text())
     size = (path / "arrays.bin").stat().st_size
     offset = size + (-size % 64)
-    records["arrays"].append({"kind": "numpy", "offset": offset, "nbytes": 512 << 20, "storage": "|u1",
-                              "shape": [512 << 20], "dtype": "uint8", "device": "cpu"})
+    records["arrays"].append(
+        {
+            "kind": "numpy",
+            "offset": offset,
+            "nbytes": 512 << 20,
+            "storage": "|u1",
+            "shape": [512 << 20],
+            "dtype": "uint8",
+            "device": "cpu",
+        }
+    )
     records["notes"] = {"dict": [["big", {"array": len(records["arrays"]) - 1}]]}
     (path / "trace.json").write_text(json.dumps(records))
     with open(path / "arrays.bin", "r+b") as f:

@@ -34,25 +34,58 @@ def swap_call(path: pathlib.Path, index: int, call: Any, **fields: Any) -> None:
 # -- torch -----------------------------------------------------------------------------------------
 # Functions that change process-wide state (or run code, or reach other processes): never rebuilt.
 TORCH_STATE = [
-    ("torch", "use_deterministic_algorithms"), ("torch", "set_default_dtype"), ("torch", "set_default_device"),
-    ("torch", "set_default_tensor_type"), ("torch", "manual_seed"), ("torch", "seed"), ("torch", "initial_seed"),
-    ("torch", "set_rng_state"), ("torch", "get_rng_state"), ("torch", "set_num_threads"),
-    ("torch", "set_num_interop_threads"), ("torch", "init_num_threads"), ("torch", "set_grad_enabled"),
-    ("torch", "set_printoptions"), ("torch", "set_flush_denormal"), ("torch", "set_anomaly_enabled"),
-    ("torch", "set_autocast_enabled"), ("torch", "autocast_increment_nesting"),
-    ("torch", "autocast_decrement_nesting"), ("torch", "clear_autocast_cache"),
-    ("torch", "set_float32_matmul_precision"), ("torch", "set_deterministic_debug_mode"),
-    ("torch", "set_warn_always"), ("torch", "set_vital"), ("torch", "import_ir_module"),
-    ("torch", "import_ir_module_from_buffer"), ("torch", "fork"), ("torch", "wait"), ("torch", "vmap"),
-    ("torch", "cond"), ("torch", "while_loop"), ("torch", "prepare_multiprocessing_environment"),
-    ("torch", "compile"), ("torch", "load"), ("torch", "save"), ("torch", "from_file"),
+    ("torch", "use_deterministic_algorithms"),
+    ("torch", "set_default_dtype"),
+    ("torch", "set_default_device"),
+    ("torch", "set_default_tensor_type"),
+    ("torch", "manual_seed"),
+    ("torch", "seed"),
+    ("torch", "initial_seed"),
+    ("torch", "set_rng_state"),
+    ("torch", "get_rng_state"),
+    ("torch", "set_num_threads"),
+    ("torch", "set_num_interop_threads"),
+    ("torch", "init_num_threads"),
+    ("torch", "set_grad_enabled"),
+    ("torch", "set_printoptions"),
+    ("torch", "set_flush_denormal"),
+    ("torch", "set_anomaly_enabled"),
+    ("torch", "set_autocast_enabled"),
+    ("torch", "autocast_increment_nesting"),
+    ("torch", "autocast_decrement_nesting"),
+    ("torch", "clear_autocast_cache"),
+    ("torch", "set_float32_matmul_precision"),
+    ("torch", "set_deterministic_debug_mode"),
+    ("torch", "set_warn_always"),
+    ("torch", "set_vital"),
+    ("torch", "import_ir_module"),
+    ("torch", "import_ir_module_from_buffer"),
+    ("torch", "fork"),
+    ("torch", "wait"),
+    ("torch", "vmap"),
+    ("torch", "cond"),
+    ("torch", "while_loop"),
+    ("torch", "prepare_multiprocessing_environment"),
+    ("torch", "compile"),
+    ("torch", "load"),
+    ("torch", "save"),
+    ("torch", "from_file"),
     ("torch._C._VariableFunctions", "_cufft_set_plan_cache_max_size"),
-    ("torch._C._VariableFunctions", "_cufft_clear_plan_cache"), ("torch._C._VariableFunctions", "_print"),
-    ("torch._C._VariableFunctions", "_assert_async"), ("torch.Tensor", "backward"),
-    ("torch.Tensor", "register_hook"), ("torch.Tensor", "share_memory_"), ("torch.Tensor", "pin_memory"),
-    ("torch.Tensor", "record_stream"), ("torch.Tensor", "untyped_storage"), ("torch.Tensor", "__reduce_ex__"),
-    ("torch.Tensor", "__setstate__"), ("torch.nn.functional", "handle_torch_function"),
-    ("torch.backends", "cudnn"), ("torch.cuda", "manual_seed_all"), ("os", "system"),
+    ("torch._C._VariableFunctions", "_cufft_clear_plan_cache"),
+    ("torch._C._VariableFunctions", "_print"),
+    ("torch._C._VariableFunctions", "_assert_async"),
+    ("torch.Tensor", "backward"),
+    ("torch.Tensor", "register_hook"),
+    ("torch.Tensor", "share_memory_"),
+    ("torch.Tensor", "pin_memory"),
+    ("torch.Tensor", "record_stream"),
+    ("torch.Tensor", "untyped_storage"),
+    ("torch.Tensor", "__reduce_ex__"),
+    ("torch.Tensor", "__setstate__"),
+    ("torch.nn.functional", "handle_torch_function"),
+    ("torch.backends", "cudnn"),
+    ("torch.cuda", "manual_seed_all"),
+    ("os", "system"),
 ]
 
 
@@ -78,10 +111,13 @@ def test_torch_tensor_computations_are_rebuilt() -> None:
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F
 
-    for ns, name, expected in [("torch", "zeros", torch.zeros), ("torch.nn.functional", "hardswish", F.hardswish),
-                               ("torch.Tensor", "add_", torch.Tensor.add_), ("torch.linalg", "norm", torch.linalg.norm),
-                               ("torch._C._VariableFunctions", "_transformer_encoder_layer_fwd",
-                                torch._transformer_encoder_layer_fwd)]:
+    for ns, name, expected in [
+        ("torch", "zeros", torch.zeros),
+        ("torch.nn.functional", "hardswish", F.hardswish),
+        ("torch.Tensor", "add_", torch.Tensor.add_),
+        ("torch.linalg", "norm", torch.linalg.norm),
+        ("torch._C._VariableFunctions", "_transformer_encoder_layer_fwd", torch._transformer_encoder_layer_fwd),
+    ]:
         assert decode("torch", {"ns": ns, "name": name}) is expected
 
 
@@ -110,14 +146,56 @@ def test_torch_a_value_that_disagrees_with_its_record_stops_replay_before_use(tm
 # -- TensorFlow ------------------------------------------------------------------------------------
 # Op types a file must never make replay run: crashes, clocks, I/O, Python, devices, control state.
 TF_REFUSED = [
-    "Abort", "Timestamp", "MlirPassthroughOp", "ImmutableConst", "PrintV2", "Print", "ReadFile", "WriteFile",
-    "MatchingFiles", "EagerPyFunc", "PyFunc", "PyFuncStateless", "DebugIdentity", "DebugNumericSummary", "CopyHost",
-    "Copy", "Save", "SaveV2", "Restore", "RestoreV2", "ShardedFilename", "Assert", "RandomStandardNormal",
-    "VarHandleOp", "DestroyResourceOp", "AnonymousIteratorV3", "IteratorGetNext", "WriteScalarSummary",
-    "CreateSummaryFileWriter", "CollectiveReduceV2", "NcclAllReduce", "XlaLaunch", "TPUExecute", "StatelessIf",
-    "PartitionedCall", "StatefulPartitionedCall", "Enter", "Barrier", "QueueDequeueV2", "LookupTableFindV2",
-    "DecodeProtoV2", "BatchFunction", "NoOp", "ControlTrigger", "Empty", "CheckNumerics", "DecodeCSV", "_Send",
-    "AssignVariableOp", "ReadVariableOp",
+    "Abort",
+    "Timestamp",
+    "MlirPassthroughOp",
+    "ImmutableConst",
+    "PrintV2",
+    "Print",
+    "ReadFile",
+    "WriteFile",
+    "MatchingFiles",
+    "EagerPyFunc",
+    "PyFunc",
+    "PyFuncStateless",
+    "DebugIdentity",
+    "DebugNumericSummary",
+    "CopyHost",
+    "Copy",
+    "Save",
+    "SaveV2",
+    "Restore",
+    "RestoreV2",
+    "ShardedFilename",
+    "Assert",
+    "RandomStandardNormal",
+    "VarHandleOp",
+    "DestroyResourceOp",
+    "AnonymousIteratorV3",
+    "IteratorGetNext",
+    "WriteScalarSummary",
+    "CreateSummaryFileWriter",
+    "CollectiveReduceV2",
+    "NcclAllReduce",
+    "XlaLaunch",
+    "TPUExecute",
+    "StatelessIf",
+    "PartitionedCall",
+    "StatefulPartitionedCall",
+    "Enter",
+    "Barrier",
+    "QueueDequeueV2",
+    "LookupTableFindV2",
+    "DecodeProtoV2",
+    "BatchFunction",
+    "NoOp",
+    "ControlTrigger",
+    "Empty",
+    "CheckNumerics",
+    "DecodeCSV",
+    "_Send",
+    "AssignVariableOp",
+    "ReadVariableOp",
 ]
 
 
@@ -131,8 +209,14 @@ def _tf_outputs(op_type: str) -> int:
 @pytest.mark.parametrize("op_type", TF_REFUSED)
 def test_tf_dangerous_op_types_are_refused(op_type: str) -> None:
     pytest.importorskip("tensorflow")
-    data = {"op_type": op_type, "attrs": [], "num_outputs": _tf_outputs(op_type), "kind": "op", "variables": [],
-            "writes": []}
+    data = {
+        "op_type": op_type,
+        "attrs": [],
+        "num_outputs": _tf_outputs(op_type),
+        "kind": "op",
+        "variables": [],
+        "writes": [],
+    }
     with pytest.raises(tl.TraceFileError, match="cannot be replayed|not a TensorFlow op type"):
         decode("tf", data)
 
@@ -146,8 +230,13 @@ def test_tf_output_counts_and_attribute_types_are_checked(tmp_path: pathlib.Path
     assert call["num_outputs"] == 3
     float_num = list(call["attrs"])
     float_num[float_num.index("num") + 1] = 3.5  # an int attribute given a float
-    for bad in ({**call, "num_outputs": 4}, {**call, "num_outputs": 0}, {**call, "attrs": float_num},
-                {**call, "attrs": [*call["attrs"], "no_such_attr", 1]}, {**call, "op_type": "Abort", "num_outputs": 0}):
+    for bad in (
+        {**call, "num_outputs": 4},
+        {**call, "num_outputs": 0},
+        {**call, "attrs": float_num},
+        {**call, "attrs": [*call["attrs"], "no_such_attr", 1]},
+        {**call, "op_type": "Abort", "num_outputs": 0},
+    ):
         swap_call(path, index, bad)
         with pytest.raises(tl.TraceFileError):
             tl.load(path)
@@ -169,10 +258,29 @@ def test_tf_an_extra_input_is_a_replay_error_not_a_crash(tmp_path: pathlib.Path)
 
 
 # -- Paddle ----------------------------------------------------------------------------------------
-PADDLE_REFUSED = ["print", "read_file", "all_reduce", "all_reduce_", "c_allreduce_sum", "barrier", "send_v2",
-                  "recv_v2", "sync_calc_stream", "sync_comm_stream", "memcpy", "memcpy_d2h", "set_parameter",
-                  "share_var", "global_gather", "partial_allgather", "mp_allreduce_sum", "sync_batch_norm_",
-                  "distributed_fused_lamb_init", "_run_program", "seed"]
+PADDLE_REFUSED = [
+    "print",
+    "read_file",
+    "all_reduce",
+    "all_reduce_",
+    "c_allreduce_sum",
+    "barrier",
+    "send_v2",
+    "recv_v2",
+    "sync_calc_stream",
+    "sync_comm_stream",
+    "memcpy",
+    "memcpy_d2h",
+    "set_parameter",
+    "share_var",
+    "global_gather",
+    "partial_allgather",
+    "mp_allreduce_sum",
+    "sync_batch_norm_",
+    "distributed_fused_lamb_init",
+    "_run_program",
+    "seed",
+]
 
 
 @pytest.mark.parametrize("name", PADDLE_REFUSED)
@@ -205,8 +313,22 @@ def test_paddle_ops_that_read_unchecked_positions_check_their_count_first() -> N
 
 
 # -- tinygrad --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["manual_seed", "backward", "gradient", "custom_kernel", "call", "from_url",
-                                  "fetch", "_apply_uop", "_rand", "__reduce__", "schedule_linear"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "manual_seed",
+        "backward",
+        "gradient",
+        "custom_kernel",
+        "call",
+        "from_url",
+        "fetch",
+        "_apply_uop",
+        "_rand",
+        "__reduce__",
+        "schedule_linear",
+    ],
+)
 def test_tinygrad_methods_beyond_their_tensors_are_refused(name: str) -> None:
     pytest.importorskip("tinygrad")
     with pytest.raises(tl.TraceFileError):
@@ -214,8 +336,22 @@ def test_tinygrad_methods_beyond_their_tensors_are_refused(name: str) -> None:
 
 
 # -- JAX -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["psum", "ppermute", "psend", "new_ref", "swap", "box_get", "check",
-                                  "inspect_sharding", "debug_callback", "rng_uniform", "pure_callback"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "psum",
+        "ppermute",
+        "psend",
+        "new_ref",
+        "swap",
+        "box_get",
+        "check",
+        "inspect_sharding",
+        "debug_callback",
+        "rng_uniform",
+        "pure_callback",
+    ],
+)
 def test_jax_primitives_outside_array_computation_are_refused(name: str) -> None:
     pytest.importorskip("jax")
     from torchlens_jax.saving import _all_primitives

@@ -25,12 +25,19 @@ HERE = pathlib.Path(__file__).parent
 @pytest.mark.skipif(not BACKENDS, reason="no backend with a zoo is installed")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_mutation_escapes_as_anything_but_a_torchlens_error(backend: str) -> None:
-    result = subprocess.run([sys.executable, str(HERE / "fuzz_saving.py"), backend], capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "TORCHLENS_FUZZ_LOG": "1"})
+    result = subprocess.run(
+        [sys.executable, str(HERE / "fuzz_saving.py"), backend],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TORCHLENS_FUZZ_LOG": "1"},
+    )
     if result.returncode != 0:
         tried = [line for line in result.stderr.splitlines() if ": " in line and not line.startswith(" ")]
-        pytest.fail(f"the fuzz run died (exit {result.returncode}); last mutation: "
-                    f"{tried[-1] if tried else '?'}\n{result.stderr[-3000:]}")
+        pytest.fail(
+            f"the fuzz run died (exit {result.returncode}); last mutation: "
+            f"{tried[-1] if tried else '?'}\n{result.stderr[-3000:]}"
+        )
     counts = json.loads(result.stdout.strip().splitlines()[-1])
     assert counts["escapes"] == 0, "\n".join(counts["escape_details"][:10])
     # Damage the hashes see, and every link, special file, oversized file and manifest edit, are refused.

@@ -130,9 +130,18 @@ def test_overlapping_array_rows_cannot_multiply_memory(saved) -> None:
 
     def bomb(records: dict[str, Any]) -> None:
         first = len(records["arrays"])
-        records["arrays"] += [{"kind": "framework", "offset": offset, "nbytes": 16 << 20, "storage": "<f4",
-                               "shape": [4 << 20], "dtype": "float64" if i % 2 else "float32",
-                               "device": "cpu"} for i in range(64)]
+        records["arrays"] += [
+            {
+                "kind": "framework",
+                "offset": offset,
+                "nbytes": 16 << 20,
+                "storage": "<f4",
+                "shape": [4 << 20],
+                "dtype": "float64" if i % 2 else "float32",
+                "device": "cpu",
+            }
+            for i in range(64)
+        ]
         records["notes"] = {"dict": [["bomb", {"list": [{"array": first + i} for i in range(64)]}]]}
 
     edit(path, bomb)
@@ -164,14 +173,17 @@ def test_a_widening_conversion_is_refused(saved) -> None:
         tl.load(path)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda a: a.update(offset=a["offset"] + 4), "aligned"),
-    (lambda a: a.update(nbytes=a["nbytes"] + 4), "bytes"),
-    (lambda a: a.update(shape=[*a["shape"], 2]), "bytes"),
-    (lambda a: a.update(offset=10**12), "aligned"),
-    (lambda a: a.update(storage="|O"), "plain data"),
-    (lambda a: a.update(extra=1), "fields"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.update(offset=a["offset"] + 4), "aligned"),
+        (lambda a: a.update(nbytes=a["nbytes"] + 4), "bytes"),
+        (lambda a: a.update(shape=[*a["shape"], 2]), "bytes"),
+        (lambda a: a.update(offset=10**12), "aligned"),
+        (lambda a: a.update(storage="|O"), "plain data"),
+        (lambda a: a.update(extra=1), "fields"),
+    ],
+)
 def test_each_array_row_must_agree_with_its_bytes(saved, change, message) -> None:
     _, _, path = saved
     edit(path, lambda r: change(r["arrays"][0]))
@@ -183,7 +195,8 @@ def test_each_array_row_must_agree_with_its_bytes(saved, change, message) -> Non
 STRUCTURE = {
     # the four: each loaded, then raised a raw error on use
     "argument names a missing parameter (KeyError in audit/replay)": lambda r: r["ops"][1].update(
-        args=[*r["ops"][1]["args"], {"param": "gone.weight"}]),
+        args=[*r["ops"][1]["args"], {"param": "gone.weight"}]
+    ),
     "text shape (RecursionError in to_pandas)": lambda r: r["ops"][1].update(shape="abc"),
     "huge elapsed (OverflowError)": lambda r: r["ops"][1].update(elapsed=10**400),
     "NaN in a shape (TypeError)": lambda r: r["ops"][1].update(shape=[{"float": "nan"}]),
@@ -191,7 +204,8 @@ STRUCTURE = {
     "negative FLOPs": lambda r: r["ops"][1].update(cost=[-1.0, 0.0]),
     "op params name nothing": lambda r: r["ops"][1].update(params=["no.such.param"]),
     "module lists a parameter that is not there": lambda r: (r["modules"][0] if r["modules"] else r["ops"][1]).update(
-        params=["nope"]),
+        params=["nope"]
+    ),
     "module output names no pass": lambda r: r["ops"][1].update(module_outputs=["nowhere:3"]),
     "two ops share a label": lambda r: r["ops"][2].update(label=r["ops"][1]["label"]),
     "pass number past the number of passes": lambda r: r["ops"][1].update(pass_num=2, num_passes=1),
@@ -201,7 +215,8 @@ STRUCTURE = {
     "value stored for an op marked unsaved": lambda r: r["ops"][1].update(saved=False),
     "unknown field": lambda r: r["ops"][1].update(evil="x"),
     "value shape disagrees with the record": lambda r: r["ops"][1].update(
-        shape=[d + 1 for d in r["ops"][1]["shape"]] if all(type(d) is int for d in r["ops"][1]["shape"]) else [7]),
+        shape=[d + 1 for d in r["ops"][1]["shape"]] if all(type(d) is int for d in r["ops"][1]["shape"]) else [7]
+    ),
 }
 
 

@@ -85,8 +85,14 @@ def test_a_bad_regex_is_a_typed_value_error_naming_it(pattern: str) -> None:
 
 
 def test_selector_arguments_of_the_wrong_type_are_typed_errors() -> None:
-    for make in (lambda: tl.func(3), lambda: tl.module(None), lambda: tl.in_module(2.0),
-                 lambda: tl.label("relu_1", 7), lambda: tl.func("relu") & "conv2d", lambda: tl.where(3)):
+    for make in (
+        lambda: tl.func(3),
+        lambda: tl.module(None),
+        lambda: tl.in_module(2.0),
+        lambda: tl.label("relu_1", 7),
+        lambda: tl.func("relu") & "conv2d",
+        lambda: tl.where(3),
+    ):
         with pytest.raises(ArgumentTypeError):
             make()
 
@@ -120,8 +126,11 @@ def test_save_and_halt_that_match_nothing_both_raise_naming_it(backend: str) -> 
     x = array(backend, [[1.0, 2.0]])
     first = next(op for op in tl.trace(double_plus_one, x, backend=backend).ops if op.kind == "op")
     typo = tl.func(first.func_name + "x")  # mulx: a typo of mul
-    for role, options in (("save=", {"save": typo}), ("halt=", {"halt": typo}),
-                          ("halt=", {"halt": tl.label(first.label, "mul_9_9")})):
+    for role, options in (
+        ("save=", {"save": typo}),
+        ("halt=", {"halt": typo}),
+        ("halt=", {"halt": tl.label(first.label, "mul_9_9")}),
+    ):
         with pytest.raises(tl.LabelNotFoundError) as caught:
             tl.trace(double_plus_one, x, backend=backend, **options)
         message = str(caught.value)
@@ -137,8 +146,11 @@ def test_save_and_halt_that_match_nothing_both_raise_naming_it(backend: str) -> 
 
 
 def test_halt_refuses_selectors_that_can_never_stop_the_forward() -> None:
-    for selector in (tl.where(lambda op: True), tl.func("relu") & tl.followed_by(tl.func("add")),
-                     tl.preceded_by(tl.where(lambda op: True))):
+    for selector in (
+        tl.where(lambda op: True),
+        tl.func("relu") & tl.followed_by(tl.func("add")),
+        tl.preceded_by(tl.where(lambda op: True)),
+    ):
         with pytest.raises(tl.UnsupportedError, match="halt= cannot use tl.where or tl.followed_by"):
             tl.trace(double_plus_one, [1.0], backend=BACKENDS[0], halt=selector)
 
@@ -169,9 +181,15 @@ def a_coroutine(a: Any) -> Any:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("model,kind", [(a_generator, "lazy generator"), (a_map, "lazy map"),
-                                        (a_tuple_holding_a_generator, r"lazy generator at output\[1\]"),
-                                        (a_coroutine, "coroutine")])
+@pytest.mark.parametrize(
+    "model,kind",
+    [
+        (a_generator, "lazy generator"),
+        (a_map, "lazy map"),
+        (a_tuple_holding_a_generator, r"lazy generator at output\[1\]"),
+        (a_coroutine, "coroutine"),
+    ],
+)
 def test_a_lazy_output_is_refused(backend: str, model: Any, kind: str) -> None:
     x = array(backend, [[1.0, 2.0]])
     CREATED.clear()

@@ -33,8 +33,13 @@ def _linear():
 
 def _conv():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
-                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).eval()
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+    ).eval()
     return model, (torch.randn(1, 3, 8, 8),), {}
 
 
@@ -68,14 +73,20 @@ def _entry(name: str, build) -> Entry:
     return Entry("torch", f"test/{name}", "test", "test", build)
 
 
-REGISTRY = [_entry("linear", _linear), _entry("conv", _conv), _entry("drifting", _drifting),
-            _entry("unbuildable", _unbuildable), _entry("crashing", _crashing_child)]
+REGISTRY = [
+    _entry("linear", _linear),
+    _entry("conv", _conv),
+    _entry("drifting", _drifting),
+    _entry("unbuildable", _unbuildable),
+    _entry("crashing", _crashing_child),
+]
 
 
 def _run(monkeypatch, registry, results: pathlib.Path, *flags: str) -> list[dict]:
     monkeypatch.setattr(run, "entries", lambda backend: sorted(registry, key=lambda e: e.name))
-    assert run.main(["--backend", "torch", "--results", str(results), "--memory-gb", "4", "--timeout", "120",
-                     *flags]) == 0
+    assert (
+        run.main(["--backend", "torch", "--results", str(results), "--memory-gb", "4", "--timeout", "120", *flags]) == 0
+    )
     return [json.loads(line) for line in results.read_text().splitlines() if line.endswith("}")]
 
 
@@ -88,8 +99,10 @@ def cluster():
     """Two single-threaded worker processes; a task whose worker dies is not rerun (as --dask-local sets)."""
     import dask
 
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as local:
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as local,
+    ):
         yield local
 
 
@@ -99,9 +112,13 @@ def test_a_dask_run_records_what_the_single_process_run_records(monkeypatch, tmp
     assert sorted(r["name"] for r in there) == sorted(e.name for e in REGISTRY)  # each entry once
     assert _outcomes(there) == _outcomes(here)
     outcome = {name: value[:2] for name, value in _outcomes(there).items()}
-    assert outcome == {"test/conv": ("verified", None), "test/linear": ("verified", None),
-                       "test/drifting": ("failed", "output_parity"), "test/unbuildable": ("excluded", "build"),
-                       "test/crashing": ("failed", "crash")}
+    assert outcome == {
+        "test/conv": ("verified", None),
+        "test/linear": ("verified", None),
+        "test/drifting": ("failed", "output_parity"),
+        "test/unbuildable": ("excluded", "build"),
+        "test/crashing": ("failed", "crash"),
+    }
     unbuildable = next(r for r in there if r["name"] == "test/unbuildable")
     assert "needs weights nobody has" in unbuildable["reason"]
     log = (tmp_path / "there.log").read_text()  # the workers' child output reaches the driver's log
@@ -110,8 +127,16 @@ def test_a_dask_run_records_what_the_single_process_run_records(monkeypatch, tmp
 
 def test_resume_on_dask_runs_only_the_entries_not_done(monkeypatch, tmp_path, cluster):
     results = tmp_path / "resumed.jsonl"
-    done = {"backend": "torch", "name": "test/conv", "library": "test", "family": "test", "status": "verified",
-            "check": None, "error": None, "marker": "from the interrupted run"}
+    done = {
+        "backend": "torch",
+        "name": "test/conv",
+        "library": "test",
+        "family": "test",
+        "status": "verified",
+        "check": None,
+        "error": None,
+        "marker": "from the interrupted run",
+    }
     before = json.dumps(done) + "\n" + '{"backend": "torch", "name": "test/lin'  # the last line cut short
     results.write_text(before)
     records = _run(monkeypatch, REGISTRY, results, "--resume", "--dask", cluster.scheduler_address)

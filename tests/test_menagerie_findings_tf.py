@@ -34,10 +34,12 @@ SIN = np.full((4, 2), 0.5, dtype="float32")
 # trace.output, following every later assign.
 class RotaryTable(keras.layers.Layer):
     def build(self, input_shape: tuple[int, ...]) -> None:
-        self.cos = self.add_weight(name="cos", shape=(4, 2), trainable=False,
-                                   initializer=keras.initializers.Constant(COS))
-        self.sin = self.add_weight(name="sin", shape=(4, 2), trainable=False,
-                                   initializer=keras.initializers.Constant(SIN))
+        self.cos = self.add_weight(
+            name="cos", shape=(4, 2), trainable=False, initializer=keras.initializers.Constant(COS)
+        )
+        self.sin = self.add_weight(
+            name="sin", shape=(4, 2), trainable=False, initializer=keras.initializers.Constant(SIN)
+        )
 
     def call(self, x: tf.Tensor) -> tuple[keras.Variable, keras.Variable]:
         return self.cos, self.sin
@@ -139,8 +141,11 @@ def test_the_tf_menagerie_has_every_backbone_keras_hub_exports() -> None:
     from bench.menagerie.entries import entries
 
     found = {e.name.split("/", 1)[1] for e in entries("tf") if e.library == "keras_hub"}
-    exported = {cls for name in dir(keras_hub.models) if isinstance(cls := getattr(keras_hub.models, name), type)
-                and issubclass(cls, keras_hub.models.Backbone)}
+    exported = {
+        cls
+        for name in dir(keras_hub.models)
+        if isinstance(cls := getattr(keras_hub.models, name), type) and issubclass(cls, keras_hub.models.Backbone)
+    }
     # every architecture: not the base classes, and each class once (SmolLMBackbone is SmolLM3Backbone)
     architectures = exported - {keras_hub.models.Backbone, keras_hub.models.FeaturePyramidBackbone}
     assert {getattr(keras_hub.models, name) for name in found} == architectures

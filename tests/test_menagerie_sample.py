@@ -44,8 +44,13 @@ def test_a_plain_model_is_verified_by_every_check():
     result = _run(_entry("linear", _linear))
     assert result["status"] == "verified", result
     assert set(result["checks"].values()) == {"passed"}
-    assert list(result["checks"]) == ["output_parity", "audit_clean", "module_outputs", "round_trip",
-                                      "replay_on_other_inputs"]
+    assert list(result["checks"]) == [
+        "output_parity",
+        "audit_clean",
+        "module_outputs",
+        "round_trip",
+        "replay_on_other_inputs",
+    ]
 
 
 class _Drifting(torch.nn.Module):
@@ -119,13 +124,30 @@ def test_the_ci_sample_is_verified(tmp_path):
     a minute on two cores. A failure must be diagnosed (bench/menagerie/diagnoses.py), and a diagnosed one that
     passes must leave that list."""
     results = tmp_path / "sample.jsonl"
-    subprocess.run([sys.executable, "-m", "bench.menagerie", "--backend", "torch", "--sample", "--results",
-                    str(results), *_ENGINE], cwd=ROOT, check=True, timeout=1800)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.menagerie",
+            "--backend",
+            "torch",
+            "--sample",
+            "--results",
+            str(results),
+            *_ENGINE,
+        ],
+        cwd=ROOT,
+        check=True,
+        timeout=1800,
+    )
     records = [json.loads(line) for line in results.read_text().splitlines()]
     assert records, "the sample selected no entry"
     known = DIAGNOSES["torch"]  # diagnosed TorchLens bugs: expected to fail, strictly, as the conformance xfails
-    failed = [f"{r['name']}: {r['check']}: {r['error']}" for r in records
-              if r["status"] == "failed" and r["name"] not in known]
+    failed = [
+        f"{r['name']}: {r['check']}: {r['error']}"
+        for r in records
+        if r["status"] == "failed" and r["name"] not in known
+    ]
     assert not failed, "undiagnosed failures:\n" + "\n".join(failed)
     fixed = [r["name"] for r in records if r["status"] == "verified" and r["name"] in known]
     assert not fixed, f"verified now: remove them from bench/menagerie/diagnoses.py: {fixed}"

@@ -33,12 +33,30 @@ def test_the_ci_sample_is_verified(tmp_path: pathlib.Path, backend: str) -> None
     # full menagerie, and in CI through the jax conformance zoo's Keras case and tests/test_keras_on_jax.py: the
     # applications the sample would pick cost minutes each there (ResNet101: 202 s on two shared cores).
     env = {k: v for k, v in os.environ.items() if not (backend == "jax" and k == "KERAS_BACKEND")}
-    subprocess.run([sys.executable, "-m", "bench.menagerie", "--backend", backend, "--sample", "--results",
-                    str(results), *_ENGINE], cwd=ROOT, check=True, timeout=1800, env=env)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.menagerie",
+            "--backend",
+            backend,
+            "--sample",
+            "--results",
+            str(results),
+            *_ENGINE,
+        ],
+        cwd=ROOT,
+        check=True,
+        timeout=1800,
+        env=env,
+    )
     records = [json.loads(line) for line in results.read_text().splitlines()]
     assert records, "the sample selected no entry"
     known = DIAGNOSES.get(backend, {})
-    failed = [f"{r['name']}: {r['check']}: {r['error']}" for r in records
-              if r["status"] == "failed" and r["name"] not in known]
+    failed = [
+        f"{r['name']}: {r['check']}: {r['error']}"
+        for r in records
+        if r["status"] == "failed" and r["name"] not in known
+    ]
     assert not failed, "undiagnosed failures:\n" + "\n".join(failed)
     assert any(r["status"] == "verified" for r in records), records  # excluded ones never ran

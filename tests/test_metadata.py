@@ -30,9 +30,13 @@ def test_macs_match_published_figures(name, published_macs):
 
 
 def test_flops_by_hand_on_a_small_model():
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, groups=1), torch.nn.ReLU(),
-                                torch.nn.Conv2d(8, 8, 3, padding=1, groups=4, bias=False),
-                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, groups=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1, groups=4, bias=False),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 6 * 6, 5),
+    )
     trace = tl.trace(model, torch.randn(2, 3, 6, 6))
     conv1, relu, conv2, flat, linear = (trace[f"{i}"] for i in range(5))
     out1 = 2 * 8 * 6 * 6
@@ -128,13 +132,16 @@ def test_detailed_op_print_matches_the_seed_layout(alexnet_trace):
     assert lines[0] == "Layer conv2d_3_7, operation 7/22:"
     assert "shape=(1, 384, 13, 13), dtype=float32, device=cpu, size=253.5 KB" in lines[1]
     assert "- parent layers: max_pool2d_2_6" in text and "- child layers: relu_3_8" in text
-    assert ("Params: computed from params with shape (384, 192, 3, 3), (384,); "
-            "663,936 params total (2.5 MB), 663,936 trainable") in text
+    assert (
+        "Params: computed from params with shape (384, 192, 3, 3), (384,); "
+        "663,936 params total (2.5 MB), 663,936 trainable"
+    ) in text
     assert "Computed inside module: features.6:1" in text
     assert "Config: out_channels=384, in_channels=192, kernel_size=(3, 3), padding=(1, 1)" in text  # the module's
     assert "Time elapsed: " in text
-    assert lines[-1] == ("    Lookup keys: -17, 7, conv2d_3, conv2d_3:1, conv2d_3_7, conv2d_3_7:1, "
-                         "features.6, features.6:1")
+    assert lines[-1] == (
+        "    Lookup keys: -17, 7, conv2d_3, conv2d_3:1, conv2d_3_7, conv2d_3_7:1, features.6, features.6:1"
+    )
 
 
 def test_trace_print_is_an_overview(alexnet_trace):
@@ -232,8 +239,7 @@ def test_data_dependent_branches_are_marked():
     assert trace["mul_1"].conditions == [gt]
     divs = trace.find(tl.func("div"))
     assert len(divs) == 2
-    assert [d.conditions for d in divs] == [[trace.find(tl.func("gt"))[1].label],
-                                            [trace.find(tl.func("gt"))[2].label]]
+    assert [d.conditions for d in divs] == [[trace.find(tl.func("gt"))[1].label], [trace.find(tl.func("gt"))[2].label]]
     for label in ("linear_1", "sum_1", "gt_1", "add_1"):
         assert not trace[label].in_branch, label
     assert f"Inside a data-dependent branch decided by: {gt}" in str(trace["relu_1"])

@@ -26,8 +26,11 @@ def test_a_model_class_instead_of_a_model_is_refused_before_anything_runs() -> N
             super().__init__(*args, **kwargs)
 
     for cls in (Counted, torchvision.models.ResNet):
-        with pytest.raises(tl.ArgumentTypeError, match=rf"got the class .*{cls.__qualname__}, not a model: build "
-                                                       rf"the model first and pass it, tl.trace\({cls.__qualname__}"):
+        with pytest.raises(
+            tl.ArgumentTypeError,
+            match=rf"got the class .*{cls.__qualname__}, not a model: build "
+            rf"the model first and pass it, tl.trace\({cls.__qualname__}",
+        ):
             tl.trace(cls, torch.randn(1, 4))
     assert not built  # the class was never called
 
@@ -37,8 +40,11 @@ def test_a_numpy_input_to_a_torch_model_names_the_input_and_the_fix() -> None:
     model, x = torchvision.models.resnet18(weights=None).eval(), np.random.rand(1, 3, 32, 32).astype(np.float32)
     with pytest.raises(TypeError) as untraced:
         model(x)
-    with pytest.raises(tl.ArgumentTypeError, match=r"with input 0 a numpy.ndarray of shape \(1, 3, 32, 32\), which "
-                                                   r"is not a torch array.*torch.as_tensor\(x\)") as traced:
+    with pytest.raises(
+        tl.ArgumentTypeError,
+        match=r"with input 0 a numpy.ndarray of shape \(1, 3, 32, 32\), which "
+        r"is not a torch array.*torch.as_tensor\(x\)",
+    ) as traced:
         tl.trace(model, x)
     assert type(traced.value.__cause__) is type(untraced.value)  # the framework's own error, kept as the cause
     assert str(untraced.value).splitlines()[0][:80] in str(traced.value)

@@ -65,8 +65,18 @@ class Walk(ModulePasses):
         value = fn(*(a.value for a in args))
         parents = tuple(a.ref.index for a in args if isinstance(a.ref, Ref))
         params = tuple(a.ref.name for a in args if isinstance(a.ref, ParamRef))
-        op = self.builder.add_op(name, fn, tuple(a.ref for a in args), {}, parents, value, shape=value.shape,
-                                 dtype=str(value.dtype), device="cpu", params=params)
+        op = self.builder.add_op(
+            name,
+            fn,
+            tuple(a.ref for a in args),
+            {},
+            parents,
+            value,
+            shape=value.shape,
+            dtype=str(value.dtype),
+            device="cpu",
+            params=params,
+        )
         return Leaf(self.builder.seen_value(op, value), Ref(op.index))
 
 
@@ -76,8 +86,11 @@ def _start(options: CaptureOptions | None = None) -> tuple[Walk, Leaf, Leaf]:
     builder.add_param(ParamRecord("block.w", (3,), "float64", 3, True, "block", value=np.full(3, 2.0)))
     x = np.arange(3.0)
     walk = Walk(builder)
-    return walk, Leaf(x, Ref(builder.add_input(x, (3,), "float64", "cpu").index)), Leaf(np.full(3, 2.0),
-                                                                                      ParamRef("block.w"))
+    return (
+        walk,
+        Leaf(x, Ref(builder.add_input(x, (3,), "float64", "cpu").index)),
+        Leaf(np.full(3, 2.0), ParamRef("block.w")),
+    )
 
 
 def test_a_pass_returns_its_own_ops_and_pass_through_ops_for_the_rest() -> None:
@@ -100,8 +113,10 @@ def test_a_pass_returns_its_own_ops_and_pass_through_ops_for_the_rest() -> None:
     assert builder.module_stack == ()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchlens_numpy") is None,
-                    reason="the edit helpers run on the numpy backend's array operations: the core session has it")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchlens_numpy") is None,
+    reason="the edit helpers run on the numpy backend's array operations: the core session has it",
+)
 def test_a_module_site_edits_what_the_caller_reads_and_refuses_the_modules_own_kept_value() -> None:
     helper = when(module("block"), lambda v, site: v * -1.0)
     walk, x, w = _start(CaptureOptions(intervene=helper))

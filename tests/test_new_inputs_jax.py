@@ -39,8 +39,10 @@ def close(actual: Any, expected: Any) -> None:
 def replays_like(trace: Any, model: Any, *args: Any, **kwargs: Any) -> None:
     """Replay on new inputs gives the model's own output on them, which differs from the recorded one."""
     own = model(*args, **kwargs)
-    moved = [float(np.max(np.abs(np.asarray(o, np.float64) - np.asarray(r, np.float64))))
-             for o, r in zip(jax.tree_util.tree_leaves(own), jax.tree_util.tree_leaves(trace.output), strict=True)]
+    moved = [
+        float(np.max(np.abs(np.asarray(o, np.float64) - np.asarray(r, np.float64))))
+        for o, r in zip(jax.tree_util.tree_leaves(own), jax.tree_util.tree_leaves(trace.output), strict=True)
+    ]
     assert max(moved) > 1e-3, "the new inputs do not change the output: the check could not tell"
     close(trace.replay(*args, **kwargs), own)
 
@@ -165,6 +167,7 @@ def test_nnx_model_with_a_cond_over_submodules() -> None:
 
 def test_host_callback_branches_inside_its_op() -> None:
     """A host callback's Python runs inside its op, which replay runs again: nothing of it is baked in."""
+
     def host(v: np.ndarray) -> np.ndarray:
         return np.sin(v) if v.sum() > 0 else np.cos(v)
 
@@ -211,6 +214,7 @@ def test_cond_in_scan_checks_every_iteration() -> None:
 
 def shrink(x: Any) -> Any:
     """Halve a vector until its norm is below 1: the trip count depends on the data."""
+
     def body(s: tuple[Any, Any]) -> tuple[Any, Any]:
         return s[0] + 1, s[1] * 0.5
 
@@ -236,6 +240,7 @@ def test_while_loop_count() -> None:
 
 def test_an_input_or_parameter_that_decides_directly() -> None:
     """A loop condition that is an input itself, or a parameter (which linen's replay can replace)."""
+
     def doubling(s: tuple[Any, Any]) -> tuple[Any, Any]:
         return s[1].sum() < 10.0, s[1] * 2.0
 
@@ -305,6 +310,7 @@ def test_edits_captured_live_are_checked_on_new_inputs() -> None:
 
 def test_an_edited_identity_op_is_what_the_model_reads() -> None:
     """A module returning its input gets an identity op; an edit of it is seen by the rest of the forward."""
+
     class Passthrough(nnx.Module):
         def __call__(self, x: Any) -> Any:
             return x

@@ -53,8 +53,7 @@ def raises_naming(t: tl.Trace, func_name: str, *args, **kwargs) -> None:
     labels = [op.label for op in t.ops if op.func_name == func_name]
     message = str(caught.value)
     # The core also checks every op's output shape: a value-dependent shape is caught where it first changes.
-    assert labels and (any(f"{label}'s value" in message for label in labels) or "output has shape" in message), \
-        message
+    assert labels and (any(f"{label}'s value" in message for label in labels) or "output has shape" in message), message
 
 
 # -- each conversion: (name, function, new inputs keeping the value, new inputs changing it, op converted) ---

@@ -58,8 +58,10 @@ def raises_naming(t: tl.Trace, func_name: str, *args: Any, **kwargs: Any) -> Non
     labels = [op.label for op in t.ops if op.func_name == func_name]
     message = str(caught.value)
     # The core also checks every op's output shapes: a value-dependent shape is caught where it first changes.
-    assert labels and (any(f"{label}'s value" in message or f"{label}'s output" in message for label in labels)
-                       or "has shape" in message), message
+    assert labels and (
+        any(f"{label}'s value" in message or f"{label}'s output" in message for label in labels)
+        or "has shape" in message
+    ), message
 
 
 # -- each conversion: (name, function, new inputs keeping the value, new inputs changing it, op converted) ---
@@ -159,8 +161,9 @@ CONVERSIONS = [  # name, function, same, changed, op, whether replay's shape che
 ]
 
 
-@pytest.mark.parametrize(("fn", "same", "changed", "op"), [c[1:5] for c in CONVERSIONS],
-                         ids=[c[0] for c in CONVERSIONS])
+@pytest.mark.parametrize(
+    ("fn", "same", "changed", "op"), [c[1:5] for c in CONVERSIONS], ids=[c[0] for c in CONVERSIONS]
+)
 def test_a_value_that_stays_the_same_replays_and_one_that_changes_raises(fn, same, changed, op) -> None:
     t = tl.trace(fn, P(X_NP))
     if fn is not by_shape:  # a shape read is no conversion of a tensor: replay checks every op's shape

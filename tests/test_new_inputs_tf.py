@@ -152,8 +152,13 @@ CONVERSIONS = [
     ("numpy_scalar", by_numpy_scalar, X + tf.constant([[0.0, 0.0, 0.0, 0.5], [0.0, 0.0, 0.0, 0.0]]), X * 2.0, "max"),
     ("numpy_array", by_numpy_array, X + tf.constant([[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]), X * 2.0, "min"),
     ("np_asarray", by_asarray, X[::-1], X * 2.0, "mean"),
-    ("keras_convert_to_numpy", by_keras_convert, X + tf.constant([[0.25, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
-     X * 2.0, "max"),
+    (
+        "keras_convert_to_numpy",
+        by_keras_convert,
+        X + tf.constant([[0.25, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+        X * 2.0,
+        "max",
+    ),
     ("format", by_format, X[::-1], X * 3.0, "sum"),
     ("complex", by_complex, X + tf.constant([[0.25, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]), X * 2.0, "max"),
     ("unique_shape", by_unique_shape, X * 1.1, X * 3.0, "unique"),
@@ -163,8 +168,9 @@ CONVERSIONS = [
 ]
 
 
-@pytest.mark.parametrize(("fn", "same", "changed", "func_name"), [c[1:] for c in CONVERSIONS],
-                         ids=[c[0] for c in CONVERSIONS])
+@pytest.mark.parametrize(
+    ("fn", "same", "changed", "func_name"), [c[1:] for c in CONVERSIONS], ids=[c[0] for c in CONVERSIONS]
+)
 def test_a_value_that_stays_the_same_replays_and_one_that_changes_raises(fn, same, changed, func_name) -> None:
     t = tl.trace(fn, X)
     assert converted(t), "the conversion was not reported"
@@ -297,8 +303,9 @@ def test_a_branch_tf_code_took_is_checked_though_the_branch_tracker_skips_it() -
 
 def test_a_keras_model_without_control_flow_takes_keywords_and_checks_them() -> None:
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu"),
-                              keras.layers.Dropout(0.5), keras.layers.Dense(2)])
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dropout(0.5), keras.layers.Dense(2)]
+    )
     x = tf.random.stateless_normal((3, 6), seed=(1, 1))
     t = tl.trace(model, x, training=False)
     assert converted(t) == []
@@ -372,8 +379,9 @@ def test_conversions_in_other_threads_or_edit_helpers_are_not_the_forwards() -> 
 
     def fn(x):
         total = tf.reduce_sum(x)  # recorded; converted only by the worker thread
-        worker = threading.Thread(target=lambda: seen.update(total=float(total), array=np.asarray(total).item(),
-                                                             shape=tuple(total.shape)))
+        worker = threading.Thread(
+            target=lambda: seen.update(total=float(total), array=np.asarray(total).item(), shape=tuple(total.shape))
+        )
         worker.start()
         worker.join()
         return x * 2.0
@@ -390,10 +398,23 @@ def test_conversions_in_other_threads_or_edit_helpers_are_not_the_forwards() -> 
 def _interception_state() -> tuple[Any, ...]:
     from tensorflow.python.framework import ops
 
-    names = ("__bool__", "__int__", "__float__", "__index__", "__len__", "__iter__", "numpy", "__array__",
-             "__reduce__", "__complex__", "__format__", "shape")
-    numpy_functions = tuple(getattr(np, n) for n in ("array", "asarray", "asanyarray", "ascontiguousarray",
-                                                     "asfortranarray"))
+    names = (
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "__len__",
+        "__iter__",
+        "numpy",
+        "__array__",
+        "__reduce__",
+        "__complex__",
+        "__format__",
+        "shape",
+    )
+    numpy_functions = tuple(
+        getattr(np, n) for n in ("array", "asarray", "asanyarray", "ascontiguousarray", "asfortranarray")
+    )
     return tuple(vars(ops._EagerTensorBase).get(n) for n in names), numpy_functions
 
 
@@ -416,10 +437,13 @@ def test_nothing_stays_replaced_after_a_capture_or_an_error_in_the_model(error) 
 
 # -- inputs that do not fit the recorded graph -------------------------------------------------------
 # (another shape, dtype or count of TensorFlow tensors: the conformance suite's replay checks, on every backend)
-@pytest.mark.parametrize(("new", "why"), [
-    (np.ones((2, 4), dtype=np.float64), "float64"),
-    ([[1.0] * 4] * 2, "not an array"),
-])
+@pytest.mark.parametrize(
+    ("new", "why"),
+    [
+        (np.ones((2, 4), dtype=np.float64), "float64"),
+        ([[1.0] * 4] * 2, "not an array"),
+    ],
+)
 def test_new_inputs_of_another_shape_or_dtype_are_refused(new, why) -> None:
     t = tl.trace(by_bool, X)
     with pytest.raises(ArgumentTypeError, match=why) as caught:

@@ -129,8 +129,7 @@ CONVERSIONS = [
 ]
 
 
-@pytest.mark.parametrize(("fn", "same", "changed", "op"), [c[1:] for c in CONVERSIONS],
-                         ids=[c[0] for c in CONVERSIONS])
+@pytest.mark.parametrize(("fn", "same", "changed", "op"), [c[1:] for c in CONVERSIONS], ids=[c[0] for c in CONVERSIONS])
 def test_a_value_that_stays_the_same_replays_and_one_that_changes_raises(fn, same, changed, op) -> None:
     t = tl.trace(fn, T(X_NP))
     assert converted(t), "the conversion was not reported"

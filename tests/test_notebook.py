@@ -82,10 +82,15 @@ def test_an_op_shows_as_the_table_of_what_print_shows(resnet: tuple[Any, Any, tl
     printed = str(op).splitlines()
     assert parsed.captions == [printed[0]]
     rows = {row[0]: row[1] for row in parsed.rows}
-    keyed = [line.strip().partition(": ") for line in printed[1:] if line.startswith("    ") and
-             not line.startswith("     ") and ": " in line]
+    keyed = [
+        line.strip().partition(": ")
+        for line in printed[1:]
+        if line.startswith("    ") and not line.startswith("     ") and ": " in line
+    ]
     assert {k: v for k, _, v in keyed} == {k: rows[k].splitlines()[0] for k, _, _ in keyed}
-    assert rows["Output"].startswith(f"shape={tuple(torch.nn.functional.conv2d(x, trace.params['conv1.weight'].value, stride=2, padding=3).shape)}")  # noqa: E501
+    assert rows["Output"].startswith(
+        f"shape={tuple(torch.nn.functional.conv2d(x, trace.params['conv1.weight'].value, stride=2, padding=3).shape)}"
+    )
     assert "parent layers: input_1" in rows["Related layers"]
 
 
@@ -97,7 +102,7 @@ def test_a_summary_shows_as_a_table_and_echoes_as_text(resnet: tuple[Any, Any, t
     header, *body = parsed.rows
     assert header == ["Layer", "Output Shape", "Params", "Train"]
     text_rows = [line for line in str(summary).splitlines() if line.startswith("| ")][1:]
-    table_body = body[:len(text_rows)]
+    table_body = body[: len(text_rows)]
     assert [row[0].strip() for row in table_body] == [line.split("|")[1].strip() for line in text_rows]
     assert table_body == [[cell.rstrip() for cell in line[2:-2].split(" | ")] for line in text_rows]
     # the parameter counts are torch's own ("148.0 k")
@@ -177,8 +182,7 @@ def test_tab_completes_labels_and_module_paths(resnet: tuple[Any, Any, tl.Trace]
     assert matches == ["layer1.0.conv1", "layer1.0.conv1:1", "layer1.0.conv2", "layer1.0.conv2:1"]
 
 
-def test_a_comparison_shows_the_table_print_shows_with_the_divergence_marked(
-        resnet: tuple[Any, Any, tl.Trace]) -> None:
+def test_a_comparison_shows_the_table_print_shows_with_the_divergence_marked(resnet: tuple[Any, Any, tl.Trace]) -> None:
     model, x, trace = resnet
     other = tl.trace(model, x, intervene=tl.when(tl.module("layer2"), tl.scale(1.5)))
     comparison = tl.compare(trace, other)
@@ -187,8 +191,15 @@ def test_a_comparison_shows_the_table_print_shows_with_the_divergence_marked(
     assert parsed.captions == [str(comparison).splitlines()[0]]
     printed = [line.split() for line in str(comparison).splitlines()[1:] if not line.startswith("  ...")]
     header, *body = parsed.rows
-    assert [c.split() for c in header] == [["a"], ["b"], ["layout"], ["max", "|diff|"], ["max", "rel"], ["cosine"],
-                                           ["verdict"]]
+    assert [c.split() for c in header] == [
+        ["a"],
+        ["b"],
+        ["layout"],
+        ["max", "|diff|"],
+        ["max", "rel"],
+        ["cosine"],
+        ["verdict"],
+    ]
     shown_rows = [row for row in body if row[0] != "..."]
     assert [row[0] for row in shown_rows] == [line[0] for line in printed[1:]]
     first = comparison.first_divergence

@@ -35,8 +35,17 @@ def test_registered_through_the_entry_point_like_any_third_party_backend() -> No
     assert eps["numpy"].dist.name == "torchlens-numpy"
     listed = {b["name"]: b for b in tl.backends()}
     assert listed["numpy"]["available"] and listed["numpy"]["framework"] == "numpy"
-    assert set(listed["numpy"]["capabilities"]) == {"functions", "in_place", "random", "control_flow", "save", "halt",
-                                                      "timing", "intervene", "new_inputs"}
+    assert set(listed["numpy"]["capabilities"]) == {
+        "functions",
+        "in_place",
+        "random",
+        "control_flow",
+        "save",
+        "halt",
+        "timing",
+        "intervene",
+        "new_inputs",
+    }
 
 
 def test_never_claims_a_call_on_its_own() -> None:
@@ -104,8 +113,17 @@ def test_operators_functions_methods_and_indexing_are_ops() -> None:
 
     t = trace(fn, np.arange(6.0).reshape(2, 3) - 2, np.array([0, 1]))
     assert [op.func_name for op in t.ops if op.kind == "op"] == [
-        "transpose", "negative", "concatenate", "sum", "add.reduce", "getitem", "getitem", "multiply",
-        "greater", "getitem"]
+        "transpose",
+        "negative",
+        "concatenate",
+        "sum",
+        "add.reduce",
+        "getitem",
+        "getitem",
+        "multiply",
+        "greater",
+        "getitem",
+    ]
     assert t["getitem_3"].parents == ["input_1", "greater_1_10"]
     assert t.audit()
 
@@ -118,7 +136,18 @@ def test_loops_give_one_op_per_step_and_branches_what_ran() -> None:
 
     t = trace(fn, np.ones(3))
     assert [op.func_name for op in t.ops if op.kind == "op"] == [
-        "sum", "less", "multiply", "sum", "less", "multiply", "sum", "less", "max", "greater", "tanh"]
+        "sum",
+        "less",
+        "multiply",
+        "sum",
+        "less",
+        "multiply",
+        "sum",
+        "less",
+        "max",
+        "greater",
+        "tanh",
+    ]
     assert t.audit()
 
 

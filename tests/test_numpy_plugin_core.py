@@ -116,8 +116,10 @@ def test_a_module_exports_a_backends_hooks() -> None:
     assert set(hooks) == {name for name in dir(Backend) if name.startswith("torchlens_")}
     from torchlens_numpy import plugin
 
-    assert plugin.torchlens_op_classes(backend="numpy") == {"matmul": ["vdot", "inner"],
-                                                           "concat": ["hstack", "vstack", "dstack"]}
+    assert plugin.torchlens_op_classes(backend="numpy") == {
+        "matmul": ["vdot", "inner"],
+        "concat": ["hstack", "vstack", "dstack"],
+    }
 
 
 def test_an_error_of_a_recorded_call_fails_the_capture_even_if_the_function_catches_it() -> None:

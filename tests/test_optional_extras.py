@@ -17,8 +17,9 @@ import pytest
 import torchlens as tl
 
 
-def test_extract_dataset_without_zarr_names_the_extract_extra(tmp_path: pathlib.Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_extract_dataset_without_zarr_names_the_extract_extra(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "zarr", None)
     with pytest.raises(tl.TorchLensError, match=r'need zarr 3.*pip install "torchlens\[extract\]"') as caught:
         tl.extract_dataset(lambda x: x * 2, [np.zeros(3)], layers="mul_1", output_dir=tmp_path / "store")

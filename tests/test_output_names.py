@@ -22,8 +22,22 @@ from torchlens_core.views.filenames import default_name
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "torch_mlp_trace"
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz dot is not installed")
-HOSTILE = ["../../escaped", "{tmp}/absolute-x", "..", ".", "a/b\\c", "x\0y", "é" * 300, "<lambda>",
-           "CON", ".hidden", "../", "", "\n", "~/home"]
+HOSTILE = [
+    "../../escaped",
+    "{tmp}/absolute-x",
+    "..",
+    ".",
+    "a/b\\c",
+    "x\0y",
+    "é" * 300,
+    "<lambda>",
+    "CON",
+    ".hidden",
+    "../",
+    "",
+    "\n",
+    "~/home",
+]
 
 
 def written(root: pathlib.Path) -> set[str]:
@@ -66,8 +80,12 @@ def test_default_names_keep_ordinary_names_as_they_were() -> None:
 @needs_dot
 def test_paths_the_system_refuses_are_typed_errors(workdir: pathlib.Path) -> None:
     trace = tl.load(FIXTURE)
-    cases = [("no/such/folder/x", "does not exist"), (str(workdir), "it is a folder"), ("x\0y", "NUL"),
-             ("x" * 300, "too long")]
+    cases = [
+        ("no/such/folder/x", "does not exist"),
+        (str(workdir), "it is a folder"),
+        ("x\0y", "NUL"),
+        ("x" * 300, "too long"),
+    ]
     for path, why in cases:
         with pytest.raises(OutputPathError, match=why) as info:
             tl.view(trace, path + ("" if why == "it is a folder" else ".html"))

@@ -65,10 +65,18 @@ def test_seed_trace_with_backend_paddle_and_auto_routing() -> None:
     paddle_model.eval()
     x = paddle.randn([1, 3, 8, 8])
 
-    log = tl.trace(paddle_model, x, backend='paddle')
+    log = tl.trace(paddle_model, x, backend="paddle")
     assert log.backend == "paddle"
-    assert [op.func_name for op in log.ops] == ["input", "conv2d", "reshape", "add", "relu", "flatten", "linear",
-                                                "output"]
+    assert [op.func_name for op in log.ops] == [
+        "input",
+        "conv2d",
+        "reshape",
+        "add",
+        "relu",
+        "flatten",
+        "linear",
+        "output",
+    ]
     assert log["relu_1_4"].out.shape == [1, 4, 6, 6]
     assert log["1"].out.shape == [1, 4, 6, 6]  # by layer path
     assert log[1].func_name == "conv2d"
@@ -113,8 +121,20 @@ def test_op_names_read_like_what_was_written_and_nothing_is_counted_twice() -> N
     x, w = paddle.randn([2, 3]), paddle.randn([3, 4])
     trace = tl.trace(fn, x, w, backend="paddle")
     assert [op.func_name for op in trace.ops if op.kind == "op"] == [
-        "matmul", "matmul", "matmul", "relu", "mul", "add", "getitem", "abs", "neg", "concat", "mean", "sum",
-        "matmul"]
+        "matmul",
+        "matmul",
+        "matmul",
+        "relu",
+        "mul",
+        "add",
+        "getitem",
+        "abs",
+        "neg",
+        "concat",
+        "mean",
+        "sum",
+        "matmul",
+    ]
     assert trace["getitem_1"].parents == ["add_1_7"]
     assert trace["concat_1"].parents == ["getitem_1_8", "neg_1_10"]
     assert trace.audit()
@@ -126,8 +146,7 @@ def test_functional_ops_in_place_residuals_and_prebound_functions() -> None:
     block = Block()
     expected = block(x.clone())
     trace = tl.trace(block, x)
-    assert [op.func_name for op in trace.ops] == ["input", "linear", "relu", "add_", "relu", "full", "matmul",
-                                                  "output"]
+    assert [op.func_name for op in trace.ops] == ["input", "linear", "relu", "add_", "relu", "full", "matmul", "output"]
     add = trace["add__1"]
     assert add.in_place and add.module_outputs == [] and add.parents == ["relu_1_2", "input_1"]
     assert trace["act"].func_name == "relu" and trace["act"].module_outputs == ["act:1"]
@@ -138,11 +157,11 @@ def test_functional_ops_in_place_residuals_and_prebound_functions() -> None:
 
 def test_lookup_by_label_short_label_position_and_layer_path() -> None:
     paddle.seed(0)
-    model = nn.Sequential(nn.Conv2D(3, 4, 3, bias_attr=False), nn.ReLU(), nn.Conv2D(4, 4, 3, bias_attr=False),
-                          nn.ReLU())
+    model = nn.Sequential(
+        nn.Conv2D(3, 4, 3, bias_attr=False), nn.ReLU(), nn.Conv2D(4, 4, 3, bias_attr=False), nn.ReLU()
+    )
     trace = tl.trace(model, paddle.randn([1, 3, 8, 8]))
-    assert [op.label for op in trace.ops] == [
-        "input_1", "conv2d_1_1", "relu_1_2", "conv2d_2_3", "relu_2_4", "output_1"]
+    assert [op.label for op in trace.ops] == ["input_1", "conv2d_1_1", "relu_1_2", "conv2d_2_3", "relu_2_4", "output_1"]
     assert trace["relu_1_2"] is trace["relu_1"] is trace["relu_1:1"] is trace[2] is trace["1"] is trace[-4]
     assert trace["conv2d_2"].parents == ["relu_1_2"] and trace["conv2d_2"].children == ["relu_2_4"]
     assert trace["2"].module == "2" and trace["2"].modules == ["2:1"]
@@ -333,11 +352,22 @@ def test_in_place_tensor_methods_copies_and_uninitialized_memory() -> None:
     x, y = paddle.randn([2, 3]), paddle.randn([2, 3])
     trace = tl.trace(fn, x, y)
     names = [op.func_name for op in trace.ops if op.kind == "op"]
-    for name in ("fill_", "clip_", "copy_", "set_value", "clone", "setitem", "empty", "uniform_inplace_", "detach",
-                 "cpu"):
+    for name in (
+        "fill_",
+        "clip_",
+        "copy_",
+        "set_value",
+        "clone",
+        "setitem",
+        "empty",
+        "uniform_inplace_",
+        "detach",
+        "cpu",
+    ):
         assert name in names
-    assert all(op.in_place for op in trace.ops if op.func_name.endswith("_") or op.func_name in ("setitem",
-                                                                                                  "set_value"))
+    assert all(
+        op.in_place for op in trace.ops if op.func_name.endswith("_") or op.func_name in ("setitem", "set_value")
+    )
     assert trace["copy__1"].parents == ["clip__1_5", "input_2"]
     assert equal(trace["exp_1"].out, y.exp()) and equal(trace["add_2"].out, y + 1)
     report = trace.audit()
@@ -645,11 +675,16 @@ def test_save_keeps_only_the_selected_values_and_every_op() -> None:
     x = paddle.randn([3, 4])
     full = tl.trace(model, x)
     inside_mid = [op.label for op in full.ops if ("mid", 1) in op.module_passes]
-    for selector, expected in [(tl.module("stem"), [full["stem"].label]), (tl.func("split"), [full["split_1"].label]),
-                               (tl.in_module("mid"), inside_mid), (tl.func("reshape|setitem"), None)]:
+    for selector, expected in [
+        (tl.module("stem"), [full["stem"].label]),
+        (tl.func("split"), [full["split_1"].label]),
+        (tl.in_module("mid"), inside_mid),
+        (tl.func("reshape|setitem"), None),
+    ]:
         part = tl.trace(model, x, save=selector)
         assert [(op.label, op.shape, op.parents) for op in part.ops] == [
-            (op.label, op.shape, op.parents) for op in full.ops]  # every op's structure
+            (op.label, op.shape, op.parents) for op in full.ops
+        ]  # every op's structure
         if expected is not None:
             assert saved(part) == expected
         for op in part.ops:
@@ -697,8 +732,11 @@ def test_halt_stops_before_later_layers_run() -> None:
     assert equal(tl.pluck(model, x, "stem"), full["stem"].out) and ran == []
 
 
-@pytest.mark.parametrize("halt", [tl.module("mid"), tl.func("linear"), tl.func("setitem"), tl.func("identity")],
-                         ids=["layer hook", "C op", "Tensor operator", "identity op in a layer hook"])
+@pytest.mark.parametrize(
+    "halt",
+    [tl.module("mid"), tl.func("linear"), tl.func("setitem"), tl.func("identity")],
+    ids=["layer hook", "C op", "Tensor operator", "identity op in a layer hook"],
+)
 def test_a_halt_leaves_nothing_installed(halt) -> None:
     before = interception_state()
     model = Stages()

@@ -85,6 +85,7 @@ def _hooked_outputs(model: nn.Layer, x) -> dict[str, np.ndarray]:
     def hook_for(path: str):
         def hook(layer, inputs, out) -> None:
             seen.setdefault(path, out.numpy())
+
         return hook
 
     handles = [layer.register_forward_post_hook(hook_for(path)) for path, layer in model.named_sublayers()]

@@ -81,8 +81,13 @@ TAMPERINGS = {
     "reshape to other sizes": ("reshape", 1, 1, {"list": [2, 100]}, "do not fit together"),
     "reshape to the same count": ("reshape", 1, 1, {"list": [4, -1]}, "gives shape (4, 72), its record says (2, 144)"),
     "index past the end": ("getitem", 0, 1, [{"slice": [None, None, None]}, 7], "do not fit together"),
-    "slice of another length": ("getitem", 0, 1, [{"slice": [None, None, None]}, {"slice": [0, 4, None]}],
-                                "gives shape (2, 4), its record says (2, 3)"),
+    "slice of another length": (
+        "getitem",
+        0,
+        1,
+        [{"slice": [None, None, None]}, {"slice": [0, 4, None]}],
+        "gives shape (2, 4), its record says (2, 3)",
+    ),
 }
 
 

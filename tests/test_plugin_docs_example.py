@@ -56,8 +56,16 @@ def test_the_example_traces_its_model_faithfully(tiny) -> None:
     expected = np.maximum(x.data @ w1 + b1, 0) @ w2 + b2
     np.testing.assert_allclose(trace.output.data, expected, rtol=1e-6)
     np.testing.assert_array_equal(trace.output.data, model(x).data)
-    assert [op.func_name for op in trace.ops] == ["input", "matmul", "add", "identity", "relu", "matmul", "add",
-                                                  "output"]
+    assert [op.func_name for op in trace.ops] == [
+        "input",
+        "matmul",
+        "add",
+        "identity",
+        "relu",
+        "matmul",
+        "add",
+        "output",
+    ]
     relu = next(op for op in trace.ops if op.func_name == "relu")
     assert relu.parents == [trace.modules["keep"].passes[0].ops[0]]  # read through Keep's identity op
     assert trace.ops[1].params == ("fc1.weight",) and trace.ops[1].parents == ["input_1"]
@@ -117,8 +125,9 @@ def test_every_hook_is_in_the_hook_table() -> None:
 def test_every_backend_method_is_listed() -> None:
     from torchlens_core.backend import Backend
 
-    methods = [name for name, value in vars(Backend).items()
-               if callable(value) and not name.startswith(("_", "torchlens_"))]
+    methods = [
+        name for name, value in vars(Backend).items() if callable(value) and not name.startswith(("_", "torchlens_"))
+    ]
     assert "detach" in methods and "capture" in methods
     assert not [m for m in methods if f"| `{m}(" not in GUIDE and f"`{m}(" not in GUIDE], "writing-a-backend.md"
     assert not [m for m in methods if f"`{m}`" not in OVERVIEW], "backends.md's list of Backend methods"
@@ -150,9 +159,21 @@ def test_every_add_op_keyword_is_in_the_reference() -> None:
 
     from torchlens_core.capture import TraceBuilder
 
-    for method in ("add_op", "add_input", "identity_op", "add_module", "enter_module", "exit_module", "add_outputs",
-                   "finish", "to_python"):
+    for method in (
+        "add_op",
+        "add_input",
+        "identity_op",
+        "add_module",
+        "enter_module",
+        "exit_module",
+        "add_outputs",
+        "finish",
+        "to_python",
+    ):
         assert f"`{method}(" in GUIDE, method
-    keywords = [p.name for p in inspect.signature(TraceBuilder.add_op).parameters.values()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    keywords = [
+        p.name
+        for p in inspect.signature(TraceBuilder.add_op).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
     assert not [k for k in keywords if f"{k}=" not in GUIDE], "add_op's keywords"

@@ -50,8 +50,16 @@ def test_printing_every_op_is_linear_in_the_ops() -> None:
     ops = [op for op in large.ops if op.kind == "op"]
     for number, op in enumerate(ops, 1):
         assert texts[op.index].startswith(f"Layer {op.label}, operation {number}/{len(ops)}:\n")
-        keys = sorted(k for k in [op.label, op.layer_label, op.layer_label.rsplit("_", 1)[0] + ":1",
-                                  op.layer_label.rsplit("_", 1)[0], *(f"{m}" for m in op.module_outputs),
-                                  *(m.rpartition(":")[0] for m in op.module_outputs)])
+        keys = sorted(
+            k
+            for k in [
+                op.label,
+                op.layer_label,
+                op.layer_label.rsplit("_", 1)[0] + ":1",
+                op.layer_label.rsplit("_", 1)[0],
+                *(f"{m}" for m in op.module_outputs),
+                *(m.rpartition(":")[0] for m in op.module_outputs),
+            ]
+        )
         keys = sorted(set(keys) | {f"{op.layer_label}:1"})
         assert texts[op.index].endswith(f"Lookup keys: {op.index - len(large.ops)}, {op.index}, {', '.join(keys)}")

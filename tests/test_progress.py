@@ -111,7 +111,8 @@ def test_the_bar_is_closed_when_the_work_raises(clock: _Clock) -> None:
 
 
 def test_long_captures_saves_loads_audits_and_compares_show_progress(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:
     """Each long step prints its progress where it was told to (here every unit counts as long), and the
     same steps print nothing in a log (stderr is not a terminal) under the default mode."""
     pytest.importorskip("torchlens_numpy")
@@ -141,7 +142,13 @@ def test_long_captures_saves_loads_audits_and_compares_show_progress(
     with set_progress("always"):
         every_step()
     err = capsys.readouterr().err
-    for what in ("tl.trace:", "tl.save:", "tl.load:", "replaying the trace:", "tl.compare: reading values:",
-                 "tl.compare: pairing values:"):
+    for what in (
+        "tl.trace:",
+        "tl.save:",
+        "tl.load:",
+        "replaying the trace:",
+        "tl.compare: reading values:",
+        "tl.compare: pairing values:",
+    ):
         assert what in err, f"{what} missing from {err[-2000:]}"
     assert "tl.trace: 1" in err  # the capture's count: its ops (three per step of the loop, and the input)

@@ -94,9 +94,14 @@ def session(readme_blocks: list[Block], tmp_path_factory: pytest.TempPathFactory
     python = [attrs.asdict(b) for b in readme_blocks if b.lang == "python"]
     # The pinning block caches structures under $TORCHLENS_CACHE: keep that in the folder too.
     env = {**os.environ, "TORCHLENS_CACHE": str(folder / "cache"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "readme_session.py"), str(README),
-                           str(folder / "result.json")],
-                          input=json.dumps(python), text=True, cwd=folder, env=env, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "readme_session.py"), str(README), str(folder / "result.json")],
+        input=json.dumps(python),
+        text=True,
+        cwd=folder,
+        env=env,
+        capture_output=True,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((folder / "result.json").read_text())
     result["folder"] = folder
@@ -123,14 +128,17 @@ def test_every_stated_output_is_what_was_printed(session: dict[str, Any], readme
             assert owner, f"README.md:{block.line + line - 1}: an expectation on a line that is no statement"
             checked += 1
             if not fits(expected, owner[0]["output"]):
-                wrong.append(f"README.md:{block.line + line - 1}: says {expected!r}, "
-                             f"printed {owner[0]['output'].strip()[:300]!r}")
+                wrong.append(
+                    f"README.md:{block.line + line - 1}: says {expected!r}, "
+                    f"printed {owner[0]['output'].strip()[:300]!r}"
+                )
     assert not wrong, "\n".join(wrong)
     assert checked >= 20  # the README states the shapes, op counts and FLOPs it prints
 
 
-def test_every_output_block_is_what_its_python_block_printed(session: dict[str, Any],
-                                                            readme_blocks: list[Block]) -> None:
+def test_every_output_block_is_what_its_python_block_printed(
+    session: dict[str, Any], readme_blocks: list[Block]
+) -> None:
     python = [b for b in readme_blocks if b.lang == "python"]
     shown = 0
     for before, block in zip(readme_blocks, readme_blocks[1:]):
@@ -185,11 +193,11 @@ def test_the_readme_install_covers_every_optional_package_its_blocks_import(sess
     installed = _requirements(set(named.group(1).split(",")), optional)
     every_optional = _requirements(set(optional), optional)
     distributions = importlib.metadata.packages_distributions()
-    used = {_name(dist) for module in session["modules"] if "." not in module
-            for dist in distributions.get(module, [])}
+    used = {_name(dist) for module in session["modules"] if "." not in module for dist in distributions.get(module, [])}
     missing = (used & every_optional) - installed - {_name(r) for r in project["dependencies"]}
-    assert not missing, f'the README blocks import {sorted(missing)}, which pip install -e ".[{named.group(1)}]" ' \
-                        f"does not install"
+    assert not missing, (
+        f'the README blocks import {sorted(missing)}, which pip install -e ".[{named.group(1)}]" does not install'
+    )
     assert {"torch", "zarr", "pandas"} <= used  # the check above saw the imports that matter
 
 
@@ -200,8 +208,13 @@ def _digest(path: pathlib.Path) -> str:
 
 def _demo(out: pathlib.Path, path: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": path, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(ROOT / "docs" / "demo.py"), "--out", str(out)],
-                          cwd=out.parent, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "demo.py"), "--out", str(out)],
+        cwd=out.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 @needs_dot

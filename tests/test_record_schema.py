@@ -75,13 +75,25 @@ def test_a_file_with_a_list_of_shapes_is_refused_with_the_builders_words(tmp_pat
     assert f"op {index}: " + shape_problem([(2, 3), (2, 3)]) in str(info.value)
 
 
-BAD_SHAPES = [[(2, 3), (2,)], [2, 3], (np.int64(2), 3), (2.0, 3), (True, 3), (-1, 3), ("2", 3), ((2, 3), [2]),
-              (2, (3,)), (1 << 62,), tuple(range(65))]
+BAD_SHAPES = [
+    [(2, 3), (2,)],
+    [2, 3],
+    (np.int64(2), 3),
+    (2.0, 3),
+    (True, 3),
+    (-1, 3),
+    ("2", 3),
+    ((2, 3), [2]),
+    (2, (3,)),
+    (1 << 62,),
+    tuple(range(65)),
+]
 GOOD_SHAPES = [None, (), (2, 3), ((2, 3), (2,)), ((2, 3), None), (((1,), (2,)), (3,)), (0,)]
 
 
-@pytest.mark.parametrize(("shape", "good"), [(s, False) for s in BAD_SHAPES] + [(s, True) for s in GOOD_SHAPES],
-                         ids=repr)
+@pytest.mark.parametrize(
+    ("shape", "good"), [(s, False) for s in BAD_SHAPES] + [(s, True) for s in GOOD_SHAPES], ids=repr
+)
 def test_the_builder_takes_a_shape_exactly_when_its_saved_form_loads(shape, good: bool) -> None:
     """For each shape: the builder's verdict, and the loader's on the value tl.save writes and tl.load decodes."""
     builder = TraceBuilder("numpy")
@@ -131,13 +143,24 @@ def test_other_fields_a_file_cannot_hold_are_refused_at_capture() -> None:
     with pytest.raises(tl.CaptureError, match="trainable"):
         builder.add_param(ParamRecord("v", (3,), "float64", 3, np.bool_(True), ""))
     assert len(builder.ops) == 1 and list(builder.params) == ["w"]  # nothing refused was kept
-    op = builder.add_op("f", np.add, (Ref(x.index), ParamRef("w")), {}, (x.index,), None, params=("w",),
-                        code_context=(CodeLocation("f.py", 3, "g"),), elapsed=0.5, **ok)
+    op = builder.add_op(
+        "f",
+        np.add,
+        (Ref(x.index), ParamRef("w")),
+        {},
+        (x.index,),
+        None,
+        params=("w",),
+        code_context=(CodeLocation("f.py", 3, "g"),),
+        elapsed=0.5,
+        **ok,
+    )
     assert op.index == 1
 
 
-def test_a_backend_written_for_contract_1_is_warned_and_its_trace_is_not_saved(monkeypatch: pytest.MonkeyPatch,
-                                                                                tmp_path: pathlib.Path) -> None:
+def test_a_backend_written_for_contract_1_is_warned_and_its_trace_is_not_saved(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
     """Contract 2 made the schema an error at capture; a plugin that declares no contract (1) still captures,
     hears a PluginContractWarning, and gets a TraceFileError from tl.save instead of a file tl.load refuses."""
     from torchlens_core.backend import manager

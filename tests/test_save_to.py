@@ -45,10 +45,12 @@ def hooked_outputs(model: Any, x: Any) -> dict[str, Any]:
     def keep(name: str) -> Any:
         def hook(module: Any, args: Any, out: Any) -> None:  # (returns None: the output goes on unchanged)
             seen.setdefault(name, out.detach().clone())
+
         return hook
 
-    handles = [m.register_forward_hook(keep(name))
-               for name, m in model.named_modules() if name and not list(m.children())]
+    handles = [
+        m.register_forward_hook(keep(name)) for name, m in model.named_modules() if name and not list(m.children())
+    ]
     try:
         with torch.no_grad():
             model(x)
@@ -225,8 +227,10 @@ def test_with_save_and_halt(resnet, image, tmp_path: pathlib.Path) -> None:
     kept = [op for op in t.ops if op.saved and op.kind == "op"]
     assert kept and all(op.stored is not None for op in kept)
     assert all(op.out is None for op in t.ops if not op.saved)
-    assert torch.equal(t["layer2"].out, resnet.layer2(resnet.layer1(resnet.maxpool(resnet.relu(resnet.bn1(
-        resnet.conv1(image)))))).detach())
+    assert torch.equal(
+        t["layer2"].out,
+        resnet.layer2(resnet.layer1(resnet.maxpool(resnet.relu(resnet.bn1(resnet.conv1(image)))))).detach(),
+    )
     loaded = tl.load(tmp_path / "t")
     assert loaded.halted
     assert [op.label for op in loaded.ops if op.saved] == [op.label for op in t.ops if op.saved]
@@ -302,8 +306,11 @@ def test_a_value_file_changed_after_a_lazy_load_is_refused_naming_the_op(tmp_pat
         else:
             os.truncate(arrays, arrays.stat().st_size // 2)
         for op in ops:  # (the first one's bytes may still be in place: refused all the same)
-            with pytest.raises(TraceFileError, match=rf"op {op.index} \({op.label}\).*arrays.bin was changed "
-                                                     r".*save the trace again \(tl.save"):
+            with pytest.raises(
+                TraceFileError,
+                match=rf"op {op.index} \({op.label}\).*arrays.bin was changed "
+                r".*save the trace again \(tl.save",
+            ):
                 op.out  # noqa: B018
         shutil.rmtree(tmp_path / "a")
         tl.trace(small, x, save_to=tmp_path / "a")  # the same trace again, for the next change
@@ -332,8 +339,11 @@ def test_a_value_of_another_shape_than_its_record_is_refused_when_read(tmp_path:
     lazy = tl.load(tmp_path / "t", lazy=True)
     op = next(op for op in lazy.ops if op.func_name == "tanh")
     assert tuple(t[op.label].out.shape) == (2, 8)
-    with pytest.raises(TraceFileError, match=rf"op {op.index} \({op.label}\).*shape \(4, 4\), its record says "
-                                             r"\(2, 8\).*save the trace again"):
+    with pytest.raises(
+        TraceFileError,
+        match=rf"op {op.index} \({op.label}\).*shape \(4, 4\), its record says "
+        r"\(2, 8\).*save the trace again",
+    ):
         op.out  # noqa: B018
 
 
@@ -344,8 +354,7 @@ class Chain(nn.Module):
         return x.sum()
 
 
-def test_saving_a_lazy_trace_reads_one_value_at_a_time(tmp_path: pathlib.Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_saving_a_lazy_trace_reads_one_value_at_a_time(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """tl.save of a trace whose values lie in a folder copies them one at a time: of the 61 values read from
     the file, at most one is alive at once (the old save held every one until the file was written). The copy
     loads with the values of the original; saved onto the folder it reads from, it still reads; a save that
@@ -380,8 +389,9 @@ def test_saving_a_lazy_trace_reads_one_value_at_a_time(tmp_path: pathlib.Path,
     for op in values:
         assert torch.equal(copy[op.label].out, t[op.label].out)
     tl.save(lazy, tmp_path / "src")  # onto the folder it reads: written beside it, swapped in
-    assert torch.equal(lazy.ops[-2].out, t.ops[-2].out) and torch.equal(tl.load(tmp_path / "src").ops[-2].out,
-                                                                       t.ops[-2].out)
+    assert torch.equal(lazy.ops[-2].out, t.ops[-2].out) and torch.equal(
+        tl.load(tmp_path / "src").ops[-2].out, t.ops[-2].out
+    )
     lazy = tl.load(tmp_path / "src", lazy=True)
     os.truncate(tmp_path / "src" / "arrays.bin", 4096)
     with pytest.raises(TraceFileError, match="arrays.bin was changed"):
@@ -390,7 +400,7 @@ def test_saving_a_lazy_trace_reads_one_value_at_a_time(tmp_path: pathlib.Path,
     assert sorted(os.listdir(tmp_path)) == ["copy", "src"]  # nothing left beside it
 
 
-CHILD = textwrap.dedent('''
+CHILD = textwrap.dedent("""
     import os, resource, sys
     import torch, torchlens as tl
 
@@ -421,7 +431,7 @@ CHILD = textwrap.dedent('''
     resource.setrlimit(resource.RLIMIT_AS, (size() + headroom, size() + headroom))
     t = steps(torch.ones(1 << 19), sys.argv[1])
     print("RATIO", sum(op.num_bytes or 0 for op in t.ops if op.kind == "op") / headroom)
-''')
+""")
 
 
 @pytest.mark.slow
@@ -431,8 +441,9 @@ def test_trace_larger_than_the_memory_cap(tmp_path: pathlib.Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = {**os.environ, "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}  # no arena reserves
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ratio = float(done.stdout.split("RATIO")[-1])
     assert ratio >= 3
@@ -440,8 +451,9 @@ def test_trace_larger_than_the_memory_cap(tmp_path: pathlib.Path) -> None:
     plain = CHILD.replace('t = tl.trace(model, x, save_to=os.path.join(folder, "a"))', "t = tl.trace(model, x)")
     plain = plain.replace('again = tl.load(os.path.join(folder, "a"), lazy=True)', "again = t")
     script.write_text(plain)
-    failed = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
-                            timeout=600)
+    failed = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert failed.returncode != 0 and "memory" in failed.stderr.lower()
 
 

@@ -176,8 +176,9 @@ def test_trace_larger_than_the_memory_cap(framework: str, tmp_path: pathlib.Path
     env = {**os.environ, "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}  # freed values go back
 
     def run(mode: str) -> dict[str, int]:
-        done = subprocess.run([sys.executable, str(script), str(tmp_path), mode], capture_output=True, text=True,
-                              env=env, timeout=300)
+        done = subprocess.run(
+            [sys.executable, str(script), str(tmp_path), mode], capture_output=True, text=True, env=env, timeout=300
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         words = done.stdout.split("BASE")[-1].split()
         return {"base": int(words[0]), "peak": int(words[2]), "bytes": int(words[4])}

@@ -50,17 +50,34 @@ def test_round_trip_keeps_everything_and_replays(saved) -> None:
 def test_readme_lines_run_as_written(saved, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
     monkeypatch.chdir(tmp_path)
     log = saved[0]
-    tl.save(log, 'my_trace')
-    loaded = tl.load('my_trace')
+    tl.save(log, "my_trace")
+    loaded = tl.load("my_trace")
     assert views(loaded) == views(log)
     tl.save(loaded, "my_trace")  # saving over a saved trace is allowed, and gives the same trace
     assert views(tl.load("my_trace")) == views(log)
 
 
 def test_values_the_format_must_keep_exactly(tmp_path: pathlib.Path) -> None:
-    weird = (None, True, 3, -2.5, float("nan"), float("-inf"), 1 + 2j, "s", slice(1, None, 2), Ellipsis,
-             [1, (2, 3)], {"a": 1, 4: "b", (1, 2): None}, np.float32, np.dtype("int16"), np.int64(7),
-             np.array([True, False]), np.array(["x", "yz"]), 10**30)
+    weird = (
+        None,
+        True,
+        3,
+        -2.5,
+        float("nan"),
+        float("-inf"),
+        1 + 2j,
+        "s",
+        slice(1, None, 2),
+        Ellipsis,
+        [1, (2, 3)],
+        {"a": 1, 4: "b", (1, 2): None},
+        np.float32,
+        np.dtype("int16"),
+        np.int64(7),
+        np.array([True, False]),
+        np.array(["x", "yz"]),
+        10**30,
+    )
     t = tl.trace(lambda x: x + 1, np.ones(2), backend="numpy")
     t.ops[1].meta["weird"] = weird
     loaded = tl.load(tl.save(t, tmp_path / "t"))
@@ -87,8 +104,17 @@ def test_bfloat16_without_the_framework_loads_as_float32() -> None:
     from torchlens_core.store.encoding import Decoder
 
     bits = np.array([0x3F80, 0xC000, 0x7F80], dtype=np.uint16)  # 1.0, -2.0, inf in bfloat16
-    table = [{"kind": "framework", "offset": 0, "nbytes": 6, "storage": "<u2", "shape": [3], "dtype": "bfloat16",
-              "device": "cpu"}]
+    table = [
+        {
+            "kind": "framework",
+            "offset": 0,
+            "nbytes": 6,
+            "storage": "<u2",
+            "shape": [3],
+            "dtype": "bfloat16",
+            "device": "cpu",
+        }
+    ]
     value = Decoder(hook(), "no-such-backend", table, bytearray(bits.tobytes()), framework=False).array(0)
     assert value.dtype == np.float32 and value.tolist() == [1.0, -2.0, float("inf")]
 
@@ -157,33 +183,44 @@ def test_a_call_outside_numpy_is_refused(saved) -> None:
     edit_records(path, evil)
     with pytest.raises(tl.TraceFileError, match="os:system"):
         tl.load(path)
-    for call in ({"function": "numpy:load"}, {"function": "numpy:save"}, {"ufunc": "__class__"},
-                 {"random": "seed"}, {"operator": "attrgetter"}, {"method": "__reduce__"}, ["numpy", "load"]):
+    for call in (
+        {"function": "numpy:load"},
+        {"function": "numpy:save"},
+        {"ufunc": "__class__"},
+        {"random": "seed"},
+        {"operator": "attrgetter"},
+        {"method": "__reduce__"},
+        ["numpy", "load"],
+    ):
         edit_records(path, lambda r, call=call: next(o for o in r["ops"] if o["call"] is not None).update(call=call))
         with pytest.raises(tl.TraceFileError):
             tl.load(path)
 
 
-@pytest.mark.parametrize("change", [
-    lambda r: r["ops"][1].pop("label"),
-    lambda r: r["ops"][1].update(parent_indices=[5]),
-    lambda r: r["ops"][1].update(parent_indices="0"),
-    lambda r: r["ops"][1].update(module_passes=[["nowhere", 1]]),
-    lambda r: r["ops"][1].update(args={"dict": 3}),
-    lambda r: r["ops"][1].update(args=[{"ref": [99, []]}]),
-    lambda r: r["ops"][1].update(out={"array": 10**6}),
-    lambda r: r["ops"][1].update(out={"eval": "__import__('os')"}),
-    lambda r: r["arrays"][0].update(nbytes=10**12),
-    lambda r: r["arrays"][0].update(storage="O"),
-    lambda r: r["arrays"][0].update(storage="|V8"),
-    lambda r: r["arrays"][0].update(offset=-8),
-    lambda r: r["arrays"][0].update(kind="pickle"),
-    lambda r: r.update(ops={}),
-    lambda r: r.update(notes=[]),
-    lambda r: r.update(output_template={"ref": [10**6, []]}),
-    lambda r: r.update(output_template={"list": [{"list": [{"list": []}]}] * 3} if False else [[[[[[]]]]]] * 2),
-    lambda r: r.clear(),
-], ids=lambda f: "")
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda r: r["ops"][1].pop("label"),
+        lambda r: r["ops"][1].update(parent_indices=[5]),
+        lambda r: r["ops"][1].update(parent_indices="0"),
+        lambda r: r["ops"][1].update(module_passes=[["nowhere", 1]]),
+        lambda r: r["ops"][1].update(args={"dict": 3}),
+        lambda r: r["ops"][1].update(args=[{"ref": [99, []]}]),
+        lambda r: r["ops"][1].update(out={"array": 10**6}),
+        lambda r: r["ops"][1].update(out={"eval": "__import__('os')"}),
+        lambda r: r["arrays"][0].update(nbytes=10**12),
+        lambda r: r["arrays"][0].update(storage="O"),
+        lambda r: r["arrays"][0].update(storage="|V8"),
+        lambda r: r["arrays"][0].update(offset=-8),
+        lambda r: r["arrays"][0].update(kind="pickle"),
+        lambda r: r.update(ops={}),
+        lambda r: r.update(notes=[]),
+        lambda r: r.update(output_template={"ref": [10**6, []]}),
+        lambda r: r.update(output_template={"list": [{"list": [{"list": []}]}] * 3} if False else [[[[[[]]]]]] * 2),
+        lambda r: r.clear(),
+    ],
+    ids=lambda f: "",
+)
 def test_malformed_but_valid_json_is_a_trace_file_error(saved, change) -> None:
     t, path = saved
     edit_records(path, change)
@@ -218,12 +255,12 @@ def test_random_corruption_never_escapes_as_another_error(saved) -> None:
             for _ in range(rng.randint(1, 3)):
                 data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         elif how == "truncate":
-            del data[rng.randrange(len(data)):]
+            del data[rng.randrange(len(data)) :]
         elif how == "append":
             data += bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
         else:
             start = rng.randrange(len(data))
-            data[start:start + 8] = bytes(len(data[start:start + 8]))
+            data[start : start + 8] = bytes(len(data[start : start + 8]))
         for other, raw in originals.items():
             (path / other).write_bytes(bytes(data) if other == name else raw)
         try:

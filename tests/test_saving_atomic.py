@@ -93,8 +93,13 @@ CHILD = textwrap.dedent("""
 def run_child(folder: pathlib.Path, kill_at: str | None) -> list[str]:
     """Run the child's save; kill it with SIGKILL at step ``kill_at``. Returns the steps it printed."""
     env = dict(os.environ, KILL_AT=kill_at or "")
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(folder), str(FIXTURE)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(folder), str(FIXTURE)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     steps = []
     assert child.stdout is not None
     for line in child.stdout:
@@ -121,10 +126,16 @@ def test_a_save_killed_at_any_step_leaves_the_old_trace_or_the_new(tmp_path: pat
     writes = [s for s in steps if s.startswith("write:")]
     assert {w.split(":")[1] for w in writes} == TRACE_FILES, steps
     # Inside each file's first write, inside the last array chunk, then each step that moves folders.
-    points = list(dict.fromkeys([next(w for w in writes if w.split(":")[1] == name) for name in
-                                 ("trace.json", "arrays.bin", "manifest.json")]
-                                + [w for w in writes if w.startswith("write:arrays.bin")][-1:]
-                                + [s for s in steps if not s.startswith("write:") and s != "done"]))
+    points = list(
+        dict.fromkeys(
+            [
+                next(w for w in writes if w.split(":")[1] == name)
+                for name in ("trace.json", "arrays.bin", "manifest.json")
+            ]
+            + [w for w in writes if w.startswith("write:arrays.bin")][-1:]
+            + [s for s in steps if not s.startswith("write:") and s != "done"]
+        )
+    )
     assert len(points) >= 5, steps
     seen = set()
     for point in points:
@@ -179,21 +190,27 @@ class FullDisk:
 
 
 @pytest.mark.parametrize("full_in", ["trace.json", "arrays.bin", "manifest.json"])
-def test_a_full_disk_is_a_trace_file_error_and_the_old_trace_stays(tmp_path: pathlib.Path,
-                                                                   monkeypatch: pytest.MonkeyPatch,
-                                                                   full_in: str) -> None:
+def test_a_full_disk_is_a_trace_file_error_and_the_old_trace_stays(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, full_in: str
+) -> None:
     folder = tmp_path / "trace"
     old, new = named("old"), named("new")
     sizes = {p.name: p.stat().st_size for p in tl.save(new, tmp_path / "scratch").iterdir()}
-    room = {"trace.json": 10, "arrays.bin": sizes["trace.json"] + 10,
-            "manifest.json": sizes["trace.json"] + sizes["arrays.bin"] + 10}[full_in]
+    room = {
+        "trace.json": 10,
+        "arrays.bin": sizes["trace.json"] + 10,
+        "manifest.json": sizes["trace.json"] + sizes["arrays.bin"] + 10,
+    }[full_in]
     tl.save(old, folder)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     disk = FullDisk(room)
     monkeypatch.setattr(atomic, "open", disk, raising=False)
-    with pytest.raises(tl.TraceFileError, match=rf"cannot save to .*trace'.*No space left on device.* writing "
-                                                rf"{full_in}.*still holds the trace it held before.*free some "
-                                                rf"space") as info:
+    with pytest.raises(
+        tl.TraceFileError,
+        match=rf"cannot save to .*trace'.*No space left on device.* writing "
+        rf"{full_in}.*still holds the trace it held before.*free some "
+        rf"space",
+    ) as info:
         tl.save(new, folder)
     assert disk.raised == 1 and str(folder) in str(info.value)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # the old trace, byte for byte
@@ -286,8 +303,9 @@ def test_what_cannot_be_swapped_is_refused_by_name(tmp_path: pathlib.Path, monke
     assert tl.load(".").model_name == "old"
 
 
-def test_without_an_atomic_exchange_two_renames_replace_the_folder(tmp_path: pathlib.Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_an_atomic_exchange_two_renames_replace_the_folder(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # As on Windows or a file system refusing RENAME_EXCHANGE: the old folder is moved aside, the new moved in.
     monkeypatch.setattr(atomic, "_exchange", lambda new, folder: False)
     folder = tmp_path / "trace"

@@ -24,7 +24,8 @@ def test_parameters_of_many_primitives_round_trip(tmp_path: pathlib.Path) -> Non
         a = x[jnp.array([0, 2])].sum() + x.at[1].set(5.0) + jnp.dot(x, x.T, precision=jax.lax.Precision.HIGHEST).sum()
         b = jnp.sort(x, axis=-1) + jnp.cumsum(x, axis=0) + jnp.argmax(x, axis=1)[:, None] + jnp.fft.rfft(x).real.sum()
         c = jax.random.normal(key, x.shape) + jax.random.bernoulli(
-            jax.random.wrap_key_data(jax.random.key_data(key), impl="rbg"), 0.3, x.shape)
+            jax.random.wrap_key_data(jax.random.key_data(key), impl="rbg"), 0.3, x.shape
+        )
         d = jax.lax.reduce_precision(x, exponent_bits=5, mantissa_bits=10) + jax.lax.top_k(x, 2)[0].sum()
         return a + b + c + d + jax.device_put(x) * jnp.float32(1.5) + jnp.round(x * 3.3) + jnp.exp(x) ** 2.5
 
@@ -62,12 +63,16 @@ def test_a_tampered_primitive_name_is_refused(tmp_path: pathlib.Path) -> None:
     path = tl.save(t, tmp_path / "t")
     records = json.loads((path / "trace.json").read_text())
     assert records["ops"][1]["call"] == {"primitive": "tanh", "params": {"accuracy": None}}
-    evil_calls = [{"primitive": "os.system", "params": {}}, {"primitive": "debug_callback", "params": {}},
-                  {"primitive": "io_callback", "params": {}}, {"primitive": "tanh"},
-                  {"primitive": "tanh", "params": {"accuracy": {"eval": 1}}},
-                  {"primitive": "tanh", "params": {"x": {"enum": ["os", "system"]}}},
-                  {"primitive": "tanh", "params": {"x": {"struct": ["Precision", []]}}},
-                  {"primitive": "tanh", "params": {"x": {"dtype": "O"}}}]
+    evil_calls = [
+        {"primitive": "os.system", "params": {}},
+        {"primitive": "debug_callback", "params": {}},
+        {"primitive": "io_callback", "params": {}},
+        {"primitive": "tanh"},
+        {"primitive": "tanh", "params": {"accuracy": {"eval": 1}}},
+        {"primitive": "tanh", "params": {"x": {"enum": ["os", "system"]}}},
+        {"primitive": "tanh", "params": {"x": {"struct": ["Precision", []]}}},
+        {"primitive": "tanh", "params": {"x": {"dtype": "O"}}},
+    ]
     for evil in evil_calls:
         records["ops"][1]["call"] = evil
         (path / "trace.json").write_text(json.dumps(records))

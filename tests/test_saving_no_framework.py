@@ -19,8 +19,9 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
 def run_without_torch(code: str) -> str:
     prelude = "import sys\nsys.modules['torch'] = None  # import torch now fails, installed or not\n"
-    result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
-                            cwd=FIXTURES)
+    result = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, cwd=FIXTURES
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
 

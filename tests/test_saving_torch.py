@@ -35,9 +35,15 @@ def test_a_call_outside_torch_is_refused(tmp_path: pathlib.Path) -> None:
     t = tl.trace(lambda x: torch.relu(x) + 1, torch.ones(3))
     path = tl.save(t, tmp_path / "t")
     records = json.loads((path / "trace.json").read_text())
-    for evil in ({"ns": "os", "name": "system"}, {"ns": "torch", "name": "load"}, {"ns": "torch", "name": "os"},
-                 {"ns": "torch.Tensor", "name": "__reduce_ex__"}, {"ns": "torch", "name": "_load_global_deps"},
-                 {"ns": "torch", "name": "set_default_dtype"}, {"ns": "torch", "name": "Generator"}):
+    for evil in (
+        {"ns": "os", "name": "system"},
+        {"ns": "torch", "name": "load"},
+        {"ns": "torch", "name": "os"},
+        {"ns": "torch.Tensor", "name": "__reduce_ex__"},
+        {"ns": "torch", "name": "_load_global_deps"},
+        {"ns": "torch", "name": "set_default_dtype"},
+        {"ns": "torch", "name": "Generator"},
+    ):
         records["ops"][1]["call"] = evil
         (path / "trace.json").write_text(json.dumps(records))
         rehash(path)
@@ -50,9 +56,13 @@ def test_loads_without_torch_and_refuses_replay(tmp_path: pathlib.Path) -> None:
     model = torchvision.models.resnet18(weights=None).eval()
     t = tl.trace(model, torch.randn(1, 3, 64, 64))
     path = tl.save(t, tmp_path / "resnet")
-    expected = {"summary": t.summary(), "dot": t.to_dot(), "hash": tl.hash(t),
-                "rows": [[str(v) for v in row] for row in t.to_pandas().drop(columns=["config"]).values.tolist()],
-                "layer3": list(t["layer3"].out.shape)}
+    expected = {
+        "summary": t.summary(),
+        "dot": t.to_dot(),
+        "hash": tl.hash(t),
+        "rows": [[str(v) for v in row] for row in t.to_pandas().drop(columns=["config"]).values.tolist()],
+        "layer3": list(t["layer3"].out.shape),
+    }
     (tmp_path / "expected.json").write_text(json.dumps(expected))
     code = textwrap.dedent(f"""
         import json, sys
@@ -60,7 +70,7 @@ def test_loads_without_torch_and_refuses_replay(tmp_path: pathlib.Path) -> None:
         import numpy as np
         import torchlens as tl
         loaded = tl.load({str(path)!r})
-        expected = json.load(open({str(tmp_path / 'expected.json')!r}))
+        expected = json.load(open({str(tmp_path / "expected.json")!r}))
         assert loaded.summary() == expected["summary"]
         assert loaded.to_dot() == expected["dot"]
         assert tl.hash(loaded) == expected["hash"]
@@ -95,8 +105,8 @@ def test_seed_save_and_load_lines_run_as_written(tmp_path: pathlib.Path, monkeyp
     x = torch.randn(1, 3, 224, 224)
     log = tl.trace(model, x)
 
-    tl.save(log, 'my_trace')
-    loaded = tl.load('my_trace')
+    tl.save(log, "my_trace")
+    loaded = tl.load("my_trace")
 
     assert loaded.summary() == log.summary()
     assert loaded["relu_1_2"].out.shape == torch.Size([1, 64, 55, 55])
@@ -124,8 +134,9 @@ def test_torchvision_operators_replay_after_load(tmp_path: pathlib.Path) -> None
 
 
 @pytest.mark.parametrize("name, overload", [("add_", "Tensor"), ("copy_", "default"), ("no_such_op", "default")])
-def test_dispatcher_ops_that_write_or_do_not_exist_are_not_loaded(tmp_path: pathlib.Path, name: str,
-                                                                  overload: str) -> None:
+def test_dispatcher_ops_that_write_or_do_not_exist_are_not_loaded(
+    tmp_path: pathlib.Path, name: str, overload: str
+) -> None:
     x = torch.randn(3)
     folder = tl.save(tl.trace(lambda v: torch.ops.aten.relu.default(v), x), tmp_path / "t")
     assert torch.equal(tl.load(folder).replay(), torch.relu(x))  # an aten overload replays after loading
@@ -142,10 +153,14 @@ def test_dispatcher_ops_that_write_or_do_not_exist_are_not_loaded(tmp_path: path
             tl.load(folder)
 
 
-@pytest.mark.parametrize("forward", [
-    lambda x: x + torch.zeros(1, dtype=int),  # a Python type where torch takes a dtype
-    lambda x: (torch._check_tensor_all(x > -1), x * 2)[1],  # Tensor._is_all_true, an underscore ATen operator
-], ids=["python_type_dtype", "underscore_aten_method"])
+@pytest.mark.parametrize(
+    "forward",
+    [
+        lambda x: x + torch.zeros(1, dtype=int),  # a Python type where torch takes a dtype
+        lambda x: (torch._check_tensor_all(x > -1), x * 2)[1],  # Tensor._is_all_true, an underscore ATen operator
+    ],
+    ids=["python_type_dtype", "underscore_aten_method"],
+)
 def test_calls_transformers_models_make_replay_after_load(tmp_path: pathlib.Path, forward) -> None:
     x = torch.ones(2)
     loaded = tl.load(tl.save(tl.trace(forward, x), tmp_path / "t"))

@@ -160,8 +160,12 @@ def test_print_op_shows_the_module_configuration(alexnet: tuple[Any, Any, tl.Tra
     text = str(log["conv2d_3_7"])
     assert "    Config: out_channels=384, in_channels=192, kernel_size=(3, 3), padding=(1, 1)\n" in text  # the seed's
     conv = model.features[6]
-    assert log.modules["features.6"].config == {"out_channels": conv.out_channels, "in_channels": conv.in_channels,
-                                                "kernel_size": conv.kernel_size, "padding": conv.padding}
+    assert log.modules["features.6"].config == {
+        "out_channels": conv.out_channels,
+        "in_channels": conv.in_channels,
+        "kernel_size": conv.kernel_size,
+        "padding": conv.padding,
+    }
     pool = model.features[5]
     assert log.modules["features.5"].config == {"kernel_size": pool.kernel_size, "stride": pool.stride}
     fc = model.classifier[1]

@@ -15,8 +15,7 @@ needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is 
 
 
 @needs_dot
-def test_docs_page_example(capsys: pytest.CaptureFixture[str], tmp_path: Any,
-                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docs_page_example(capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     import torch
     import torchvision
@@ -80,9 +79,9 @@ def test_readme_quickstart_and_recurrent_example(tmp_path: Any, monkeypatch: pyt
     assert "Params: 61,100,840 unique; trainable: 61,100,840" in text
     assert "Ops: 22 total" in text and "Edges: 23 total" in text
     assert log.audit()  # AlexNet is in training mode: its dropouts replay with their RNG state
-    log.draw()                    # PDF of the computational graph
-    log.draw(vis_mode='rolled')       # rolled (compact for recurrent)
-    log.draw(vis_mode='unrolled')     # every pass as a distinct node
+    log.draw()  # PDF of the computational graph
+    log.draw(vis_mode="rolled")  # rolled (compact for recurrent)
+    log.draw(vis_mode="unrolled")  # every pass as a distinct node
 
     class SimpleRecurrent(torch.nn.Module):
         def __init__(self):
@@ -102,7 +101,7 @@ def test_readme_quickstart_and_recurrent_example(tmp_path: Any, monkeypatch: pyt
     second = recurrent_log["linear_1:2"].out
     first = recurrent_log["linear_1:1"].out
     assert torch.allclose(second, recurrent_model.fc((first + 1) * 2))
-    recurrent_log.draw(vis_mode='rolled')
+    recurrent_log.draw(vis_mode="rolled")
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".pdf"] * 3
 
 
@@ -118,36 +117,36 @@ def test_readme_feature_extraction_block(tmp_path: Any, monkeypatch: pytest.Monk
     x = torch.randn(1, 3, 224, 224)
 
     # Save only relu activations
-    log = tl.trace(model, x, save=tl.func('relu'))
+    log = tl.trace(model, x, save=tl.func("relu"))
     assert {op.func_name for op in log.ops if op.kind == "op" and op.out is not None} == {"relu"}
 
     # Save all ops inside the 'classifier' submodule
-    log = tl.trace(model, x, save=tl.in_module('classifier'))
+    log = tl.trace(model, x, save=tl.in_module("classifier"))
     assert all(op.module_passes[0][0] == "classifier" for op in log.ops if op.kind == "op" and op.out is not None)
 
     # Save conv2d ops that are immediately followed by a relu, keeping a 4-op lookback window
-    conv_before_relu = tl.func('conv2d') & tl.followed_by(tl.func('relu'))
-    log = tl.trace(model, x, save=conv_before_relu,
-                   lookback=4, lookback_payload_policy='detached_raw')
+    conv_before_relu = tl.func("conv2d") & tl.followed_by(tl.func("relu"))
+    log = tl.trace(model, x, save=conv_before_relu, lookback=4, lookback_payload_policy="detached_raw")
     assert sum(op.out is not None for op in log.ops if op.func_name == "conv2d") == 5
 
     # Stop capture early (can be faster than a plain forward pass)
-    log = tl.trace(model, x, save=tl.in_module('features.6'), halt=tl.in_module('features.6'))
+    log = tl.trace(model, x, save=tl.in_module("features.6"), halt=tl.in_module("features.6"))
     assert log.halted and log.ops[-1].module == "features.6"
 
     # Lightweight sparse recording for tight loops -- materialize structure later
-    recording = tl.record(model, x, save=tl.func('relu'))
+    recording = tl.record(model, x, save=tl.func("relu"))
     trace = recording.to_trace()
     assert trace["relu_1_2"].out is not None
 
     # One-line activation pull
-    act = tl.pluck(model, x, 'relu_1_2')   # returns tensor directly
+    act = tl.pluck(model, x, "relu_1_2")  # returns tensor directly
     assert act.shape == torch.Size([1, 64, 55, 55])
 
     # Batch extraction across a dataset (any iterable of unbatched samples works)
     dataset = [torch.randn(3, 224, 224) for _ in range(8)]
-    tl.extract_dataset(model, dataset, layers=['relu_1_2', 'conv2d_3_7'],
-                       batch_size=32, output_dir='torchlens-activations/')
+    tl.extract_dataset(
+        model, dataset, layers=["relu_1_2", "conv2d_3_7"], batch_size=32, output_dir="torchlens-activations/"
+    )
     assert (tmp_path / "torchlens-activations").is_dir()
 
 
@@ -162,12 +161,12 @@ def test_readme_metadata_block(capsys: pytest.CaptureFixture[str]) -> None:
     x = torch.randn(1, 3, 224, 224)
     log = tl.trace(model, x)
 
-    print(log['conv2d_3_7'])
+    print(log["conv2d_3_7"])
 
-    loc = log['conv2d_3_7'].code_context[0]
+    loc = log["conv2d_3_7"].code_context[0]
     print(loc.file, loc.line_number, loc.func_name)
 
-    df = log.to_pandas()            # one row per op
+    df = log.to_pandas()  # one row per op
     params_df = log.params.to_pandas()
     modules_df = log.modules.to_pandas()
 
@@ -175,8 +174,8 @@ def test_readme_metadata_block(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.startswith("Layer conv2d_3_7, operation 7/22:\n")
     assert "Lookup keys: -17, 7, conv2d_3, conv2d_3:1, conv2d_3_7, conv2d_3_7:1, features.6, features.6:1" in out
     assert "    Config: out_channels=384, in_channels=192, kernel_size=(3, 3), padding=(1, 1)\n" in out  # as printed
-    assert log['maxpool2d_2_6'].label == log['conv2d_3_7'].parents[0]  # the seed's name for the parent
-    assert log['conv2d_3_7'].dtype == torch.float32  # the seed prints dtype=torch.float32
+    assert log["maxpool2d_2_6"].label == log["conv2d_3_7"].parents[0]  # the seed's name for the parent
+    assert log["conv2d_3_7"].dtype == torch.float32  # the seed prints dtype=torch.float32
     assert loc.file == models.AlexNet.forward.__code__.co_filename and loc.func_name == "forward"
     assert out.splitlines()[-1] == f"{loc.file} {loc.line_number} forward"
     assert len(df) == 24 and len(params_df) == 16 and len(modules_df) == len(log.modules)
@@ -193,28 +192,25 @@ def test_readme_interventions_block() -> None:
     x = torch.randn(1, 3, 224, 224)
 
     # Zero-ablate all relu activations inline during capture
-    ablated = tl.trace(model, x, save=tl.func('relu'),
-                       intervene=tl.when(tl.func('relu'), tl.zero_ablate()))
-    assert ablated['relu_1_2'].out.abs().max() == 0  # tensor(0.)
+    ablated = tl.trace(model, x, save=tl.func("relu"), intervene=tl.when(tl.func("relu"), tl.zero_ablate()))
+    assert ablated["relu_1_2"].out.abs().max() == 0  # tensor(0.)
 
     # Scale relus to 50%
-    scaled = tl.trace(model, x, save=tl.func('relu'),
-                      intervene=tl.when(tl.func('relu'), tl.scale(0.5)))
+    scaled = tl.trace(model, x, save=tl.func("relu"), intervene=tl.when(tl.func("relu"), tl.scale(0.5)))
     assert len(scaled.interventions) == 7
 
     # log.fork() + log.replay() / log.rerun(model, x), with intervention_ready=True
     log = tl.trace(model, x, intervention_ready=True)
-    fork = log.fork().when(tl.func('relu'), tl.zero_ablate())
+    fork = log.fork().when(tl.func("relu"), tl.zero_ablate())
     torch.manual_seed(1)
     rerun = log.rerun(model, x)
     torch.manual_seed(1)  # AlexNet is in training mode: its dropouts draw the same masks again
     expected = model(x)
     assert torch.equal(rerun.output, expected) and rerun.notes["intervention_ready"]
     torch.manual_seed(1)
-    assert fork.rerun(model, x)['relu_1_2'].out.abs().max() == 0
+    assert fork.rerun(model, x)["relu_1_2"].out.abs().max() == 0
 
-    clean_log = tl.trace(model, x, save=tl.func('relu'))
-    patched_log = tl.trace(model, x, save=tl.func('relu'),
-                           intervene=tl.when(tl.func('relu'), tl.zero_ablate()))
-    bundle = tl.bundle({'clean': clean_log, 'patched': patched_log}, baseline='clean')
-    assert "patched" in str(bundle.compare_at('relu_1_2'))   # one site; a multi-site selector must resolve uniquely
+    clean_log = tl.trace(model, x, save=tl.func("relu"))
+    patched_log = tl.trace(model, x, save=tl.func("relu"), intervene=tl.when(tl.func("relu"), tl.zero_ablate()))
+    bundle = tl.bundle({"clean": clean_log, "patched": patched_log}, baseline="clean")
+    assert "patched" in str(bundle.compare_at("relu_1_2"))  # one site; a multi-site selector must resolve uniquely

@@ -40,8 +40,9 @@ def test_combinators(resnet: tl.Trace) -> None:
     assert len(conv_then_bn) == 20
     after_add = resnet.find(tl.preceded_by(tl.func("add")))
     assert {op.func_name for op in after_add} == {"relu"}
-    not_in_layers = resnet.find(~tl.in_module("layer1") & ~tl.in_module("layer2") & ~tl.in_module("layer3")
-                                & ~tl.in_module("layer4"))
+    not_in_layers = resnet.find(
+        ~tl.in_module("layer1") & ~tl.in_module("layer2") & ~tl.in_module("layer3") & ~tl.in_module("layer4")
+    )
     assert labels(not_in_layers)[:4] == ["conv2d_1_1", "batch_norm_1_2", "relu_1_3", "max_pool2d_1_4"]
     either = resnet.find(tl.module("fc") | tl.module("avgpool"))
     assert [op.func_name for op in either] == ["adaptive_avg_pool2d", "linear"]
@@ -70,8 +71,7 @@ def test_selectors_act_the_same_on_the_numpy_plugin() -> None:
 
     rng = np.random.default_rng(0)
     trace = tl.trace(mlp, rng.normal(size=(2, 3)), rng.normal(size=(3, 3)), backend="numpy")
-    assert labels(trace.find(tl.func("matmul") & tl.followed_by(tl.func("maximum")))) == [
-        "matmul_1_2", "matmul_2_4"]
+    assert labels(trace.find(tl.func("matmul") & tl.followed_by(tl.func("maximum")))) == ["matmul_1_2", "matmul_2_4"]
     assert labels(trace.find(tl.preceded_by(tl.func("maximum")) & tl.func("add"))) == ["add_1_6"]
 
 

@@ -51,8 +51,11 @@ def ran_modules(model, *args, **kwargs) -> dict[str, tuple[int, ...]]:
     def hook(path: str, out) -> None:  # returns None: the module's output stays its own
         seen.setdefault(path, tuple(out.shape) if isinstance(out, torch.Tensor) else None)
 
-    handles = [m.register_forward_hook(lambda m, a, out, path=path: hook(path, out))
-               for path, m in model.named_modules() if path]
+    handles = [
+        m.register_forward_hook(lambda m, a, out, path=path: hook(path, out))
+        for path, m in model.named_modules()
+        if path
+    ]
     try:
         with torch.no_grad():
             model(*args, **kwargs)
@@ -138,14 +141,26 @@ def test_torchvision_models(name: str) -> None:
 def test_transformers_models_from_configs() -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    tied = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100,
-                                                                n_positions=16)).eval()
+    tied = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=16)
+    ).eval()
     assert tied.lm_head.weight is tied.transformer.wte.weight  # one tensor, two modules: counted once
-    bert = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                                          intermediate_size=64, vocab_size=100)).eval()
-    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        vocab_size=100, tie_word_embeddings=False)).eval()
+    bert = transformers.BertModel(
+        transformers.BertConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100
+        )
+    ).eval()
+    llama = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=100,
+            tie_word_embeddings=False,
+        )
+    ).eval()
     ids = torch.randint(0, 100, (1, 8))
     for model in (tied, bert, llama):
         trace = tl.trace(model, ids)

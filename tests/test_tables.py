@@ -21,8 +21,9 @@ def log() -> tl.Trace:
 def test_ops_table(log: tl.Trace) -> None:
     df = log.to_pandas()
     assert list(df.columns) == list(OP_COLUMNS) and len(df) == len(log.ops)
-    assert {c: str(t) for c, t in df.dtypes.items()} == {c: str(pd.Series([], dtype=t).dtype)
-                                                         for c, t in OP_COLUMNS.items()}
+    assert {c: str(t) for c, t in df.dtypes.items()} == {
+        c: str(pd.Series([], dtype=t).dtype) for c, t in OP_COLUMNS.items()
+    }
     row = df.set_index("label").loc["conv2d_3_7"]
     assert row.func_name == "conv2d" and row.module == "features.6" and row["shape"] == (1, 384, 3, 3)
     assert row.parents == ("max_pool2d_2_6",) and row.num_params == 384 * 192 * 9 + 384

@@ -27,8 +27,10 @@ def _normal(*shape: int, seed: int = 0) -> tf.Tensor:
 @pytest.fixture(scope="module")
 def mlp() -> keras.Model:
     keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu", name="fc1"),
-                             keras.layers.Dense(2, name="fc2")], name="mlp")
+    return keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3, activation="relu", name="fc1"), keras.layers.Dense(2, name="fc2")],
+        name="mlp",
+    )
 
 
 class Recurrent(keras.Model):
@@ -49,11 +51,21 @@ class Recurrent(keras.Model):
 # -- what a trace holds ------------------------------------------------------------------
 def test_seed_example_works_as_written(mlp: keras.Model) -> None:
     x = _normal(2, 4)
-    log = tl.trace(mlp, x, backend='tf')
+    log = tl.trace(mlp, x, backend="tf")
     assert log.backend == "tf" and repr(log) == "<Trace of Sequential (tf): 9 ops, 2 modules, 4 params>"
     assert [op.func_name for op in log.ops] == [
-        "input", "read_variable", "matmul", "read_variable", "bias_add", "relu",
-        "read_variable", "matmul", "read_variable", "bias_add", "output"]
+        "input",
+        "read_variable",
+        "matmul",
+        "read_variable",
+        "bias_add",
+        "relu",
+        "read_variable",
+        "matmul",
+        "read_variable",
+        "bias_add",
+        "output",
+    ]
     assert [op.label for op in log.ops][:4] == ["input_1", "read_variable_1_1", "matmul_1_2", "read_variable_2_3"]
     np.testing.assert_array_equal(log.output, mlp(x))
     assert log.audit()
@@ -146,8 +158,14 @@ def test_subclassed_paths_use_layer_names_and_attributes_for_clashes() -> None:
 
 def test_layer_returning_its_input_gets_an_identity_op() -> None:
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5, name="drop"),
-                              keras.layers.Identity(name="same"), keras.layers.Dense(2, name="fc")])
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dropout(0.5, name="drop"),
+            keras.layers.Identity(name="same"),
+            keras.layers.Dense(2, name="fc"),
+        ]
+    )
     trace = tl.trace(model, _normal(2, 4), backend="tf")
     drop = trace["drop"]
     assert drop.func_name == "identity" and drop.parents == ["input_1"] and drop.modules == ["drop:1"]
@@ -180,8 +198,11 @@ def test_python_control_flow_is_recorded_as_it_ran() -> None:
 class Gate(keras.Model):
     def __init__(self, weight: float, bias: float) -> None:
         super().__init__()
-        self.a = keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(weight),
-                                    bias_initializer=keras.initializers.Constant(bias))
+        self.a = keras.layers.Dense(
+            4,
+            kernel_initializer=keras.initializers.Constant(weight),
+            bias_initializer=keras.initializers.Constant(bias),
+        )
         self.b = keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(0.01))
 
     def call(self, x):
@@ -366,8 +387,14 @@ def _interception_state() -> tuple:
     from tensorflow.python.framework import ops
 
     value_reads = tuple(vars(ops._EagerTensorBase).get(name) for name in ("__bool__", "__float__", "numpy"))
-    return (tuple(context.context().op_callbacks), execute.execute, keras.layers.Layer.__dict__["__call__"],
-            polymorphic_function.Function.__dict__["__call__"], tf.config.functions_run_eagerly(), value_reads)
+    return (
+        tuple(context.context().op_callbacks),
+        execute.execute,
+        keras.layers.Layer.__dict__["__call__"],
+        polymorphic_function.Function.__dict__["__call__"],
+        tf.config.functions_run_eagerly(),
+        value_reads,
+    )
 
 
 class Boom(keras.Model):
@@ -465,8 +492,9 @@ def test_savedmodel_signatures_and_concrete_functions_are_refused(tmp_path) -> N
     assert _interception_state() == before
 
 
-def test_keras_on_another_backend_and_symbolic_inputs_are_refused(monkeypatch: pytest.MonkeyPatch,
-                                                                  mlp: keras.Model) -> None:
+def test_keras_on_another_backend_and_symbolic_inputs_are_refused(
+    monkeypatch: pytest.MonkeyPatch, mlp: keras.Model
+) -> None:
     from torchlens_tf.plugin import backend
 
     with pytest.raises(tl.UnsupportedError, match="concrete"):
@@ -510,8 +538,10 @@ class Probe(keras.layers.Layer):
 
 def _probed() -> tuple[keras.Model, tf.Tensor]:
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, name="fc1"), Probe(name="probe"),
-                              keras.layers.Dense(4, name="fc2")], name="probed")
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, name="fc1"), Probe(name="probe"), keras.layers.Dense(4, name="fc2")],
+        name="probed",
+    )
     x = _normal(2, 8)
     model(x)
     return model, x
@@ -562,8 +592,11 @@ def _loop(x):
     return x
 
 
-@pytest.mark.parametrize("make", [lambda: (_loop, _normal(64, 64)), lambda: (Overwrite(), _normal(32, 32))],
-                         ids=["temporaries", "variable_buffers"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: (_loop, _normal(64, 64)), lambda: (Overwrite(), _normal(32, 32))],
+    ids=["temporaries", "variable_buffers"],
+)
 def test_freed_values_are_never_taken_for_new_ones(make) -> None:
     # With save=, dropped values are freed during the forward: a new tensor can get a freed tensor's
     # id, or a freed variable buffer's address. Neither may be mistaken for the value that had it.

@@ -197,8 +197,7 @@ class MixedVariables(keras.layers.Layer):
         self.w = self.add_weight(shape=(2, 3), initializer="ones", name="w")
         self.steps = self.add_weight(shape=(), initializer="zeros", dtype="int32", trainable=False, name="steps")
         self.mask = self.add_weight(shape=(3,), initializer="zeros", dtype="bool", trainable=False, name="mask")
-        self.moving = self.add_weight(shape=(3,), initializer="zeros", dtype="float64", trainable=False,
-                                      name="moving")
+        self.moving = self.add_weight(shape=(3,), initializer="zeros", dtype="float64", trainable=False, name="moving")
 
     def call(self, x):
         self.steps.assign_add(1)

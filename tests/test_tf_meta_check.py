@@ -23,8 +23,14 @@ import torchlens as tl  # noqa: E402
 
 def _model_and_input() -> tuple[tf.keras.Model, tf.Tensor]:
     tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([tf.keras.Input((6, 6, 3)), tf.keras.layers.Conv2D(4, 3, padding="same",
-                                 activation="relu"), tf.keras.layers.Flatten(), tf.keras.layers.Dense(5)])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((6, 6, 3)),
+            tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu"),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(5),
+        ]
+    )
     return model, tf.random.normal((2, 6, 6, 3), seed=0)
 
 
@@ -48,19 +54,19 @@ def tampered_attr(saved: pathlib.Path, into: pathlib.Path, func: str, attr: str,
     return into
 
 
-def tampered_array(saved: pathlib.Path, into: pathlib.Path, func: str, arg: int, value: list[int],
-                   nth: int = 0) -> pathlib.Path:
+def tampered_array(
+    saved: pathlib.Path, into: pathlib.Path, func: str, arg: int, value: list[int], nth: int = 0
+) -> pathlib.Path:
     """A copy of the saved trace with the saved array argument ``arg`` of the ``nth`` ``func`` op changed."""
     shutil.copytree(saved, into)
     records = json.loads((into / "trace.json").read_text())
     index = [o for o in records["ops"] if o["func_name"] == func][nth]["args"][arg]["array"]
     entry = records["arrays"][index]
-    old = np.frombuffer((into / "arrays.bin").read_bytes(), entry["storage"], count=len(value),
-                        offset=entry["offset"])
+    old = np.frombuffer((into / "arrays.bin").read_bytes(), entry["storage"], count=len(value), offset=entry["offset"])
     new = np.asarray(value, entry["storage"])
     assert entry["nbytes"] == new.nbytes and not np.array_equal(old, new)
     data = bytearray((into / "arrays.bin").read_bytes())
-    data[entry["offset"]:entry["offset"] + new.nbytes] = new.tobytes()
+    data[entry["offset"] : entry["offset"] + new.nbytes] = new.tobytes()
     (into / "arrays.bin").write_bytes(bytes(data))
     rehash(into)
     return into
@@ -69,16 +75,30 @@ def tampered_array(saved: pathlib.Path, into: pathlib.Path, func: str, arg: int,
 # (op, which of its ops, what is changed, new value, what the refusal says). The model's reshapes: the conv
 # bias's to (1, 1, 1, 4), then the activations' to (2, 144).
 TAMPERINGS = {
-    "conv strides 2": ("conv2d", 0, ("attr", "strides"), {"list": [1, 2, 2, 1]},
-                       "gives shape (2, 3, 3, 4), its record says (2, 6, 6, 4)"),
-    "conv padding VALID": ("conv2d", 0, ("attr", "padding"), {"bytes": "VALID"},
-                           "gives shape (2, 4, 4, 4), its record says (2, 6, 6, 4)"),
-    "conv strides of three dimensions": ("conv2d", 0, ("attr", "strides"), {"list": [1, 1, 1]},
-                                         "do not fit its arguments"),
+    "conv strides 2": (
+        "conv2d",
+        0,
+        ("attr", "strides"),
+        {"list": [1, 2, 2, 1]},
+        "gives shape (2, 3, 3, 4), its record says (2, 6, 6, 4)",
+    ),
+    "conv padding VALID": (
+        "conv2d",
+        0,
+        ("attr", "padding"),
+        {"bytes": "VALID"},
+        "gives shape (2, 4, 4, 4), its record says (2, 6, 6, 4)",
+    ),
+    "conv strides of three dimensions": (
+        "conv2d",
+        0,
+        ("attr", "strides"),
+        {"list": [1, 1, 1]},
+        "do not fit its arguments",
+    ),
     "matmul transposing the activations": ("matmul", 0, ("attr", "transpose_a"), True, "do not fit its arguments"),
     "reshape to other sizes": ("reshape", 1, ("array", 1), [2, 100], "do not fit its arguments"),
-    "reshape to the same count": ("reshape", 1, ("array", 1), [4, 72],
-                                  "gives shape (4, 72), its record says (2, 144)"),
+    "reshape to the same count": ("reshape", 1, ("array", 1), [4, 72], "gives shape (4, 72), its record says (2, 144)"),
 }
 
 

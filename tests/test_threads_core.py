@@ -100,8 +100,10 @@ def test_an_exception_in_the_block_still_restores() -> None:
         raise KeyboardInterrupt
     assert vars(Target)["greet"] is original
     with shared_patch(Target, "greet", _shouting).use(str.upper):  # one maker per attribute while in use
-        with pytest.raises(tl.CaptureError, match="already replaced"), \
-                shared_patch(Target, "greet", lambda original, handlers: original).use(str.lower):
+        with (
+            pytest.raises(tl.CaptureError, match="already replaced"),
+            shared_patch(Target, "greet", lambda original, handlers: original).use(str.lower),
+        ):
             pass
     assert vars(Target)["greet"] is original
 

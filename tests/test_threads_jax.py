@@ -64,8 +64,11 @@ def _state() -> tuple:
     return tuple(vars(cls).get("__call__") for cls in (Block, Deep, EqxNet, nnx.Linear, eqx.nn.Linear))
 
 
-@pytest.mark.parametrize("pair", [("deep", "deep"), ("deep", "deep2"), ("deep", "other")],
-                         ids=["same model", "same class", "different models"])
+@pytest.mark.parametrize(
+    "pair",
+    [("deep", "deep"), ("deep", "deep2"), ("deep", "other")],
+    ids=["same model", "same class", "different models"],
+)
 def test_two_threads_tracing(models, pair) -> None:
     model, inp, _, ref = models
     a, b = pair
@@ -82,8 +85,9 @@ def test_trace_beside_plain_forwards(models, plain_model: str) -> None:
     model, inp, plain, ref = models
     before = _state()
     for r in range(ROUNDS):
-        trace, outs = beside_plain_calls(lambda: tl.trace(model["deep"], inp["deep"]),
-                                         lambda: model[plain_model](inp[plain_model]))
+        trace, outs = beside_plain_calls(
+            lambda: tl.trace(model["deep"], inp["deep"]), lambda: model[plain_model](inp[plain_model])
+        )
         same_trace(trace, ref["deep"], _numpy, f"round {r}")
         for out in outs:
             same_value(out, plain[plain_model], _numpy, f"round {r}, plain forward")
@@ -92,7 +96,6 @@ def test_trace_beside_plain_forwards(models, plain_model: str) -> None:
 
 def test_audit_of_traces_taken_together(models) -> None:
     model, inp, _, _ = models
-    results = run_together(lambda: tl.trace(model["deep"], inp["deep"]),
-                           lambda: tl.trace(model["deep2"], inp["deep2"]))
+    results = run_together(lambda: tl.trace(model["deep"], inp["deep"]), lambda: tl.trace(model["deep2"], inp["deep2"]))
     raised(results)
     assert results[0].audit() and results[1].audit()

@@ -47,8 +47,9 @@ def test_two_threads_tracing(pair) -> None:
     fns, inputs = {"deep": deep, "other": other}, {"deep": X, "other": Y}
     before = _draws()
     for r in range(ROUNDS):
-        a, b = run_together(lambda: _trace(fns[pair[0]], inputs[pair[0]]),
-                            lambda: _trace(fns[pair[1]], inputs[pair[1]]))
+        a, b = run_together(
+            lambda: _trace(fns[pair[0]], inputs[pair[0]]), lambda: _trace(fns[pair[1]], inputs[pair[1]])
+        )
         same_trace(a, REF[pair[0]], np.asarray, f"round {r}")
         same_trace(b, REF[pair[1]], np.asarray, f"round {r}")
     assert _draws() == before
@@ -83,6 +84,7 @@ def test_trace_beside_plain_calls() -> None:
 def test_a_tracked_array_used_in_another_thread_records_nothing() -> None:
     """The traced function hands its input to a worker thread: the worker's NumPy calls are not this capture's
     (they enter the trace as a constant where the function reads their result)."""
+
     def with_worker(x):
         box = {}
         worker = threading.Thread(target=lambda: box.update(y=np.exp(x) * 2.0))

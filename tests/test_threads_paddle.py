@@ -75,8 +75,10 @@ def test_concurrent_captures_are_whole_or_refused(models, pair: str) -> None:
     second, inp, key = (deep, x, "deep") if pair == "same" else (other, y, "other")
     for r in range(ROUNDS):
         a, b = run_together(lambda: tl.trace(deep, x), lambda: tl.trace(second, inp))
-        whole = [whole_or_refused(a, ref["deep"], _numpy, f"round {r}, first"),
-                 whole_or_refused(b, ref[key], _numpy, f"round {r}, second")]
+        whole = [
+            whole_or_refused(a, ref["deep"], _numpy, f"round {r}, first"),
+            whole_or_refused(b, ref[key], _numpy, f"round {r}, second"),
+        ]
         assert any(whole)
     _assert_nothing_installed(deep, other)
 

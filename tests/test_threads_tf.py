@@ -44,16 +44,26 @@ def _state() -> tuple:
     from tensorflow.python.framework import ops
 
     value_reads = tuple(vars(ops._EagerTensorBase).get(name) for name in ("__bool__", "__float__", "numpy"))
-    return (keras.layers.Layer.__dict__["__call__"], polymorphic_function.Function.__dict__["__call__"],
-            tf.config.functions_run_eagerly(), value_reads)
+    return (
+        keras.layers.Layer.__dict__["__call__"],
+        polymorphic_function.Function.__dict__["__call__"],
+        tf.config.functions_run_eagerly(),
+        value_reads,
+    )
 
 
 @pytest.fixture(scope="module")
 def models():
     keras.utils.set_random_seed(0)
     gated = Gated()
-    other = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="tanh", name="a"),
-                              keras.layers.BatchNormalization(name="bn"), keras.layers.Dense(2, name="b")])
+    other = keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(4, activation="tanh", name="a"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.Dense(2, name="b"),
+        ]
+    )
     x = tf.random.stateless_normal((4, 8), seed=(0, 1))
     y = tf.random.stateless_normal((3, 5), seed=(2, 1))
     gated(x)
@@ -160,6 +170,7 @@ def test_op_callbacks_switched_off_by_another_thread_are_not_a_silent_gap(models
     def switcher():
         assert inside.wait(30)
         try:
+
             def noop(*args, **kwargs):
                 return None
 

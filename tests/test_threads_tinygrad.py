@@ -81,8 +81,10 @@ def test_concurrent_captures_are_whole_or_refused(models, pair: str) -> None:
     before = _state()
     for r in range(ROUNDS):
         a, b = run_together(lambda: tl.trace(deep, x), lambda: tl.trace(second, inp))
-        whole = [whole_or_refused(a, ref["deep"], _numpy, f"round {r}, first"),
-                 whole_or_refused(b, ref[key], _numpy, f"round {r}, second")]
+        whole = [
+            whole_or_refused(a, ref["deep"], _numpy, f"round {r}, first"),
+            whole_or_refused(b, ref[key], _numpy, f"round {r}, second"),
+        ]
         assert any(whole)
     _assert_same_state(before)
 
@@ -224,4 +226,3 @@ def test_another_thread_inside_a_layer_hides_nothing(models) -> None:
     trace = results[0]
     assert trace.modules["gate"].num_passes == 2
     assert trace.modules["gate.fc"].num_passes == 2
-

@@ -51,8 +51,11 @@ def models():
 
 
 def _hooks_state() -> tuple:
-    return (dict(nn_module._global_forward_pre_hooks), dict(nn_module._global_forward_hooks),
-            torch._C._len_torch_function_stack())
+    return (
+        dict(nn_module._global_forward_pre_hooks),
+        dict(nn_module._global_forward_hooks),
+        torch._C._len_torch_function_stack(),
+    )
 
 
 def test_two_threads_tracing_the_same_model(models) -> None:

@@ -10,8 +10,11 @@ import pytest
 
 tinygrad = pytest.importorskip("tinygrad")
 if shutil.which("clang") is None and not os.environ.get("DEV"):
-    pytest.fail("tinygrad's CPU device compiles its kernels with clang, which is not installed: "
-                "apt-get install -y clang (or set DEV=PYTHON, 40-50x slower)", pytrace=False)
+    pytest.fail(
+        "tinygrad's CPU device compiles its kernels with clang, which is not installed: "
+        "apt-get install -y clang (or set DEV=PYTHON, 40-50x slower)",
+        pytrace=False,
+    )
 from tinygrad import Tensor, nn  # noqa: E402
 from tinygrad.engine.jit import TinyJit, _TinyJit  # noqa: E402
 from tinygrad.helpers import TRACEMETA, Context  # noqa: E402
@@ -57,8 +60,14 @@ def _patchable_state() -> tuple:
     cells = {name: cell.cell_contents for name, raw in vars(Tensor).items() if (cell := metadata_cell(raw))}
     assert len(cells) > 250 or not TRACEMETA  # on by default: nearly every method has one
     attributes.update({f"cell {name}": fn for name, fn in cells.items()})
-    return (attributes, vars(nn.Linear)["__call__"], vars(nn.BatchNorm)["__call__"],
-            vars(nn.LayerNorm)["__call__"], vars(_TinyJit)["__call__"], Tensor._seed)
+    return (
+        attributes,
+        vars(nn.Linear)["__call__"],
+        vars(nn.BatchNorm)["__call__"],
+        vars(nn.LayerNorm)["__call__"],
+        vars(_TinyJit)["__call__"],
+        Tensor._seed,
+    )
 
 
 def _same(a: tuple, b: tuple) -> bool:
@@ -76,8 +85,15 @@ def test_ops_are_what_the_user_called_helpers_folded_in() -> None:
     model, x = MLP(), _randn(2, 4)
     trace = tl.trace(model, x)
     assert trace.backend == "tinygrad" and trace.model_name == "MLP"
-    assert [op.func_name for op in trace.ops] == ["input", "transpose", "linear", "relu", "transpose", "linear",
-                                                  "output"]
+    assert [op.func_name for op in trace.ops] == [
+        "input",
+        "transpose",
+        "linear",
+        "relu",
+        "transpose",
+        "linear",
+        "output",
+    ]
     assert trace["l1"].func_name == "linear" and trace["l1"].modules == ["l1:1"]
     assert trace["transpose_1"].params == ("l1.weight",) and trace["linear_1"].params == ("l1.bias",)
     assert trace["relu_1"].parents == ["linear_1_2"] and trace["relu_1"].module is None
@@ -92,7 +108,10 @@ def test_library_methods_built_from_other_methods_are_one_op() -> None:
 
     trace = tl.trace(fn, _randn(1, 2, 3, 4), _randn(1, 2, 3, 4), _randn(1, 2, 3, 4))
     assert [op.func_name for op in trace.ops if op.kind == "op"] == [
-        "scaled_dot_product_attention", "softmax", "layernorm"]
+        "scaled_dot_product_attention",
+        "softmax",
+        "layernorm",
+    ]
 
 
 def test_operators_and_in_place_dunders_get_plain_names() -> None:
@@ -104,18 +123,37 @@ def test_operators_and_in_place_dunders_get_plain_names() -> None:
 
     trace = tl.trace(fn, _randn(3, 3))
     assert [op.func_name for op in trace.ops if op.kind == "op"] == [
-        "mul", "add", "div", "sub", "transpose", "matmul", "neg", "add_", "getitem", "sum", "pow"]
+        "mul",
+        "add",
+        "div",
+        "sub",
+        "transpose",
+        "matmul",
+        "neg",
+        "add_",
+        "getitem",
+        "sum",
+        "pow",
+    ]
     assert trace["add__1"].in_place and not trace["add_1"].in_place
     assert trace.audit()
 
 
-@pytest.mark.skipif(not TRACEMETA, reason="references taken before capture are seen through tinygrad's TRACEMETA "
-                    "wrappers, on by default")
+@pytest.mark.skipif(
+    not TRACEMETA,
+    reason="references taken before capture are seen through tinygrad's TRACEMETA wrappers, on by default",
+)
 def test_layer_lists_run_by_sequential_with_tensor_methods_bound_before_capture() -> None:
     class Net:  # tinygrad's own examples' style (beautiful_mnist)
         def __init__(self) -> None:
-            self.layers = [nn.Conv2d(1, 2, 3), Tensor.relu, lambda x: x.max_pool2d((2, 2)), nn.BatchNorm(2),
-                           lambda x: x.flatten(1), nn.Linear(2 * 3 * 3, 4)]
+            self.layers = [
+                nn.Conv2d(1, 2, 3),
+                Tensor.relu,
+                lambda x: x.max_pool2d((2, 2)),
+                nn.BatchNorm(2),
+                lambda x: x.flatten(1),
+                nn.Linear(2 * 3 * 3, 4),
+            ]
 
         def __call__(self, x):
             return x.sequential(self.layers)
@@ -123,8 +161,17 @@ def test_layer_lists_run_by_sequential_with_tensor_methods_bound_before_capture(
     trace = tl.trace(Net(), _randn(2, 1, 8, 8))
     # Tensor.relu was bound before capture: still one op. nn.BatchNorm (eval) runs what its Python code calls.
     assert [op.func_name for op in trace.ops if op.kind == "op"] == [
-        "conv2d", "relu", "max_pool2d", "reshape", "add", "rsqrt", "batchnorm", "flatten",
-        "transpose", "linear"]
+        "conv2d",
+        "relu",
+        "max_pool2d",
+        "reshape",
+        "add",
+        "rsqrt",
+        "batchnorm",
+        "flatten",
+        "transpose",
+        "linear",
+    ]
     assert list(trace.modules) == ["layers.0", "layers.3", "layers.5"]
     assert trace["layers.3"].func_name == "batchnorm" and trace["rsqrt_1"].params == ()
     assert trace["reshape_1"].params == ("layers.3.running_var",)
@@ -190,13 +237,25 @@ def test_module_paths_follow_attribute_names_lists_and_dicts() -> None:
     from tinygrad.nn.state import get_state_dict
 
     trace = tl.trace(net.forward, _randn(2, 4))  # a bound method: its instance holds the layers
-    assert list(trace.modules) == ["blocks.0", "blocks.0.norm", "blocks.0.proj", "blocks.1", "blocks.1.norm",
-                                   "blocks.1.proj", "heads.a", "heads.b"]
+    assert list(trace.modules) == [
+        "blocks.0",
+        "blocks.0.norm",
+        "blocks.0.proj",
+        "blocks.1",
+        "blocks.1.norm",
+        "blocks.1.proj",
+        "heads.a",
+        "heads.b",
+    ]
     assert trace.modules["heads.a"].num_passes == 2
-    assert trace.modules["blocks.1"].params == ["blocks.1.norm.weight", "blocks.1.norm.bias",
-                                                "blocks.1.proj.weight", "blocks.1.proj.bias"]
+    assert trace.modules["blocks.1"].params == [
+        "blocks.1.norm.weight",
+        "blocks.1.norm.bias",
+        "blocks.1.proj.weight",
+        "blocks.1.proj.bias",
+    ]
     del net.blocks[0].owner  # (get_state_dict itself would recurse forever)
-    assert list(trace.params) == list(dict.fromkeys(get_state_dict(net)))[:len(trace.params)]
+    assert list(trace.params) == list(dict.fromkeys(get_state_dict(net)))[: len(trace.params)]
     assert trace["blocks.1"].modules == ["blocks.1:1"]
     assert trace["heads.a:2"].module_outputs == ["heads.a:2"]
     assert trace.audit()
@@ -308,8 +367,9 @@ def test_dropout_and_rand_replay_exactly_and_leave_the_rng_alone() -> None:
     counters = {d: _np(c) for d, c in Tensor._device_rng_counters.items()}
     assert np.array_equal(_np(trace.replay()), _np(trace.output))
     assert trace.audit()
-    assert {d: _np(c).tolist() for d, c in Tensor._device_rng_counters.items()} == \
-        {d: c.tolist() for d, c in counters.items()}
+    assert {d: _np(c).tolist() for d, c in Tensor._device_rng_counters.items()} == {
+        d: c.tolist() for d, c in counters.items()
+    }
 
 
 def test_data_dependent_branch_records_what_ran() -> None:
@@ -459,8 +519,7 @@ def test_observer_sees_the_same_calls() -> None:
     trace = tl.trace(model, x)
     assert sorted(seen) == ["fc:1", "fc:2", "fc:3", "fc:4"]
     assert np.allclose(_np(seen["fc:3"]), _np(trace["fc:3"].out), atol=1e-6)
-    assert hook().torchlens_observe_module_outputs(backend="tinygrad", target=lambda t: t, args=(x,),
-                                                   kwargs={}) == {}
+    assert hook().torchlens_observe_module_outputs(backend="tinygrad", target=lambda t: t, args=(x,), kwargs={}) == {}
 
 
 def test_empty_replays_the_bytes_it_held() -> None:
@@ -529,6 +588,7 @@ def test_stack_batches_samples() -> None:
 def test_a_write_whose_target_is_passed_by_keyword_keeps_the_value_it_overwrote():
     """`Tensor.assign(self=buf, x=...)`: the written tensor arrives by keyword; the value recorded before the
     write stays what it was (closed form: 2x), and the trace replays to the plain function's output."""
+
     def f(x):
         buf = (x * 2).contiguous()
         Tensor.assign(self=buf, x=x + 1)

@@ -15,8 +15,11 @@ import pytest
 
 tinygrad = pytest.importorskip("tinygrad")
 if shutil.which("clang") is None and not os.environ.get("DEV"):
-    pytest.fail("tinygrad's CPU device compiles its kernels with clang, which is not installed: "
-                "apt-get install -y clang (or set DEV=PYTHON, 40-50x slower)", pytrace=False)
+    pytest.fail(
+        "tinygrad's CPU device compiles its kernels with clang, which is not installed: "
+        "apt-get install -y clang (or set DEV=PYTHON, 40-50x slower)",
+        pytrace=False,
+    )
 import tinygrad.tensor as tinygrad_tensor  # noqa: E402
 from tinygrad import Tensor, nn  # noqa: E402
 from tinygrad.helpers import Context  # noqa: E402
@@ -66,8 +69,14 @@ def _stack_reference(model: Stack, x: Tensor) -> dict[str, np.ndarray]:
     linear1 = xs @ w1.T + b1
     relu = np.maximum(linear1, 0)
     linear2 = (relu * 2 - 1) @ w2.T + b2
-    return {"linear_1": linear1, "relu_1": relu, "mul_1": relu * 2, "sub_1": relu * 2 - 1, "linear_2": linear2,
-            "sigmoid_1": 1 / (1 + np.exp(-linear2))}
+    return {
+        "linear_1": linear1,
+        "relu_1": relu,
+        "mul_1": relu * 2,
+        "sub_1": relu * 2 - 1,
+        "linear_2": linear2,
+        "sigmoid_1": 1 / (1 + np.exp(-linear2)),
+    }
 
 
 def test_a_forward_without_writes_is_realized_in_one_schedule_with_every_value_right(schedules) -> None:

@@ -65,8 +65,13 @@ TAMPERINGS = {
     "conv groups 3": ("conv2d", 0, 3, 3, "do not fit together"),
     "reshape to other sizes": ("reshape", 0, 2, 100, "do not fit together"),
     "reshape to the same count": ("reshape", 0, 1, 4, "gives shape (4, 72), its record says (2, 144)"),
-    "slice of another length": ("getitem", 0, 1, [{"slice": [None, None, None]}, {"slice": [0, 4, None]}],
-                                "gives shape (2, 4), its record says (2, 3)"),
+    "slice of another length": (
+        "getitem",
+        0,
+        1,
+        [{"slice": [None, None, None]}, {"slice": [0, 4, None]}],
+        "gives shape (2, 4), its record says (2, 3)",
+    ),
     "index past the end": ("getitem", 0, 1, [{"slice": [None, None, None]}, 7], "do not fit together"),
 }
 
@@ -159,5 +164,8 @@ def test_a_random_op_is_checked_without_moving_its_draw(tmp_path, monkeypatch) -
 
 def _rng_state() -> tuple[object, ...]:
     """tinygrad's live generator: its seed, per-device seeds and counters."""
-    return (Tensor._seed, dict(Tensor._device_seeds),
-            {device: c.numpy().tolist() for device, c in Tensor._device_rng_counters.items()})
+    return (
+        Tensor._seed,
+        dict(Tensor._device_seeds),
+        {device: c.numpy().tolist() for device, c in Tensor._device_rng_counters.items()},
+    )

@@ -51,8 +51,9 @@ def _registries():
     return {name: dict(v) if isinstance(v, dict) else v for name, v in found.items()}
 
 
-@pytest.mark.parametrize("model, call", [(InnerStep(), "torch.autograd.grad"), (Backward(), "backward()"),
-                                         (Outer(), "torch.autograd.grad")])
+@pytest.mark.parametrize(
+    "model, call", [(InnerStep(), "torch.autograd.grad"), (Backward(), "backward()"), (Outer(), "torch.autograd.grad")]
+)
 def test_refused_at_capture_naming_the_call(model, call):
     x = torch.randn(2, 4)
     model(x)  # the model itself runs

@@ -62,8 +62,7 @@ def test_lookup_by_label_short_label_position_and_module() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU())
     trace = tl.trace(model, torch.randn(1, 3, 8, 8))
-    assert [op.label for op in trace.ops] == [
-        "input_1", "conv2d_1_1", "relu_1_2", "conv2d_2_3", "relu_2_4", "output_1"]
+    assert [op.label for op in trace.ops] == ["input_1", "conv2d_1_1", "relu_1_2", "conv2d_2_3", "relu_2_4", "output_1"]
     assert trace["relu_1_2"] is trace["relu_1"] is trace["relu_1:1"] is trace[2] is trace["1"] is trace[-4]
     assert trace[-1].layer_label == "output_1"
     assert trace["conv2d_2"].parents == ["relu_1_2"] and trace["conv2d_2"].children == ["relu_2_4"]
@@ -209,9 +208,17 @@ def _interception_state() -> tuple:
     from torch.nn.modules import module as nn_module
     from torch.overrides import _get_current_function_mode_stack
 
-    return (len(_get_current_function_mode_stack()), dict(nn_module._global_forward_pre_hooks),
-            dict(nn_module._global_forward_hooks), torch.relu, F.relu, torch.Tensor.__add__,
-            torch.Tensor.add_, torch.nn.Linear.forward, torch.nn.Module.__call__)
+    return (
+        len(_get_current_function_mode_stack()),
+        dict(nn_module._global_forward_pre_hooks),
+        dict(nn_module._global_forward_hooks),
+        torch.relu,
+        F.relu,
+        torch.Tensor.__add__,
+        torch.Tensor.add_,
+        torch.nn.Linear.forward,
+        torch.nn.Module.__call__,
+    )
 
 
 def test_exception_inside_model_leaves_nothing_installed() -> None:

@@ -96,8 +96,11 @@ def test_patched_forwards_splices_and_hooks_give_full_walk_contexts(monkeypatch,
     torch.manual_seed(0)
     if case == "fused_encoder":  # torchlens_torch.fastpath runs the fused kernel under its own forward
         layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True)
-        model, x, options = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval(), \
-            torch.randn(1, 5, 8), {}
+        model, x, options = (
+            torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval(),
+            torch.randn(1, 5, 8),
+            {},
+        )
     elif case == "splice":
         model, x = Nested(), torch.randn(2, 4)
         options = {"intervene": tl.when(tl.module("a"), tl.splice_module(lambda v: torch.tanh(v) * 2))}

@@ -24,10 +24,13 @@ class TwoLines(torch.nn.Module):
     """Two ops on two lines, and a loop running one line three times; remembers those lines."""
 
     def forward(self, x):
-        y = torch.relu(x); self.relu_line = sys._getframe().f_lineno  # noqa: E702
-        z = torch.sigmoid(y); self.sigmoid_line = sys._getframe().f_lineno  # noqa: E702
+        y = torch.relu(x)
+        self.relu_line = sys._getframe().f_lineno
+        z = torch.sigmoid(y)
+        self.sigmoid_line = sys._getframe().f_lineno
         for _ in range(3):
-            z = torch.tanh(z); self.tanh_line = sys._getframe().f_lineno  # noqa: E702
+            z = torch.tanh(z)
+            self.tanh_line = sys._getframe().f_lineno
         return z
 
 
@@ -105,8 +108,9 @@ def test_parents_are_listed_once_in_first_use_order():
     torch.testing.assert_close(by_name["cat"].out, torch.cat([x, y, x, y, x]))
 
 
-@pytest.mark.parametrize("options", [{}, {"save": tl.func("relu")}, {"intervene": tl.when(tl.func("relu"),
-                                                                                           tl.scale(1.0))}])
+@pytest.mark.parametrize(
+    "options", [{}, {"save": tl.func("relu")}, {"intervene": tl.when(tl.func("relu"), tl.scale(1.0))}]
+)
 def test_a_dropped_trace_frees_its_values_without_the_cyclic_gc(options) -> None:
     """No reference cycle through the capture's builder, policy or editor holds the recorded values."""
     import gc

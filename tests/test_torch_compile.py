@@ -20,8 +20,9 @@ class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.block = torch.nn.Sequential(torch.nn.BatchNorm2d(8), torch.nn.ReLU(inplace=True),
-                                         torch.nn.Conv2d(8, 8, 3, padding=1))
+        self.block = torch.nn.Sequential(
+            torch.nn.BatchNorm2d(8), torch.nn.ReLU(inplace=True), torch.nn.Conv2d(8, 8, 3, padding=1)
+        )
         self.head = torch.nn.Linear(8, 4)
 
     def forward(self, x):

@@ -82,8 +82,9 @@ def check_faithful(model: Any, *args: Any, **kwargs: Any) -> tl.Trace:
     assert report, str(report)
     recorded = {op.func_name for op in trace.ops if op.kind == "op"}
     assert {k.lstrip("_") for k in kernels} <= recorded, "a fused kernel that ran untraced was not recorded"
-    assert not ({k.lstrip("_") for k in FUSED} - {k.lstrip("_") for k in kernels}) & recorded, \
+    assert not ({k.lstrip("_") for k in FUSED} - {k.lstrip("_") for k in kernels}) & recorded, (
         "a fused kernel recorded that the untraced forward did not run"
+    )
     passes = {mp.label: mp for m in trace.modules.values() for mp in m.passes}
     assert set(passes) == set(modules), "module calls differ from the untraced forward's"
     for label, mp in passes.items():
@@ -100,11 +101,13 @@ def assert_nothing_left(model: Any) -> None:
     assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
 
 
-def encoder_layer(batch_first: bool = True, norm_first: bool = False, activation: str = "relu",
-                  nhead: int = 4) -> nn.Module:
+def encoder_layer(
+    batch_first: bool = True, norm_first: bool = False, activation: str = "relu", nhead: int = 4
+) -> nn.Module:
     torch.manual_seed(0)
-    return nn.TransformerEncoderLayer(32, nhead, dim_feedforward=64, activation=activation, batch_first=batch_first,
-                                      norm_first=norm_first).eval()
+    return nn.TransformerEncoderLayer(
+        32, nhead, dim_feedforward=64, activation=activation, batch_first=batch_first, norm_first=norm_first
+    ).eval()
 
 
 def tokens(batch_first: bool = True) -> Any:

@@ -27,8 +27,11 @@ F = torch.nn.functional
 def _hooked_outputs(model: torch.nn.Module, *args, **kwargs) -> dict[str, list]:
     """Every submodule's outputs, in call order, as its forward hooks see them."""
     seen: dict[str, list] = {}
-    handles = [m.register_forward_hook(lambda mod, a, out, name=name: seen.setdefault(name, []).append(out))
-               for name, m in model.named_modules() if name]
+    handles = [
+        m.register_forward_hook(lambda mod, a, out, name=name: seen.setdefault(name, []).append(out))
+        for name, m in model.named_modules()
+        if name
+    ]
     try:
         with torch.no_grad():
             model(*args, **kwargs)
@@ -97,7 +100,7 @@ class _Derivatives(torch.nn.Module):
     def forward(self, x):
         h = self.lin(x)
         g = torch.func.grad(lambda v: (v.sin() * h[1]).sum())(h[0])
-        gv, value = torch.func.grad_and_value(lambda v: (v ** 3).sum())(h[0])
+        gv, value = torch.func.grad_and_value(lambda v: (v**3).sum())(h[0])
         _, tangent = torch.func.jvp(torch.tanh, (h[0],), (h[1],))
         jr = torch.func.jacrev(lambda v: v.sin() * v)(h[0])
         jf = torch.func.jacfwd(lambda v: v.cos() * h[2])(h[0])
@@ -182,8 +185,9 @@ class _FunctionalCall(torch.nn.Module):
     def forward(self, x):
         weight = self.lin.weight * self.gain
         y = torch.func.functional_call(self.lin, {"weight": weight, "bias": self.lin.bias}, (x,))
-        per_row = torch.vmap(lambda r: torch.func.functional_call(
-            self.template[0], {"weight": weight.T, "bias": x[0]}, (r,)))
+        per_row = torch.vmap(
+            lambda r: torch.func.functional_call(self.template[0], {"weight": weight.T, "bias": x[0]}, (r,))
+        )
         return per_row(y)
 
 
@@ -195,8 +199,14 @@ def test_functional_call_outside_and_inside_vmap():
 def _original_entry_points():
     from torch._functorch import apis, eager_transforms
 
-    return (apis.vmap_impl, eager_transforms.grad_impl, eager_transforms._jvp_with_argnums,
-            eager_transforms._vjp_with_argnums, torch.func.jacrev, eager_transforms.hessian)
+    return (
+        apis.vmap_impl,
+        eager_transforms.grad_impl,
+        eager_transforms._jvp_with_argnums,
+        eager_transforms._vjp_with_argnums,
+        torch.func.jacrev,
+        eager_transforms.hessian,
+    )
 
 
 def _assert_restored(before) -> None:
@@ -241,12 +251,15 @@ class _ModuleInside(torch.nn.Module):
         return torch.vmap(self.lin)(x)
 
 
-@pytest.mark.parametrize(("model", "says"), [
-    (_WritesOutside(), "parameter or buffer 'total'"),
-    (_WritesInput(), r"wrote into 1 tensor\(s\) from outside"),
-    (_Vjp(), "returned function, not only tensors"),
-    (_ModuleInside(), "module 'lin' ran inside torch.func.vmap"),
-])
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        (_WritesOutside(), "parameter or buffer 'total'"),
+        (_WritesInput(), r"wrote into 1 tensor\(s\) from outside"),
+        (_Vjp(), "returned function, not only tensors"),
+        (_ModuleInside(), "module 'lin' ran inside torch.func.vmap"),
+    ],
+)
 def test_a_value_that_would_stay_inside_the_transform_is_refused_and_nothing_is_left_behind(model, says):
     before = _original_entry_points()
     with pytest.raises(UnsupportedError, match=says):
@@ -308,8 +321,10 @@ def test_a_loaded_trace_says_it_cannot_replay_the_transform(tmp_path):
 def _transformers_4():
     transformers = pytest.importorskip("transformers")
     if int(transformers.__version__.split(".")[0]) != 4:
-        pytest.skip(f"needs transformers 4.x (eager attention masks built under torch.vmap); "
-                    f"{transformers.__version__} is installed")
+        pytest.skip(
+            f"needs transformers 4.x (eager attention masks built under torch.vmap); "
+            f"{transformers.__version__} is installed"
+        )
     return transformers
 
 
@@ -317,9 +332,18 @@ def _transformers_4():
 def test_transformers_4_eager_attention_traces_and_replays_with_another_padding_mask(family):
     transformers = _transformers_4()
     torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model(family, vocab_size=64, hidden_size=32, n_embd=32,
-                                               intermediate_size=64, num_hidden_layers=2, n_layer=2,
-                                               num_attention_heads=4, n_head=4, num_key_value_heads=2)
+    config = transformers.AutoConfig.for_model(
+        family,
+        vocab_size=64,
+        hidden_size=32,
+        n_embd=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        n_layer=2,
+        num_attention_heads=4,
+        n_head=4,
+        num_key_value_heads=2,
+    )
     model = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
     ids = torch.randint(0, 64, (2, 7))
     mask = torch.ones_like(ids)

@@ -89,8 +89,9 @@ TAMPERINGS = {
 def test_a_tampered_call_is_refused_in_a_process_that_survives(saved, tmp_path, name) -> None:
     func_name, position, value, says = TAMPERINGS[name]
     folder = tampered(saved, tmp_path / "t", func_name, position, value)
-    done = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(saved)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(folder), str(saved)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, f"the child died ({done.returncode}): {done.stderr[-2000:]}"
     replay = next(line for line in done.stdout.splitlines() if line.startswith("replay:"))
     assert replay.startswith("replay: ReplayError") and "of this loaded trace is refused" in replay, done.stdout

@@ -14,8 +14,9 @@ from torchlens_core.ir.errors import ArgumentTypeError, UnsupportedError  # noqa
 class Small(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.features = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8),
-                                            torch.nn.ReLU())
+        self.features = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU()
+        )
 
     def forward(self, x):
         return self.features(x)
@@ -27,8 +28,10 @@ class TakesAnything(torch.nn.Module):
         return x + 1
 
 
-@pytest.mark.parametrize("typo, option", [("sav", "save"), ("hal", "halt"), ("save_grad", "save_grads"),
-                                          ("intervention_redy", "intervention_ready")])
+@pytest.mark.parametrize(
+    "typo, option",
+    [("sav", "save"), ("hal", "halt"), ("save_grad", "save_grads"), ("intervention_redy", "intervention_ready")],
+)
 def test_a_misspelt_option_is_named_not_sent_to_the_model(typo, option):
     with pytest.raises(ArgumentTypeError, match=rf"{typo}= is not an option of tl\.trace.*{option}="):
         tl.trace(Small(), torch.randn(2, 4), **{typo: tl.func("relu")})
@@ -54,8 +57,9 @@ def test_capture_options_and_keywords_together():
     with pytest.raises(ArgumentTypeError, match="given twice"):
         tl.trace(model, x, capture=tl.options.CaptureOptions(save=tl.func("relu")), save=tl.func("linear"))
     same = tl.trace(model, x, capture=tl.options.CaptureOptions(save=tl.func("relu")), save=tl.func("relu"))
-    assert [op.label for op in same.ops if op.saved] == [op.label for op in tl.trace(model, x, save=tl.func("relu")).ops
-                                                         if op.saved]
+    assert [op.label for op in same.ops if op.saved] == [
+        op.label for op in tl.trace(model, x, save=tl.func("relu")).ops if op.saved
+    ]
 
 
 def test_patch_policy_and_wrap_torch_are_accepted_and_say_so_once(monkeypatch):
@@ -90,8 +94,9 @@ def test_the_shadow_detector_reports_compute_outside_recorded_ops():
     model, x = Escapes(), torch.randn(2, 4)
     with pytest.warns(RuntimeWarning, match="1 kernel call"):
         traced = tl.trace(model, x, escape_detector="shadow")
-    assert traced.notes["escapes"] == [{"kernel": "aten.mul.Tensor", "count": 1, "module": None,
-                                        "after": traced["lin"].label}]
+    assert traced.notes["escapes"] == [
+        {"kernel": "aten.mul.Tensor", "count": 1, "module": None, "after": traced["lin"].label}
+    ]
     with torch.no_grad():
         assert torch.equal(traced.output, model(x))  # watching changes nothing
 
@@ -101,8 +106,13 @@ def test_the_shadow_detector_is_quiet_on_a_clean_model_with_in_place_ops_and_edi
     model, x = torchvision.models.resnet18().eval(), torch.randn(1, 3, 32, 32)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        traced = tl.trace(model, x, escape_detector="shadow", save=tl.module("layer1"),
-                          intervene=tl.when(tl.module("layer1"), tl.scale(0.5)))
+        traced = tl.trace(
+            model,
+            x,
+            escape_detector="shadow",
+            save=tl.module("layer1"),
+            intervene=tl.when(tl.module("layer1"), tl.scale(0.5)),
+        )
     assert traced.notes["escapes"] == []
 
 

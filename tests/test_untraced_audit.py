@@ -149,8 +149,11 @@ def test_arguments_nested_shared_and_plain_are_remembered_as_given(backend: str)
         seen.append((type(pair), type(config), sorted(extra)))
         return (a + pair[1]) * config.weight + extra["same"] * config.power
 
-    a, b, c = (array(backend, [[1.0, 2.0], [3.0, 4.0]]), array(backend, [[0.5, 0.25], [1.0, 2.0]]),
-               array(backend, [[2.0, 1.0], [0.0, 3.0]]))
+    a, b, c = (
+        array(backend, [[1.0, 2.0], [3.0, 4.0]]),
+        array(backend, [[0.5, 0.25], [1.0, 2.0]]),
+        array(backend, [[2.0, 1.0], [0.0, 3.0]]),
+    )
     trace = tl.trace(model, a, [a, b], backend=backend, config=Config(c, 2), extra={"same": a, "label": "x"})
     call = trace.call
     inputs = {op.index for op in trace.ops if op.kind == "input"}
@@ -201,6 +204,7 @@ def test_an_argument_of_a_shape_no_other_has_is_matched_without_reading_values(m
     read: list[Any] = []
     fits = rerun._fits
     monkeypatch.setattr(rerun, "_fits", lambda *a: read.append(a[3]) or fits(*a))
+
     def product(a: Any, b: Any) -> Any:
         return (a * b).sum(0)
 

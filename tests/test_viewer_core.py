@@ -39,8 +39,13 @@ def test_the_histogram_is_numpys() -> None:
 def test_the_fast_histogram_counts_as_numpy_does_on_edges_and_narrow_spreads() -> None:
     rng = np.random.default_rng(2)
     cases = [rng.normal(size=n) for n in (1, 2, 33, 1000)] + [
-        np.arange(33.0), np.linspace(-1, 1, 97), np.array([5.0] * 7), rng.integers(-3, 4, 500).astype(float),
-        np.array([0.1, 0.2, 0.3]) * 1e-300, np.array([1e300, -1e300]), np.linspace(0, 1, 33) ** 3,
+        np.arange(33.0),
+        np.linspace(-1, 1, 97),
+        np.array([5.0] * 7),
+        rng.integers(-3, 4, 500).astype(float),
+        np.array([0.1, 0.2, 0.3]) * 1e-300,
+        np.array([1e300, -1e300]),
+        np.linspace(0, 1, 33) ** 3,
         np.array([1.0, np.nextafter(1.0, 2.0)] * 3),  # too narrow for 32 bins: both raise
     ]
     for values in cases:
@@ -103,8 +108,17 @@ def test_pictures_of_stacked_values_are_each_values_own_to_the_bit() -> None:
             for kind in range(9):
                 a = rng.normal(size=shape) * 10 ** rng.uniform(-4, 4)
                 coin = rng.random(shape) < 0.5
-                a = [a, np.full(shape, rng.normal()), np.round(a), np.where(coin, 1.0, np.nextafter(1.0, 2.0)),
-                     a * 1e-310, np.where(coin, 1e308, -1e308), -np.zeros(shape), a, a][kind]
+                a = [
+                    a,
+                    np.full(shape, rng.normal()),
+                    np.round(a),
+                    np.where(coin, 1.0, np.nextafter(1.0, 2.0)),
+                    a * 1e-310,
+                    np.where(coin, 1e308, -1e308),
+                    -np.zeros(shape),
+                    a,
+                    a,
+                ][kind]
                 a = np.array(a, dtype=np.float64)
                 if kind == 7 and a.size:
                     a.flat[0] = np.nan
@@ -160,16 +174,20 @@ def test_the_file_needs_nothing_from_the_network(loaded: tl.Trace, tmp_path: pat
 @needs_dot
 def test_the_command_line_in_a_browser(loaded: tl.Trace, tmp_path: pathlib.Path) -> None:
     out = tmp_path / "mlp.html"
-    done = subprocess.run([sys.executable, "-m", "torchlens", "view", str(FIXTURES / "torch_mlp_trace"),
-                           "-o", str(out)], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "torchlens", "view", str(FIXTURES / "torch_mlp_trace"), "-o", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     expected = json.loads((FIXTURES / "torch_mlp_expected.json").read_text())
     with browser() as chromium:
         shown = Page(chromium, out)
         try:
             assert sorted(shown.visible_ops()) == list(range(len(expected["labels"])))
-            assert shown.page.eval_on_selector_all("#tl-graph g.node[data-op]", "els => els.map(e => "
-                                                   "e.querySelector('text').textContent)")  # drawn with labels
+            assert shown.page.eval_on_selector_all(
+                "#tl-graph g.node[data-op]", "els => els.map(e => e.querySelector('text').textContent)"
+            )  # drawn with labels
             output = np.array(expected["output"])
             shown.click_op(len(expected["labels"]) - 1)
             panel = shown.panel()
@@ -185,8 +203,11 @@ def test_the_command_line_in_a_browser(loaded: tl.Trace, tmp_path: pathlib.Path)
 
 
 def test_the_command_line_refuses_a_folder_that_is_not_a_trace(tmp_path: pathlib.Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "torchlens", "view", str(tmp_path), "-o", str(tmp_path / "x.html")],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "torchlens", "view", str(tmp_path), "-o", str(tmp_path / "x.html")],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2  # not done (1: done, and a check failed)
     assert "TraceFileError" in done.stderr and "tl.save" in done.stderr
     assert not (tmp_path / "x.html").exists()
@@ -199,8 +220,9 @@ def test_only_traces_and_comparisons_are_viewed(tmp_path: pathlib.Path) -> None:
     assert issubclass(ArgumentTypeError, TorchLensError)
 
 
-def test_without_graphviz_the_error_says_how_to_install_it(loaded: tl.Trace, tmp_path: pathlib.Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_graphviz_the_error_says_how_to_install_it(
+    loaded: tl.Trace, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no dot here
     with pytest.raises(GraphvizNotFoundError, match="apt-get install graphviz"):
         tl.view(loaded, tmp_path / "x.html")
@@ -247,8 +269,9 @@ def test_show_in_a_notebook_displays_the_page_in_an_iframe(loaded: tl.Trace, mon
 
 
 @needs_dot
-def test_show_in_a_notebook_warns_nothing(loaded: tl.Trace, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_in_a_notebook_warns_nothing(
+    loaded: tl.Trace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """IPython's own display machinery: HTML() holding an iframe warns (use IFrame); show() must not."""
     pytest.importorskip("IPython")
     from torchlens_core import viewer

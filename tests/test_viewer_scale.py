@@ -39,8 +39,9 @@ class Block(torch.nn.Module):
 class Group(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.stages = torch.nn.Sequential(*[torch.nn.Sequential(*[Block() for _ in range(BLOCKS)])
-                                            for _ in range(STAGES)])
+        self.stages = torch.nn.Sequential(
+            *[torch.nn.Sequential(*[Block() for _ in range(BLOCKS)]) for _ in range(STAGES)]
+        )
 
     def forward(self, x: Any) -> Any:
         return self.stages(x)
@@ -137,8 +138,9 @@ def test_opening_and_folding_modules_lays_out_what_is_shown(big: Any, page: Page
     op = trace.ops[sorted(inside)[12]]
     page.page.evaluate("i => window.torchlensViewer.center(i)", op.index)
     page.page.locator(f'#tl-graph g.node[data-op="{op.index}"]').hover()
-    lit = set(page.page.eval_on_selector_all("#tl-graph g.node.tl-path[data-op]",
-                                             "els => els.map(e => Number(e.dataset.op))"))
+    lit = set(
+        page.page.eval_on_selector_all("#tl-graph g.node.tl-path[data-op]", "els => els.map(e => Number(e.dataset.op))")
+    )
     related: set[int] = set()
     for step in (lambda o: o.parent_indices, lambda o: [trace[c].index for c in o.children]):
         todo = list(step(op))
@@ -273,8 +275,9 @@ class Small(torch.nn.Module):
         return self.head(self.norm(self.conv(x)).tanh())
 
 
-def test_laid_out_in_the_page_a_comparison_and_an_edit_are_marked(chromium: Any, tmp_path: pathlib.Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_laid_out_in_the_page_a_comparison_and_an_edit_are_marked(
+    chromium: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("torchlens_core.viewer.PAGE_LAYOUT_OPS", 0)  # every trace laid out in the page
     torch.manual_seed(0)
     a, b = Small().eval(), Small(eps=1e-1).eval()
@@ -288,8 +291,10 @@ def test_laid_out_in_the_page_a_comparison_and_an_edit_are_marked(chromium: Any,
         assert page.page.evaluate("window.torchlensViewer.inPage")
         shown = page.panel()  # opens on the first divergence
         assert shown["label"] == first.a and shown["Compared"].startswith("diverges")
-        fill = "i => document.querySelector(`#tl-graph g.node[data-op=\"${i}\"] > :is(path, polygon)`)" \
-               ".getAttribute('fill')"
+        fill = (
+            'i => document.querySelector(`#tl-graph g.node[data-op="${i}"] > :is(path, polygon)`)'
+            ".getAttribute('fill')"
+        )
         assert page.page.evaluate(fill, cmp.a[first.a].index) in ("#fcbba1", "#fb6a4a", "#cb181d")
         assert page.page.evaluate(fill, cmp.a["conv"].index) == "#c7e9c0"  # before the divergence: agrees
         page.page.click("#tl-expand")

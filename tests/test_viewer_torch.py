@@ -33,8 +33,10 @@ def resnet() -> tuple[Any, Any, dict[str, Any]]:
     x = torch.rand(1, 3, 64, 64)
     seen: dict[str, Any] = {}
     names = ("layer1.0.conv1", "layer2.1.bn2", "fc")
-    handles = [model.get_submodule(n).register_forward_hook(
-        lambda m, i, o, n=n: seen.__setitem__(n, o.detach().clone())) for n in names]
+    handles = [
+        model.get_submodule(n).register_forward_hook(lambda m, i, o, n=n: seen.__setitem__(n, o.detach().clone()))
+        for n in names
+    ]
     with torch.no_grad():
         model(x)
     for h in handles:
@@ -110,8 +112,9 @@ def test_folding_a_module_hides_its_ops_and_shows_one_box(resnet_page: Any) -> N
     page.page.select_option("#tl-depth", "1")
     for path in ("layer1", "layer2", "layer3", "layer4"):
         assert page.boxes(f"{path}:1") == 1
-    assert len(page.visible_ops()) == len(trace.ops) - sum(len(trace.modules[p].passes[0].ops)
-                                                           for p in ("layer1", "layer2", "layer3", "layer4"))
+    assert len(page.visible_ops()) == len(trace.ops) - sum(
+        len(trace.modules[p].passes[0].ops) for p in ("layer1", "layer2", "layer3", "layer4")
+    )
     page.clean()
 
 
@@ -141,8 +144,10 @@ def test_hover_lights_the_paths_to_input_and_output(resnet_page: Any) -> None:
     lit = set(page.page.eval_on_selector_all("#tl-graph g.node.tl-path", "els => els.map(e => Number(e.dataset.op))"))
     # every ancestor and descendant, from the parent lists alone
     expected: set[int] = set()
-    for start, step in ((op.index, lambda o: o.parent_indices),
-                        (op.index, lambda o: [trace[c].index for c in o.children])):
+    for start, step in (
+        (op.index, lambda o: o.parent_indices),
+        (op.index, lambda o: [trace[c].index for c in o.children]),
+    ):
         todo = list(step(trace.ops[start]))
         while todo:
             i = todo.pop()
@@ -159,8 +164,11 @@ def test_a_loaded_trace_through_the_command_line(resnet: Any, chromium: Any, tmp
     model, x, seen = resnet
     tl.save(tl.trace(model, x), tmp_path / "saved")
     out = tmp_path / "loaded.html"
-    done = subprocess.run([sys.executable, "-m", "torchlens", "view", str(tmp_path / "saved"), "-o", str(out)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "torchlens", "view", str(tmp_path / "saved"), "-o", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(out)
     loaded = tl.load(tmp_path / "saved")
@@ -187,8 +195,9 @@ class Block(torch.nn.Module):
         return self.head(self.norm(self.conv(x)).tanh())
 
 
-def test_a_comparison_colours_ops_by_error_and_opens_on_the_first_divergence(chromium: Any,
-                                                                            tmp_path: pathlib.Path) -> None:
+def test_a_comparison_colours_ops_by_error_and_opens_on_the_first_divergence(
+    chromium: Any, tmp_path: pathlib.Path
+) -> None:
     torch.manual_seed(0)
     a, b = Block().eval(), Block(eps=1e-1).eval()
     b.load_state_dict(a.state_dict())
@@ -201,8 +210,10 @@ def test_a_comparison_colours_ops_by_error_and_opens_on_the_first_divergence(chr
         shown = page.panel()
         assert shown["label"] == first.a
         assert shown["Compared"].startswith("diverges")
-        fill = "i => document.querySelector(`#tl-graph g.node[data-op=\"${i}\"] > :is(path, polygon)`)" \
-               ".getAttribute('fill')"
+        fill = (
+            'i => document.querySelector(`#tl-graph g.node[data-op="${i}"] > :is(path, polygon)`)'
+            ".getAttribute('fill')"
+        )
         assert page.page.evaluate(fill, cmp.a[first.a].index) in ("#fcbba1", "#fb6a4a", "#cb181d")
         assert page.page.evaluate(fill, cmp.a["conv"].index) == "#c7e9c0"  # before the divergence: agrees
         page.clean()
@@ -229,8 +240,9 @@ def test_an_intervened_trace_marks_the_edited_ops(chromium: Any, tmp_path: pathl
         page.close()
 
 
-def test_a_layout_left_out_by_max_nodes_is_refused_in_the_page(resnet: Any, chromium: Any,
-                                                              tmp_path: pathlib.Path) -> None:
+def test_a_layout_left_out_by_max_nodes_is_refused_in_the_page(
+    resnet: Any, chromium: Any, tmp_path: pathlib.Path
+) -> None:
     model, x, _ = resnet
     trace = tl.trace(model, x)
     page = Page(chromium, tl.view(trace, tmp_path / "small.html", max_nodes=60))

@@ -96,8 +96,17 @@ def test_conversions_are_reported_once_each_as_replay_converts_them(boxed: types
 
     trace = boxed.trace_boxed(model, x)
     y = x * 2.0
-    assert got == {"len": 3, "float": 3.0, "rows": [1.0, 3.0, 5.0], "bool": bool(y.sum() > 3.0), "int": 5,
-                   "complex": 1 + 0j, "round": round(5.0), "close": True, "shape": (3,)}
+    assert got == {
+        "len": 3,
+        "float": 3.0,
+        "rows": [1.0, 3.0, 5.0],
+        "bool": bool(y.sum() > 3.0),
+        "int": 5,
+        "complex": 1 + 0j,
+        "round": round(5.0),
+        "close": True,
+        "shape": (3,),
+    }
     # len is read three times (len(), the loop, and np.shape's shape read) and reported once
     assert _op(trace, "multiply").meta["to_python"] == [((), "len", 3)]
     assert _op(trace, "greater").meta["to_python"] == [((), "bool", True)]
@@ -111,8 +120,7 @@ def test_conversions_are_reported_once_each_as_replay_converts_them(boxed: types
             assert CONVERSIONS[how](op.out) == result, (op.label, how)
 
 
-def test_a_value_written_through_another_view_is_recorded_as_a_copy_before_it_converts(
-        boxed: types.ModuleType) -> None:
+def test_a_value_written_through_another_view_is_recorded_as_a_copy_before_it_converts(boxed: types.ModuleType) -> None:
     x = np.arange(4.0)
     got: dict[str, Any] = {}
 
@@ -134,21 +142,37 @@ def test_a_value_written_through_another_view_is_recorded_as_a_copy_before_it_co
 
 
 def test_call_names_round_trip_and_refuse_what_is_not_listed() -> None:
-    names = CallNames({"numpy": np, "numpy.linalg": np.linalg}, methods=("sum",),
-                      operators={"getitem": operator.getitem}, refused=("save", "load"))
-    for call, data in ((np.linalg.norm, {"function": "numpy.linalg:norm"}), (MethodCall("sum"), {"method": "sum"}),
-                       (operator.getitem, {"operator": "getitem"}), (constant, {"constant": 0}),
-                       (PythonValue(np.allclose), {"python_value": {"function": "numpy:allclose"}})):
+    names = CallNames(
+        {"numpy": np, "numpy.linalg": np.linalg},
+        methods=("sum",),
+        operators={"getitem": operator.getitem},
+        refused=("save", "load"),
+    )
+    for call, data in (
+        (np.linalg.norm, {"function": "numpy.linalg:norm"}),
+        (MethodCall("sum"), {"method": "sum"}),
+        (operator.getitem, {"operator": "getitem"}),
+        (constant, {"constant": 0}),
+        (PythonValue(np.allclose), {"python_value": {"function": "numpy:allclose"}}),
+    ):
         assert names.encode(call) == data
         again = names.decode(data)
         assert again == call or (isinstance(again, PythonValue) and again.function is call.function)
     a = np.arange(6.0).reshape(2, 3)
     assert names.decode({"method": "sum"})(a) == a.sum() and math.isclose(
-        names.decode({"function": "numpy.linalg:norm"})(a), float(np.sqrt((a * a).sum())))
+        names.decode({"function": "numpy.linalg:norm"})(a), float(np.sqrt((a * a).sum()))
+    )
     assert names.encode(print) is None and names.encode(MethodCall("mean")) is None  # not listed: not saved
-    for data in ({"function": "os:system"}, {"function": "numpy:save"}, {"function": "numpy:__class__"},
-                 {"method": "__reduce__"}, {"operator": "attrgetter"}, {"python_value": {"python_value": {}}},
-                 {"function": "numpy:sum", "method": "sum"}, ["numpy", "load"]):
+    for data in (
+        {"function": "os:system"},
+        {"function": "numpy:save"},
+        {"function": "numpy:__class__"},
+        {"method": "__reduce__"},
+        {"operator": "attrgetter"},
+        {"python_value": {"python_value": {}}},
+        {"function": "numpy:sum", "method": "sum"},
+        ["numpy", "load"],
+    ):
         with pytest.raises(TraceFileError):
             names.decode(data)
 
@@ -156,13 +180,15 @@ def test_call_names_round_trip_and_refuse_what_is_not_listed() -> None:
 def test_replay_written_writes_into_values_and_only_into_copies_of_constants() -> None:
     kept = np.ones(3)
     x = np.arange(3.0)
-    into_constant = OpRecord(index=1, kind="op", func_name="add", call=np.add, args=(Ref(0), 1.0),
-                             kwargs={"out": (kept,)}, in_place=True)
+    into_constant = OpRecord(
+        index=1, kind="op", func_name="add", call=np.add, args=(Ref(0), 1.0), kwargs={"out": (kept,)}, in_place=True
+    )
     got = replay_written(into_constant, (x, 1.0), {"out": (kept,)}, np.copy)
     assert np.array_equal(got, x + 1.0) and got is not kept and np.array_equal(kept, np.ones(3))
     value = np.zeros(3)
-    into_value = OpRecord(index=2, kind="op", func_name="setitem", call=operator.setitem, args=(Ref(1), 0, 5.0),
-                          in_place=True)
+    into_value = OpRecord(
+        index=2, kind="op", func_name="setitem", call=operator.setitem, args=(Ref(1), 0, 5.0), in_place=True
+    )
     got = replay_written(into_value, (value, 0, 5.0), {}, np.copy)  # setitem returns None: what it wrote
     assert got is value and value.tolist() == [5.0, 0.0, 0.0]
 

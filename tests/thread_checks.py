@@ -75,8 +75,19 @@ def beside_plain_calls(trace_task: Callable[[], Any], plain_task: Callable[[], A
 
 def signature(trace: tl.Trace) -> tuple[Any, ...]:
     """Everything about a trace's graph that another thread must not change."""
-    ops = [(op.label, op.func_name, tuple(op.parents), tuple(op.module_passes), tuple(op.params), op.shape,
-            op.in_place, tuple(op.conditions)) for op in trace.ops]
+    ops = [
+        (
+            op.label,
+            op.func_name,
+            tuple(op.parents),
+            tuple(op.module_passes),
+            tuple(op.params),
+            op.shape,
+            op.in_place,
+            tuple(op.conditions),
+        )
+        for op in trace.ops
+    ]
     modules = {path: [(p.pass_num, tuple(p.ops)) for p in m.passes] for path, m in trace.modules.items()}
     return len(trace.ops), ops, modules, sorted(trace.params)
 

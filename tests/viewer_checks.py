@@ -42,8 +42,10 @@ class Page:
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.page = chromium.new_page(viewport={"width": 1400, "height": 900})
-        self.page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}")
-                     if m.type in ("error", "warning") else None)
+        self.page.on(
+            "console",
+            lambda m: self.errors.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None,
+        )
         self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
         url = pathlib.Path(path).resolve().as_uri()
 
@@ -68,15 +70,19 @@ class Page:
     def visible_ops(self, indices: Any = None) -> list[int]:
         """Op indices drawn as their own node and shown now."""
         found = self.page.eval_on_selector_all(
-            "#tl-graph g.node[data-op]", "els => els.filter(e => e.getClientRects().length > 0 && "
-            "getComputedStyle(e).display !== 'none').map(e => Number(e.dataset.op))")
+            "#tl-graph g.node[data-op]",
+            "els => els.filter(e => e.getClientRects().length > 0 && "
+            "getComputedStyle(e).display !== 'none').map(e => Number(e.dataset.op))",
+        )
         return [i for i in found if indices is None or i in indices]
 
     def boxes(self, key: str) -> int:
         """How many module boxes (laid out or folded in place) stand for the module pass ``key`` now."""
         return self.page.eval_on_selector_all(
-            ".tl-modbox", "(els, key) => els.filter(e => e.dataset.module === key && "
-            "getComputedStyle(e).display !== 'none').length", key)
+            ".tl-modbox",
+            "(els, key) => els.filter(e => e.dataset.module === key && getComputedStyle(e).display !== 'none').length",
+            key,
+        )
 
     def search(self, text: str) -> str:
         self.page.fill("#tl-search", text)
@@ -86,7 +92,8 @@ class Page:
     def panel(self) -> dict[str, str]:
         """The op panel: its title, function, and each row by name."""
         rows = self.page.eval_on_selector_all(
-            "#tl-panel tr", "rows => rows.map(r => [r.dataset.field, r.querySelector('td').innerText])")
+            "#tl-panel tr", "rows => rows.map(r => [r.dataset.field, r.querySelector('td').innerText])"
+        )
         found = {"label": self.page.inner_text("#tl-panel h2"), "func": self.page.inner_text(".tl-op-func")}
         for name, value in rows:
             found.setdefault(name, value)
@@ -110,8 +117,8 @@ def pixels(png: bytes) -> list[tuple[int, ...]]:
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     at, idat, header = 8, b"", None
     while at < len(png):
-        length, kind = struct.unpack(">I4s", png[at:at + 8])
-        body = png[at + 8:at + 8 + length]
+        length, kind = struct.unpack(">I4s", png[at : at + 8])
+        body = png[at + 8 : at + 8 + length]
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -125,7 +132,7 @@ def pixels(png: bytes) -> list[tuple[int, ...]]:
     rows: list[bytearray] = []
     previous = bytearray(stride)
     for y in range(height):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for x in range(stride):
             left = line[x - channels] if x >= channels else 0
             up, corner = previous[x], previous[x - channels] if x >= channels else 0
@@ -141,7 +148,7 @@ def pixels(png: bytes) -> list[tuple[int, ...]]:
                 line[x] = (line[x] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
         rows.append(line)
         previous = line
-    return [tuple(row[x:x + 3]) for row in rows for x in range(0, stride, channels)]
+    return [tuple(row[x : x + 3]) for row in rows for x in range(0, stride, channels)]
 
 
 def assert_not_blank(png: bytes) -> None:

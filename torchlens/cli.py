@@ -43,8 +43,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     viewer.add_argument("-o", "--output", help="the HTML file to write (default: the folder's name + .html)")
     viewer.add_argument("--open", action="store_true", help="open the file in a browser")
     viewer.add_argument("--no-values", action="store_true", help="leave the value pictures out (a smaller file)")
-    viewer.add_argument("--max-nodes", type=int, default=None,
-                        help="leave out layouts with more nodes than this (Graphviz is slow on huge graphs)")
+    viewer.add_argument(
+        "--max-nodes",
+        type=int,
+        default=None,
+        help="leave out layouts with more nodes than this (Graphviz is slow on huge graphs)",
+    )
     return parser
 
 
@@ -89,4 +93,3 @@ def _view(args: argparse.Namespace) -> int:
     if args.open:
         webbrowser.open(pathlib.Path(path).resolve().as_uri())
     return PASSED
-

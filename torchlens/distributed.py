@@ -33,8 +33,10 @@ def arm() -> Any:
     try:
         from torchlens_torch.distributed import arm as arm_torch
     except ImportError as exc:
-        raise MissingDependencyError(f"tl.distributed.arm() records torch.distributed collectives and needs PyTorch "
-                                     f"(pip install 'torchlens[torch]'): {exc}") from exc
+        raise MissingDependencyError(
+            f"tl.distributed.arm() records torch.distributed collectives and needs PyTorch "
+            f"(pip install 'torchlens[torch]'): {exc}"
+        ) from exc
     return arm_torch()
 
 

@@ -25,11 +25,24 @@ from torchlens_core import old_paths
 # public name -> the module that defines it
 _EXPORTS = {
     **dict.fromkeys(
-        ("ArchitectureChanged", "BackendNotFoundError", "CaptureError", "ExtractError", "GraphvizNotFoundError",
-         "LabelNotFoundError", "ReplayError", "TorchLensError", "TraceFileError", "UnsupportedError"),
-        "torchlens_core.ir.errors"),
-    **dict.fromkeys(("CodeLocation", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "ParamRef", "Ref"),
-                    "torchlens_core.ir.records"),
+        (
+            "ArchitectureChanged",
+            "BackendNotFoundError",
+            "CaptureError",
+            "ExtractError",
+            "GraphvizNotFoundError",
+            "LabelNotFoundError",
+            "ReplayError",
+            "TorchLensError",
+            "TraceFileError",
+            "UnsupportedError",
+        ),
+        "torchlens_core.ir.errors",
+    ),
+    **dict.fromkeys(
+        ("CodeLocation", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord", "ParamRef", "Ref"),
+        "torchlens_core.ir.records",
+    ),
     "Trace": "torchlens_core.ir.trace",
     "Backend": "torchlens_core.backend.base",
     "BackendInfo": "torchlens_core.backend.manager",
@@ -37,8 +50,10 @@ _EXPORTS = {
     "hookimpl": "torchlens_core.backend.hookspecs",
     "Case": "torchlens_core.backend.cases",
     **dict.fromkeys(("Recording", "TraceBuilder"), "torchlens_core.capture.builder"),
-    **dict.fromkeys(("Selector", "followed_by", "func", "in_module", "label", "module", "preceded_by", "where"),
-                    "torchlens_core.capture.selectors"),
+    **dict.fromkeys(
+        ("Selector", "followed_by", "func", "in_module", "label", "module", "preceded_by", "where"),
+        "torchlens_core.capture.selectors",
+    ),
     **dict.fromkeys(("AuditReport", "Finding"), "torchlens_core.replay.audit"),
     "register_flops": "torchlens_core.views.flops",
     **dict.fromkeys(("assert_unchanged", "structural_hash"), "torchlens_core.views.hashing"),

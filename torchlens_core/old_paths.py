@@ -20,15 +20,30 @@ from types import ModuleType
 
 # 0.1 path -> where the module lives now
 MOVED = {
-    "errors": "ir.errors", "tree": "ir.tree", "records": "ir.records", "trace": "ir.trace",
-    "hookspecs": "backend.hookspecs", "plugins": "backend.manager", "arrays": "backend.arrays",
+    "errors": "ir.errors",
+    "tree": "ir.tree",
+    "records": "ir.records",
+    "trace": "ir.trace",
+    "hookspecs": "backend.hookspecs",
+    "plugins": "backend.manager",
+    "arrays": "backend.arrays",
     "conformance": "backend.cases",
-    "api": "capture.api", "builder": "capture.builder", "policy": "capture.policy",
-    "selectors": "capture.selectors", "branches": "capture.branches", "sites": "capture.sites",
+    "api": "capture.api",
+    "builder": "capture.builder",
+    "policy": "capture.policy",
+    "selectors": "capture.selectors",
+    "branches": "capture.branches",
+    "sites": "capture.sites",
     "audit": "replay.audit",
-    "summary": "views.summary", "draw": "views.draw", "tables": "views.tables", "metadata": "views.metadata",
-    "flops": "views.flops", "hashing": "views.hashing",
-    "saving": "store.saving", "encoding": "store.encoding", "activations": "store.activations",
+    "summary": "views.summary",
+    "draw": "views.draw",
+    "tables": "views.tables",
+    "metadata": "views.metadata",
+    "flops": "views.flops",
+    "hashing": "views.hashing",
+    "saving": "store.saving",
+    "encoding": "store.encoding",
+    "activations": "store.activations",
     "extract": "store.extract",
 }
 _PREFIX = "torchlens_core."
@@ -40,16 +55,18 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self) -> None:
         self.specs: dict[str, importlib.machinery.ModuleSpec | None] = {}  # the moved modules' own specs
 
-    def find_spec(self, fullname: str, path: object = None,
-                  target: object = None) -> importlib.machinery.ModuleSpec | None:
-        if not fullname.startswith(_PREFIX) or fullname[len(_PREFIX):] not in MOVED:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith(_PREFIX) or fullname[len(_PREFIX) :] not in MOVED:
             return None
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        new = _PREFIX + MOVED[spec.name[len(_PREFIX):]]
-        warnings.warn(f"{spec.name} moved to {new}; the old path goes away in the next release",
-                      DeprecationWarning, stacklevel=2)
+        new = _PREFIX + MOVED[spec.name[len(_PREFIX) :]]
+        warnings.warn(
+            f"{spec.name} moved to {new}; the old path goes away in the next release", DeprecationWarning, stacklevel=2
+        )
         module = importlib.import_module(new)
         self.specs[new] = module.__spec__
         return module

@@ -28,7 +28,7 @@ def is_array(value: Any) -> bool:
 
 
 def device_name(value: Any) -> str:
-    """"cpu" for host memory; "gpu:1", "tpu:0"... for accelerators (the platform and device id)."""
+    """ "cpu" for host memory; "gpu:1", "tpu:0"... for accelerators (the platform and device id)."""
     if isinstance(value, np.ndarray):
         return "cpu"
     try:

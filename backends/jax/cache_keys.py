@@ -91,8 +91,16 @@ def probe(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: C
         kind, model_key, params, param_args = model
         leaves, treedef = jax.tree_util.tree_flatten((args[param_args:], kwargs))
         inputs = [leaf for leaf in leaves if is_array(leaf)]
-        key = (kind, model_key, treedef, tuple(map(leaf_key, leaves)), _sharing(inputs), _bound_key(bound),
-               trace_context(), options_key)
+        key = (
+            kind,
+            model_key,
+            treedef,
+            tuple(map(leaf_key, leaves)),
+            _sharing(inputs),
+            _bound_key(bound),
+            trace_context(),
+            options_key,
+        )
         hash(key)
     except Exception:  # noqa: BLE001 - an unhashable static argument, a NumPy array a partial binds, a leaf
         # of a type this cannot read: the ordinary path, which keys nothing (a model it cannot split fails there)
@@ -167,8 +175,13 @@ def leaf_key(leaf: Any) -> Any:
         if isinstance(leaf, np.ndarray):
             return ("numpy", leaf.shape, leaf.dtype.str)
         # (a typed PRNG key array has no weak type, and may have no commitment to tell)
-        return (leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), leaf.sharding,
-                getattr(leaf, "committed", None))
+        return (
+            leaf.shape,
+            leaf.dtype,
+            getattr(leaf, "weak_type", False),
+            leaf.sharding,
+            getattr(leaf, "committed", None),
+        )
     if isinstance(leaf, (float, np.floating)):
         value = float(leaf)
         return (type(leaf), value.hex() if math.isfinite(value) else repr(value))
@@ -223,9 +236,16 @@ def trace_context() -> Any:
     except (ImportError, AttributeError):  # a JAX without it: the flags that change a trace the most
         import jax
 
-        return tuple(getattr(jax.config, name, None) for name in (
-            "jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
-            "jax_numpy_dtype_promotion", "jax_default_prng_impl"))
+        return tuple(
+            getattr(jax.config, name, None)
+            for name in (
+                "jax_enable_x64",
+                "jax_default_matmul_precision",
+                "jax_numpy_rank_promotion",
+                "jax_numpy_dtype_promotion",
+                "jax_default_prng_impl",
+            )
+        )
 
 
 def _options_key(options: CaptureOptions) -> Any:

@@ -72,7 +72,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         return answered
     view = view_model(target, args)
     # Array leaves of the arguments become jaxpr inputs; anything else (flags, sizes) stays as given.
-    leaves, treedef = jax.tree_util.tree_flatten((args[view.param_args:], kwargs))
+    leaves, treedef = jax.tree_util.tree_flatten((args[view.param_args :], kwargs))
     array_at = [i for i, leaf in enumerate(leaves) if is_array(leaf)]
     # Made before tracing: tl.splice_module replaces module calls while the jaxpr is traced.
     builder = TraceBuilder("jax", model_name=view.type_name, options=options)
@@ -95,18 +95,25 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         return arrays
 
     def trace_jaxpr(scopes: CallScopes) -> Any:
-        interception = (function_interception(scopes) if isinstance(scopes, FunctionScopes)
-                        else view.interception(scopes))
+        interception = (
+            function_interception(scopes) if isinstance(scopes, FunctionScopes) else view.interception(scopes)
+        )
         try:
             with _TRACING, interception:
                 return jax.make_jaxpr(functools.partial(traced, scopes))(
-                    [p.value for p in view.params], [leaves[i] for i in array_at])
-        except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
-                jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as exc:
+                    [p.value for p in view.params], [leaves[i] for i in array_at]
+                )
+        except (
+            jax.errors.ConcretizationTypeError,
+            jax.errors.TracerBoolConversionError,
+            jax.errors.TracerIntegerConversionError,
+            jax.errors.TracerArrayConversionError,
+        ) as exc:
             raise UnsupportedError(
                 f"{view.type_name} branches on array values in Python (or converts them to Python numbers), "
                 f"which a jaxpr cannot record; use jax.lax.cond / jax.lax.while_loop for data-dependent "
-                f"control flow. JAX said: {str(exc).splitlines()[0]}") from exc
+                f"control flow. JAX said: {str(exc).splitlines()[0]}"
+            ) from exc
 
     if view.kind == "function":  # modules called inside the function (torchlens_jax.function_modules)
         named = named_modules(unjitted(target))
@@ -127,8 +134,11 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     refusal = fast_path_refusal(closed, builder)
     param_values = [p.value for p in view.params]
     input_values = [leaves[i] for i in array_at]
-    walker = (Walker(builder, scopes) if refusal is not None
-              else DeferredWalker(builder, scopes, device_of(param_values + input_values)))
+    walker = (
+        Walker(builder, scopes)
+        if refusal is not None
+        else DeferredWalker(builder, scopes, device_of(param_values + input_values))
+    )
     param_vals = [Val(p.value, ParamRef(p.name)) for p in view.params]
     input_vals = []
     for value in input_values:
@@ -164,23 +174,27 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         model_output = view.call_plain(args, kwargs)
         if out_structure["flattened"]:  # a container the core cannot look into: its arrays, in order
             model_output = tuple(slot_template(model_output)[1])
-        how = (f"jax.make_jaxpr, then an eager walk binding each primitive ({refusal})" if refusal else
-               "jax.make_jaxpr, a walk recording each primitive, then an eager run of them (compiled when the "
-               "same program is captured again)")
+        how = (
+            f"jax.make_jaxpr, then an eager walk binding each primitive ({refusal})"
+            if refusal
+            else "jax.make_jaxpr, a walk recording each primitive, then an eager run of them (compiled when the "
+            "same program is captured again)"
+        )
     else:  # intervene=: the edited forward is the walk itself; a plain call would return the unedited output
         model_output = fill(out_structure["template"], [x.value for x in outs])
         how = f"jax.make_jaxpr, then an eager walk binding each primitive ({refusal})"
     builder.add_outputs(out_refs, model_output)
-    builder.notes.update({
-        "capture": how,
-        "expanded": dict(walker.expanded),  # higher-order primitives replaced by their inner ops
-        "opaque": dict(walker.opaque),  # higher-order primitives recorded as one op
-        "output_flattened": out_structure["flattened"],
-    })
+    builder.notes.update(
+        {
+            "capture": how,
+            "expanded": dict(walker.expanded),  # higher-order primitives replaced by their inner ops
+            "opaque": dict(walker.opaque),  # higher-order primitives recorded as one op
+            "output_flattened": out_structure["flattened"],
+        }
+    )
     trace = builder.finish()
     if sources is not None:
-        capture_cache.store(cache_probe, trace, walker, sources, out_structure["template"], view.params,
-                            input_values)
+        capture_cache.store(cache_probe, trace, walker, sources, out_structure["template"], view.params, input_values)
     return trace
 
 
@@ -211,6 +225,15 @@ def _declare(builder: TraceBuilder, view: Any, scopes: CallScopes) -> None:
         builder.add_module(path, type_name, params=[p.name for p in view.params if p.name.startswith(path + ".")])
     for p in view.params:
         shape, dtype, _ = array_info(p.value)
-        builder.add_param(ParamRecord(name=p.name, shape=shape, dtype=dtype, numel=int(p.value.size),
-                                      trainable=p.trainable, module=owner(p.name, list(types)),
-                                      is_buffer=p.is_buffer, value=p.value))
+        builder.add_param(
+            ParamRecord(
+                name=p.name,
+                shape=shape,
+                dtype=dtype,
+                numel=int(p.value.size),
+                trainable=p.trainable,
+                module=owner(p.name, list(types)),
+                is_buffer=p.is_buffer,
+                value=p.value,
+            )
+        )

@@ -49,10 +49,23 @@ CAPTURE_CACHE = True
 CACHE_SIZE = 64
 # Programs with random primitives are never cached: where their keys come from (an argument, a seed or key the
 # forward makes from Python state) is left to the ordinary path, which traces every capture anew.
-RANDOM_PRIMITIVES = frozenset({"random_seed", "random_bits", "random_split", "random_fold_in", "random_wrap",
-                               "random_unwrap", "threefry2x32", "rng_bit_generator", "rng_uniform"})
-CAPTURE_NOTE = ("the capture cache (a repeat capture of a jitted target, under jit's contract): the records of "
-                "its first capture, every value from one call of the cached executable; no make_jaxpr, no walk")
+RANDOM_PRIMITIVES = frozenset(
+    {
+        "random_seed",
+        "random_bits",
+        "random_split",
+        "random_fold_in",
+        "random_wrap",
+        "random_unwrap",
+        "threefry2x32",
+        "rng_bit_generator",
+        "rng_uniform",
+    }
+)
+CAPTURE_NOTE = (
+    "the capture cache (a repeat capture of a jitted target, under jit's contract): the records of "
+    "its first capture, every value from one call of the cached executable; no make_jaxpr, no walk"
+)
 
 # Where a value comes from, on a hit: (_SLOT, slot), (_SLOTS, slots) for a several-output op, (_INPUT, position),
 # (_PARAM, position), (_CONST, value), (_NONE,) for a value save= left out, (_OUTPUT, path into model_output).
@@ -189,8 +202,15 @@ def _origin_source(origin: tuple[Any, ...]) -> tuple[Any, ...]:
     raise Uncacheable(f"a value of unknown origin ({origin})")
 
 
-def store(probe: Probe, trace: Trace, walker: DeferredWalker, sources: tuple[list[Any], list[Any]],
-          out_slots: Any, params: list[Any], inputs: list[Any]) -> bool:
+def store(
+    probe: Probe,
+    trace: Trace,
+    walker: DeferredWalker,
+    sources: tuple[list[Any], list[Any]],
+    out_slots: Any,
+    params: list[Any],
+    inputs: list[Any],
+) -> bool:
     """Keep ``trace``, just captured for ``probe`` from the model view's ``params`` (named arrays) and the
     ``inputs`` it made input nodes of, as a skeleton; False when it cannot be kept."""
     if not CAPTURE_CACHE:
@@ -201,8 +221,15 @@ def store(probe: Probe, trace: Trace, walker: DeferredWalker, sources: tuple[lis
         return False
 
 
-def _store(probe: Probe, trace: Trace, walker: DeferredWalker, sources: tuple[list[Any], list[Any]],
-           out_slots: Any, params: list[Any], inputs: list[Any]) -> bool:
+def _store(
+    probe: Probe,
+    trace: Trace,
+    walker: DeferredWalker,
+    sources: tuple[list[Any], list[Any]],
+    out_slots: Any,
+    params: list[Any],
+    inputs: list[Any],
+) -> bool:
     program = walker.program
     if any(step[0].name in RANDOM_PRIMITIVES for step in program.steps):
         return False
@@ -215,14 +242,16 @@ def _store(probe: Probe, trace: Trace, walker: DeferredWalker, sources: tuple[li
     param_names = [p.name for p in params]
     position = {name: j for j, name in enumerate(param_names)}
     try:
-        arg_sources = [(_CONST, value) if origin == ("const",) else _origin_source(origin)
-                       for origin, value in zip(program.origins, program.args)]
+        arg_sources = [
+            (_CONST, value) if origin == ("const",) else _origin_source(origin)
+            for origin, value in zip(program.origins, program.args)
+        ]
         op_sources, out_sources = ([_positioned(s, position) for s in part] for part in sources)
         arg_sources = [_positioned(s, position) for s in arg_sources]
     except Uncacheable:
         return False
     for (kind, *rest), value in zip(arg_sources, program.args):  # and each argument of the program is one of them
-        found = (probe.params[rest[0]] if kind == _PARAM else probe.inputs[rest[0]] if kind == _INPUT else value)
+        found = probe.params[rest[0]] if kind == _PARAM else probe.inputs[rest[0]] if kind == _INPUT else value
         if found is not value:
             return False
     op_sources += [None] * (len(trace.ops) - len(op_sources))  # the output nodes, added after the walk
@@ -233,14 +262,23 @@ def _store(probe: Probe, trace: Trace, walker: DeferredWalker, sources: tuple[li
     elapsed_free = {"elapsed": None}  # the compiled path times no op
     notes = fresh({k: v for k, v in trace.notes.items() if k not in ("compiled", "capture")})
     skeleton = Skeleton(
-        backend=trace.backend, model_name=trace.model_name,
-        ops=[template(op, **elapsed_free) for op in trace.ops], sources=op_sources,
+        backend=trace.backend,
+        model_name=trace.model_name,
+        ops=[template(op, **elapsed_free) for op in trace.ops],
+        sources=op_sources,
         modules=[(template(m), [template(mp) for mp in m.passes]) for m in trace.modules.values()],
         params=[template(trace.params[name]) for name in param_names],
-        output_template=fresh_template(trace.output_template), out_slots=fresh_template(out_slots),
-        out_sources=out_sources, notes=notes, halted=trace.halted, rules=kept_rules(trace.ops),
-        steps=Program(steps=program.steps, slots=program.slots), order=walker.order, arg_sources=arg_sources,
-        compiled=walker.compiled)
+        output_template=fresh_template(trace.output_template),
+        out_slots=fresh_template(out_slots),
+        out_sources=out_sources,
+        notes=notes,
+        halted=trace.halted,
+        rules=kept_rules(trace.ops),
+        steps=Program(steps=program.steps, slots=program.slots),
+        order=walker.order,
+        arg_sources=arg_sources,
+        compiled=walker.compiled,
+    )
     CACHE.put(probe, skeleton)
     return True
 
@@ -260,8 +298,10 @@ def _positioned(source: tuple[Any, ...], position: dict[str, int]) -> tuple[Any,
 # -- answering a capture -----------------------------------------------------------------------
 def executable_args(probe: Probe, skeleton: Skeleton) -> list[Any]:
     """The arguments of ``skeleton``'s executable for this capture: its parameters and inputs, and constants."""
-    return [probe.params[s[1]] if s[0] == _PARAM else probe.inputs[s[1]] if s[0] == _INPUT else s[1]
-            for s in skeleton.arg_sources]
+    return [
+        probe.params[s[1]] if s[0] == _PARAM else probe.inputs[s[1]] if s[0] == _INPUT else s[1]
+        for s in skeleton.arg_sources
+    ]
 
 
 def answer(probe: Probe, skeleton: Skeleton) -> Trace | None:
@@ -315,10 +355,24 @@ def answer(probe: Probe, skeleton: Skeleton) -> Trace | None:
         params[made.name] = made
     notes = fresh(skeleton.notes)
     notes["capture"] = CAPTURE_NOTE
-    notes["compiled"] = {"outputs": compiled.n_outputs, "slots": skeleton.steps.slots,
-                         "steps": len(skeleton.steps.steps), "cached": cached, "seconds": elapsed}
-    trace = Trace(skeleton.backend, skeleton.model_name, ops, modules, params,
-                  fresh_template(skeleton.output_template), model_output, notes, skeleton.halted)
+    notes["compiled"] = {
+        "outputs": compiled.n_outputs,
+        "slots": skeleton.steps.slots,
+        "steps": len(skeleton.steps.steps),
+        "cached": cached,
+        "seconds": elapsed,
+    }
+    trace = Trace(
+        skeleton.backend,
+        skeleton.model_name,
+        ops,
+        modules,
+        params,
+        fresh_template(skeleton.output_template),
+        model_output,
+        notes,
+        skeleton.halted,
+    )
     ref = weakref.ref(trace)
     for op in ops:
         op.trace_ref = ref

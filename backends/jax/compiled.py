@@ -287,11 +287,15 @@ def _compile(program: Program, wanted: tuple[int, ...]) -> Compiled:
 def program_key(program: Program, wanted: tuple[int, ...]) -> Any:
     """A hashable description of everything the executable depends on; None when a parameter is unhashable."""
     try:
-        steps = tuple((prim, tuple((k, _param_key(v)) for k, v in params.items()), sources, outs)
-                      for prim, params, sources, outs in program.steps)
+        steps = tuple(
+            (prim, tuple((k, _param_key(v)) for k, v in params.items()), sources, outs)
+            for prim, params, sources, outs in program.steps
+        )
         # (the dtype itself: its text costs a NumPy call per argument)
-        args = tuple((tuple(a.shape), a.dtype, bool(getattr(a, "weak_type", False)), type(a).__name__,
-                      device_name(a)) for a in program.args)
+        args = tuple(
+            (tuple(a.shape), a.dtype, bool(getattr(a, "weak_type", False)), type(a).__name__, device_name(a))
+            for a in program.args
+        )
         key = (steps, args, wanted)
         hash(key)
     except TypeError:
@@ -353,8 +357,13 @@ def execute(walker: DeferredWalker, extra: list[Val]) -> dict[str, Any] | None:
             x.value = _filled(x.value, by_slot)
     if compiled is None:
         return None
-    return {"outputs": compiled.n_outputs, "slots": program.slots, "steps": len(program.steps),
-            "cached": cached, "seconds": elapsed}
+    return {
+        "outputs": compiled.n_outputs,
+        "slots": program.slots,
+        "steps": len(program.steps),
+        "cached": cached,
+        "seconds": elapsed,
+    }
 
 
 def _run_eagerly(program: Program, wanted: tuple[int, ...], step_ops: list[int], ops: list[Any]) -> list[Any]:

@@ -46,7 +46,7 @@ class CustomRule:
 
 def keep(ops: list[OpRecord], rule: CustomRule) -> None:
     """Mark the ops ``rule`` covers, and keep the rule with its first op (outer calls end last: listed first)."""
-    for op in ops[rule.start:rule.end]:
+    for op in ops[rule.start : rule.end]:
         op.meta[MARK] = rule.name
     _RULES.setdefault(ops[rule.start], []).insert(0, rule)
 

@@ -28,15 +28,64 @@ from torchlens_core.fields.geometry import (
 from torchlens_core.ir.records import OpRecord, ParamRef, Ref, shape_at
 from torchlens_core.ir.trace import Trace
 
-POINTWISE = frozenset({
-    "add", "sub", "mul", "div", "rem", "pow", "integer_pow", "max", "min", "neg", "abs", "sign", "exp", "exp2",
-    "log", "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "square",
-    "sin", "cos", "select_n", "convert_element_type", "copy", "copy_p", "stop_gradient", "reduce_precision",
-    "clamp", "nextafter", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "is_finite", "floor", "ceil",
-    "round", "atan2", "add_any",
-})
-_REDUCE = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
-                     "argmax", "argmin"})
+POINTWISE = frozenset(
+    {
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "rem",
+        "pow",
+        "integer_pow",
+        "max",
+        "min",
+        "neg",
+        "abs",
+        "sign",
+        "exp",
+        "exp2",
+        "log",
+        "log1p",
+        "expm1",
+        "tanh",
+        "logistic",
+        "sqrt",
+        "rsqrt",
+        "cbrt",
+        "erf",
+        "erfc",
+        "erf_inv",
+        "square",
+        "sin",
+        "cos",
+        "select_n",
+        "convert_element_type",
+        "copy",
+        "copy_p",
+        "stop_gradient",
+        "reduce_precision",
+        "clamp",
+        "nextafter",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "and",
+        "or",
+        "not",
+        "is_finite",
+        "floor",
+        "ceil",
+        "round",
+        "atan2",
+        "add_any",
+    }
+)
+_REDUCE = frozenset(
+    {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin"}
+)
 
 
 def geometry(trace: Trace, op: OpRecord) -> Geometry | None:
@@ -114,8 +163,10 @@ def _conv(trace: Trace, op: OpRecord) -> Geometry | None:
     strides = op.kwargs.get("window_strides") or (1,) * n
     lhs_dil = op.kwargs.get("lhs_dilation") or (1,) * n
     rhs_dil = op.kwargs.get("rhs_dilation") or (1,) * n
-    windows = {lhs_spec[2 + i]: Window(rhs[rhs_spec[2 + i]], strides[i], padding[i][0], rhs_dil[i], lhs_dil[i])
-               for i in range(n)}
+    windows = {
+        lhs_spec[2 + i]: Window(rhs[rhs_spec[2 + i]], strides[i], padding[i][0], rhs_dil[i], lhs_dil[i])
+        for i in range(n)
+    }
     dim_map = {lhs_spec[2 + i]: out_spec[2 + i] for i in range(n)}
     keep = ()
     if op.kwargs.get("batch_group_count", 1) == 1:
@@ -172,8 +223,10 @@ def _dot(trace: Trace, op: OpRecord) -> Geometry | None:
     free_start = len(lb)
     lhs_free = [d for d in range(len(shapes[0])) if d not in lc and d not in lb]  # type: ignore[arg-type]
     rhs_free = [d for d in range(len(shapes[1])) if d not in rc and d not in rb]  # type: ignore[arg-type]
-    for ref, batch, free, offset in ((op.args[0], lb, lhs_free, free_start),
-                                     (op.args[1], rb, rhs_free, free_start + len(lhs_free))):
+    for ref, batch, free, offset in (
+        (op.args[0], lb, lhs_free, free_start),
+        (op.args[1], rb, rhs_free, free_start + len(lhs_free)),
+    ):
         if not isinstance(ref, Ref):
             continue
         dims = {i: (d, Window()) for i, d in enumerate(batch)}

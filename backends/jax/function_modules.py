@@ -74,8 +74,9 @@ class FunctionScopes(CallScopes):
     ``expected``: the top-level modules a first trace used (for splices).
     """
 
-    def __init__(self, splicer: Splicer | None, named: list[tuple[str, Any]],
-                 expected: list[int] | None = None) -> None:
+    def __init__(
+        self, splicer: Splicer | None, named: list[tuple[str, Any]], expected: list[int] | None = None
+    ) -> None:
         super().__init__(splicer)
         self.thread = threading.get_ident()
         self.tops: list[TopModule] = []
@@ -131,15 +132,23 @@ class FunctionScopes(CallScopes):
         return self.add(None, module), ""
 
     # -- scoping a call ---------------------------------------------------------------------
-    def scoped_at(self, top: int, sub: str, type_name: str, forward: Callable[..., Any], args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Any:
+    def scoped_at(
+        self,
+        top: int,
+        sub: str,
+        type_name: str,
+        forward: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         if self.expected is not None and len(self.expected) < 2 and top not in self.expected:
             # Only a splice's replacement runs here what the first trace did not: a second top-level module,
             # whose paths would be the lone module's ("fc2" for both), and every path would have to change.
             raise UnsupportedError(
                 f"tl.splice_module's replacement calls {self.tops[top].name} ({self.tops[top].type_name}), a module "
                 f"the traced function does not call otherwise; its modules would take the paths of the function's "
-                f"own. Call it in the function too, or splice with a replacement that calls no other module")
+                f"own. Call it in the function too, or splice with a replacement that calls no other module"
+            )
         self.sites.append((top, sub))
         self._open.append(top)
         try:
@@ -158,17 +167,16 @@ class FunctionScopes(CallScopes):
         name = self.tops[top].name
         return f"{name}.{sub}" if sub else name
 
-    def __call__(self, module: Any, original: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
+    def __call__(self, module: Any, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The hook for wrapped nnx and equinox ``__call__``s."""
         site = self._locate(module) if threading.get_ident() == self.thread else None
         if site is None:
             return original(module, *args, **kwargs)
-        return self.scoped_at(*site, type(module).__name__, lambda *a, **kw: original(module, *a, **kw),
-                              args, kwargs)
+        return self.scoped_at(*site, type(module).__name__, lambda *a, **kw: original(module, *a, **kw), args, kwargs)
 
-    def linen_apply(self, module: Any, original: Callable[..., Any], args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Any:
+    def linen_apply(
+        self, module: Any, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """The hook for ``flax.linen.Module.apply``: a top-level call, the module being the unbound one the
         user holds (apply runs a fresh bound clone of it each time)."""
         if threading.get_ident() != self.thread:
@@ -178,13 +186,15 @@ class FunctionScopes(CallScopes):
         try:
             if site is None:  # applied inside another module's call: part of that call
                 return original(module, *args, **kwargs)
-            return self.scoped_at(site[0], "", type(module).__name__, lambda *a, **kw: original(module, *a, **kw),
-                                  args, kwargs)
+            return self.scoped_at(
+                site[0], "", type(module).__name__, lambda *a, **kw: original(module, *a, **kw), args, kwargs
+            )
         finally:
             self._linen.pop()
 
-    def linen_interceptor(self, next_fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                          context: Any) -> Any:
+    def linen_interceptor(
+        self, next_fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], context: Any
+    ) -> Any:
         """The hook for ``flax.linen.intercept_methods`` (thread-local): submodules by their scope path,
         below the linen top-level call they run in; a bound module's own calls as top-level calls."""
         module = context.module
@@ -342,9 +352,12 @@ def module_classes() -> list[type]:
             if cls not in found:
                 found[cls] = None
                 todo.append(cls)
-    return [cls for cls in found
-            if any("__call__" in k.__dict__ for k in cls.__mro__[:-1])
-            and (not cls.__module__.startswith(_TRANSFORM_MODULES) or cls.__module__.startswith(_LAYER_MODULES))]
+    return [
+        cls
+        for cls in found
+        if any("__call__" in k.__dict__ for k in cls.__mro__[:-1])
+        and (not cls.__module__.startswith(_TRANSFORM_MODULES) or cls.__module__.startswith(_LAYER_MODULES))
+    ]
 
 
 @contextlib.contextmanager

@@ -54,35 +54,47 @@ _OUTPUT_TOLERANCE = 1e-5
 def backward(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
     """Gradients of ``loss`` (a function of the trace's output) at the ``wanted`` ops and the trainable parameters."""
     if not callable(loss) or is_array(loss):
-        raise UnsupportedError(f"on JAX, log_backward takes the loss as a function of the trace's output "
-                               f"(lambda out: out.sum()), not a {type(loss).__name__}: a JAX array keeps no record "
-                               f"of how it was computed, so the trace is replayed under jax.grad and the function "
-                               f"applied to the replayed output")
+        raise UnsupportedError(
+            f"on JAX, log_backward takes the loss as a function of the trace's output "
+            f"(lambda out: out.sum()), not a {type(loss).__name__}: a JAX array keeps no record "
+            f"of how it was computed, so the trace is replayed under jax.grad and the function "
+            f"applied to the replayed output"
+        )
     missing = trace.notes.get("not_replayable")
     if missing:
-        raise UnsupportedError(f"this loaded trace cannot be replayed, so it has no gradients: {len(missing)} ops "
-                               f"were not rebuilt ({', '.join(list(missing)[:5])})")
+        raise UnsupportedError(
+            f"this loaded trace cannot be replayed, so it has no gradients: {len(missing)} ops "
+            f"were not rebuilt ({', '.join(list(missing)[:5])})"
+        )
     regions = _regions(trace)
     inputs = {op.index: jnp.asarray(op.out) for op in trace.ops if op.kind == "input" and _is_float(op.out)}
-    params = {name: record.value for name, record in trace.params.items()
-              if record.trainable and not record.is_buffer and _is_float(record.value)}
+    params = {
+        name: record.value
+        for name, record in trace.params.items()
+        if record.trainable and not record.is_buffer and _is_float(record.value)
+    }
     wanted_set = set(wanted)
-    deltas = {(index, path): jnp.full(shape, -0.0, dtype) for index in sorted(wanted_set)
-              if trace.ops[index].kind in ("op", "output")
-              for path, shape, dtype in _float_outputs(trace.ops[index])}
+    deltas = {
+        (index, path): jnp.full(shape, -0.0, dtype)
+        for index in sorted(wanted_set)
+        if trace.ops[index].kind in ("op", "output")
+        for path, shape, dtype in _float_outputs(trace.ops[index])
+    }
 
     def run(inputs: dict[int, Any], params: dict[str, Any], deltas: dict[Path, Any]) -> tuple[Any, Any]:
         graph = perturbed(_with_leaves(trace, inputs, params), deltas)
         values = _replay(graph, regions)
-        output = tree.map_leaves(lambda r: tree.get(values[r.index], r.path) if isinstance(r, Ref) else r,
-                                 graph.output_template)
+        output = tree.map_leaves(
+            lambda r: tree.get(values[r.index], r.path) if isinstance(r, Ref) else r, graph.output_template
+        )
         target = loss(output)
         _check_loss(target)
         return target, output
 
     try:
         (at_inputs, at_params, at_deltas), output = jax.grad(run, argnums=(0, 1, 2), has_aux=True)(
-            inputs, params, deltas)
+            inputs, params, deltas
+        )
     except ReplayError as exc:  # a primitive JAX cannot differentiate, or cannot run on these operands
         raise UnsupportedError(f"JAX cannot differentiate the recorded graph: {exc}") from exc
     _check_output(trace, output)
@@ -96,10 +108,19 @@ def backward(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
 def _with_leaves(trace: Trace, inputs: dict[int, Any], params: dict[str, Any]) -> Trace:
     """``trace`` reading ``inputs`` (by input node) and ``params`` (by name), jax.grad's tracers, instead."""
     ops = [attrs.evolve(op, out=inputs[op.index]) if op.index in inputs else op for op in trace.ops]
-    records = {name: attrs.evolve(record, value=params[name]) if name in params else record
-               for name, record in trace.params.items()}
-    graph = Trace(backend=trace.backend, model_name=trace.model_name, ops=ops, modules=dict(trace.modules),
-                  params=records, output_template=trace.output_template, notes=dict(trace.notes))
+    records = {
+        name: attrs.evolve(record, value=params[name]) if name in params else record
+        for name, record in trace.params.items()
+    }
+    graph = Trace(
+        backend=trace.backend,
+        model_name=trace.model_name,
+        ops=ops,
+        modules=dict(trace.modules),
+        params=records,
+        output_template=trace.output_template,
+        notes=dict(trace.notes),
+    )
     graph.call = trace.call
     return graph
 
@@ -175,22 +196,28 @@ def _regions(trace: Trace) -> list[CustomRule]:
     found, uncovered = rules_of(trace.ops)
     if uncovered:
         names = sorted({op.meta["custom_rule"] for op in uncovered})
-        raise UnsupportedError(f"{len(uncovered)} ops ran inside custom_jvp / custom_vjp functions ({', '.join(names)})"
-                               f" whose derivative rules this trace no longer has (a trace loaded from a file keeps "
-                               f"no Python code): JAX differentiates those by their rules, not their equations, so "
-                               f"the gradients would not be JAX's. Capture the model again to take its gradients")
+        raise UnsupportedError(
+            f"{len(uncovered)} ops ran inside custom_jvp / custom_vjp functions ({', '.join(names)})"
+            f" whose derivative rules this trace no longer has (a trace loaded from a file keeps "
+            f"no Python code): JAX differentiates those by their rules, not their equations, so "
+            f"the gradients would not be JAX's. Capture the model again to take its gradients"
+        )
     regions: list[CustomRule] = []
     for rule in sorted(found, key=lambda r: (r.start, -r.end)):
         if rule.end <= rule.start or (regions and rule.start < regions[-1].end):
             continue  # no ops, or inside an outer call, whose rule alone JAX applies to its operands
         refs = [(ref.index, ref.path) for ref in rule.outputs]
         if len(set(refs)) != len(refs):
-            raise UnsupportedError(f"the custom derivative function {rule.name} returns one value twice: its rule "
-                                   f"gives each output its own gradient, which one recorded op cannot carry")
+            raise UnsupportedError(
+                f"the custom derivative function {rule.name} returns one value twice: its rule "
+                f"gives each output its own gradient, which one recorded op cannot carry"
+            )
         edited = [trace.ops[i].label for i in range(rule.start, rule.end) if trace.ops[i].edits]
         if edited:
-            raise UnsupportedError(f"intervene= edited {', '.join(edited)} inside the custom derivative function "
-                                   f"{rule.name}: its rule knows nothing of the edit, so JAX has no gradient for it")
+            raise UnsupportedError(
+                f"intervene= edited {', '.join(edited)} inside the custom derivative function "
+                f"{rule.name}: its rule knows nothing of the edit, so JAX has no gradient for it"
+            )
         regions.append(rule)
     return regions
 
@@ -208,8 +235,11 @@ def _float_outputs(op: OpRecord) -> list[tuple[Path, tuple[int, ...], Any]]:
         dtypes = [str(v.dtype) if is_array(v) else None for v in out]
         if len(dtypes) != len(op.shape):
             return [(path, op.shape[path[0]], jnp.dtype(op.dtype)) for path in _first_output(op)]
-    return [((i,), tuple(shape), jnp.dtype(dtype)) for i, (shape, dtype) in enumerate(zip(op.shape, dtypes))
-            if isinstance(shape, tuple) and dtype is not None and _float_dtype(dtype)]
+    return [
+        ((i,), tuple(shape), jnp.dtype(dtype))
+        for i, (shape, dtype) in enumerate(zip(op.shape, dtypes))
+        if isinstance(shape, tuple) and dtype is not None and _float_dtype(dtype)
+    ]
 
 
 def _first_output(op: OpRecord) -> list[Path]:
@@ -240,8 +270,11 @@ def _reached(trace: Trace, loss: Any, output: Any) -> tuple[set[int], set[str]]:
     ``stop_gradient`` nor through a value with no gradient (integers, booleans).
     """
     used = _loss_reads(loss, output)
-    stack = [ref for path, ref in tree.leaves(trace.output_template, lambda v: isinstance(v, (Ref, ParamRef)))
-             if path in used]
+    stack = [
+        ref
+        for path, ref in tree.leaves(trace.output_template, lambda v: isinstance(v, (Ref, ParamRef)))
+        if path in used
+    ]
     ops: set[int] = set()
     params: set[str] = set()
     while stack:
@@ -262,12 +295,12 @@ def _reached(trace: Trace, loss: Any, output: Any) -> tuple[set[int], set[str]]:
 
 def _loss_reads(loss: Any, output: Any) -> set[Path]:
     """The paths of the output leaves ``loss`` depends on, differentiably (its jaxpr, traced on their shapes)."""
-    shapes = [(path, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
-              for path, leaf in tree.leaves(output, is_array)]
+    shapes = [(path, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)) for path, leaf in tree.leaves(output, is_array)]
     paths = [path for path, _ in shapes]
     try:
         closed = jax.make_jaxpr(lambda leaves: loss(tree.replace_at(output, dict(zip(paths, leaves)))))(
-            [s for _, s in shapes])
+            [s for _, s in shapes]
+        )
     except Exception:  # noqa: BLE001 - a loss that only runs on concrete values: it may read every leaf
         return set(paths)
     jaxpr = closed.jaxpr
@@ -302,13 +335,17 @@ def _float_dtype(dtype: str) -> bool:
 
 def _check_loss(target: Any) -> None:
     if not is_array(target):
-        raise UnsupportedError(f"the loss function returned a {type(target).__name__}, not a JAX array: compute it "
-                               f"with jax.numpy on the output, so that jax.grad can differentiate it")
+        raise UnsupportedError(
+            f"the loss function returned a {type(target).__name__}, not a JAX array: compute it "
+            f"with jax.numpy on the output, so that jax.grad can differentiate it"
+        )
     if not jnp.issubdtype(target.dtype, jnp.floating):
         raise UnsupportedError(f"the loss is a {target.dtype} array, which has no gradient: make it a real float")
     if target.shape != ():
-        raise UnsupportedError(f"the loss must be one number, not an array of shape {tuple(target.shape)}: reduce "
-                               f"it (out.sum(), out.mean())")
+        raise UnsupportedError(
+            f"the loss must be one number, not an array of shape {tuple(target.shape)}: reduce "
+            f"it (out.sum(), out.mean())"
+        )
 
 
 def _check_output(trace: Trace, output: Any) -> None:
@@ -323,8 +360,10 @@ def _check_output(trace: Trace, output: Any) -> None:
             continue
         error = array_error(value, np.asarray(expected) if isinstance(expected, np.ndarray) else expected)
         if error > _OUTPUT_TOLERANCE:
-            raise ReplayError(f"the gradient replay computed output {path} {error:.3g} off the recorded one: the "
-                              f"gradients would not be the recorded graph's")
+            raise ReplayError(
+                f"the gradient replay computed output {path} {error:.3g} off the recorded one: the "
+                f"gradients would not be the recorded graph's"
+            )
 
 
 # -- the conformance reference ---------------------------------------------------------------
@@ -339,8 +378,11 @@ def reference_grads(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
     view = view_model(target, args)
     skip = view.param_args
-    found = [(path, leaf) for path, leaf in tree.leaves((args, kwargs), is_array)
-             if _is_float(leaf) and not (path[0] == 0 and path[1] < skip)]
+    found = [
+        (path, leaf)
+        for path, leaf in tree.leaves((args, kwargs), is_array)
+        if _is_float(leaf) and not (path[0] == 0 and path[1] < skip)
+    ]
     if not found:
         return {}
     paths = [path for path, _ in found]

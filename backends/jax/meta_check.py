@@ -67,8 +67,12 @@ def _signature(op: OpRecord, args: tuple[Any, ...]) -> Any:
         return (type(v), v)  # the type too: True == 1 == 1.0, but a shape rule may take them apart
 
     try:
-        key = (primitive, tuple((k, describe(p)) for k, p in params.items()),
-               tuple(describe(a) for a in args), op.shape)
+        key = (
+            primitive,
+            tuple((k, describe(p)) for k, p in params.items()),
+            tuple(describe(a) for a in args),
+            op.shape,
+        )
         hash(key)
     except TypeError:
         return None
@@ -90,8 +94,9 @@ def _check(op: OpRecord, args: tuple[Any, ...]) -> None:
     try:
         out = jax.eval_shape(bind, *specs)
     except Exception as exc:  # noqa: BLE001 - JAX's shape rules raise TypeError, ValueError, IndexError...
-        raise refused(op, f"its recorded parameters do not fit its arguments "
-                          f"({type(exc).__name__}: {str(exc)[:300]})") from None
+        raise refused(
+            op, f"its recorded parameters do not fit its arguments ({type(exc).__name__}: {str(exc)[:300]})"
+        ) from None
     got = _shape(tuple(out) if primitive.multiple_results else out)
     if got is not None and op.shape is not None and got != tuple(op.shape):
         raise wrong_shape(op, got, "parameters")

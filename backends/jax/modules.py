@@ -89,7 +89,7 @@ class ModelView:
 
 # -- what the target is ------------------------------------------------------------------------
 def framework_of(target: Any) -> str | None:
-    """"nnx", "equinox" or "linen" for module objects of those libraries, without importing them."""
+    """ "nnx", "equinox" or "linen" for module objects of those libraries, without importing them."""
     if "flax.nnx" in sys.modules and isinstance(target, sys.modules["flax.nnx"].Module):
         return "nnx"
     if "equinox" in sys.modules and isinstance(target, sys.modules["equinox"].Module):
@@ -120,7 +120,8 @@ def view_model(target: Any, args: tuple[Any, ...] = ()) -> ModelView:
     if kind == "linen":
         raise UnsupportedError(
             f"{type(root).__name__} is a flax.linen module, which holds no parameters of its own; trace its "
-            f"apply function with the variables instead: tl.trace(model.apply, variables, x)")
+            f"apply function with the variables instead: tl.trace(model.apply, variables, x)"
+        )
     name = getattr(target, "__name__", type(target).__name__)
     return ModelView("function", target, name, [], lambda _: target)
 
@@ -154,8 +155,9 @@ def _view_equinox(target: Any, model: Any, method: str | None) -> ModelView:
 
     arrays, static = eqx.partition(model, eqx.is_array)
     flat, treedef = jax.tree_util.tree_flatten_with_path(arrays)
-    params = [ParamLeaf(_dotted(path), value, bool(jnp.issubdtype(value.dtype, jnp.inexact)), False)
-              for path, value in flat]
+    params = [
+        ParamLeaf(_dotted(path), value, bool(jnp.issubdtype(value.dtype, jnp.inexact)), False) for path, value in flat
+    ]
 
     def rebuild(leaves: list[Any]) -> Any:
         copy = eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)
@@ -205,11 +207,13 @@ def _view_keras(target: Any, model: Any) -> ModelView:
     if inspect.ismethod(target) and target.__func__.__name__ != "__call__":
         raise UnsupportedError(
             f"{type(model).__name__}.{target.__func__.__name__} is a method of a Keras model; trace the model "
-            f"itself (tl.trace(model, x, backend='jax')), which runs its __call__")
+            f"itself (tl.trace(model, x, backend='jax')), which runs its __call__"
+        )
     if not model.built:
         raise UnsupportedError(
             f"{type(model).__name__} is a Keras model that is not built yet, so its variables do not exist; "
-            f"call it once (or build it with keras.Input) before tracing")
+            f"call it once (or build it with keras.Input) before tracing"
+        )
     layers = layer_paths(model)
     names = variable_names(model, layers)
     variables = list(model.variables)
@@ -321,8 +325,9 @@ def _at_paths(model: Any, paths: tuple[tuple[Any, ...], ...]) -> list[tuple[str,
     return found
 
 
-def _walk_equinox(obj: Any, path: tuple[Any, ...], module_type: type, found: list[tuple[str, Any]],
-                  seen: set[int]) -> None:
+def _walk_equinox(
+    obj: Any, path: tuple[Any, ...], module_type: type, found: list[tuple[str, Any]], seen: set[int]
+) -> None:
     """Equinox modules under ``obj`` into ``found`` (a module-level function: a closure calling itself is a
     reference cycle, left for the cyclic GC at every capture)."""
     if isinstance(obj, module_type):

@@ -23,10 +23,28 @@ class JaxBackend(Backend):
         # "new_inputs": a jaxpr turns no traced value into a Python one (make_jaxpr refuses it); the walk does,
         # for each cond index and each while condition, and reports every one (docs/backend-jax.md).
         # "gradients": one jax.grad over the replayed graph, a zero added at each wanted op (torchlens_jax.grads).
-        return BackendInfo(contract=3, name=self.name, framework="jax", install="pip install 'torchlens[jax]'",
-                           capabilities=frozenset({"modules", "functions", "control_flow", "random", "save", "halt",
-                                                   "branches", "timing", "intervene", "splice", "new_inputs",
-                                                   "gradients"}))
+        return BackendInfo(
+            contract=3,
+            name=self.name,
+            framework="jax",
+            install="pip install 'torchlens[jax]'",
+            capabilities=frozenset(
+                {
+                    "modules",
+                    "functions",
+                    "control_flow",
+                    "random",
+                    "save",
+                    "halt",
+                    "branches",
+                    "timing",
+                    "intervene",
+                    "splice",
+                    "new_inputs",
+                    "gradients",
+                }
+            ),
+        )
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         jax = sys.modules.get("jax")

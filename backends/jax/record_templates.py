@@ -41,8 +41,10 @@ class Template:
         return self.cls(*values)
 
 
-FIELD_AT = {cls: {f.name: i for i, f in enumerate(attrs.fields(cls))}
-            for cls in (OpRecord, ModulePass, ModuleRecord, ParamRecord)}
+FIELD_AT = {
+    cls: {f.name: i for i, f in enumerate(attrs.fields(cls))}
+    for cls in (OpRecord, ModulePass, ModuleRecord, ParamRecord)
+}
 # Templates call the records' constructors with every field in order.
 assert all(f.init for cls in FIELD_AT for f in attrs.fields(cls)), "a record field the constructor does not take"
 # Fields a template never keeps: values, links to the trace, and what is worked out after the capture.
@@ -87,8 +89,13 @@ def _copier(value: Any) -> Any:
         return None
     if _flat(value):
         return type(value).copy
-    if type(value) is tuple and len(value) == 2 and not _mutable(value[0]) and type(value[1]) is dict \
-            and _flat(value[1]):
+    if (
+        type(value) is tuple
+        and len(value) == 2
+        and not _mutable(value[0])
+        and type(value[1]) is dict
+        and _flat(value[1])
+    ):
         return _copy_call  # op.call: (primitive, its parameters)
     if type(value) is tuple and all(_flat(v) or not _mutable(v) for v in value):
         return _copy_flat_items

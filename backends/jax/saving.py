@@ -34,8 +34,15 @@ from torchlens_core.ir.errors import TraceFileError, UnsupportedError
 _REFUSED = ("callback", "print", "ffi", "exported", "custom_partitioning")
 # A primitive is an array computation if one of these JAX modules holds it and none of _NOT_ARRAY does
 # (modules import the primitives they use, so the defining module is among the holders).
-_ARRAY_MODULES = ("jax._src.lax", "jax._src.ad_util", "jax._src.random", "jax._src.prng", "jax._src.dispatch",
-                  "jax._src.pjit", "jax._src.cudnn")
+_ARRAY_MODULES = (
+    "jax._src.lax",
+    "jax._src.ad_util",
+    "jax._src.random",
+    "jax._src.prng",
+    "jax._src.dispatch",
+    "jax._src.pjit",
+    "jax._src.cudnn",
+)
 # Collectives (they talk to other devices), references, boxes and staging (mutable state).
 _NOT_ARRAY = ("jax._src.lax.parallel", "jax._src.core", "jax._src.hijax", "jax._src.state")
 _STATEFUL = frozenset({"rng_uniform"})  # XLA's stateful generator
@@ -93,8 +100,11 @@ def _classes() -> dict[str, type]:
     and device_put's copy semantics."""
     import jax.lax
 
-    found = {name: v for name, v in vars(jax.lax).items() if isinstance(v, type) and name[:1].isupper()
-             and (issubclass(v, enum.Enum) or _fields(v) is not None)}
+    found = {
+        name: v
+        for name, v in vars(jax.lax).items()
+        if isinstance(v, type) and name[:1].isupper() and (issubclass(v, enum.Enum) or _fields(v) is not None)
+    }
     try:
         from jax._src.dispatch import ArrayCopySemantics
     except ImportError:  # another JAX version: device_put's parameters are then not saved
@@ -174,7 +184,7 @@ def _decode(data: Any, depth: int = 0) -> Any:
         return tuple(_decode(x, depth + 1) for x in data)
     if not (isinstance(data, dict) and len(data) == 1):
         raise TraceFileError(f"not a JAX parameter: {_short(data)}")
-    (tag, v), = data.items()
+    ((tag, v),) = data.items()
     if tag == "float" and v in ("nan", "inf", "-inf"):
         return float(v)
     if tag == "complex" and isinstance(v, list) and len(v) == 2:
@@ -200,8 +210,12 @@ def _decode(data: Any, depth: int = 0) -> Any:
             return cls[v[1]]
     if tag == "struct" and _pair(v, str) and isinstance(v[1], list):
         cls = _classes().get(v[0])
-        if cls is not None and not issubclass(cls, enum.Enum) and all(_pair(f, str) for f in v[1]) \
-                and [f[0] for f in v[1]] == list(_fields(cls)):
+        if (
+            cls is not None
+            and not issubclass(cls, enum.Enum)
+            and all(_pair(f, str) for f in v[1])
+            and [f[0] for f in v[1]] == list(_fields(cls))
+        ):
             return cls(**{f: _decode(x, depth + 1) for f, x in v[1]})
     if tag == "prng" and isinstance(v, str) and v in _prngs():
         return _prngs()[v]
@@ -269,17 +283,24 @@ def encode_call(op: Any) -> Any:
 
 
 def decode_call(data: Any) -> Any:
-    if not (isinstance(data, dict) and set(data) == {"primitive", "params"} and isinstance(data["primitive"], str)
-            and isinstance(data["params"], dict)):
+    if not (
+        isinstance(data, dict)
+        and set(data) == {"primitive", "params"}
+        and isinstance(data["primitive"], str)
+        and isinstance(data["params"], dict)
+    ):
         raise TraceFileError(f"not a JAX call: {_short(data)}")
     name = data["primitive"]
     if not _allowed(name):
-        raise TraceFileError(f"{name!r} is not a JAX primitive a trace can replay; the file was not written by "
-                             "tl.save or was changed")
+        raise TraceFileError(
+            f"{name!r} is not a JAX primitive a trace can replay; the file was not written by tl.save or was changed"
+        )
     primitive = _primitives().get(name)
     if primitive is None and name in _all_primitives():  # JAX has it, but not as an array computation
-        raise TraceFileError(f"{name!r} is not a JAX array computation a trace can replay (collectives, references "
-                             "and state, checks...); the file was not written by tl.save or was changed")
+        raise TraceFileError(
+            f"{name!r} is not a JAX array computation a trace can replay (collectives, references "
+            "and state, checks...); the file was not written by tl.save or was changed"
+        )
     params = {key: _decode(value) for key, value in data["params"].items()}
     if "precision" in params and not _precision(params["precision"]):
         # Lowering passes it to MLIR unchecked: another type aborts the process (LLVM "Invalid value").
@@ -290,13 +311,20 @@ def decode_call(data: Any) -> Any:
 def _precision(value: Any) -> bool:
     """None, a ``lax.Precision``, a pair of those (or None), or a dot algorithm: what lax canonicalizes to."""
     classes = _classes()
-    kinds = tuple(c for c in (classes.get("Precision"), classes.get("DotAlgorithm"), classes.get("DotAlgorithmPreset"))
-                  if c is not None)
+    kinds = tuple(
+        c
+        for c in (classes.get("Precision"), classes.get("DotAlgorithm"), classes.get("DotAlgorithmPreset"))
+        if c is not None
+    )
     if value is None or isinstance(value, kinds):
         return True
     precision = classes.get("Precision")
-    return (type(value) is tuple and len(value) == 2 and precision is not None
-            and all(v is None or isinstance(v, precision) for v in value))
+    return (
+        type(value) is tuple
+        and len(value) == 2
+        and precision is not None
+        and all(v is None or isinstance(v, precision) for v in value)
+    )
 
 
 def encode_value(value: Any) -> Any:

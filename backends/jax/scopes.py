@@ -69,8 +69,9 @@ class CallScopes:
         capture_id, k = params["call"]
         return k if capture_id == self.capture_id else None
 
-    def scoped(self, path: str, type_name: str, forward: Callable[..., Any], args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> Any:
+    def scoped(
+        self, path: str, type_name: str, forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """Run ``forward(*args, **kwargs)`` (or the splice's replacement) as a call of module ``path``:
         in its own scope, its array outputs marked."""
         import jax
@@ -98,16 +99,16 @@ class CallScopes:
         swap = dict(zip(map(id, arrays), marked))
         return jax.tree_util.tree_map(lambda x: swap.get(id(x), x), out)
 
-    def __call__(self, module: Any, original: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
+    def __call__(self, module: Any, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The hook for wrapped ``__call__``s: modules are known by object identity."""
         path = self.paths.get(id(module))
         if path is None:  # the root, or a module made during the call
             return original(module, *args, **kwargs)
         return self.scoped(path, type(module).__name__, lambda *a, **kw: original(module, *a, **kw), args, kwargs)
 
-    def linen_interceptor(self, next_fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                          context: Any) -> Any:
+    def linen_interceptor(
+        self, next_fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], context: Any
+    ) -> Any:
         """The hook for ``flax.linen.intercept_methods``: modules are known by their scope path."""
         module = context.module
         if context.method_name != "__call__" or module.scope is None or not module.path:

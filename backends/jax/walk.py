@@ -51,9 +51,15 @@ from torchlens_jax.scopes import MARKER_NAME, CallScopes, fill, unfill
 
 # Call-like primitives and the parameter holding the jaxpr they run.
 CALL_JAXPR = {
-    "jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-    "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
 }
 # Those whose derivative is a rule of their own, not their equations' (see torchlens_jax.custom_rules).
 CUSTOM_RULES = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
@@ -86,8 +92,16 @@ class Walker(ModulePasses):
         self.pass_throughs = PassThroughs(None, builder.ops)
 
     # -- walking ---------------------------------------------------------------------------
-    def run(self, jaxpr: Any, consts: list[Val], args: list[Val], chain: tuple[int, ...] = (),
-            loc: tuple[Any, ...] = (), in_loop: bool = False, helper: bool = False) -> list[Val]:
+    def run(
+        self,
+        jaxpr: Any,
+        consts: list[Val],
+        args: list[Val],
+        chain: tuple[int, ...] = (),
+        loc: tuple[Any, ...] = (),
+        in_loop: bool = False,
+        helper: bool = False,
+    ) -> list[Val]:
         """Evaluate ``jaxpr`` on ``args``; the values of its outputs.
 
         ``chain`` is the module calls the enclosing equation ran inside (the name
@@ -128,12 +142,20 @@ class Walker(ModulePasses):
             passes.read(outs)
         return outs
 
-    def run_closed(self, closed: Any, args: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
-                   in_loop: bool, helper: bool = False) -> list[Val]:
+    def run_closed(
+        self,
+        closed: Any,
+        args: list[Val],
+        chain: tuple[int, ...],
+        loc: tuple[Any, ...],
+        in_loop: bool,
+        helper: bool = False,
+    ) -> list[Val]:
         return self.run(closed.jaxpr, [Val(c) for c in closed.consts], args, chain, loc, in_loop, helper)
 
-    def _eqn(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...], in_loop: bool,
-             helper: bool) -> list[Val]:
+    def _eqn(
+        self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...], in_loop: bool, helper: bool
+    ) -> list[Val]:
         from jax.extend.core import ClosedJaxpr, Jaxpr
 
         name = eqn.primitive.name
@@ -160,8 +182,9 @@ class Walker(ModulePasses):
         return self._record(eqn, ins, loc if in_loop else None, helper, meta)
 
     # -- one op ----------------------------------------------------------------------------
-    def _record(self, eqn: Any, ins: list[Val], loc: tuple[Any, ...] | None, helper: bool,
-                meta: dict[str, Any]) -> list[Val]:
+    def _record(
+        self, eqn: Any, ins: list[Val], loc: tuple[Any, ...] | None, helper: bool, meta: dict[str, Any]
+    ) -> list[Val]:
         prim, params = eqn.primitive, eqn.params
         out, infos, elapsed = self._evaluate(eqn, ins)
         outs = tuple(out) if prim.multiple_results else (out,)
@@ -170,15 +193,22 @@ class Walker(ModulePasses):
         if prim.multiple_results:  # the record's dtype is the first output's; gradients need each one's
             meta = {**meta, "out_dtypes": tuple(i[1] if i else None for i in infos)}
         op = self.builder.add_op(
-            prim.name, (prim, params), tuple(x.arg for x in ins), _config(params),
+            prim.name,
+            (prim, params),
+            tuple(x.arg for x in ins),
+            _config(params),
             tuple(dict.fromkeys(x.ref.index for x in ins if isinstance(x.ref, Ref))),
             outs if prim.multiple_results else out,
             shape=tuple(shapes) if prim.multiple_results else shapes[0],
-            dtype=first[1] if first else None, device=first[2] if first else None,
+            dtype=first[1] if first else None,
+            device=first[2] if first else None,
             params=tuple(dict.fromkeys(x.ref.name for x in ins if isinstance(x.ref, ParamRef))),
             code_context=() if helper else _code_context(eqn),
-            layer_key=None if loc is None else ("jax-loop", loc), meta=meta, elapsed=elapsed,
-            conditions=self.conditions)
+            layer_key=None if loc is None else ("jax-loop", loc),
+            meta=meta,
+            elapsed=elapsed,
+            conditions=self.conditions,
+        )
         if self.builder.editor is not None:  # intervene=: later equations read what the edit made of the value
             out = self.builder.seen_value(op, outs if prim.multiple_results else out)
             outs = tuple(out) if prim.multiple_results else (out,)
@@ -236,8 +266,16 @@ class Walker(ModulePasses):
         template, returned = self.returned(fill(slots, outs), None)
         return template, unfill(slots, returned, len(outs))
 
-    def _custom_rule(self, eqn: Any, closed: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
-                     in_loop: bool, helper: bool) -> list[Val]:
+    def _custom_rule(
+        self,
+        eqn: Any,
+        closed: Any,
+        ins: list[Val],
+        chain: tuple[int, ...],
+        loc: tuple[Any, ...],
+        in_loop: bool,
+        helper: bool,
+    ) -> list[Val]:
         """A custom_jvp / custom_vjp function: its equations are ops, and its rule is kept for gradients.
 
         Each output gets an op inside the call (an identity op for an operand
@@ -247,12 +285,23 @@ class Walker(ModulePasses):
         """
         start = len(self.builder.ops)
         outs = self.run_closed(closed, ins, chain, loc, in_loop, helper)
-        outs = [x if isinstance(x.ref, Ref) and x.ref.index >= start else self.pass_through(x, self.producer(x))[1]
-                for x in outs]
+        outs = [
+            x if isinstance(x.ref, Ref) and x.ref.index >= start else self.pass_through(x, self.producer(x))[1]
+            for x in outs
+        ]
         info = getattr(closed.jaxpr, "debug_info", None)
         name = str(getattr(info, "func_name", "") or eqn.params.get("name", "") or eqn.primitive.name)
-        keep(self.builder.ops, CustomRule(name, (eqn.primitive, eqn.params), tuple(x.arg for x in ins),
-                                          tuple(x.ref for x in outs), start, len(self.builder.ops)))
+        keep(
+            self.builder.ops,
+            CustomRule(
+                name,
+                (eqn.primitive, eqn.params),
+                tuple(x.arg for x in ins),
+                tuple(x.ref for x in outs),
+                start,
+                len(self.builder.ops),
+            ),
+        )
         return outs
 
     # -- module calls ----------------------------------------------------------------------
@@ -286,13 +335,17 @@ class Walker(ModulePasses):
         path, n = self.builder.module_stack[-1]
         wanted = self.splice(path) is not None
         if wanted != (k in self.scopes.spliced):
-            what = ("names call {c}, whose code was traced as it is" if wanted else
-                    "does not name call {c}, whose code was traced replaced").format(c=f"{path}:{n}")
+            what = (
+                "names call {c}, whose code was traced as it is"
+                if wanted
+                else "does not name call {c}, whose code was traced replaced"
+            ).format(c=f"{path}:{n}")
             raise UnsupportedError(
                 f"tl.splice_module {what}: on jax a module call is replaced where the forward is traced, and this "
                 f"call's traced code also runs passes the splice judges otherwise (a loop body, a cond branch, a "
                 f"jitted function called again). Splice every call of the module: "
-                f"tl.when(tl.module({path!r}), tl.splice_module(f))")
+                f"tl.when(tl.module({path!r}), tl.splice_module(f))"
+            )
 
     def _marker(self, eqn: Any, ins: list[Val]) -> list[Val]:
         """Call ``k``'s output marker: the call returned ``ins``, and its pass closes here. The marker's
@@ -313,19 +366,22 @@ class Walker(ModulePasses):
         return [Val(y.value, y.ref) if y is x else y for x, y in zip(ins, outs)]
 
     # -- control flow ----------------------------------------------------------------------
-    def _scan(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
-              in_loop: bool) -> list[Val]:
+    def _scan(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...], in_loop: bool) -> list[Val]:
         import jax
         import jax.numpy as jnp
 
         p = eqn.params
         n, n_consts, n_carry = p["length"], p["num_consts"], p["num_carry"]
-        consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
+        consts, carry, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
         ys_at: list[list[Val]] = [[] for _ in range(n)]
         for it in range(n):
             i = n - 1 - it if p["reverse"] else it
-            rows = [self._helper(lambda a, i=i: jax.lax.index_in_dim(a, i, keepdims=False), [x], chain,
-                                 (*loc, "x", j), True)[0] for j, x in enumerate(xs)]
+            rows = [
+                self._helper(
+                    lambda a, i=i: jax.lax.index_in_dim(a, i, keepdims=False), [x], chain, (*loc, "x", j), True
+                )[0]
+                for j, x in enumerate(xs)
+            ]
             outs = self.run_closed(p["jaxpr"], consts + carry + rows, chain, (*loc, "body"), True)
             carry, ys_at[i] = outs[:n_carry], outs[n_carry:]
         ys = []
@@ -333,13 +389,13 @@ class Walker(ModulePasses):
             if n == 0:
                 ys.append(Val(jnp.zeros(var.aval.shape, var.aval.dtype)))
             else:
-                ys.append(self._helper(lambda *r: jnp.stack(r), [y[j] for y in ys_at], chain, (*loc, "y", j),
-                                       in_loop)[0])
+                ys.append(
+                    self._helper(lambda *r: jnp.stack(r), [y[j] for y in ys_at], chain, (*loc, "y", j), in_loop)[0]
+                )
         self.expanded["scan"] += 1
         return carry + ys
 
-    def _cond(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
-              in_loop: bool) -> list[Val]:
+    def _cond(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...], in_loop: bool) -> list[Val]:
         branches = eqn.params["branches"]
         index = self._decider(ins[0])
         picked = operator.index(np.asarray(index.value))
@@ -354,11 +410,12 @@ class Walker(ModulePasses):
         finally:
             self.conditions = outer
 
-    def _while(self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
-               in_loop: bool) -> list[Val]:
+    def _while(
+        self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...], in_loop: bool
+    ) -> list[Val]:
         p = eqn.params
         nc, nb = p["cond_nconsts"], p["body_nconsts"]
-        cond_consts, body_consts, carry = ins[:nc], ins[nc:nc + nb], ins[nc + nb:]
+        cond_consts, body_consts, carry = ins[:nc], ins[nc : nc + nb], ins[nc + nb :]
         while True:
             (pred,) = self.run_closed(p["cond_jaxpr"], cond_consts + carry, chain, (*loc, "cond"), True)
             pred = self._decider(pred)
@@ -392,8 +449,9 @@ class Walker(ModulePasses):
         if isinstance(x.ref, Ref):
             self.builder.to_python(x.ref.index, x.ref.path, how, result)
 
-    def _helper(self, fn: Callable[..., Any], ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...],
-                in_loop: bool) -> list[Val]:
+    def _helper(
+        self, fn: Callable[..., Any], ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...], in_loop: bool
+    ) -> list[Val]:
         """Record ``fn`` (slicing or stacking a scan's arrays) as the primitives it traces to."""
         import jax
 
@@ -479,6 +537,8 @@ def _code_context(eqn: Any, limit: int = CONTEXT_FRAMES) -> tuple[CodeLocation, 
             if len(locations) >= _MAX_LOCATIONS:
                 locations.clear()
             known = locations[(id(code), offset)] = (
-                code, CodeLocation(filename, locate(code, offset)[0], code.co_qualname))
+                code,
+                CodeLocation(filename, locate(code, offset)[0], code.co_qualname),
+            )
         found.append(known[1])
     return tuple(found)

@@ -27,8 +27,10 @@ def jnp_mlp() -> Built:
     import jax
 
     k = jax.random.split(jax.random.key(0), 5)
-    params = {"fc1": {"w": _normal(k[0], 6, 16), "b": _normal(k[1], 16)},
-              "fc2": {"w": _normal(k[2], 16, 3), "b": _normal(k[3], 3)}}
+    params = {
+        "fc1": {"w": _normal(k[0], 6, 16), "b": _normal(k[1], 16)},
+        "fc2": {"w": _normal(k[2], 16, 3), "b": _normal(k[3], 3)},
+    }
 
     def mlp(params: dict[str, Any], x: Any) -> Any:
         h = jax.nn.relu(x @ params["fc1"]["w"] + params["fc1"]["b"])
@@ -49,8 +51,11 @@ def jnp_cnn() -> Built:
     import jax.numpy as jnp
 
     k = jax.random.split(jax.random.key(1), 6)
-    params = {"conv1": _normal(k[0], 4, 1, 3, 3), "conv2": _normal(k[1], 8, 4, 3, 3),
-              "fc": {"w": _normal(k[2], 8 * 2 * 2, 5), "b": _normal(k[3], 5)}}
+    params = {
+        "conv1": _normal(k[0], 4, 1, 3, 3),
+        "conv2": _normal(k[1], 8, 4, 3, 3),
+        "fc": {"w": _normal(k[2], 8 * 2 * 2, 5), "b": _normal(k[3], 5)},
+    }
 
     def conv(x: Any, w: Any) -> Any:
         return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))
@@ -298,12 +303,16 @@ def eqx_cnn() -> Built:
 
         def __init__(self, key: Any) -> None:
             k1, k2, k3 = jax.random.split(key, 3)
-            self.features = eqx.nn.Sequential([
-                eqx.nn.Conv2d(1, 4, 3, padding=1, key=k1), eqx.nn.Lambda(jax.nn.relu),
-                eqx.nn.MaxPool2d(2, 2),
-                eqx.nn.Conv2d(4, 8, 3, padding=1, key=k2), eqx.nn.Lambda(jax.nn.relu),
-                eqx.nn.MaxPool2d(2, 2),
-            ])
+            self.features = eqx.nn.Sequential(
+                [
+                    eqx.nn.Conv2d(1, 4, 3, padding=1, key=k1),
+                    eqx.nn.Lambda(jax.nn.relu),
+                    eqx.nn.MaxPool2d(2, 2),
+                    eqx.nn.Conv2d(4, 8, 3, padding=1, key=k2),
+                    eqx.nn.Lambda(jax.nn.relu),
+                    eqx.nn.MaxPool2d(2, 2),
+                ]
+            )
             self.fc = eqx.nn.Linear(8 * 2 * 2, 5, key=k3)
 
         def __call__(self, x: Any) -> Any:

@@ -152,7 +152,8 @@ class Recorder(BaseRecorder):
             if info.compiled:
                 raise UnsupportedError(
                     f"the model ran a compiled program ({info.name}, from paddle.jit.to_static): its ops "
-                    "cannot be seen one by one. Trace the dynamic-graph Layer or function without to_static.")
+                    "cannot be seen one by one. Trace the dynamic-graph Layer or function without to_static."
+                )
             written = info.written(args, kwargs)
             targets = []
             for where in written:
@@ -177,8 +178,19 @@ class Recorder(BaseRecorder):
         finally:
             self.depth -= 1
 
-    def _record(self, info: OpInfo, a: tuple[Any, ...], k: dict[str, Any], parents: list[int], params: list[str],
-                out: Any, targets: list[Tensor], written: Any, meta: dict[str, Any], elapsed: float) -> Any:
+    def _record(
+        self,
+        info: OpInfo,
+        a: tuple[Any, ...],
+        k: dict[str, Any],
+        parents: list[int],
+        params: list[str],
+        out: Any,
+        targets: list[Tensor],
+        written: Any,
+        meta: dict[str, Any],
+        elapsed: float,
+    ) -> Any:
         """Record one call that returned ``out``; returns what the forward gets back (``out``, or its edit)."""
         result = out
         leaves = None  # an op of several outputs: its tensors, by path
@@ -192,8 +204,11 @@ class Recorder(BaseRecorder):
                 if info.scratch:
                     out = drop_scratch(out, info.scratch)
                 flat = all(v is None or isinstance(v, Tensor) for v in out)  # the usual tuple of tensors and Nones
-                leaves = [((i,), v) for i, v in enumerate(out) if v is not None] if flat else list(
-                    tree.leaves(out, _is_tensor))
+                leaves = (
+                    [((i,), v) for i, v in enumerate(out) if v is not None]
+                    if flat
+                    else list(tree.leaves(out, _is_tensor))
+                )
                 if not leaves:
                     return result
                 shape = tuple(tuple(v.shape) if isinstance(v, Tensor) else None for v in out)
@@ -207,9 +222,24 @@ class Recorder(BaseRecorder):
             # uninitialized memory: replay gives back the value that ran, kept here (not only in
             # op.out, which save= may drop)
             meta["undefined"] = snapshot(out)
-        seen = self.record(info.name, info.call, a, k, parents, params, out, written=tuple(targets), shape=shape,
-                           dtype=dtype, device=device, random=info.random, code_context=self.sites.stack(),
-                           meta=meta, elapsed=elapsed, conditions=self.branches.current())
+        seen = self.record(
+            info.name,
+            info.call,
+            a,
+            k,
+            parents,
+            params,
+            out,
+            written=tuple(targets),
+            shape=shape,
+            dtype=dtype,
+            device=device,
+            random=info.random,
+            code_context=self.sites.stack(),
+            meta=meta,
+            elapsed=elapsed,
+            conditions=self.branches.current(),
+        )
         if leaves is None:
             return result if seen is out else seen
         index = self.builder.ops[-1].index  # the op record() just added
@@ -225,8 +255,7 @@ class Recorder(BaseRecorder):
         return result if seen is out else _merged(result, seen, info.scratch)
 
     # -- conversions into Python values ------------------------------------------------------
-    def decide(self, orig: Any, how: str, exact: bool, t: Tensor, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> Any:
+    def decide(self, orig: Any, how: str, exact: bool, t: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``t`` turned into a Python value (``bool(t)``, ``t.item()``...): maybe the test of a branch.
 
         The recorded graph holds the result as fixed, so it is reported to the
@@ -302,10 +331,13 @@ class Recorder(BaseRecorder):
         self.producers.pop(id(dst), None)  # no recorded value: read from now on as what it holds
         name = self.param_names.get(id(dst))
         if name is not None:
-            raise self.remember(UnsupportedError(  # _capture raises it, also if the model caught it
-                f"parameter {name!r} was given the data of a tensor from outside the trace "
-                f"(Tensor._share_underline_tensor_to) during the forward, which replay cannot repeat: set the "
-                f"parameter before tracing"))
+            raise self.remember(
+                UnsupportedError(  # _capture raises it, also if the model caught it
+                    f"parameter {name!r} was given the data of a tensor from outside the trace "
+                    f"(Tensor._share_underline_tensor_to) during the forward, which replay cannot repeat: set the "
+                    f"parameter before tracing"
+                )
+            )
 
     # -- layer calls ---------------------------------------------------------------------
     # layer_calls' __call__ replacement calls this for the model's own layers, in the capturing thread.
@@ -335,28 +367,38 @@ def _refuse_unsupported(model: Any, layers: list[tuple[str, Any]]) -> None:
     if not paddle.in_dynamic_mode():
         raise UnsupportedError(
             "Paddle is in static-graph mode (paddle.enable_static()): there is no forward to watch op by op. "
-            "Call paddle.disable_static() and trace the dynamic-graph Layer or function.")
+            "Call paddle.disable_static() and trace the dynamic-graph Layer or function."
+        )
     if isinstance(model, TranslatedLayer):
-        raise UnsupportedError("a TranslatedLayer (paddle.jit.load) runs a saved static program, whose ops cannot "
-                               "be seen one by one: trace the original dynamic-graph Layer instead")
-    if ((isinstance(model, StaticFunction) and to_static_enabled(model))
-            or isinstance(getattr(model, "__func__", None), StaticFunction)):
-        raise UnsupportedError("paddle.jit.to_static functions run as compiled programs, whose ops cannot be seen "
-                               "one by one: trace the undecorated function (or its .dygraph_function)")
+        raise UnsupportedError(
+            "a TranslatedLayer (paddle.jit.load) runs a saved static program, whose ops cannot "
+            "be seen one by one: trace the original dynamic-graph Layer instead"
+        )
+    if (isinstance(model, StaticFunction) and to_static_enabled(model)) or isinstance(
+        getattr(model, "__func__", None), StaticFunction
+    ):
+        raise UnsupportedError(
+            "paddle.jit.to_static functions run as compiled programs, whose ops cannot be seen "
+            "one by one: trace the undecorated function (or its .dygraph_function)"
+        )
     for path, layer in layers:
         forward = layer.__dict__.get("forward") or getattr(type(layer), "forward", None)
         if isinstance(forward, StaticFunction) and to_static_enabled(forward):
             where = f"sublayer {path!r}" if path else "the model"
             raise UnsupportedError(
                 f"{where} was converted with paddle.jit.to_static, which runs a compiled program whose ops "
-                "cannot be seen one by one: trace the dynamic-graph Layer (without to_static)")
+                "cannot be seen one by one: trace the dynamic-graph Layer (without to_static)"
+            )
     if not callable(model):
-        raise UnsupportedError(f"the paddle backend traces paddle.nn.Layer models and Python functions using Paddle, "
-                               f"not {type(model).__name__} objects")
+        raise UnsupportedError(
+            f"the paddle backend traces paddle.nn.Layer models and Python functions using Paddle, "
+            f"not {type(model).__name__} objects"
+        )
 
 
-def _declare(builder: TraceBuilder, layers: list[tuple[str, Any]], param_names: dict[int, str],
-             params: dict[str, Tensor]) -> None:
+def _declare(
+    builder: TraceBuilder, layers: list[tuple[str, Any]], param_names: dict[int, str], params: dict[str, Tensor]
+) -> None:
     """Declare the model's layers, parameters and buffers before the forward.
 
     ``layers`` is ``[("", model), *model.named_sublayers()]``; names and order
@@ -370,8 +412,17 @@ def _declare(builder: TraceBuilder, layers: list[tuple[str, Any]], param_names: 
                 continue
             name = f"{path}.{key}" if path else key
             shape = tuple(p.shape)
-            builder.add_param(ParamRecord(name=name, shape=shape, dtype=dtype_name(p.dtype), numel=math.prod(shape),
-                                          trainable=not p.stop_gradient, module=path, value=p))
+            builder.add_param(
+                ParamRecord(
+                    name=name,
+                    shape=shape,
+                    dtype=dtype_name(p.dtype),
+                    numel=math.prod(shape),
+                    trainable=not p.stop_gradient,
+                    module=path,
+                    value=p,
+                )
+            )
             param_names[id(p)] = name
             params[name] = p
             for ancestor in above:
@@ -382,8 +433,18 @@ def _declare(builder: TraceBuilder, layers: list[tuple[str, Any]], param_names: 
                 continue
             name = f"{path}.{key}" if path else key
             shape = tuple(b.shape)
-            builder.add_param(ParamRecord(name=name, shape=shape, dtype=dtype_name(b.dtype), numel=math.prod(shape),
-                                          trainable=False, module=path, is_buffer=True, value=b))
+            builder.add_param(
+                ParamRecord(
+                    name=name,
+                    shape=shape,
+                    dtype=dtype_name(b.dtype),
+                    numel=math.prod(shape),
+                    trainable=False,
+                    module=path,
+                    is_buffer=True,
+                    value=b,
+                )
+            )
             param_names[id(b)] = name
             params[name] = b
             for ancestor in above:
@@ -422,10 +483,17 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
         return _capture(model, layers, is_layer, args, kwargs, options)
 
 
-def _capture(model: Any, layers: list[tuple[str, Any]], is_layer: bool, args: tuple[Any, ...],
-             kwargs: dict[str, Any], options: CaptureOptions | None) -> Trace:
-    builder = TraceBuilder("paddle", type(model).__name__ if is_layer else getattr(model, "__name__", "function"),
-                           options)
+def _capture(
+    model: Any,
+    layers: list[tuple[str, Any]],
+    is_layer: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: CaptureOptions | None,
+) -> Trace:
+    builder = TraceBuilder(
+        "paddle", type(model).__name__ if is_layer else getattr(model, "__name__", "function"), options
+    )
     builder.notes["framework"] = f"paddlepaddle {paddle.__version__}"
     param_names: dict[int, str] = {}
     params: dict[str, Tensor] = {}
@@ -433,8 +501,9 @@ def _capture(model: Any, layers: list[tuple[str, Any]], is_layer: bool, args: tu
     recorder = Recorder(builder, param_names, params)
     for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
         if recorder.producer(leaf) is None and id(leaf) not in param_names:
-            op = builder.add_input(leaf, shape=tuple(leaf.shape), dtype=dtype_name(leaf.dtype),
-                                   device=device_name(leaf.place))
+            op = builder.add_input(
+                leaf, shape=tuple(leaf.shape), dtype=dtype_name(leaf.dtype), device=device_name(leaf.place)
+            )
             recorder.produced(leaf, Ref(op.index))
     recorder.layers = {id(layer): (layer, path) for path, layer in layers[1:]}
     patches = Patches()
@@ -463,5 +532,11 @@ def compat_rows(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> li
     from torchlens_core.views.compat import refusal_row
 
     layers = [("", model), *model.named_sublayers()] if isinstance(model, paddle.nn.Layer) else []
-    return [refusal_row("wrapper", type(model).__name__, lambda: _refuse_unsupported(model, layers),
-                        "a dynamic-graph Layer or function: recorded as it runs, one capture at a time per process")]
+    return [
+        refusal_row(
+            "wrapper",
+            type(model).__name__,
+            lambda: _refuse_unsupported(model, layers),
+            "a dynamic-graph Layer or function: recorded as it runs, one capture at a time per process",
+        )
+    ]

@@ -96,9 +96,15 @@ class _Backward:
                 copies[name] = attrs.evolve(record, value=_leaf(record.value, trainable))
                 if trainable:
                     self.leaves["param", name] = copies[name].value
-        return Trace(backend=trace.backend, model_name=trace.model_name, ops=ops, modules=dict(trace.modules),
-                     params={**trace.params, **copies}, output_template=trace.output_template,
-                     notes=dict(trace.notes))
+        return Trace(
+            backend=trace.backend,
+            model_name=trace.model_name,
+            ops=ops,
+            modules=dict(trace.modules),
+            params={**trace.params, **copies},
+            output_template=trace.output_template,
+            notes=dict(trace.notes),
+        )
 
     def lift(self, op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         """``out``, with a zero leaf added to each wanted output Paddle computed outside the autograd graph."""
@@ -146,7 +152,8 @@ class _Backward:
                         f"{op.label} ({op.func_name}) wrote in place into memory that {ops[index].label} shares, "
                         f"and {ops[index].label} is read later: Paddle's autograd does not follow a write through "
                         f"a view, so its gradients here, and the ones TorchLens reports, miss that write",
-                        stacklevel=2)
+                        stacklevel=2,
+                    )
                     return
 
     def gradients(self, target: Tensor) -> dict[str, Any]:
@@ -176,9 +183,11 @@ class _Backward:
 def backward(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
     """Gradients of ``loss`` (a function of the output) at the ``wanted`` ops and at the trainable parameters."""
     if isinstance(loss, Tensor) or not callable(loss):
-        raise UnsupportedError("the paddle backend computes gradients by replaying the recorded graph under "
-                               "autograd, so the loss must be a function of the model's output: "
-                               "trace.log_backward(lambda out: out.sum())")
+        raise UnsupportedError(
+            "the paddle backend computes gradients by replaying the recorded graph under "
+            "autograd, so the loss must be a function of the model's output: "
+            "trace.log_backward(lambda out: out.sum())"
+        )
     run = _Backward(trace, wanted)
     graph = run.graph()
     token = AUTOGRAD.set(run.lift)
@@ -186,14 +195,16 @@ def backward(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
         values = replay_values(graph, run.observe)
     finally:
         AUTOGRAD.reset(token)
-    output = tree.map_leaves(lambda r: tree.get(values[r.index], r.path) if isinstance(r, Ref) else r,
-                             graph.output_template)
+    output = tree.map_leaves(
+        lambda r: tree.get(values[r.index], r.path) if isinstance(r, Ref) else r, graph.output_template
+    )
     with paddle.enable_grad():
         target = loss(output)
     if not isinstance(target, Tensor) or target.size != 1:
         shape = f" of shape {list(target.shape)}" if isinstance(target, Tensor) else ""
-        raise UnsupportedError(f"the loss must give one number (a tensor of one element), not "
-                               f"{type(target).__name__}{shape}")
+        raise UnsupportedError(
+            f"the loss must give one number (a tensor of one element), not {type(target).__name__}{shape}"
+        )
     return run.gradients(target)
 
 

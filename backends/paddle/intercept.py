@@ -42,14 +42,43 @@ import paddle
 # -- what each intercepted callable is --------------------------------------------------
 
 # Ops that draw random numbers: their RNG state is recorded so replay draws the same.
-RANDOM = frozenset({
-    "bernoulli", "binomial", "class_center_sample", "dirichlet", "dropout", "dropout_", "exponential_",
-    "fused_bias_dropout_residual_layer_norm", "fused_dropout_add", "gaussian", "gaussian_inplace",
-    "gaussian_inplace_", "graph_khop_sampler", "graph_sample_neighbors", "gumbel_softmax", "multinomial",
-    "poisson", "randint", "random", "random_", "randperm", "rnn", "rrelu", "shuffle_batch", "standard_gamma",
-    "tdm_sampler", "top_p_sampling", "truncated_gaussian_random", "uniform", "uniform_inplace",
-    "uniform_inplace_", "uniform_random_batch_size_like", "weighted_sample_neighbors",
-})
+RANDOM = frozenset(
+    {
+        "bernoulli",
+        "binomial",
+        "class_center_sample",
+        "dirichlet",
+        "dropout",
+        "dropout_",
+        "exponential_",
+        "fused_bias_dropout_residual_layer_norm",
+        "fused_dropout_add",
+        "gaussian",
+        "gaussian_inplace",
+        "gaussian_inplace_",
+        "graph_khop_sampler",
+        "graph_sample_neighbors",
+        "gumbel_softmax",
+        "multinomial",
+        "poisson",
+        "randint",
+        "random",
+        "random_",
+        "randperm",
+        "rnn",
+        "rrelu",
+        "shuffle_batch",
+        "standard_gamma",
+        "tdm_sampler",
+        "top_p_sampling",
+        "truncated_gaussian_random",
+        "uniform",
+        "uniform_inplace",
+        "uniform_inplace_",
+        "uniform_random_batch_size_like",
+        "weighted_sample_neighbors",
+    }
+)
 
 # Compiled programs (``paddle.jit.to_static``) run as one opaque op: refused.
 COMPILED = frozenset({"run_program", "pir_run_program"})
@@ -66,7 +95,10 @@ _WRITES: dict[str, tuple[int | str, ...]] = {
 # RNN layers' dropout state (never initialized on CPU, discarded by their Python code): not
 # recorded, and dropped from the replayed value too.
 SCRATCH: dict[str, tuple[int, ...]] = {
-    "batch_norm": (3, 4, 5), "batch_norm_": (3, 4, 5), "sync_batch_norm_": (3, 4, 5), "rnn": (1,),
+    "batch_norm": (3, 4, 5),
+    "batch_norm_": (3, 4, 5),
+    "sync_batch_norm_": (3, 4, 5),
+    "rnn": (1,),
 }
 
 # Ops whose output holds whatever memory it got (``paddle.empty``): replay gives back the
@@ -75,23 +107,61 @@ UNDEFINED = frozenset({"empty", "empty_like"})
 
 # Tensor operators and the op names they are recorded under.
 TENSOR_DUNDERS = {
-    "__add__": "add", "__radd__": "add", "__sub__": "sub", "__rsub__": "rsub", "__mul__": "mul",
-    "__rmul__": "mul", "__div__": "div", "__truediv__": "div", "__rdiv__": "rdiv", "__rtruediv__": "rdiv",
-    "__floordiv__": "floordiv", "__rfloordiv__": "rfloordiv", "__mod__": "mod", "__rmod__": "rmod",
-    "__pow__": "pow", "__rpow__": "rpow", "__matmul__": "matmul", "__rmatmul__": "rmatmul",
-    "__eq__": "eq", "__ne__": "ne", "__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge",
-    "__neg__": "neg", "__pos__": "pos", "__abs__": "abs", "__invert__": "invert",
-    "__and__": "and", "__rand__": "and", "__or__": "or", "__ror__": "or", "__xor__": "xor", "__rxor__": "xor",
-    "__lshift__": "lshift", "__rlshift__": "rlshift", "__rshift__": "rshift", "__rrshift__": "rrshift",
-    "__getitem__": "getitem", "__setitem__": "setitem",
+    "__add__": "add",
+    "__radd__": "add",
+    "__sub__": "sub",
+    "__rsub__": "rsub",
+    "__mul__": "mul",
+    "__rmul__": "mul",
+    "__div__": "div",
+    "__truediv__": "div",
+    "__rdiv__": "rdiv",
+    "__rtruediv__": "rdiv",
+    "__floordiv__": "floordiv",
+    "__rfloordiv__": "rfloordiv",
+    "__mod__": "mod",
+    "__rmod__": "rmod",
+    "__pow__": "pow",
+    "__rpow__": "rpow",
+    "__matmul__": "matmul",
+    "__rmatmul__": "rmatmul",
+    "__eq__": "eq",
+    "__ne__": "ne",
+    "__lt__": "lt",
+    "__le__": "le",
+    "__gt__": "gt",
+    "__ge__": "ge",
+    "__neg__": "neg",
+    "__pos__": "pos",
+    "__abs__": "abs",
+    "__invert__": "invert",
+    "__and__": "and",
+    "__rand__": "and",
+    "__or__": "or",
+    "__ror__": "or",
+    "__xor__": "xor",
+    "__rxor__": "xor",
+    "__lshift__": "lshift",
+    "__rlshift__": "rlshift",
+    "__rshift__": "rshift",
+    "__rrshift__": "rrshift",
+    "__getitem__": "getitem",
+    "__setitem__": "setitem",
 }
 # Tensor methods that do not go through _C_ops (C methods, or Python ones that copy
 # between devices): name, and the arguments they write.
 TENSOR_METHODS: dict[str, tuple[str, tuple[int | str, ...]]] = {
-    "clone": ("clone", ()), "detach": ("detach", ()), "contiguous": ("contiguous", ()),
-    "copy_": ("copy_", (0,)), "set_value": ("set_value", (0,)), "_copy_to": ("copy_to", ()),
-    "cpu": ("cpu", ()), "cuda": ("cuda", ()), "to": ("to", ()),
-    "_getitem_dygraph": ("getitem", ()), "_setitem_dygraph": ("setitem", (0,)),
+    "clone": ("clone", ()),
+    "detach": ("detach", ()),
+    "contiguous": ("contiguous", ()),
+    "copy_": ("copy_", (0,)),
+    "set_value": ("set_value", (0,)),
+    "_copy_to": ("copy_to", ()),
+    "cpu": ("cpu", ()),
+    "cuda": ("cuda", ()),
+    "to": ("to", ()),
+    "_getitem_dygraph": ("getitem", ()),
+    "_setitem_dygraph": ("setitem", (0,)),
 }
 # Tensor methods that turn a tensor's value into a Python value (or a NumPy array), which an
 # ``if`` or ``while`` may test and the recorded graph then holds as fixed: never ops, but they tell
@@ -101,10 +171,18 @@ TENSOR_METHODS: dict[str, tuple[str, tuple[int | str, ...]]] = {
 # ``__len__`` is data-dependent after ops such as nonzero, whose output shape depends on values. A
 # NumPy array holds every value: checked as ``tolist``; ``complex(t)`` as ``item``, which equals it.
 DECIDING: dict[str, tuple[str, bool]] = {
-    "__bool__": ("bool", True), "__nonzero__": ("bool", True), "item": ("item", True), "__int__": ("int", True),
-    "__long__": ("int", True), "__float__": ("float", True), "__index__": ("index", True),
-    "__complex__": ("item", False), "__len__": ("len", True), "tolist": ("tolist", True),
-    "numpy": ("tolist", False), "__array__": ("tolist", False),
+    "__bool__": ("bool", True),
+    "__nonzero__": ("bool", True),
+    "item": ("item", True),
+    "__int__": ("int", True),
+    "__long__": ("int", True),
+    "__float__": ("float", True),
+    "__index__": ("index", True),
+    "__complex__": ("item", False),
+    "__len__": ("len", True),
+    "tolist": ("tolist", True),
+    "numpy": ("tolist", False),
+    "__array__": ("tolist", False),
 }
 
 
@@ -263,8 +341,15 @@ _SCANNED_COUNT = [0]  # len(sys.modules) at the last search
 
 # Paddle modules not searched for aliases: the C extension modules the ops come from, and
 # modules used only to build static graphs (their code never runs in dynamic-graph mode).
-_STATIC_ONLY = ("paddle._pir_ops", "paddle.pir", "paddle.static", "paddle.jit", "paddle.decomposition",
-                "paddle.incubate.autograd", "paddle.base.libpaddle")
+_STATIC_ONLY = (
+    "paddle._pir_ops",
+    "paddle.pir",
+    "paddle.static",
+    "paddle.jit",
+    "paddle.decomposition",
+    "paddle.incubate.autograd",
+    "paddle.base.libpaddle",
+)
 
 
 def _op_modules() -> list[Any]:
@@ -393,8 +478,13 @@ def _paddle_sites() -> list[Site]:
     if len(sys.modules) != _SCANNED_COUNT[0]:  # new modules since the last search
         op_modules = _op_modules()
         for name, module in list(sys.modules.items()):
-            if (module is None or not name.startswith("paddle") or _SCANNED.get(name) is module
-                    or name.startswith(_STATIC_ONLY) or any(module is m for m in op_modules)):
+            if (
+                module is None
+                or not name.startswith("paddle")
+                or _SCANNED.get(name) is module
+                or name.startswith(_STATIC_ONLY)
+                or any(module is m for m in op_modules)
+            ):
                 continue
             _SCANNED[name] = module
             if str(getattr(module, "__file__", None) or "").endswith(".py"):
@@ -431,7 +521,8 @@ def _static_function_guard() -> tuple[Any, Any, Callable[..., Any]]:
             raise UnsupportedError(
                 f"the forward called {name}, converted with paddle.jit.to_static: it runs as a compiled program "
                 "whose ops cannot be seen one by one. Trace without to_static, or call "
-                "paddle.jit.enable_to_static(False) so that it runs as plain Python.")
+                "paddle.jit.enable_to_static(False) so that it runs as plain Python."
+            )
         return orig(self, *args, **kwargs)
 
     __call__._torchlens_wrapper = True  # type: ignore[attr-defined]
@@ -454,7 +545,8 @@ def amp_refusal(where: str) -> Exception:
         f"paddle.amp.auto_cast is in effect {where}: Paddle casts inside each C op (to float16 or bfloat16, by its "
         f"own op lists), which a trace does not record, so replay and audit() would compute in float32. Trace "
         f"without auto_cast, or cast the inputs and the model (paddle.amp.decorate(level='O2'), layer.to(dtype=...))"
-        f" so that every op's dtype is in the recorded arguments")
+        f" so that every op's dtype is in the recorded arguments"
+    )
 
 
 def _amp_guard_sites() -> list[Site]:
@@ -478,8 +570,11 @@ def _amp_guard_sites() -> list[Site]:
 
     amp_guard._torchlens_wrapper = True  # type: ignore[attr-defined]
     owners = [module, sys.modules.get("paddle.amp")]
-    return [(owner, "amp_guard", orig, amp_guard) for owner in owners
-            if owner is not None and vars(owner).get("amp_guard") is orig]
+    return [
+        (owner, "amp_guard", orig, amp_guard)
+        for owner in owners
+        if owner is not None and vars(owner).get("amp_guard") is orig
+    ]
 
 
 class Patches:

@@ -106,6 +106,7 @@ def _static_twin(call: Any) -> Callable[..., Any] | None:
 
 def _signature(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What static inference depends on, hashable; None where some argument is not plain enough to say."""
+
     def describe(v: Any) -> Any:
         t = type(v)
         if isinstance(v, Tensor):
@@ -199,8 +200,9 @@ def _check(op: OpRecord, builder: Callable[..., Any], args: tuple[Any, ...], kwa
                 text = str(exc)
                 if "(position " in text:
                     return  # the binding's own argument conversion: the eager call makes it too, before any kernel
-                raise refused(op, f"its recorded arguments do not fit together "
-                                  f"({type(exc).__name__}: {text[:300]})") from None
+                raise refused(
+                    op, f"its recorded arguments do not fit together ({type(exc).__name__}: {text[:300]})"
+                ) from None
             except Exception:  # noqa: BLE001 - what static building cannot do (a type, an op): run as before
                 return
             scratch = op.meta.get("scratch")

@@ -21,8 +21,8 @@ def observe_module_outputs(model: Any, args: tuple[Any, ...], kwargs: dict[str, 
     def hook_for(path: str) -> Any:
         def hook(layer: Any, inputs: Any, output: Any) -> None:
             counts[path] = n = counts.get(path, 0) + 1
-            seen[f"{path}:{n}"] = tree.map_leaves(
-                lambda v: snapshot(v) if isinstance(v, paddle.Tensor) else v, output)
+            seen[f"{path}:{n}"] = tree.map_leaves(lambda v: snapshot(v) if isinstance(v, paddle.Tensor) else v, output)
+
         return hook
 
     try:

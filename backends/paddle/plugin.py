@@ -13,6 +13,8 @@ from torchlens_core.ir import tree
 
 # Paddle ships as "paddlepaddle" (CPU, the pinned one) or "paddlepaddle-gpu"; the first installed is the framework.
 _DISTRIBUTIONS = ("paddlepaddle", "paddlepaddle-gpu")
+
+
 @functools.cache  # metadata lookups cost about 0.1 ms each, and every tl.trace asks every backend
 def _distribution() -> str:
     for name in _DISTRIBUTIONS:
@@ -41,9 +43,28 @@ class PaddleBackend(Backend):
         # the helpers); "splice": a layer a splice names gets an instance-level forward for the capture.
         # "gradients": trace.log_backward replays the graph under autograd, hooking each wanted op (grads.py).
         return BackendInfo(
-            contract=3, name=self.name, framework=_distribution(), install="pip install 'torchlens[paddle]'",
-            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow", "save", "halt",
-                                    "timing", "branches", "intervene", "splice", "new_inputs", "gradients"}))
+            contract=3,
+            name=self.name,
+            framework=_distribution(),
+            install="pip install 'torchlens[paddle]'",
+            capabilities=frozenset(
+                {
+                    "modules",
+                    "functions",
+                    "in_place",
+                    "random",
+                    "control_flow",
+                    "save",
+                    "halt",
+                    "timing",
+                    "branches",
+                    "intervene",
+                    "splice",
+                    "new_inputs",
+                    "gradients",
+                }
+            ),
+        )
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         paddle = sys.modules.get("paddle")
@@ -68,10 +89,12 @@ class PaddleBackend(Backend):
         if io is None or not isinstance(dataset, io.DataLoader) or getattr(dataset, "batch_sampler", None) is None:
             return None  # not a loader, or one made with batch_size=None (it yields samples)
         size = getattr(dataset, "batch_size", None) or getattr(dataset.batch_sampler, "batch_size", None)
-        return (f"a Paddle DataLoader yields batches, and tl.extract_dataset makes its own from unbatched samples: "
-                f"pass the loader's dataset and batch size, tl.extract_dataset(model, loader.dataset, layers, "
-                f"batch_size={size or '...'}, ...) (a labelled dataset mapped to its inputs first), or a DataLoader "
-                f"made with batch_size=None")
+        return (
+            f"a Paddle DataLoader yields batches, and tl.extract_dataset makes its own from unbatched samples: "
+            f"pass the loader's dataset and batch size, tl.extract_dataset(model, loader.dataset, layers, "
+            f"batch_size={size or '...'}, ...) (a labelled dataset mapped to its inputs first), or a DataLoader "
+            f"made with batch_size=None"
+        )
 
     def stack(self, samples: list[Any]) -> Any:
         """Same-shaped samples stacked along a new leading axis (for ``tl.extract_dataset``)."""

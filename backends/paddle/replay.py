@@ -37,8 +37,7 @@ Tensor = paddle.Tensor
 # Replay runs without autograd, except for the backward of trace.log_backward (grads.py), which sets
 # this to its ``lift(op, args, kwargs, out)``: what later ops read of op's output ``out``.
 Lift = Callable[[OpRecord, tuple[Any, ...], dict[str, Any], Any], Any]
-AUTOGRAD: contextvars.ContextVar[Lift | None] = contextvars.ContextVar("torchlens_paddle_replay_autograd",
-                                                                       default=None)
+AUTOGRAD: contextvars.ContextVar[Lift | None] = contextvars.ContextVar("torchlens_paddle_replay_autograd", default=None)
 
 
 def _copy_tensors(value: Any) -> Any:
@@ -82,6 +81,7 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def replay_graph(trace: Trace, observe: Observe | None = None) -> list[Any]:
     lift = AUTOGRAD.get()
     if lift is not None:
+
         def run(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return lift(op, args, kwargs, run_op(op, args, kwargs))
 

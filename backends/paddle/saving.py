@@ -36,8 +36,15 @@ from torchlens_core.ir.errors import TraceFileError
 _OP_MODULES = ("paddle._C_ops", "paddle._legacy_C_ops")
 _REFUSED = ("save", "load", "file", "print")
 # Where Paddle's array API lives: the C ops its code calls are the ones a loaded trace may run.
-_API_MODULES = ("paddle.tensor", "paddle.nn", "paddle.linalg", "paddle.fft", "paddle.signal",
-                "paddle.base.dygraph.math_op_patch", "paddle.base.dygraph.tensor_patch_methods")
+_API_MODULES = (
+    "paddle.tensor",
+    "paddle.nn",
+    "paddle.linalg",
+    "paddle.fft",
+    "paddle.signal",
+    "paddle.base.dygraph.math_op_patch",
+    "paddle.base.dygraph.tensor_patch_methods",
+)
 # Called by that API, but they communicate with other processes or devices.
 _COMMUNICATING = frozenset({"all_reduce", "all_reduce_", "sync_batch_norm_", "memcpy", "memcpy_d2h", "memcpy_h2d"})
 _ENGINE_WORDS = 313  # std::mt19937_64 as C++ streams write it: its 312 words, then its position
@@ -70,8 +77,13 @@ def encode_call(op: Any) -> Any:
 
 
 def _allowed(name: str) -> bool:
-    return (name.isidentifier() and not name.startswith("_") and not any(p in name.lower() for p in _REFUSED)
-            and name not in _COMMUNICATING and name in array_ops())
+    return (
+        name.isidentifier()
+        and not name.startswith("_")
+        and not any(p in name.lower() for p in _REFUSED)
+        and name not in _COMMUNICATING
+        and name in array_ops()
+    )
 
 
 @functools.cache
@@ -135,8 +147,9 @@ def decode_call(data: Any) -> Any:
             needed = arities().get(name) if ns == "paddle._C_ops" else None
             return fn if needed is None else _counted(fn, needed)
         return None
-    raise TraceFileError(f"{ns}:{name} is not a Paddle op a trace can replay; the file was not written by "
-                         "tl.save or was changed")
+    raise TraceFileError(
+        f"{ns}:{name} is not a Paddle op a trace can replay; the file was not written by tl.save or was changed"
+    )
 
 
 def _counted(fn: Any, needed: tuple[tuple[str, Any], ...]) -> Any:
@@ -151,13 +164,16 @@ def _counted(fn: Any, needed: tuple[tuple[str, Any], ...]) -> Any:
     (``conv2d`` given ``data_format=`` by name reads an empty position and
     crashes), so a needed argument given by name is passed at its position.
     """
+
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        rest = needed[len(args):]
+        rest = needed[len(args) :]
         missing = [n for n, default in rest if n not in kwargs and default is _NO_DEFAULT]
         if missing:
-            raise TypeError(f"paddle._C_ops.{fn.__name__} reads {len(needed)} arguments "
-                            f"({', '.join(n for n, _ in needed)}); {', '.join(missing)} not given")
+            raise TypeError(
+                f"paddle._C_ops.{fn.__name__} reads {len(needed)} arguments "
+                f"({', '.join(n for n, _ in needed)}); {', '.join(missing)} not given"
+            )
         args = (*args, *(kwargs[n] if n in kwargs else default for n, default in rest))
         return fn(*args, **{k: v for k, v in kwargs.items() if k not in dict(rest)})
 
@@ -184,7 +200,8 @@ def arities() -> dict[str, tuple[tuple[str, Any], ...]]:
         if isinstance(node, ast.FunctionDef) and not (node.args.vararg or node.args.kwarg or node.args.kwonlyargs):
             names = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
             defaults = [_NO_DEFAULT] * (len(names) - len(node.args.defaults)) + [
-                _literal(d) for d in node.args.defaults]
+                _literal(d) for d in node.args.defaults
+            ]
             pairs = tuple(zip(names, defaults))
             pairs = pairs[:-1] if names and names[-1] == "name" else pairs
             if node.name not in needed or len(pairs) < len(needed[node.name]):  # overloads: the shortest
@@ -238,8 +255,13 @@ def _engine_state(text: Any) -> bool:
 def _decode_rng_state(data: Any) -> Any:
     import paddle
 
-    if not (isinstance(data, list) and len(data) == 4 and all(type(n) is int for n in data[:3])
-            and _engine_state(data[3]) and data[0] >= -1):
+    if not (
+        isinstance(data, list)
+        and len(data) == 4
+        and all(type(n) is int for n in data[:3])
+        and _engine_state(data[3])
+        and data[0] >= -1
+    ):
         raise TraceFileError(f"not a Paddle RNG state: {str(data)[:80]}")
     if data[0] >= 0 and data[0] >= paddle.device.cuda.device_count():
         return None  # an accelerator's generator this machine lacks: the op loads as not replayable
@@ -252,8 +274,12 @@ def _decode_rng_state(data: Any) -> Any:
 def decode_value(data: Any) -> Any:
     import paddle
 
-    if isinstance(data, dict) and set(data) == {"dtype"} and isinstance(data["dtype"], str) \
-            and data["dtype"].isidentifier():
+    if (
+        isinstance(data, dict)
+        and set(data) == {"dtype"}
+        and isinstance(data["dtype"], str)
+        and data["dtype"].isidentifier()
+    ):
         value = getattr(paddle, data["dtype"], None)
         if isinstance(value, paddle.dtype):
             return value

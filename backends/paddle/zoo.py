@@ -244,8 +244,9 @@ def _vision(name: str, shape: tuple[int, ...] = (1, 3, 64, 64), **kwargs: Any) -
     return build
 
 
-def _hand(cls_name: str, make_inputs: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
-          train: bool = False) -> Callable[[], Built]:
+def _hand(
+    cls_name: str, make_inputs: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]], train: bool = False
+) -> Callable[[], Built]:
     """A hand-written model from :func:`_models` with inputs from ``make_inputs``."""
 
     def build() -> Built:

@@ -121,33 +121,79 @@ class TFCall:
 
 # Op types whose snake-case name would read badly.
 _NAMES = {
-    "MatMul": "matmul", "BatchMatMul": "batch_matmul", "BatchMatMulV2": "batch_matmul",
-    "BatchMatMulV3": "batch_matmul", "AddV2": "add", "RealDiv": "div", "ReadVariableOp": "read_variable",
-    "DepthwiseConv2dNative": "depthwise_conv2d", "Conv2DBackpropInput": "conv2d_transpose",
-    "Conv3DBackpropInputV2": "conv3d_transpose", "FusedBatchNorm": "batch_norm",
-    "FusedBatchNormV2": "batch_norm", "FusedBatchNormV3": "batch_norm", "ConcatV2": "concat",
-    "Pack": "stack", "Unpack": "unstack", "GatherV2": "gather", "ResourceGather": "gather",
-    "AssignVariableOp": "assign", "AssignAddVariableOp": "assign_add", "AssignSubVariableOp": "assign_sub",
-    "Relu6": "relu6", "Conv2D": "conv2d", "Conv3D": "conv3d", "Conv1D": "conv1d", "LeakyRelu": "leaky_relu",
+    "MatMul": "matmul",
+    "BatchMatMul": "batch_matmul",
+    "BatchMatMulV2": "batch_matmul",
+    "BatchMatMulV3": "batch_matmul",
+    "AddV2": "add",
+    "RealDiv": "div",
+    "ReadVariableOp": "read_variable",
+    "DepthwiseConv2dNative": "depthwise_conv2d",
+    "Conv2DBackpropInput": "conv2d_transpose",
+    "Conv3DBackpropInputV2": "conv3d_transpose",
+    "FusedBatchNorm": "batch_norm",
+    "FusedBatchNormV2": "batch_norm",
+    "FusedBatchNormV3": "batch_norm",
+    "ConcatV2": "concat",
+    "Pack": "stack",
+    "Unpack": "unstack",
+    "GatherV2": "gather",
+    "ResourceGather": "gather",
+    "AssignVariableOp": "assign",
+    "AssignAddVariableOp": "assign_add",
+    "AssignSubVariableOp": "assign_sub",
+    "Relu6": "relu6",
+    "Conv2D": "conv2d",
+    "Conv3D": "conv3d",
+    "Conv1D": "conv1d",
+    "LeakyRelu": "leaky_relu",
 }
 _WRITE_PREFIXES = ("Assign", "ResourceScatter", "ResourceApply", "ResourceSparseApply", "ResourceStridedSliceAssign")
-_WRITES = frozenset({"StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt", "StatefulStandardNormal",
-                     "StatefulStandardNormalV2", "StatefulTruncatedNormal", "StatefulRandomBinomial", "RngSkip",
-                     "RngReadAndSkip"})
+_WRITES = frozenset(
+    {
+        "StatefulUniform",
+        "StatefulUniformInt",
+        "StatefulUniformFullInt",
+        "StatefulStandardNormal",
+        "StatefulStandardNormalV2",
+        "StatefulTruncatedNormal",
+        "StatefulRandomBinomial",
+        "RngSkip",
+        "RngReadAndSkip",
+    }
+)
 # Random ops whose generator state lives inside the op kernel, out of reach:
 # their recorded values are replayed.
-_RANDOM_KERNEL_STATE = frozenset({
-    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal", "ParameterizedTruncatedNormal",
-    "Multinomial", "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "RandomCrop",
-    "RandomBinomial", "SampleDistortedBoundingBox", "SampleDistortedBoundingBoxV2", "AllCandidateSampler",
-    "UniformCandidateSampler", "LogUniformCandidateSampler", "LearnedUnigramCandidateSampler",
-    "ThreadUnsafeUnigramCandidateSampler", "FixedUnigramCandidateSampler",
-})
+_RANDOM_KERNEL_STATE = frozenset(
+    {
+        "RandomUniform",
+        "RandomUniformInt",
+        "RandomStandardNormal",
+        "TruncatedNormal",
+        "ParameterizedTruncatedNormal",
+        "Multinomial",
+        "RandomShuffle",
+        "RandomGamma",
+        "RandomPoisson",
+        "RandomPoissonV2",
+        "RandomCrop",
+        "RandomBinomial",
+        "SampleDistortedBoundingBox",
+        "SampleDistortedBoundingBoxV2",
+        "AllCandidateSampler",
+        "UniformCandidateSampler",
+        "LogUniformCandidateSampler",
+        "LearnedUnigramCandidateSampler",
+        "ThreadUnsafeUnigramCandidateSampler",
+        "FixedUnigramCandidateSampler",
+    }
+)
 _RANDOM = _RANDOM_KERNEL_STATE | _WRITES - {"RngSkip"}
 _STATELESS_RANDOM = ("StatelessRandom", "StatelessTruncated", "StatelessMultinomial", "StatelessParameterized")
 # Ops that only create or query resources; they carry no data worth a record.
-_SKIP = frozenset({"VarHandleOp", "VarIsInitializedOp", "DestroyResourceOp", "AnonymousSeedGenerator",
-                   "DeleteSeedGenerator", "NoOp"})
+_SKIP = frozenset(
+    {"VarHandleOp", "VarIsInitializedOp", "DestroyResourceOp", "AnonymousSeedGenerator", "DeleteSeedGenerator", "NoOp"}
+)
 
 
 def _snake(op_type: str) -> str:
@@ -180,13 +226,15 @@ def _op_info(op_type: str) -> _OpInfo:
                 f"a graph function ({op_type}) ran as one opaque op inside the forward. The tf backend "
                 f"records eager ops: tf.function code runs eagerly during a capture, but a concrete function, "
                 f"a SavedModel signature or a restored function has no Python code to run. Trace the Keras "
-                f"model or the Python function it was made from instead.")
+                f"model or the Python function it was made from instead."
+            )
         info = _OP_INFO[op_type] = _OpInfo(
             func_name=_snake(op_type),
             writes=op_type.startswith(_WRITE_PREFIXES) or op_type in _WRITES,
             random=op_type in _RANDOM or op_type.startswith(_STATELESS_RANDOM),
             kernel_state=op_type in _RANDOM_KERNEL_STATE,
-            skip=op_type in _SKIP)
+            skip=op_type in _SKIP,
+        )
     return info
 
 
@@ -396,8 +444,7 @@ class Recorder(BaseRecorder):
         # read, or when the variable is written (which moves its buffer).
         self.unaddressed: dict[int, tuple[_VarState, Any]] = {}
         for v in view.variables:
-            var = self.vars[id(v.variable.handle)] = _VarState(v, ParamRef(v.name), v.variable.dtype,
-                                                               v.variable.handle)
+            var = self.vars[id(v.variable.handle)] = _VarState(v, ParamRef(v.name), v.variable.dtype, v.variable.handle)
             value = builder.params[v.name].value
             self.var_keys.add((value._shape_tuple(), value._datatype_enum()))
             self.unaddressed[id(var)] = (var, value)
@@ -424,9 +471,11 @@ class Recorder(BaseRecorder):
         """What a module site's (or a pass-through op's) edit hands the model must be a tensor."""
         if not isinstance(value, _EagerTensorBase):
             site = op.edits[-1].site if op.edits else f"{op.layer_label}:{op.pass_num}"
-            raise InterventionError(f"intervene= at {site}: a helper returned {type(value).__name__}, not a "
-                                    f"TensorFlow tensor; return one (tf.constant(...), or arithmetic on the "
-                                    f"value it was given)")
+            raise InterventionError(
+                f"intervene= at {site}: a helper returned {type(value).__name__}, not a "
+                f"TensorFlow tensor; return one (tf.constant(...), or arithmetic on the "
+                f"value it was given)"
+            )
 
     def as_output(self, value: Any, inside: tuple[str, int] | None) -> tuple[Ref, Any]:
         """The base's, for a tensor; a variable returned as it is stands for its value now, from its state."""
@@ -436,8 +485,9 @@ class Recorder(BaseRecorder):
             var = self.vars.get(id(variable.handle))
             if var is not None and var.state is not None:
                 shape, dtype, device = _info(current)
-                return Ref(self.builder.identity_op(var.state, current, shape=shape, dtype=dtype,
-                                                    device=device).index), None
+                return Ref(
+                    self.builder.identity_op(var.state, current, shape=shape, dtype=dtype, device=device).index
+                ), None
             value = current
         if self.replaced and self.producer(value) is None:
             self.handover.check_not_replaced(value)
@@ -466,8 +516,9 @@ class Recorder(BaseRecorder):
         return var if _buffer_address(now) == address else None
 
     # -- the hot path ------------------------------------------------------------------
-    def __call__(self, op_type: Any, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None,
-                 graph: Any = None) -> None:
+    def __call__(
+        self, op_type: Any, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None, graph: Any = None
+    ) -> None:
         if self.depth or self.failure is not None:  # ops the recorder itself runs; after a halt or refusal
             return None
         if graph is not None:  # graph construction: a function traced during the forward
@@ -521,8 +572,8 @@ class Recorder(BaseRecorder):
                         parents.append(state.index)
                     elif not info.writes or op_type != "AssignVariableOp":
                         raise UnsupportedError(
-                            f"{op_type} read a variable created during the forward before any value was "
-                            f"assigned to it")
+                            f"{op_type} read a variable created during the forward before any value was assigned to it"
+                        )
                     var_args.append((i, var))
                     args.append(state)
                     continue
@@ -578,11 +629,22 @@ class Recorder(BaseRecorder):
             meta["implicit_variable_reads"] = implicit
         call = TFCall(op_type, attrs_t, n_out, kind, tuple([i for i, _ in var_args]) if var_args else (), writes)
         op = self.builder.add_op(
-            info.func_name, call, tuple(args), kwargs,
-            tuple(parents) if len(parents) < 2 else tuple(dict.fromkeys(parents)), out,
-            shape=shape, dtype=dtype, device=device, params=tuple(dict.fromkeys(params)) if params else (),
+            info.func_name,
+            call,
+            tuple(args),
+            kwargs,
+            tuple(parents) if len(parents) < 2 else tuple(dict.fromkeys(parents)),
+            out,
+            shape=shape,
+            dtype=dtype,
+            device=device,
+            params=tuple(dict.fromkeys(params)) if params else (),
             random=info.random,
-            in_place=bool(writes), code_context=self.sites.stack(), meta=meta, conditions=self.branches.current())
+            in_place=bool(writes),
+            code_context=self.sites.stack(),
+            meta=meta,
+            conditions=self.branches.current(),
+        )
         # From here on, nothing reads op.out: save= may already have dropped it.
         index = op.index
         if self.editing:  # intervene=: the model gets the edited values, and later ops link to them
@@ -632,22 +694,30 @@ class Recorder(BaseRecorder):
             raise UnsupportedError(
                 f"{op_type} changed a variable the traced model does not hold ({_handle_name(handle)}) "
                 f"before reading it, so its value before the forward is unknown. Hold the variable on the "
-                f"Keras model or tf.Module being traced, or pass it as an argument.")
+                f"Keras model or tf.Module being traced, or pass it as an argument."
+            )
         value = gen_resource_variable_ops.read_variable_op(handle, dtype)
         name = base = "untracked." + _handle_name(handle)
         k = 2
         while name in self.builder.params:
             name, k = f"{base}_{k}", k + 1
         shape, dtype_name, _ = _info(value)
-        self.builder.add_param(ParamRecord(name=name, shape=shape, dtype=dtype_name,
-                                           numel=math.prod(shape), trainable=False,
-                                           module="", is_buffer=True, value=value))
+        self.builder.add_param(
+            ParamRecord(
+                name=name,
+                shape=shape,
+                dtype=dtype_name,
+                numel=math.prod(shape),
+                trainable=False,
+                module="",
+                is_buffer=True,
+                value=value,
+            )
+        )
         self.untracked.append(name)
-        var = self.vars[id(handle)] = _VarState(VarInfo(name, None, "", False, True), ParamRef(name), dtype,
-                                                handle)
+        var = self.vars[id(handle)] = _VarState(VarInfo(name, None, "", False, True), ParamRef(name), dtype, handle)
         self._remember_buffer(var, value)
         return var
-
 
     # -- layer calls (torchlens_tf.layers.LayerCalls) ------------------------------------------
     # After a halt (or a refusal) nothing more is recorded: the passes still open
@@ -755,8 +825,10 @@ _CAPTURING: set[int] = set()
 _PREDICT = ("predict", "predict_on_batch", "predict_step")
 
 
-_SUPPORTED = ("The tf backend traces Keras 3 models and layers (on TensorFlow), tf.Modules, tf.functions and "
-              "plain Python functions that run TensorFlow ops, eagerly")
+_SUPPORTED = (
+    "The tf backend traces Keras 3 models and layers (on TensorFlow), tf.Modules, tf.functions and "
+    "plain Python functions that run TensorFlow ops, eagerly"
+)
 
 
 def _refuse(target: Any) -> None:
@@ -764,32 +836,38 @@ def _refuse(target: Any) -> None:
     from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
 
     if not context.executing_eagerly():
-        raise UnsupportedError(f"tl.trace with the tf backend must be called eagerly, outside tf.function and "
-                               f"TF1 graph mode. {_SUPPORTED}.")
+        raise UnsupportedError(
+            f"tl.trace with the tf backend must be called eagerly, outside tf.function and "
+            f"TF1 graph mode. {_SUPPORTED}."
+        )
     fn = target
     if isinstance(target, tf.types.experimental.PolymorphicFunction):
         fn = getattr(target, "python_function", None)
         if fn is None or type(target).__name__ == "RestoredFunction":
             raise UnsupportedError(
                 f"this tf.function was restored from a SavedModel: it holds a graph and no Python code to run "
-                f"eagerly. {_SUPPORTED}: trace the original model or function instead.")
+                f"eagerly. {_SUPPORTED}: trace the original model or function instead."
+            )
     if isinstance(target, ConcreteFunction) or type(target).__name__ in ("_WrapperFunction", "WrappedFunction"):
         raise UnsupportedError(
             f"a {type(target).__name__} (a concrete graph function, such as a SavedModel signature) has no Python "
             f"code to run eagerly, so its ops cannot be recorded one by one. {_SUPPORTED}: trace the model or "
-            f"function it was made from.")
+            f"function it was made from."
+        )
     owner = getattr(fn, "__self__", target)
     if type(owner).__name__ == "_UserObject":
         raise UnsupportedError(
             f"objects restored with tf.saved_model.load run graph functions and have no Python code to run "
-            f"eagerly. {_SUPPORTED}: trace the original Keras model or Python function instead.")
+            f"eagerly. {_SUPPORTED}: trace the original Keras model or Python function instead."
+        )
     tf_keras = sys.modules.get("tf_keras")
     if tf_keras is not None and isinstance(owner, tf_keras.layers.Layer):
         raise UnsupportedError(f"Keras 2 (tf_keras) models are not supported. {_SUPPORTED}.")
 
 
-def _call_plan(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...],
-                                                                                   dict[str, Any], str | None]:
+def _call_plan(
+    target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, tuple[Any, ...], dict[str, Any], str | None]:
     """What to call, with what; ``model.predict``-style calls become one eager model call."""
     owner = getattr(target, "__self__", None)
     name = getattr(target, "__name__", "")
@@ -797,9 +875,15 @@ def _call_plan(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
         x = args[0] if args else kwargs.get("x", kwargs.get("data"))
         if name == "predict_step":
             return owner, (x,), {"training": False}, "model.predict_step(data) traced as model(data, training=False)"
-        return owner, (x,), {"training": False}, (
-            f"model.{name} runs a compiled tf.function over batches; traced instead as one eager call "
-            f"model(x, training=False) on the whole input")
+        return (
+            owner,
+            (x,),
+            {"training": False},
+            (
+                f"model.{name} runs a compiled tf.function over batches; traced instead as one eager call "
+                f"model(x, training=False) on the whole input"
+            ),
+        )
     return target, args, kwargs, None
 
 
@@ -813,9 +897,18 @@ def _declare(builder: TraceBuilder, view: ModelView) -> None:
         builder.add_module(path, type(layer).__name__, under.get(path, []))
     for v, value in zip(view.variables, _snapshots([v.variable for v in view.variables])):
         shape, dtype, _ = _info(value)
-        builder.add_param(ParamRecord(name=v.name, shape=shape, dtype=dtype,
-                                      numel=math.prod(shape), trainable=v.trainable,
-                                      module=v.module, is_buffer=v.is_buffer, value=value))
+        builder.add_param(
+            ParamRecord(
+                name=v.name,
+                shape=shape,
+                dtype=dtype,
+                numel=math.prod(shape),
+                trainable=v.trainable,
+                module=v.module,
+                is_buffer=v.is_buffer,
+                value=value,
+            )
+        )
 
 
 def _snapshots(variables: list[Any]) -> list[Any]:
@@ -833,8 +926,13 @@ def _snapshots(variables: list[Any]) -> list[Any]:
         handles = [variables[i].handle for i in at]
         dtypes = [variables[i].dtype for i in at]
         try:  # quick_execute: no op callback (another thread's capture switches execute.execute to call them)
-            read = execute.quick_execute("_ReadVariablesOp", len(at), handles,
-                                         ("N", len(at), "dtypes", [d.as_datatype_enum for d in dtypes]), eager)
+            read = execute.quick_execute(
+                "_ReadVariablesOp",
+                len(at),
+                handles,
+                ("N", len(at), "dtypes", [d.as_datatype_enum for d in dtypes]),
+                eager,
+            )
         except Exception:  # noqa: BLE001 - a device without that kernel: read one by one (an unreadable variable raises there)
             read = [gen_resource_variable_ops.read_variable_op(h, d) for h, d in zip(handles, dtypes)]
         for i, value in zip(at, read):
@@ -870,8 +968,10 @@ def _add_notes(builder: TraceBuilder, recorder: Recorder) -> None:
     notes = builder.notes
     functions = list(dict.fromkeys(recorder.tf_functions))
     if functions:
-        notes["tf_function"] = ("run eagerly for the capture (as tf.config.run_functions_eagerly(True) would, in "
-                                "the capturing thread only): their ops are recorded one by one")
+        notes["tf_function"] = (
+            "run eagerly for the capture (as tf.config.run_functions_eagerly(True) would, in "
+            "the capturing thread only): their ops are recorded one by one"
+        )
         notes["tf_functions_run_eagerly"] = functions
     if recorder.graph_ops:
         notes["graph_ops_not_recorded"] = recorder.graph_ops
@@ -883,8 +983,10 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     """Run ``target(*args, **kwargs)`` once, eagerly, under the recorder; return its Trace."""
     thread = get_ident()
     if thread in _CAPTURING:  # the outer capture would record the inner one's own work
-        raise UnsupportedError("a tf capture is already running in this thread: captures do not nest (call "
-                               "tl.trace outside the traced function)")
+        raise UnsupportedError(
+            "a tf capture is already running in this thread: captures do not nest (call "
+            "tl.trace outside the traced function)"
+        )
     _CAPTURING.add(thread)
     try:
         return _capture(target, args, kwargs, options)
@@ -921,8 +1023,10 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
             continue  # a variable: a parameter, declared above
         if not _is_eager_tensor(leaf):
             where = ("args" if path[0] == 0 else "kwargs") + "".join(f"[{k!r}]" for k in path[1:])
-            raise UnsupportedError(f"input {where} is a symbolic tensor ({type(leaf).__name__}); tl.trace runs "
-                                   f"the model eagerly and needs concrete tensors (tf.constant, NumPy arrays)")
+            raise UnsupportedError(
+                f"input {where} is a symbolic tensor ({type(leaf).__name__}); tl.trace runs "
+                f"the model eagerly and needs concrete tensors (tf.constant, NumPy arrays)"
+            )
         if recorder.producer(leaf) is not None:
             continue  # the same tensor passed twice is one input
         op = builder.add_input(leaf, *_info(leaf))
@@ -932,8 +1036,9 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
     # forward: its return, an exception, a KeyboardInterrupt, a refusal or
     # halt= (HaltCapture, raised from the op callback or a layer call, which
     # propagates to tl.trace: it finishes the trace from the builder).
-    layer_calls = LayerCalls(view.paths, recorder.enter, recorder.leave, recorder.failed,
-                             recorder.splice if recorder.editing else None)
+    layer_calls = LayerCalls(
+        view.paths, recorder.enter, recorder.leave, recorder.failed, recorder.splice if recorder.editing else None
+    )
     installed = contextlib.ExitStack()
     error: BaseException | None = None
     try:
@@ -960,9 +1065,11 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
             raise
         recorder.raise_remembered()  # raised inside the callback (or a halt) and swallowed by the model
         if execute.execute is not execute.execute_with_callbacks:
-            raise CaptureError("TensorFlow's op callbacks were switched off for every thread during the capture "
-                               "(op_callbacks.remove_op_callback in another thread), so ops may be missing from "
-                               "it: trace again while no other thread adds or removes op callbacks")
+            raise CaptureError(
+                "TensorFlow's op callbacks were switched off for every thread during the capture "
+                "(op_callbacks.remove_op_callback in another thread), so ops may be missing from "
+                "it: trace again while no other thread adds or removes op callbacks"
+            )
     finally:
         # The exception on its way out holds this frame (and the recorder's) in its
         # traceback: holding it here too would make a cycle that keeps every value
@@ -989,6 +1096,7 @@ def values_now(output: Any) -> Any:
     other value as it ran (an output node holding the variable itself would
     follow the next ``assign``).
     """
+
     def now(leaf: Any) -> Any:
         variable = resource_variable(leaf)
         return leaf if variable is None else variable.read_value()
@@ -1000,5 +1108,11 @@ def compat_rows(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
     """tl.compat.report's rows: the capture's own refusals (graph functions, SavedModels, graph mode)."""
     from torchlens_core.views.compat import refusal_row
 
-    return [refusal_row("wrapper", type(target).__name__, lambda: _refuse(target),
-                        "eager Python (tf.function bodies run eagerly while captured): recorded as it runs")]
+    return [
+        refusal_row(
+            "wrapper",
+            type(target).__name__,
+            lambda: _refuse(target),
+            "eager Python (tf.function bodies run eagerly while captured): recorded as it runs",
+        )
+    ]

@@ -75,9 +75,19 @@ ELEMENT_BUDGET = 4096
 # EagerTensor methods -> what they read: a conversion of the value, "iter" (``len``: the loop count),
 # "whole" (the value as an array) or "format" (the whole value of a scalar; anything else formats as its
 # text, like str()).
-_READS = {"__bool__": "bool", "__int__": "int", "__float__": "float", "__index__": "index", "__len__": "len",
-          "__iter__": "iter", "numpy": "whole", "__array__": "whole", "__reduce__": "whole",
-          "__complex__": "whole", "__format__": "format"}
+_READS = {
+    "__bool__": "bool",
+    "__int__": "int",
+    "__float__": "float",
+    "__index__": "index",
+    "__len__": "len",
+    "__iter__": "iter",
+    "numpy": "whole",
+    "__array__": "whole",
+    "__reduce__": "whole",
+    "__complex__": "whole",
+    "__format__": "format",
+}
 
 
 def _element(dtype: Any) -> tuple[str, Callable[[Any], Any]] | None:

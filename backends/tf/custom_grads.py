@@ -67,8 +67,9 @@ def _is_custom_gradient(backward: Any) -> bool:
 def _noting(original: Any, recorders: dict[int, Recorder]) -> Any:
     find = recorders.get
 
-    def record_operation(op_type: Any, output_tensors: Any, input_tensors: Any, backward_function: Any,
-                         *args: Any, **kwargs: Any) -> Any:
+    def record_operation(
+        op_type: Any, output_tensors: Any, input_tensors: Any, backward_function: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         recorder = find(get_ident())
         if recorder is not None and not recorder.depth and _is_custom_gradient(backward_function):
             outputs = [recorder.producer(t) for t in output_tensors]

@@ -79,8 +79,16 @@ class Handover:
         self.recorded_early: list[Any] | None = None
 
     # -- ops ----------------------------------------------------------------------------------
-    def op_output(self, op: OpRecord, out: Any, values: list[Any], outputs: Any, n_out: int,
-                  var_args: list[tuple[int, Any]], writes: tuple[int, ...]) -> list[Any]:
+    def op_output(
+        self,
+        op: OpRecord,
+        out: Any,
+        values: list[Any],
+        outputs: Any,
+        n_out: int,
+        var_args: list[tuple[int, Any]],
+        writes: tuple[int, ...],
+    ) -> list[Any]:
         """``values`` (the op's outputs, then the states it wrote) as the model sees them after the edits.
 
         ``outputs`` is the list the op callback was given: an edited output
@@ -95,18 +103,22 @@ class Handover:
         edited = list(seen) if len(values) > 1 else [seen]
         for k in range(len(values)):
             if edited[k] is not values[k] and not _is_eager_tensor(edited[k]):
-                raise InterventionError(f"intervene= at {op.layer_label}:{op.pass_num}: a helper returned "
-                                        f"{type(edited[k]).__name__}, not a TensorFlow tensor; return one "
-                                        f"(tf.constant(...), or arithmetic on the value it was given)")
+                raise InterventionError(
+                    f"intervene= at {op.layer_label}:{op.pass_num}: a helper returned "
+                    f"{type(edited[k]).__name__}, not a TensorFlow tensor; return one "
+                    f"(tf.constant(...), or arithmetic on the value it was given)"
+                )
         for k in range(n_out):
             if edited[k] is values[k]:
                 continue
             try:
                 outputs[k] = edited[k]
             except TypeError:  # not a list: this TensorFlow gives the callback a copy of the outputs
-                raise UnsupportedError("this TensorFlow gives op callbacks the op's outputs as a "
-                                       f"{type(outputs).__name__}, which cannot be changed: intervene= cannot hand "
-                                       f"an edited value to the model on it (tested with TensorFlow 2.21)") from None
+                raise UnsupportedError(
+                    "this TensorFlow gives op callbacks the op's outputs as a "
+                    f"{type(outputs).__name__}, which cannot be changed: intervene= cannot hand "
+                    f"an edited value to the model on it (tested with TensorFlow 2.21)"
+                ) from None
             self.replaced[id(values[k])] = (weakref.ref(values[k]), op.index)
         k = n_out
         for i, var in var_args:
@@ -131,9 +143,11 @@ class Handover:
         found = self.replaced.get(id(t))
         if found is not None and found[0]() is t:
             op = self.builder.ops[found[1]]
-            raise CaptureError(f"the model went on with the value of {op.layer_label}:{op.pass_num} from before "
-                               f"its edit: TensorFlow did not return the edited tensor the op callback put in "
-                               f"its place, so intervene= cannot be honoured on this TensorFlow")
+            raise CaptureError(
+                f"the model went on with the value of {op.layer_label}:{op.pass_num} from before "
+                f"its edit: TensorFlow did not return the edited tensor the op callback put in "
+                f"its place, so intervene= cannot be honoured on this TensorFlow"
+            )
 
 
 def gradients_through_edits(handover: Handover) -> contextlib.AbstractContextManager[None]:

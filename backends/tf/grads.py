@@ -66,19 +66,25 @@ Path = tuple[Any, ...]
 def backward(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
     """Gradients of ``loss`` (a function of the trace's output) at the ``wanted`` ops and the trainable parameters."""
     if not callable(loss) or isinstance(loss, (tf.Tensor, tf.Variable)):
-        raise UnsupportedError(f"on TensorFlow, log_backward takes the loss as a function of the trace's output "
-                               f"(lambda out: tf.reduce_sum(out)), not a {type(loss).__name__}: an eager tensor "
-                               f"keeps no record of how it was computed, so the trace is replayed under a "
-                               f"GradientTape and the function applied to the replayed output")
+        raise UnsupportedError(
+            f"on TensorFlow, log_backward takes the loss as a function of the trace's output "
+            f"(lambda out: tf.reduce_sum(out)), not a {type(loss).__name__}: an eager tensor "
+            f"keeps no record of how it was computed, so the trace is replayed under a "
+            f"GradientTape and the function applied to the replayed output"
+        )
     if not context.executing_eagerly():
         raise UnsupportedError("trace.log_backward must be called eagerly, outside tf.function and TF1 graph mode")
     wanted_set = set(wanted)
     inputs, params, graph = _with_leaves(trace)
-    deltas = {(index, path): _negative_zero(trace.ops[index], path, dtype)
-              for index in sorted(wanted_set) if trace.ops[index].kind == "op"
-              for path, dtype in _float_outputs(trace, trace.ops[index])}
-    runner = _Runner(params, _custom_gradients(trace), {op.index: _as_tensor(op.out) for op in graph.ops
-                                                         if op.kind == "input"})
+    deltas = {
+        (index, path): _negative_zero(trace.ops[index], path, dtype)
+        for index in sorted(wanted_set)
+        if trace.ops[index].kind == "op"
+        for path, dtype in _float_outputs(trace, trace.ops[index])
+    }
+    runner = _Runner(
+        params, _custom_gradients(trace), {op.index: _as_tensor(op.out) for op in graph.ops if op.kind == "input"}
+    )
     graph = perturbed(graph, deltas)
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         for leaf in [*inputs.values(), *params.values(), *deltas.values()]:
@@ -88,8 +94,9 @@ def backward(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
             values = replay_values(graph, runner.observe)
         finally:
             DIFFERENTIATING.reset(token)
-        output = tree.map_leaves(lambda r: tree.get(values[r.index], r.path) if isinstance(r, Ref) else r,
-                                 graph.output_template)
+        output = tree.map_leaves(
+            lambda r: tree.get(values[r.index], r.path) if isinstance(r, Ref) else r, graph.output_template
+        )
         target = loss(output)
     _check_loss(target)
     wanted_inputs = {index: leaf for index, leaf in inputs.items() if index in wanted_set}
@@ -99,8 +106,8 @@ def backward(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
     except LookupError as exc:  # an op on the loss's path without a registered gradient
         raise UnsupportedError(f"TensorFlow cannot differentiate the recorded graph: {exc}") from exc
     found = [None if g is None else tf.convert_to_tensor(g) for g in found]  # IndexedSlices made dense
-    at_deltas, found = found[:len(deltas)], found[len(deltas):]
-    at_inputs, at_params = found[:len(wanted_inputs)], found[len(wanted_inputs):]
+    at_deltas, found = found[: len(deltas)], found[len(deltas) :]
+    at_inputs, at_params = found[: len(wanted_inputs)], found[len(wanted_inputs) :]
     ops = _by_op(trace, zip(deltas, at_deltas))
     ops.update({index: g for index, g in zip(wanted_inputs, at_inputs) if g is not None})
     return {"ops": ops, "params": {name: g for name, g in zip(params, at_params) if g is not None}}
@@ -111,14 +118,18 @@ def _custom_gradients(trace: Trace) -> list[CustomGradient]:
     found = trace.notes.get(NOTE) or []
     for custom in found:
         if not isinstance(custom, CustomGradient):  # loaded from a file (a closure is not saved), or unmatched
-            raise UnsupportedError(f"the forward called a tf.custom_gradient function ({custom}) whose gradient "
-                                   f"this trace cannot apply: a saved trace does not keep the gradient function, "
-                                   f"so capture the model again (tl.trace(..., save_grads=True)) to get gradients")
+            raise UnsupportedError(
+                f"the forward called a tf.custom_gradient function ({custom}) whose gradient "
+                f"this trace cannot apply: a saved trace does not keep the gradient function, "
+                f"so capture the model again (tl.trace(..., save_grads=True)) to get gradients"
+            )
         edited = [trace.ops[ref.index].label for ref in custom.outputs if trace.ops[ref.index].edits]
         if edited:
-            raise UnsupportedError(f"intervene= edited {', '.join(edited)}, an output of the tf.custom_gradient "
-                                   f"function {custom.name}: TensorFlow gave its gradient function the edited "
-                                   f"value's gradient, which the replay cannot reproduce; edit another op")
+            raise UnsupportedError(
+                f"intervene= edited {', '.join(edited)}, an output of the tf.custom_gradient "
+                f"function {custom.name}: TensorFlow gave its gradient function the edited "
+                f"value's gradient, which the replay cannot reproduce; edit another op"
+            )
     return list(found)
 
 
@@ -139,8 +150,15 @@ def _with_leaves(trace: Trace) -> tuple[dict[int, Any], dict[str, Any], Trace]:
         if record.trainable and not record.is_buffer and _is_float(value):
             params[name] = tf.identity(value)
             records[name] = attrs.evolve(record, value=params[name])
-    graph = Trace(backend=trace.backend, model_name=trace.model_name, ops=ops, modules=dict(trace.modules),
-                  params=records, output_template=trace.output_template, notes=dict(trace.notes))
+    graph = Trace(
+        backend=trace.backend,
+        model_name=trace.model_name,
+        ops=ops,
+        modules=dict(trace.modules),
+        params=records,
+        output_template=trace.output_template,
+        notes=dict(trace.notes),
+    )
     graph.call = trace.call
     return inputs, params, graph
 
@@ -151,13 +169,17 @@ def _is_float(value: Any) -> bool:
 
 def _check_loss(target: Any) -> None:
     if not isinstance(target, tf.Tensor):
-        raise UnsupportedError(f"the loss function returned a {type(target).__name__}, not a TensorFlow tensor: "
-                               f"compute it with TensorFlow ops on the output, so that the tape can differentiate it")
+        raise UnsupportedError(
+            f"the loss function returned a {type(target).__name__}, not a TensorFlow tensor: "
+            f"compute it with TensorFlow ops on the output, so that the tape can differentiate it"
+        )
     if not (target.dtype.is_floating or target.dtype.is_complex):
         raise UnsupportedError(f"the loss is a {target.dtype.name} tensor, which has no gradient: make it a float")
     if target.shape.rank != 0:
-        raise UnsupportedError(f"the loss must be one number, not an array of shape {tuple(target.shape)}: "
-                               f"reduce it (tf.reduce_sum, tf.reduce_mean)")
+        raise UnsupportedError(
+            f"the loss must be one number, not an array of shape {tuple(target.shape)}: "
+            f"reduce it (tf.reduce_sum, tf.reduce_mean)"
+        )
 
 
 def _float_outputs(trace: Trace, op: OpRecord) -> list[tuple[Path, Any]]:
@@ -180,8 +202,10 @@ def _float_outputs(trace: Trace, op: OpRecord) -> list[tuple[Path, Any]]:
     if dtypes is None or len(dtypes) != len(op.shape) or None in dtypes:
         out = op.out if op.out is not None else op.meta.get("recorded_value")
         if not isinstance(out, (tuple, list)) or len(out) != len(op.shape):
-            raise UnsupportedError(f"cannot tell the dtype of each output of {op.label} ({op.func_name}), which "
-                                   f"its gradient needs: capture it again with its values saved (save=)")
+            raise UnsupportedError(
+                f"cannot tell the dtype of each output of {op.label} ({op.func_name}), which "
+                f"its gradient needs: capture it again with its values saved (save=)"
+            )
         dtypes = [t.dtype for t in out]
     return [((k,), dtype) for k, dtype in enumerate(dtypes) if dtype.is_floating or dtype.is_complex]
 
@@ -238,11 +262,14 @@ class _Runner:
         for custom in self.customs.get(op.index, ()):
             missing = [ref for ref in custom.outputs if self.given[ref.index] is None]
             if missing:
-                raise UnsupportedError(f"the output {missing[0]} of tf.custom_gradient function {custom.name} was "
-                                       f"not computed by an op of the replay, so its gradient cannot be applied")
+                raise UnsupportedError(
+                    f"the output {missing[0]} of tf.custom_gradient function {custom.name} was "
+                    f"not computed by an op of the replay, so its gradient cannot be applied"
+                )
             outputs = [tree.get(self.given[ref.index], ref.path) for ref in custom.outputs]
-            inputs = [tree.get(self.seen[ref.index], ref.path) if isinstance(ref, Ref) else ref
-                      for ref in custom.inputs]
+            inputs = [
+                tree.get(self.seen[ref.index], ref.path) if isinstance(ref, Ref) else ref for ref in custom.inputs
+            ]
             tape_records.record_operation(custom.name, outputs, inputs, custom.backward)
 
     def _run(self, op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -309,11 +336,14 @@ class _Runner:
             # which are their states' (given as inputs), not theirs as variables
             def grad(*upstream: Any, variables: list[Any] | None = None) -> Any:
                 sources = {i: temps.get(i, x) for i, x in enumerate(xs) if i in temps or _is_float(x)}
-                found = inner.gradient(list(out), list(sources.values()), output_gradients=list(upstream),
-                                       unconnected_gradients=tf.UnconnectedGradients.NONE)
+                found = inner.gradient(
+                    list(out),
+                    list(sources.values()),
+                    output_gradients=list(upstream),
+                    unconnected_gradients=tf.UnconnectedGradients.NONE,
+                )
                 by_input = dict(zip(sources, found))
-                grads = [None if by_input.get(i) is None else tf.convert_to_tensor(by_input[i])
-                         for i in range(len(xs))]
+                grads = [None if by_input.get(i) is None else tf.convert_to_tensor(by_input[i]) for i in range(len(xs))]
                 return grads if variables is None else (grads, [None] * len(variables))
 
             return (out[0] if len(out) == 1 else list(out)), grad
@@ -325,6 +355,7 @@ class _Runner:
 @tf.custom_gradient
 def _read_of(variable: Any, state: Any) -> Any:
     """``state``, a variable's value after a write, whose gradient goes to the variable, not to what was written."""
+
     def grad(upstream: Any) -> tuple[Any, None]:
         return upstream, None
 
@@ -355,8 +386,9 @@ def reference_grads(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         out = target(*new_args, **new_kwargs)
         arrays = [t for _, t in tree.leaves(out, _is_tensor)]
         if not arrays:
-            raise UnsupportedError(f"the model returned no TensorFlow tensor ({type(out).__name__}): TensorFlow "
-                                   f"cannot differentiate it")
+            raise UnsupportedError(
+                f"the model returned no TensorFlow tensor ({type(out).__name__}): TensorFlow cannot differentiate it"
+            )
         parts = [tf.reduce_sum(t) for t in arrays if _is_float(t)]
         if not parts:
             return {}

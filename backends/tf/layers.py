@@ -65,7 +65,8 @@ def check_keras_backend() -> None:
         raise UnsupportedError(
             f"this Keras model runs on Keras's {keras.backend.backend()!r} backend; the tf backend traces "
             f"Keras 3 on TensorFlow only. Set KERAS_BACKEND=tensorflow before importing keras, or trace "
-            f"the model with TorchLens's backend for {keras.backend.backend()!r}.")
+            f"the model with TorchLens's backend for {keras.backend.backend()!r}."
+        )
 
 
 def _is_tf_module(obj: Any) -> bool:
@@ -206,9 +207,14 @@ class LayerCalls:
     (``tl.splice_module``).
     """
 
-    def __init__(self, paths: dict[int, str], enter: Callable[[str], None] | None,
-                 leave: Callable[[str, Any], Any], failed: Callable[[str], None] | None = None,
-                 splice: Callable[[str], Callable[..., Any] | None] | None = None) -> None:
+    def __init__(
+        self,
+        paths: dict[int, str],
+        enter: Callable[[str], None] | None,
+        leave: Callable[[str, Any], Any],
+        failed: Callable[[str], None] | None = None,
+        splice: Callable[[str], Callable[..., Any] | None] | None = None,
+    ) -> None:
         self.paths = paths
         self.enter, self.leave, self.failed, self.splice = enter, leave, failed, splice
         self._installed: contextlib.ExitStack | None = None

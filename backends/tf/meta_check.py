@@ -67,6 +67,7 @@ def _constant(value: tf.Tensor) -> bool:
 
 def _signature(op: OpRecord, args: tuple[Any, ...]) -> Any:
     """What shape inference depends on, hashable; None where some attribute is not."""
+
     def describe(v: Any) -> Any:
         if isinstance(v, tf.Tensor):
             value = tuple(v.numpy().ravel().tolist()) if _constant(v) else None
@@ -79,8 +80,13 @@ def _signature(op: OpRecord, args: tuple[Any, ...]) -> Any:
 
     call = op.call
     try:
-        key = (call.op_type, call.num_outputs, describe(call.attrs), describe(args),
-               None if op.shape is None else tuple(op.shape))
+        key = (
+            call.op_type,
+            call.num_outputs,
+            describe(call.attrs),
+            describe(args),
+            None if op.shape is None else tuple(op.shape),
+        )
         hash(key)
     except TypeError:
         return None
@@ -92,13 +98,14 @@ def _attr_value(kind: str, value: Any) -> attr_value_pb2.AttrValue:
 
     The loader has checked each value against its attribute's type (``torchlens_tf.saving``)."""
     if kind.startswith("list("):
-        item = kind[len("list("):-1]
+        item = kind[len("list(") : -1]
         out = attr_value_pb2.AttrValue()
         out.list.SetInParent()
         for v in value:
             one = _attr_value(item, v)
-            getattr(out.list, {"type": "type", "int": "i", "float": "f", "bool": "b", "string": "s",
-                               "shape": "shape"}[item]).append(getattr(one, one.WhichOneof("value")))
+            getattr(
+                out.list, {"type": "type", "int": "i", "float": "f", "bool": "b", "string": "s", "shape": "shape"}[item]
+            ).append(getattr(one, one.WhichOneof("value")))
         return out
     if kind == "type":
         return attr_value_pb2.AttrValue(type=tf.as_dtype(value).as_datatype_enum)
@@ -117,8 +124,14 @@ def _attr_value(kind: str, value: Any) -> attr_value_pb2.AttrValue:
 
 def _counts(op_def: Any, attrs: dict[str, Any]) -> list[int | None]:
     """How many flat inputs each of the op definition's arguments takes (None: one, not in a list)."""
-    return [attrs[arg.number_attr].i if arg.number_attr else
-            len(attrs[arg.type_list_attr].list.type) if arg.type_list_attr else None for arg in op_def.input_arg]
+    return [
+        attrs[arg.number_attr].i
+        if arg.number_attr
+        else len(attrs[arg.type_list_attr].list.type)
+        if arg.type_list_attr
+        else None
+        for arg in op_def.input_arg
+    ]
 
 
 def _check(op: OpRecord, args: tuple[Any, ...]) -> None:
@@ -127,8 +140,11 @@ def _check(op: OpRecord, args: tuple[Any, ...]) -> None:
     op_def = op_def_registry.get(call.op_type)
     defs = {a.name: a.type for a in op_def.attr}
     try:
-        attrs = {name: _attr_value(defs[name], value) for name, value in zip(call.attrs[::2], call.attrs[1::2])
-                 if value is not None}
+        attrs = {
+            name: _attr_value(defs[name], value)
+            for name, value in zip(call.attrs[::2], call.attrs[1::2])
+            if value is not None
+        }
         counts = _counts(op_def, attrs)
     except (KeyError, TypeError):
         return  # an attribute this check cannot express (a function, a tensor), or none saying how many inputs
@@ -136,14 +152,14 @@ def _check(op: OpRecord, args: tuple[Any, ...]) -> None:
         return  # replay refuses the call itself (torchlens_tf.replay.run_op checks the count)
     graph = tf.Graph()
     with graph.as_default():
-        inputs = [tf.constant(a.numpy()) if _constant(a) else tf.compat.v1.placeholder(a.dtype, a.shape)
-                  for a in args]
+        inputs = [tf.constant(a.numpy()) if _constant(a) else tf.compat.v1.placeholder(a.dtype, a.shape) for a in args]
         try:
             # the flat inputs: the graph groups them into the definition's list arguments itself, by its attributes
             built = graph._create_op_internal(call.op_type, inputs, attrs=attrs)
         except Exception as exc:  # noqa: BLE001 - shape functions raise ValueError, InvalidArgumentError...
-            raise refused(op, f"its recorded attributes do not fit its arguments "
-                              f"({type(exc).__name__}: {str(exc)[:300]})") from None
+            raise refused(
+                op, f"its recorded attributes do not fit its arguments ({type(exc).__name__}: {str(exc)[:300]})"
+            ) from None
     shapes = [o.shape for o in built.outputs]
     if op.shape is None or any(not s.is_fully_defined() for s in shapes):
         return  # the output's shape depends on values: the record check after the call still applies

@@ -12,8 +12,14 @@ from torchlens_core.backend.manager import BackendInfo
 from torchlens_core.ir import tree
 
 # TensorFlow ships under several distribution names; the first installed one is the framework.
-_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel", "tf-nightly",
-                  "tf-nightly-cpu")
+_DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-macos",
+    "tensorflow-intel",
+    "tf-nightly",
+    "tf-nightly-cpu",
+)
 
 
 @functools.cache  # metadata lookups cost about 0.1 ms each, and every tl.trace asks every backend
@@ -42,11 +48,29 @@ class TFBackend(Backend):
         # "new_inputs": every EagerTensor method that makes a Python value of a recorded tensor reports it
         # (torchlens_tf.conversions); reads through the buffer protocol (np.asarray(t)) are not seen.
         # "gradients": the graph replayed under a GradientTape, a zero added at each wanted op (torchlens_tf.grads).
-        return BackendInfo(contract=3, name=self.name, framework=_distribution(), install="pip install 'torchlens[tf]'",
-                           aliases=("tensorflow",),
-                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt", "branches", "intervene", "splice",
-                                                   "new_inputs", "gradients"}))
+        return BackendInfo(
+            contract=3,
+            name=self.name,
+            framework=_distribution(),
+            install="pip install 'torchlens[tf]'",
+            aliases=("tensorflow",),
+            capabilities=frozenset(
+                {
+                    "modules",
+                    "functions",
+                    "in_place",
+                    "random",
+                    "control_flow",
+                    "save",
+                    "halt",
+                    "branches",
+                    "intervene",
+                    "splice",
+                    "new_inputs",
+                    "gradients",
+                }
+            ),
+        )
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         tf = sys.modules.get("tensorflow")
@@ -80,8 +104,10 @@ class TFBackend(Backend):
             if "unbatch" in name:
                 return None
             if "batch" in name:
-                return ("this tf.data.Dataset is batched, and tl.extract_dataset makes its own batches from "
-                        "unbatched elements: pass dataset.unbatch() (and batch_size= for the batches you want)")
+                return (
+                    "this tf.data.Dataset is batched, and tl.extract_dataset makes its own batches from "
+                    "unbatched elements: pass dataset.unbatch() (and batch_size= for the batches you want)"
+                )
             node = getattr(node, "_input_dataset", None)
         return None
 

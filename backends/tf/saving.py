@@ -32,19 +32,40 @@ from typing import Any
 from torchlens_core.ir.errors import TraceFileError
 
 # Op types that touch files, run Python, print, or hold iterators: never run from a file.
-_REFUSED = re.compile(r"File|Save|Restore|Py|Print|Write|Summary|Reader|Iterator|Dataset|Queue|Shell|Debug|"
-                      r"Checkpoint|Host|Send|Recv|Server|Enqueue|Dequeue|Record|Load", re.IGNORECASE)
+_REFUSED = re.compile(
+    r"File|Save|Restore|Py|Print|Write|Summary|Reader|Iterator|Dataset|Queue|Shell|Debug|"
+    r"Checkpoint|Host|Send|Recv|Server|Enqueue|Dequeue|Record|Load",
+    re.IGNORECASE,
+)
 _KINDS = ("op", "read", "variable", "recorded")
 # Ops outside the array families, or that reach outside the process, even if the registry calls them pure.
 _NEVER = re.compile(r"Abort|Timestamp|Immutable|Mlir|Xla|TPU|Tpu|DTensor|Collective|Nccl|Remote|Guarantee")
 # tf.raw_ops wrapper modules (tensorflow.python.ops.gen_<name>) whose ops compute on arrays only.
-_PURE_FAMILIES = frozenset({"array_ops", "math_ops", "nn_ops", "linalg_ops", "image_ops", "bitwise_ops",
-                            "spectral_ops", "special_math_ops", "sparse_ops", "rnn_ops", "cudnn_rnn_ops", "ctc_ops",
-                            "manip_ops", "stateless_random_ops", "stateless_random_ops_v2",
-                            "random_index_shuffle_ops"})
-_VARIABLE_OPS = re.compile(r"ReadVariableOp|ResourceGather(Nd)?|VariableShape|Assign(Add|Sub)?VariableOp|"
-                           r"ResourceScatter\w+|Resource(Sparse)?Apply\w+|ResourceStridedSliceAssign|Stateful\w+|"
-                           r"RngReadAndSkip|RngSkip")
+_PURE_FAMILIES = frozenset(
+    {
+        "array_ops",
+        "math_ops",
+        "nn_ops",
+        "linalg_ops",
+        "image_ops",
+        "bitwise_ops",
+        "spectral_ops",
+        "special_math_ops",
+        "sparse_ops",
+        "rnn_ops",
+        "cudnn_rnn_ops",
+        "ctc_ops",
+        "manip_ops",
+        "stateless_random_ops",
+        "stateless_random_ops_v2",
+        "random_index_shuffle_ops",
+    }
+)
+_VARIABLE_OPS = re.compile(
+    r"ReadVariableOp|ResourceGather(Nd)?|VariableShape|Assign(Add|Sub)?VariableOp|"
+    r"ResourceScatter\w+|Resource(Sparse)?Apply\w+|ResourceStridedSliceAssign|Stateful\w+|"
+    r"RngReadAndSkip|RngSkip"
+)
 _ATTR_TYPES = {"type": "dtype", "int": "int", "float": "float", "bool": "bool", "string": "string", "shape": "shape"}
 MAX_OUTPUTS = 1 << 16  # replay allocates this many handles: a file must not ask for billions
 
@@ -52,8 +73,11 @@ MAX_OUTPUTS = 1 << 16  # replay allocates this many handles: a file must not ask
 def _attr(value: Any) -> Any:
     import tensorflow as tf
 
-    if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and value == value
-                                                                  and abs(value) != float("inf")):
+    if (
+        value is None
+        or isinstance(value, (bool, int, str))
+        or (isinstance(value, float) and value == value and abs(value) != float("inf"))
+    ):
         return value
     if isinstance(value, float):
         return {"float": repr(value)}
@@ -81,8 +105,14 @@ def encode_call(op: Any) -> Any:
     attrs = [_attr(v) for v in call.attrs]
     if any(a is _UNKNOWN for a in attrs) or refusal(call) is not None:
         return None  # the op loads as not replayable
-    return {"op_type": call.op_type, "attrs": attrs, "num_outputs": call.num_outputs, "kind": call.kind,
-            "variables": list(call.variables), "writes": list(call.writes)}
+    return {
+        "op_type": call.op_type,
+        "attrs": attrs,
+        "num_outputs": call.num_outputs,
+        "kind": call.kind,
+        "variables": list(call.variables),
+        "writes": list(call.writes),
+    }
 
 
 def _decode_attr(data: Any) -> Any:
@@ -91,7 +121,7 @@ def _decode_attr(data: Any) -> Any:
     if data is None or isinstance(data, (bool, int, float, str)):
         return data
     if isinstance(data, dict) and len(data) == 1:
-        (kind, v), = data.items()
+        ((kind, v),) = data.items()
         if kind == "float" and v in ("nan", "inf", "-inf"):
             return float(v)
         if kind == "bytes" and isinstance(v, str):
@@ -110,11 +140,15 @@ def _decode_attr(data: Any) -> Any:
 
 def decode_call(data: Any) -> Any:
     fields = {"op_type", "attrs", "num_outputs", "kind", "variables", "writes"}
-    if not (isinstance(data, dict) and set(data) == fields
-            and isinstance(data["op_type"], str) and isinstance(data["attrs"], list)
-            and type(data["num_outputs"]) is int and data["kind"] in _KINDS
-            and all(isinstance(x, list) and all(type(i) is int for i in x)
-                    for x in (data["variables"], data["writes"]))):
+    if not (
+        isinstance(data, dict)
+        and set(data) == fields
+        and isinstance(data["op_type"], str)
+        and isinstance(data["attrs"], list)
+        and type(data["num_outputs"]) is int
+        and data["kind"] in _KINDS
+        and all(isinstance(x, list) and all(type(i) is int for i in x) for x in (data["variables"], data["writes"]))
+    ):
         raise TraceFileError(f"not a TensorFlow call: {str(data)[:200]}")
     op_type = data["op_type"]
     if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", op_type):
@@ -124,12 +158,19 @@ def decode_call(data: Any) -> Any:
     attrs = data["attrs"]
     if len(attrs) % 2 or not all(isinstance(n, str) for n in attrs[::2]):
         raise TraceFileError(f"malformed attributes for {op_type}")
-    call = TFCall(op_type=op_type, attrs=tuple(_decode_attr(a) for a in attrs), num_outputs=data["num_outputs"],
-                  kind=data["kind"], variables=tuple(data["variables"]), writes=tuple(data["writes"]))
+    call = TFCall(
+        op_type=op_type,
+        attrs=tuple(_decode_attr(a) for a in attrs),
+        num_outputs=data["num_outputs"],
+        kind=data["kind"],
+        variables=tuple(data["variables"]),
+        writes=tuple(data["writes"]),
+    )
     why = refusal(call)
     if why is not None:
-        raise TraceFileError(f"{op_type} cannot be replayed from a file: {why}; the file was not written by "
-                             "tl.save or was changed")
+        raise TraceFileError(
+            f"{op_type} cannot be replayed from a file: {why}; the file was not written by tl.save or was changed"
+        )
     return call
 
 
@@ -160,8 +201,11 @@ def refusal(call: Any) -> str | None:
 
         return None if op_type in _RANDOM_KERNEL_STATE else "only stateful random ops replay their recorded value"
     if kind == "read":
-        return None if op_type == "ReadVariableOp" and call.variables == (0,) and not call.writes else \
-            "a variable read is a ReadVariableOp of its one variable"
+        return (
+            None
+            if op_type == "ReadVariableOp" and call.variables == (0,) and not call.writes
+            else "a variable read is a ReadVariableOp of its one variable"
+        )
     if kind == "variable":
         if not (_VARIABLE_OPS.fullmatch(op_type) and resources and resources == set(call.variables)):
             return "it is not a variable op on the variables replay gives it"
@@ -218,7 +262,7 @@ def _family(op_type: str) -> str | None:
 
     module = getattr(getattr(tf.raw_ops, op_type, None), "__module__", None) or ""
     prefix = "tensorflow.python.ops.gen_"
-    return module[len(prefix):] if module.startswith(prefix) else None
+    return module[len(prefix) :] if module.startswith(prefix) else None
 
 
 def _attr_map(flat: tuple[Any, ...], op_def: Any) -> dict[str, Any] | str:
@@ -235,8 +279,11 @@ def _attr_map(flat: tuple[Any, ...], op_def: Any) -> dict[str, Any] | str:
         expected = _ATTR_TYPES.get(kind)
         listed = attr.type.startswith("list(")
         items = value if listed and isinstance(value, (list, tuple)) else [value]
-        if expected is None or (listed and not isinstance(value, (list, tuple))) or \
-                not all(_is(expected, v, tf) for v in items):
+        if (
+            expected is None
+            or (listed and not isinstance(value, (list, tuple)))
+            or not all(_is(expected, v, tf) for v in items)
+        ):
             return f"its attribute {name!r} is not a {attr.type}"
         attrs[name] = value
     for name, attr in defs.items():  # attributes left at their default were not saved
@@ -311,6 +358,9 @@ def from_numpy(array: Any, dtype: str, device: str) -> Any:
     with tf.device("/CPU:0" if device == "cpu" else device.upper()):
         t = tf.constant(array)
         if dtype != t.dtype.name:
-            t = tf.bitcast(t, tf.as_dtype(dtype)) if array.dtype.kind == "u" and "float" in dtype else \
-                tf.cast(t, tf.as_dtype(dtype))
+            t = (
+                tf.bitcast(t, tf.as_dtype(dtype))
+                if array.dtype.kind == "u" and "float" in dtype
+                else tf.cast(t, tf.as_dtype(dtype))
+            )
     return t

@@ -49,13 +49,16 @@ def sequential_mlp() -> Built:
     import keras
 
     _seed()
-    model = keras.Sequential([
-        keras.Input((12,)),
-        keras.layers.Dense(32, activation="relu", name="fc1"),
-        keras.layers.Dense(32, activation="gelu", name="fc2"),
-        keras.layers.Dropout(0.5, name="drop"),
-        keras.layers.Dense(4, activation="softmax", name="head"),
-    ], name="mlp")
+    model = keras.Sequential(
+        [
+            keras.Input((12,)),
+            keras.layers.Dense(32, activation="relu", name="fc1"),
+            keras.layers.Dense(32, activation="gelu", name="fc2"),
+            keras.layers.Dropout(0.5, name="drop"),
+            keras.layers.Dense(4, activation="softmax", name="head"),
+        ],
+        name="mlp",
+    )
     return model, (_normal(3, 12),), {}
 
 
@@ -63,15 +66,18 @@ def sequential_cnn() -> Built:
     import keras
 
     _seed()
-    model = keras.Sequential([
-        keras.Input((16, 16, 3)),
-        keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv1"),
-        keras.layers.BatchNormalization(name="bn1"),
-        keras.layers.MaxPooling2D(name="pool1"),
-        keras.layers.Conv2D(16, 3, activation="relu", name="conv2"),
-        keras.layers.GlobalAveragePooling2D(name="gap"),
-        keras.layers.Dense(5, name="head"),
-    ], name="cnn")
+    model = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv1"),
+            keras.layers.BatchNormalization(name="bn1"),
+            keras.layers.MaxPooling2D(name="pool1"),
+            keras.layers.Conv2D(16, 3, activation="relu", name="conv2"),
+            keras.layers.GlobalAveragePooling2D(name="gap"),
+            keras.layers.Dense(5, name="head"),
+        ],
+        name="cnn",
+    )
     return model, (_normal(2, 16, 16, 3),), {}
 
 
@@ -130,12 +136,15 @@ def lstm() -> Built:
     import keras
 
     _seed()
-    model = keras.Sequential([
-        keras.Input((6, 5)),
-        keras.layers.LSTM(12, return_sequences=True, name="lstm1"),
-        keras.layers.LSTM(8, name="lstm2"),
-        keras.layers.Dense(3, name="head"),
-    ], name="lstm_stack")
+    model = keras.Sequential(
+        [
+            keras.Input((6, 5)),
+            keras.layers.LSTM(12, return_sequences=True, name="lstm1"),
+            keras.layers.LSTM(8, name="lstm2"),
+            keras.layers.Dense(3, name="head"),
+        ],
+        name="lstm_stack",
+    )
     return model, (_normal(2, 6, 5),), {}
 
 
@@ -228,13 +237,16 @@ def _train_model() -> Any:
     import keras
 
     _seed()
-    return keras.Sequential([
-        keras.Input((8,)),
-        keras.layers.Dense(16, name="fc"),
-        keras.layers.BatchNormalization(name="bn"),
-        keras.layers.Dropout(0.3, name="drop"),
-        keras.layers.Dense(2, name="head"),
-    ], name="train_mode")
+    return keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, name="fc"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.Dropout(0.3, name="drop"),
+            keras.layers.Dense(2, name="head"),
+        ],
+        name="train_mode",
+    )
 
 
 def cases() -> list[Case]:

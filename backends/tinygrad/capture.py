@@ -85,18 +85,53 @@ from torchlens_tinygrad.modules import model_object, named_layers, named_tensors
 
 # Never wrapped: object lifecycle, what Python calls implicitly, and methods
 # that call the user's code (``sequential`` runs layers, which must stay visible).
-_NEVER = frozenset({
-    "__init__", "__new__", "__del__", "__repr__", "__str__", "__hash__", "__bool__", "__len__",
-    "__format__", "__sizeof__", "__reduce__", "__reduce_ex__", "__getattribute__", "__getattr__",
-    "__setattr__", "__delattr__", "__dir__", "__init_subclass__", "__subclasshook__", "__class_getitem__",
-    "sequential",
-})
+_NEVER = frozenset(
+    {
+        "__init__",
+        "__new__",
+        "__del__",
+        "__repr__",
+        "__str__",
+        "__hash__",
+        "__bool__",
+        "__len__",
+        "__format__",
+        "__sizeof__",
+        "__reduce__",
+        "__reduce_ex__",
+        "__getattribute__",
+        "__getattr__",
+        "__setattr__",
+        "__delattr__",
+        "__dir__",
+        "__init_subclass__",
+        "__subclasshook__",
+        "__class_getitem__",
+        "sequential",
+    }
+)
 # Wrapped (so that what they call inside is not recorded) but never ops: they
 # return plain data, change no value, or belong to autograd and scheduling.
-_OPAQUE = frozenset({
-    "realize", "is_param_", "callify", "schedule_linear", "linear_with_vars", "backward", "gradient",
-    "manual_seed", "_next_counter", "numpy", "tolist", "item", "data", "_data", "_buffer", "as_param",
-})
+_OPAQUE = frozenset(
+    {
+        "realize",
+        "is_param_",
+        "callify",
+        "schedule_linear",
+        "linear_with_vars",
+        "backward",
+        "gradient",
+        "manual_seed",
+        "_next_counter",
+        "numpy",
+        "tolist",
+        "item",
+        "data",
+        "_data",
+        "_buffer",
+        "as_param",
+    }
+)
 # Opaque methods that turn a tensor's value into Python data, which an ``if`` or ``while`` may
 # test and the recorded graph then holds as fixed: they tell the branch tracker, and are reported
 # to replay (``TraceBuilder.to_python``) as the conversion of ``torchlens_core.replay.inputs.CONVERSIONS``
@@ -106,22 +141,49 @@ _OPAQUE = frozenset({
 # ``__index__``, and ``len()`` reads a shape, which never depends on values in tinygrad and which
 # replay checks for every op.)
 _DECIDING: dict[str, tuple[str, bool]] = {
-    "item": ("item", True), "tolist": ("tolist", True), "numpy": ("tolist", False), "data": ("tolist", False),
-    "_data": ("tolist", False), "_buffer": ("tolist", False),
+    "item": ("item", True),
+    "tolist": ("tolist", True),
+    "numpy": ("tolist", False),
+    "data": ("tolist", False),
+    "_data": ("tolist", False),
+    "_buffer": ("tolist", False),
 }
 # A converted tensor with more elements than this is not turned into a list to report it: the
 # builder keeps no larger one (TraceBuilder.to_python), so replay on new inputs refuses it anyway.
 _LARGEST_LIST = 4096
-_INPLACE_DUNDERS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "ipow", "iand", "ior", "ixor",
-                              "ilshift", "irshift", "imatmul"})
+_INPLACE_DUNDERS = frozenset(
+    {"iadd", "isub", "imul", "itruediv", "ifloordiv", "ipow", "iand", "ior", "ixor", "ilshift", "irshift", "imatmul"}
+)
 _INPLACE = frozenset({"assign", "__setitem__", "replace", "to_", "shard_"})
-_RENAMED = {"truediv": "div", "rtruediv": "rdiv", "radd": "add", "rmul": "mul",
-            "rand": "and", "ror": "or", "rxor": "xor", "invert": "bitwise_not"}
-_RANDOM = frozenset({
-    "rand", "randn", "randint", "normal", "uniform", "scaled_uniform", "glorot_uniform", "kaiming_uniform",
-    "kaiming_normal", "randperm", "multinomial", "dropout", "rand_like", "randn_like",
-    "scaled_dot_product_attention",  # random when dropout_p > 0
-})
+_RENAMED = {
+    "truediv": "div",
+    "rtruediv": "rdiv",
+    "radd": "add",
+    "rmul": "mul",
+    "rand": "and",
+    "ror": "or",
+    "rxor": "xor",
+    "invert": "bitwise_not",
+}
+_RANDOM = frozenset(
+    {
+        "rand",
+        "randn",
+        "randint",
+        "normal",
+        "uniform",
+        "scaled_uniform",
+        "glorot_uniform",
+        "kaiming_uniform",
+        "kaiming_normal",
+        "randperm",
+        "multinomial",
+        "dropout",
+        "rand_like",
+        "randn_like",
+        "scaled_dot_product_attention",  # random when dropout_p > 0
+    }
+)
 
 # Factories whose output is whatever the memory held: replay reuses the recorded bytes.
 _UNINITIALIZED = frozenset({"empty", "empty_like"})
@@ -168,8 +230,11 @@ def _wrappable() -> list[tuple[str, Any]]:
                 continue
             if isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
                 found[name] = raw
-    return [(name, raw) for name, raw in found.items()
-            if not isinstance(raw, (staticmethod, classmethod)) or isinstance(raw.__func__, types.FunctionType)]
+    return [
+        (name, raw)
+        for name, raw in found.items()
+        if not isinstance(raw, (staticmethod, classmethod)) or isinstance(raw.__func__, types.FunctionType)
+    ]
 
 
 def _metadata_code() -> Any:
@@ -359,8 +424,9 @@ class Recorder(BaseRecorder):
         finally:
             self.depth -= 1
 
-    def decide(self, decides: tuple[str, bool], func: Any, t: Tensor, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> Any:
+    def decide(
+        self, decides: tuple[str, bool], func: Any, t: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """``t`` turned into Python data (``t.item()``, ``t.numpy()``...): maybe the test of a branch.
 
         The recorded graph holds the result as fixed, so it is reported to the
@@ -389,9 +455,21 @@ class Recorder(BaseRecorder):
                     self.report(ref.index, ref.path, how, result)
         return result
 
-    def _record(self, spec: OpSpec, func: Any, a: tuple[Any, ...], k: dict[str, Any], parents: list[int],
-                params: list[str], out: Any, tensors: list[Tensor], target: Tensor | None, meta: dict[str, Any],
-                random: bool, start: float) -> Any:
+    def _record(
+        self,
+        spec: OpSpec,
+        func: Any,
+        a: tuple[Any, ...],
+        k: dict[str, Any],
+        parents: list[int],
+        params: list[str],
+        out: Any,
+        tensors: list[Tensor],
+        target: Tensor | None,
+        meta: dict[str, Any],
+        random: bool,
+        start: float,
+    ) -> Any:
         """Record one call that returned ``out``; returns what the forward gets back."""
         fresh = [t for t in tensors if buffer_key(t) is None]  # the rest are views of a buffer: nothing to compute
         elapsed: float | None = None
@@ -403,10 +481,21 @@ class Recorder(BaseRecorder):
             self._own(fresh)
         if spec.uninitialized and isinstance(out, Tensor):
             meta["uninitialized"] = snapshot(out)
-        return self.record(spec.func_name, func, a, k, parents, params, out,
-                           written=() if target is None else (target,), random=random,
-                           code_context=_SITES.stack(), meta=meta or None, elapsed=elapsed,
-                           conditions=self.branches.current())
+        return self.record(
+            spec.func_name,
+            func,
+            a,
+            k,
+            parents,
+            params,
+            out,
+            written=() if target is None else (target,),
+            random=random,
+            code_context=_SITES.stack(),
+            meta=meta or None,
+            elapsed=elapsed,
+            conditions=self.branches.current(),
+        )
 
     def flush(self) -> None:
         """Realize every recorded output not computed yet, in one schedule, and note the buffers they got.
@@ -458,8 +547,9 @@ class Recorder(BaseRecorder):
             # views given a copy of their own just now no longer live in the written buffer
             entries = self.memories.get(id(key), ())
             ops = self.builder.ops
-            self.memories[id(key)] = [(i, p) for i, p in entries if ops[i].out is None
-                                      or buffer_key(tree.get(ops[i].out, p)) is key]
+            self.memories[id(key)] = [
+                (i, p) for i, p in entries if ops[i].out is None or buffer_key(tree.get(ops[i].out, p)) is key
+            ]
         ref = self.producer(target)
         self.protect(target)
         if ref is not None:
@@ -481,7 +571,8 @@ def _sdpa_dropout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 _JIT_MESSAGE = (
     "tinygrad backend: a TinyJit-wrapped function replays the kernels it captured and skips its Python code "
     "(data-dependent branches included), so its ops cannot be seen one by one; trace the undecorated function "
-    "instead (for a TinyJit `f`, that is `f.fxn`)")
+    "instead (for a TinyJit `f`, that is `f.fxn`)"
+)
 
 
 def _jit_refusal(jit_call: Any, thread: int) -> Any:
@@ -503,18 +594,23 @@ def _check_supported(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     # the jit itself, a bound method of one, functools.partial(jit.__call__, obj) (a jitted method)
     candidates = (target, getattr(target, "__self__", None), getattr(getattr(target, "func", None), "__self__", None))
     if any(isinstance(c, TinyJit) for c in candidates) or any(
-            isinstance(vars(klass).get("__call__"), TinyJit) for klass in type(target).__mro__):
+        isinstance(vars(klass).get("__call__"), TinyJit) for klass in type(target).__mro__
+    ):
         raise UnsupportedError(_JIT_MESSAGE)
     if engine_realize.capturing:
-        raise UnsupportedError("tinygrad backend: cannot trace inside a TinyJit capture; call tl.trace outside "
-                               "the jitted function")
+        raise UnsupportedError(
+            "tinygrad backend: cannot trace inside a TinyJit capture; call tl.trace outside the jitted function"
+        )
     for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
         if not isinstance(leaf.device, str):
-            raise UnsupportedError(f"tinygrad backend: multi-device (sharded) tensors are not supported, got an "
-                                   f"input on {leaf.device}; trace with single-device inputs")
+            raise UnsupportedError(
+                f"tinygrad backend: multi-device (sharded) tensors are not supported, got an "
+                f"input on {leaf.device}; trace with single-device inputs"
+            )
         if not all(isinstance(d, int) for d in leaf.shape):
-            raise UnsupportedError(f"tinygrad backend: symbolic shapes are not supported, got {leaf.shape}; "
-                                   f"trace with concrete inputs")
+            raise UnsupportedError(
+                f"tinygrad backend: symbolic shapes are not supported, got {leaf.shape}; trace with concrete inputs"
+            )
 
 
 def _public_method(target: Any) -> Any:
@@ -551,9 +647,18 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
     for pname, t in named_tensors(root):  # the names get_state_dict gives
         if id(t) in param_names:
             continue
-        builder.add_param(ParamRecord(name=pname, shape=shape_of(t), dtype=dtype_name(t.dtype), numel=t.numel(),
-                                      trainable=bool(t.is_param), module=pname.rpartition(".")[0],
-                                      is_buffer=not t.is_param, value=t))
+        builder.add_param(
+            ParamRecord(
+                name=pname,
+                shape=shape_of(t),
+                dtype=dtype_name(t.dtype),
+                numel=t.numel(),
+                trainable=bool(t.is_param),
+                module=pname.rpartition(".")[0],
+                is_buffer=not t.is_param,
+                value=t,
+            )
+        )
         param_names[id(t)] = pname
     under: dict[str, list[str]] = {}
     for pname in builder.params:
@@ -573,8 +678,7 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
     settle_readers(*[builder.params[p].value for p in builder.params], *inputs)
     for leaf in inputs:
         if id(leaf) not in recorder.producers and id(leaf) not in param_names:
-            op = builder.add_input(leaf, shape=shape_of(leaf), dtype=dtype_name(leaf.dtype),
-                                   device=device_name(leaf))
+            op = builder.add_input(leaf, shape=shape_of(leaf), dtype=dtype_name(leaf.dtype), device=device_name(leaf))
             recorder.produced(leaf, Ref(op.index))
     from tinygrad.engine.jit import _TinyJit
 
@@ -603,5 +707,11 @@ def compat_rows(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
     """tl.compat.report's rows: the capture's own refusals (TinyJit, sharded or symbolic inputs)."""
     from torchlens_core.views.compat import refusal_row
 
-    return [refusal_row("wrapper", type(target).__name__, lambda: _check_supported(target, args, kwargs),
-                        "a tinygrad function or model on single-device, concrete inputs: recorded as it runs")]
+    return [
+        refusal_row(
+            "wrapper",
+            type(target).__name__,
+            lambda: _check_supported(target, args, kwargs),
+            "a tinygrad function or model on single-device, concrete inputs: recorded as it runs",
+        )
+    ]

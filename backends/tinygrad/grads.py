@@ -75,8 +75,11 @@ def _with_zeros(trace: Trace, wanted: set[int], zeros: dict[tuple[int, tuple[Any
     for op in trace.ops:
         if op.kind != "op" or op.index not in wanted or not _float_record(op):
             continue
-        paths = [()] if op.shape is None or all(isinstance(d, (int, str)) for d in op.shape) else [
-            (i,) for i, s in enumerate(op.shape) if isinstance(s, tuple)]
+        paths = (
+            [()]
+            if op.shape is None or all(isinstance(d, (int, str)) for d in op.shape)
+            else [(i,) for i, s in enumerate(op.shape) if isinstance(s, tuple)]
+        )
         edits = tuple(EditRecord("gradient", "op", path, (), _ZeroAdded(op.index, path, zeros)) for path in paths)
         ops[op.index] = attrs.evolve(op, edits=(*op.edits, *edits))
     return ops
@@ -94,9 +97,11 @@ def _several(op: OpRecord) -> bool:
 def backward(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
     """Gradients of ``loss`` (a function of the output) at the ``wanted`` ops and at the trainable parameters."""
     if isinstance(loss, Tensor) or not callable(loss):
-        raise UnsupportedError("the tinygrad backend computes gradients by replaying the recorded graph, so the "
-                               "loss must be a function of the model's output: "
-                               "trace.log_backward(lambda out: out.sum())")
+        raise UnsupportedError(
+            "the tinygrad backend computes gradients by replaying the recorded graph, so the "
+            "loss must be a function of the model's output: "
+            "trace.log_backward(lambda out: out.sum())"
+        )
     wanted_set = set(wanted)
     zeros: dict[tuple[int, tuple[Any, ...]], Tensor] = {}
     ops = _with_zeros(trace, wanted_set, zeros)
@@ -113,20 +118,29 @@ def backward(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
             params[name] = attrs.evolve(record, value=snapshot(record.value))
             if record.trainable and not record.is_buffer and _differentiable(params[name].value):
                 targets["param", name] = params[name].value
-    graph = Trace(backend=trace.backend, model_name=trace.model_name, ops=ops, modules=dict(trace.modules),
-                  params={**trace.params, **params}, output_template=trace.output_template, notes=dict(trace.notes))
+    graph = Trace(
+        backend=trace.backend,
+        model_name=trace.model_name,
+        ops=ops,
+        modules=dict(trace.modules),
+        params={**trace.params, **params},
+        output_template=trace.output_template,
+        notes=dict(trace.notes),
+    )
     token = AUTOGRAD.set(True)
     try:
         values = replay_values(graph)
     finally:
         AUTOGRAD.reset(token)
-    output = tree.map_leaves(lambda r: tree.get(values[r.index], r.path) if isinstance(r, Ref) else r,
-                             graph.output_template)
+    output = tree.map_leaves(
+        lambda r: tree.get(values[r.index], r.path) if isinstance(r, Ref) else r, graph.output_template
+    )
     target = loss(output)
     if not isinstance(target, Tensor) or target.numel() != 1:
         shape = f" of shape {target.shape}" if isinstance(target, Tensor) else ""
-        raise UnsupportedError(f"the loss must give one number (a tensor of one element), not "
-                               f"{type(target).__name__}{shape}")
+        raise UnsupportedError(
+            f"the loss must give one number (a tensor of one element), not {type(target).__name__}{shape}"
+        )
     if not _differentiable(target):
         raise UnsupportedError(f"the loss is of dtype {target.dtype}: only a floating-point loss has gradients")
     targets.update({("zero", index, path): z for (index, path), z in zeros.items()})
@@ -169,8 +183,11 @@ def _gradients(target: Tensor, at: dict[Any, Tensor]) -> dict[Any, Tensor]:
 
 def reference_grads(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Any, Any]:
     """The input gradients of the summed float outputs, by tinygrad alone (the conformance reference)."""
-    leaves = [(path, leaf) for path, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor))
-              if _differentiable(leaf)]
+    leaves = [
+        (path, leaf)
+        for path, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor))
+        if _differentiable(leaf)
+    ]
     copies = {path: snapshot(leaf) for path, leaf in leaves}
     if not copies:
         return {}

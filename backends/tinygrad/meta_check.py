@@ -67,6 +67,7 @@ def _plain_shape(t: Tensor) -> bool:
 
 def _signature(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What the lazy call's verdict depends on, hashable; None where some argument is not plain enough to say."""
+
     def describe(v: Any) -> Any:
         t = type(v)
         if isinstance(v, Tensor):
@@ -124,8 +125,9 @@ def _check(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     except NotImplementedError:
         return
     except Exception as exc:  # noqa: BLE001 - tinygrad's checks raise AssertionError, ValueError, RuntimeError...
-        raise refused(op, f"its recorded arguments do not fit together "
-                          f"({type(exc).__name__}: {str(exc)[:300]})") from None
+        raise refused(
+            op, f"its recorded arguments do not fit together ({type(exc).__name__}: {str(exc)[:300]})"
+        ) from None
     if out is None and op.in_place:  # __setitem__ returns None: its value is the tensor it wrote
         out = empty_args[0]
     got = _shape(out)

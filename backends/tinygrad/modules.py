@@ -26,8 +26,14 @@ from typing import Any
 
 from tinygrad import Tensor
 
-_NOT_LAYERS = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.ModuleType,
-               functools.partial, type)
+_NOT_LAYERS = (
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    types.ModuleType,
+    functools.partial,
+    type,
+)
 
 
 def model_object(target: Any) -> Any:
@@ -144,8 +150,13 @@ def wrapped_layers(paths: dict[int, str], layers: list[Any], around: Around) -> 
                 return original(self, *args, **kwargs)
             running.add(key)
             try:
-                return around(path, self, lambda replacement=None: original(self, *args, **kwargs)
-                              if replacement is None else replacement(*args, **kwargs))
+                return around(
+                    path,
+                    self,
+                    lambda replacement=None: (
+                        original(self, *args, **kwargs) if replacement is None else replacement(*args, **kwargs)
+                    ),
+                )
             finally:
                 running.discard(key)
 

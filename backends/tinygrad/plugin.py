@@ -26,9 +26,28 @@ class TinygradBackend(Backend):
         # "splice": the layer's __call__ wrapper runs the replacement on its arguments instead.
         # "gradients": trace.log_backward replays the graph lazily with a zero added at each wanted op (grads.py).
         return BackendInfo(
-            contract=3, name=self.name, framework="tinygrad", install="pip install 'torchlens[tinygrad]'",
-            capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow", "save", "halt",
-                                    "timing", "branches", "intervene", "splice", "new_inputs", "gradients"}))
+            contract=3,
+            name=self.name,
+            framework="tinygrad",
+            install="pip install 'torchlens[tinygrad]'",
+            capabilities=frozenset(
+                {
+                    "modules",
+                    "functions",
+                    "in_place",
+                    "random",
+                    "control_flow",
+                    "save",
+                    "halt",
+                    "timing",
+                    "branches",
+                    "intervene",
+                    "splice",
+                    "new_inputs",
+                    "gradients",
+                }
+            ),
+        )
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         tinygrad = sys.modules.get("tinygrad")
@@ -39,8 +58,11 @@ class TinygradBackend(Backend):
         if isinstance(owner, tensor) or type(owner).__module__.startswith("tinygrad."):  # nn layers, TinyJit
             return True
         attributes = getattr(owner, "__dict__", None)
-        if isinstance(attributes, dict) and not isinstance(owner, type) and any(
-                isinstance(v, tensor) or type(v).__module__.startswith("tinygrad.") for v in attributes.values()):
+        if (
+            isinstance(attributes, dict)
+            and not isinstance(owner, type)
+            and any(isinstance(v, tensor) or type(v).__module__.startswith("tinygrad.") for v in attributes.values())
+        ):
             return True
         return next(tree.leaves((args, kwargs), lambda v: isinstance(v, tensor)), None) is not None
 

@@ -61,8 +61,9 @@ class _RngState:
         state = self.state
         Tensor._seed = state["seed"]
         Tensor._device_seeds = dict(state["device_seeds"])
-        Tensor._device_rng_counters = {device: Tensor(c.copy(), device=device, dtype=dtypes.uint32)
-                                       for device, c in state["counters"].items()}
+        Tensor._device_rng_counters = {
+            device: Tensor(c.copy(), device=device, dtype=dtypes.uint32) for device, c in state["counters"].items()
+        }
 
     def __exit__(self, *exc: Any) -> None:
         Tensor._seed, Tensor._device_seeds, Tensor._device_rng_counters = self.saved

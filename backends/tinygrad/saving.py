@@ -20,8 +20,19 @@ from torchlens_core.ir.errors import TraceFileError
 
 _REFUSED = ("url", "fetch", "file", "disk", "save", "load", "blob")
 # Public methods that act beyond their tensors: the global RNG, autograd, kernels and programs.
-_BEYOND_TENSORS = frozenset({"manual_seed", "backward", "gradient", "custom_kernel", "call", "callify",
-                             "schedule_linear", "as_param", "is_param_"})
+_BEYOND_TENSORS = frozenset(
+    {
+        "manual_seed",
+        "backward",
+        "gradient",
+        "custom_kernel",
+        "call",
+        "callify",
+        "schedule_linear",
+        "as_param",
+        "is_param_",
+    }
+)
 
 
 @functools.cache
@@ -66,8 +77,10 @@ def decode_call(data: Any) -> Any:
         raise TraceFileError(f"not a tinygrad call: {data!r}")
     raw = _methods().get(data["method"])
     if raw is None:
-        raise TraceFileError(f"Tensor.{data['method']} is not a tinygrad method a trace can replay; the file "
-                             "was not written by tl.save or was changed")
+        raise TraceFileError(
+            f"Tensor.{data['method']} is not a tinygrad method a trace can replay; the file "
+            "was not written by tl.save or was changed"
+        )
     if isinstance(raw, classmethod):
         from tinygrad import Tensor
 
@@ -88,8 +101,13 @@ def decode_value(data: Any) -> Any:
     from tinygrad import dtypes
     from tinygrad.dtype import DType
 
-    if isinstance(data, dict) and set(data) == {"dtype"} and isinstance(data["dtype"], str) \
-            and data["dtype"].isidentifier() and not data["dtype"].startswith("_"):
+    if (
+        isinstance(data, dict)
+        and set(data) == {"dtype"}
+        and isinstance(data["dtype"], str)
+        and data["dtype"].isidentifier()
+        and not data["dtype"].startswith("_")
+    ):
         value = getattr(dtypes, data["dtype"], None)
         if isinstance(value, DType):
             return value
@@ -107,8 +125,10 @@ def from_numpy(array: Any, dtype: str, device: str) -> Any:
 
     base, _, index = (device or "").upper().partition(":")
     if device and (base not in _LOADABLE_DEVICES or (index and not index.isdigit())):
-        raise TraceFileError(f"tinygrad device {device!r} cannot hold a loaded value: expected one of "
-                             f"{sorted(d.lower() for d in _LOADABLE_DEVICES)}, optionally with ':N'")
+        raise TraceFileError(
+            f"tinygrad device {device!r} cannot hold a loaded value: expected one of "
+            f"{sorted(d.lower() for d in _LOADABLE_DEVICES)}, optionally with ':N'"
+        )
     target = getattr(dtypes, dtype, None)
     t = Tensor(array.copy(), device=device.upper() if device else None)
     if target is not None and t.dtype != target:

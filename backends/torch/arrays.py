@@ -30,8 +30,10 @@ def array_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         return math.inf
     if actual.is_meta or expected.is_meta:
-        raise UnsupportedError("meta tensors hold no values: values cannot be compared (trace with real tensors "
-                               "to audit, or read shapes and dtypes only)")
+        raise UnsupportedError(
+            "meta tensors hold no values: values cannot be compared (trace with real tensors "
+            "to audit, or read shapes and dtypes only)"
+        )
     with torch.no_grad():
         a, e = actual.detach(), expected.detach().to(actual.device)
         if a.layout != torch.strided or e.layout != torch.strided:  # sparse: compare the values they stand for
@@ -60,8 +62,11 @@ class TorchArrayOps(ArrayOps):
         return torch.zeros_like(x)
 
     def mean(self, x: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
-        return x.mean(dim=axes, keepdim=True) if x.is_floating_point() or x.is_complex() else \
-            x.double().mean(dim=axes, keepdim=True).to(x.dtype)
+        return (
+            x.mean(dim=axes, keepdim=True)
+            if x.is_floating_point() or x.is_complex()
+            else x.double().mean(dim=axes, keepdim=True).to(x.dtype)
+        )
 
     def sum(self, x: torch.Tensor, axis: int) -> torch.Tensor:
         return x.sum(dim=axis, keepdim=True, dtype=x.dtype)

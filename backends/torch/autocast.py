@@ -40,8 +40,11 @@ def recorded_state() -> tuple[dict[str, Any], ...]:
     Call only when :data:`any_enabled` says one is on (this walks every device type).
     """
     cache = torch.is_autocast_cache_enabled()
-    return tuple({"device_type": device, "dtype": torch.get_autocast_dtype(device), "cache": cache}
-                 for device in DEVICE_TYPES if torch.is_autocast_enabled(device))
+    return tuple(
+        {"device_type": device, "dtype": torch.get_autocast_dtype(device), "cache": cache}
+        for device in DEVICE_TYPES
+        if torch.is_autocast_enabled(device)
+    )
 
 
 def _checked(states: Any) -> list[tuple[str, torch.dtype, bool]]:
@@ -50,11 +53,17 @@ def _checked(states: Any) -> list[tuple[str, torch.dtype, bool]]:
         raise ReplayError(f"op.meta['autocast'] should be a list of autocast states, not {states!r}")
     found = []
     for state in states:
-        if not (isinstance(state, dict) and set(state) == {"device_type", "dtype", "cache"}
-                and state["device_type"] in DEVICE_TYPES and isinstance(state["dtype"], torch.dtype)
-                and isinstance(state["cache"], bool)):
-            raise ReplayError(f"not an autocast state this torch can enter: {state!r} (expected a device type of "
-                              f"{DEVICE_TYPES}, a torch dtype and a bool cache flag)")
+        if not (
+            isinstance(state, dict)
+            and set(state) == {"device_type", "dtype", "cache"}
+            and state["device_type"] in DEVICE_TYPES
+            and isinstance(state["dtype"], torch.dtype)
+            and isinstance(state["cache"], bool)
+        ):
+            raise ReplayError(
+                f"not an autocast state this torch can enter: {state!r} (expected a device type of "
+                f"{DEVICE_TYPES}, a torch dtype and a bool cache flag)"
+            )
         found.append((state["device_type"], state["dtype"], state["cache"]))
     return found
 

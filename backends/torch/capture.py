@@ -66,21 +66,68 @@ Tensor = torch.Tensor
 
 # Random only while training: the position and default of the flag (dropout in eval mode draws nothing, and its
 # generator state need not be kept). torch.* builtins have no signature to read it from.
-_TRAINING_FLAG = {"dropout": (2, True), "alpha_dropout": (2, True), "feature_alpha_dropout": (2, True),
-                  "feature_dropout": (2, True), "dropout1d": (2, True), "dropout2d": (2, True),
-                  "dropout3d": (2, True), "native_dropout": (2, None), "rrelu": (3, False), "dropout_": (2, True),
-                  "alpha_dropout_": (2, True), "feature_alpha_dropout_": (2, True), "feature_dropout_": (2, True),
-                  "rrelu_": (3, False)}
-_RANDOM = frozenset({
-    "dropout", "dropout_", "alpha_dropout", "alpha_dropout_", "feature_alpha_dropout", "feature_dropout",
-    "dropout1d", "dropout2d", "dropout3d", "native_dropout", "rrelu", "rrelu_", "bernoulli", "bernoulli_",
-    "multinomial", "normal", "normal_", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
-    "randperm", "uniform_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_", "poisson",
-    "gumbel_softmax", "fractional_max_pool2d", "fractional_max_pool3d",
-    # torch.nn.init's drawing initializers, seen as one call when they dispatch through handle_torch_function
-    "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "trunc_normal_", "orthogonal_",
-    "sparse_",
-})
+_TRAINING_FLAG = {
+    "dropout": (2, True),
+    "alpha_dropout": (2, True),
+    "feature_alpha_dropout": (2, True),
+    "feature_dropout": (2, True),
+    "dropout1d": (2, True),
+    "dropout2d": (2, True),
+    "dropout3d": (2, True),
+    "native_dropout": (2, None),
+    "rrelu": (3, False),
+    "dropout_": (2, True),
+    "alpha_dropout_": (2, True),
+    "feature_alpha_dropout_": (2, True),
+    "feature_dropout_": (2, True),
+    "rrelu_": (3, False),
+}
+_RANDOM = frozenset(
+    {
+        "dropout",
+        "dropout_",
+        "alpha_dropout",
+        "alpha_dropout_",
+        "feature_alpha_dropout",
+        "feature_dropout",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        "native_dropout",
+        "rrelu",
+        "rrelu_",
+        "bernoulli",
+        "bernoulli_",
+        "multinomial",
+        "normal",
+        "normal_",
+        "rand",
+        "rand_like",
+        "randn",
+        "randn_like",
+        "randint",
+        "randint_like",
+        "randperm",
+        "uniform_",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "random_",
+        "poisson",
+        "gumbel_softmax",
+        "fractional_max_pool2d",
+        "fractional_max_pool3d",
+        # torch.nn.init's drawing initializers, seen as one call when they dispatch through handle_torch_function
+        "kaiming_uniform_",
+        "kaiming_normal_",
+        "xavier_uniform_",
+        "xavier_normal_",
+        "trunc_normal_",
+        "orthogonal_",
+        "sparse_",
+    }
+)
 # Factories whose output is whatever the memory held: replay reuses the recorded bytes.
 _UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 # Calls that return tensors but change nothing a forward computes with.
@@ -90,8 +137,23 @@ _DECIDING = frozenset({"__bool__", "item", "__int__", "__float__", "__index__", 
 # Gradients computed inside the forward: replay runs the recorded ops without autograd, and backward() writes
 # .grad of tensors outside the trace, so neither can run again. Refused at capture (UnsupportedError).
 _AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
-_INPLACE_DUNDERS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul",
-                              "iand", "ior", "ixor", "ilshift", "irshift"})
+_INPLACE_DUNDERS = frozenset(
+    {
+        "iadd",
+        "isub",
+        "imul",
+        "itruediv",
+        "ifloordiv",
+        "imod",
+        "ipow",
+        "imatmul",
+        "iand",
+        "ior",
+        "ixor",
+        "ilshift",
+        "irshift",
+    }
+)
 _RENAMED = {"radd": "add", "rmul": "mul", "rand": "and", "ror": "or", "rxor": "xor", "truediv": "div"}
 _DTYPE_NAMES: dict[Any, str] = {}
 UNRECORDED_COLLECTIVES = "unrecorded_collectives"  # trace.notes key: torch.distributed calls seen while unarmed
@@ -103,8 +165,21 @@ _SCALARS = frozenset({int, float, bool, str, type(None)})  # arguments that are 
 class FuncInfo:
     """What capture needs to know about one torch callable, worked out once."""
 
-    __slots__ = ("name", "ignored", "in_place", "inplace_pos", "random", "training_flag", "uninitialized",
-                 "decides", "stats", "collective", "autograd", "target_names", "plain")
+    __slots__ = (
+        "name",
+        "ignored",
+        "in_place",
+        "inplace_pos",
+        "random",
+        "training_flag",
+        "uninitialized",
+        "decides",
+        "stats",
+        "collective",
+        "autograd",
+        "target_names",
+        "plain",
+    )
 
     def __init__(self, func: Any) -> None:
         raw = getattr(func, "__name__", None) or type(func).__name__
@@ -133,9 +208,17 @@ class FuncInfo:
         # only by tl.distributed.arm()'s wrappers, which call them with the mode off
         self.collective = getattr(func, "__module__", None) == "torch.distributed.distributed_c10d"
         # Most calls need none of the special handling below: one flag for the hot path.
-        self.plain = not (self.ignored or self.decides or self.in_place or self.random or self.uninitialized
-                          or self.inplace_pos is not None or self.stats is not None or self.collective
-                          or self.autograd)
+        self.plain = not (
+            self.ignored
+            or self.decides
+            or self.in_place
+            or self.random
+            or self.uninitialized
+            or self.inplace_pos is not None
+            or self.stats is not None
+            or self.collective
+            or self.autograd
+        )
 
 
 def _training_flag(func: Any, name: str) -> tuple[int, str, Any] | None:
@@ -213,13 +296,20 @@ RunningStats = tuple[int, int, str, bool]
 
 def _running_stats_table() -> dict[Any, RunningStats]:
     functional = torch.nn.functional
-    table: dict[Any, RunningStats] = {functional.batch_norm: (1, 5, "training", False),
-                                      functional.instance_norm: (1, 5, "use_input_stats", True)}
+    table: dict[Any, RunningStats] = {
+        functional.batch_norm: (1, 5, "training", False),
+        functional.instance_norm: (1, 5, "use_input_stats", True),
+    }
     # torch.* and the kernels F.* reach: (input, weight, bias, running_mean, running_var, training, ...)
-    for name, flag in (("batch_norm", "training"), ("instance_norm", "use_input_stats"),
-                       ("native_batch_norm", "training"), ("_native_batch_norm_legit", "training"),
-                       ("_batch_norm_impl_index", "training"), ("cudnn_batch_norm", "training"),
-                       ("miopen_batch_norm", "training")):
+    for name, flag in (
+        ("batch_norm", "training"),
+        ("instance_norm", "use_input_stats"),
+        ("native_batch_norm", "training"),
+        ("_native_batch_norm_legit", "training"),
+        ("_batch_norm_impl_index", "training"),
+        ("cudnn_batch_norm", "training"),
+        ("miopen_batch_norm", "training"),
+    ):
         fn = getattr(torch, name, None)
         if fn is not None:
             table[fn] = (3, 5, flag, False)
@@ -320,16 +410,18 @@ class _Recorder(BaseRecorder, TorchFunctionMode):
             hook_grads(op, value)
 
     # -- the hot path ------------------------------------------------------------------
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         try:
             info = _FUNC_INFO.get(func) or _info(func)
             if info.plain and (not kwargs or "out" not in kwargs):  # the hot path: most calls
                 start = perf_counter()
                 out = func(*args, **kwargs) if kwargs else func(*args)
                 elapsed = perf_counter() - start
-                if isinstance(out, Tensor) or (isinstance(out, (tuple, list))
-                                               and any(isinstance(o, Tensor) for o in out)):
+                if isinstance(out, Tensor) or (
+                    isinstance(out, (tuple, list)) and any(isinstance(o, Tensor) for o in out)
+                ):
                     return self._record(func, info, args, kwargs or {}, out, None, None, elapsed)
                 return out
             if kwargs is None:
@@ -383,8 +475,18 @@ class _Recorder(BaseRecorder, TorchFunctionMode):
         except TorchLensError as exc:  # torch turns a TypeError in an operator into NotImplemented: capture()
             raise self.remember(exc) from None  # raises it, also if the model caught it
 
-    def _record(self, func: Any, info: FuncInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                target: Tensor | None, meta: dict[str, Any] | None, elapsed: float, random: bool = False) -> Any:
+    def _record(
+        self,
+        func: Any,
+        info: FuncInfo,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: Any,
+        target: Tensor | None,
+        meta: dict[str, Any] | None,
+        elapsed: float,
+        random: bool = False,
+    ) -> Any:
         """Record one call; returns what the forward gets back (``out``, or what intervene= made of it)."""
         if _transform_running() is not None:  # one the recorder is not recording whole (transforms.py)
             raise unrecorded_transform(info.name)
@@ -401,10 +503,24 @@ class _Recorder(BaseRecorder, TorchFunctionMode):
             dtype, device = (_dtype_name(leaves[0].dtype), leaves[0].device.type)
         if autocast.any_enabled():  # what the op computed depends on it: replay runs under the same
             meta = self._with_autocast(meta)
-        return self.record(info.name, func, a, k, parents, params, out, written=() if target is None else (target,),
-                           shape=shape, dtype=dtype, device=device, random=random,
-                           code_context=self.sites.stack(skip=2), meta=meta, elapsed=elapsed,
-                           conditions=self.branches.current() if self.branches.open else ())
+        return self.record(
+            info.name,
+            func,
+            a,
+            k,
+            parents,
+            params,
+            out,
+            written=() if target is None else (target,),
+            shape=shape,
+            dtype=dtype,
+            device=device,
+            random=random,
+            code_context=self.sites.stack(skip=2),
+            meta=meta,
+            elapsed=elapsed,
+            conditions=self.branches.current() if self.branches.open else (),
+        )
 
     def _with_autocast(self, meta: dict[str, Any] | None) -> dict[str, Any] | None:
         """``meta`` with the autocast state on now (autocast.py); the ops of one autocast region share one entry."""
@@ -428,22 +544,28 @@ class _Recorder(BaseRecorder, TorchFunctionMode):
             f"backward() writes .grad of tensors outside the trace), so this gradient could not be computed "
             f"again, and replay and audit() would fail. Compute the gradient outside tl.trace and pass what it "
             f"gives in (a meta-learning inner step: trace the outer forward with the adapted weights, e.g. "
-            f"through torch.func.functional_call), or trace the forward without the gradient step")
+            f"through torch.func.functional_call), or trace the forward without the gradient step"
+        )
 
     def _unrecorded_collective(self, name: str) -> None:
         """A torch.distributed call the capture cannot record (tl.distributed is not armed): say so, once."""
         unrecorded = self.builder.notes.setdefault(UNRECORDED_COLLECTIVES, [])
         if not unrecorded:
-            warnings.warn(f"torch.distributed.{name} ran in the forward, and tl.distributed is not armed: what it "
-                          f"writes is not recorded, so replay will not reproduce it. Call tl.distributed.arm() "
-                          f"before capturing (docs/distributed.md)", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"torch.distributed.{name} ran in the forward, and tl.distributed is not armed: what it "
+                f"writes is not recorded, so replay will not reproduce it. Call tl.distributed.arm() "
+                f"before capturing (docs/distributed.md)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         unrecorded.append(name)
 
     # -- for calls the function mode does not see (tl.distributed's collectives) ---------
     # These run with the mode on, in the model's code: each turns torch functions off, so that its own
     # tensor work (copies before a write, constants) is not recorded as the model's.
-    def record_call(self, func: Any, args: tuple[Any, ...], out: Any, written: Tensor | None,
-                    meta: dict[str, Any], elapsed: float) -> Any:
+    def record_call(
+        self, func: Any, args: tuple[Any, ...], out: Any, written: Tensor | None, meta: dict[str, Any], elapsed: float
+    ) -> Any:
         """Record ``func(*args)``, which returned ``out`` (and wrote into ``written``), as the next op.
 
         Call :meth:`protect` on ``written`` before the call runs. Returns what
@@ -544,11 +666,13 @@ class _Recorder(BaseRecorder, TorchFunctionMode):
         else:
             module_pass.in_template = (module_pass.in_template[0], mapped)
 
+
 class _ShadowedRecorder(_Recorder):
     """The recorder with escape_detector="shadow": it counts the calls it is inside (escapes.py)."""
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         self.depth += 1
         try:
             return super().__torch_function__(func, types, args, kwargs)
@@ -562,8 +686,9 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
     refuse_unrunnable(model)
     check_compiled_support(model)
     named = getattr(model, WRAPPED) if is_compiled_wrapper(model) else model  # torch.compile(m) is traced as m
-    builder = TraceBuilder("torch", type(named).__name__ if is_module else getattr(model, "__name__", "function"),
-                           options)
+    builder = TraceBuilder(
+        "torch", type(named).__name__ if is_module else getattr(model, "__name__", "function"), options
+    )
     param_names: dict[int, str] = {}
     paths: dict[int, str] = {}
     if is_module:
@@ -573,16 +698,24 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
     watching = ShadowMode(recorder) if shadow else contextlib.nullcontext()
     for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor)):
         if id(leaf) not in recorder.producers and id(leaf) not in param_names:
-            op = builder.add_input(leaf, shape=tuple(leaf.shape), dtype=_dtype_name(leaf.dtype),
-                                   device=leaf.device.type)
+            op = builder.add_input(
+                leaf, shape=tuple(leaf.shape), dtype=_dtype_name(leaf.dtype), device=leaf.device.type
+            )
             recorder.produced(leaf, Ref(op.index))
     # the global module hooks go out of torch's registries last, and surely (global_hooks.py, restore.py)
     hooks = GlobalHooks(recorder.module_pre_hook(paths), recorder.module_post_hook(paths))
     try:
         # tl.splice_module first: a spliced module is left alone by the fused-path rewriting
         # compiled regions run their Python (torchlens_torch.compiled); fused paths run as untraced
-        with hooks, eager_stance.held(), spliced(model, builder), recorded_as_run(model, recorder), \
-                recorded_transforms(recorder), function_mode(recorder), watching:
+        with (
+            hooks,
+            eager_stance.held(),
+            spliced(model, builder),
+            recorded_as_run(model, recorder),
+            recorded_transforms(recorder),
+            function_mode(recorder),
+            watching,
+        ):
             output = named(*args, **kwargs)  # under force_eager the wrapper would only call what it wraps
     except TypeError:
         if recorder.failure is not None:  # ours, made "unsupported operand type(s)" by a tensor operator
@@ -608,24 +741,40 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
 _SITES.stop_at(capture)
 
 
-def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[int, str],
-             paths: dict[int, str]) -> None:
+def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[int, str], paths: dict[int, str]) -> None:
     """Declare the model's modules, parameters and buffers before the forward."""
     # A compile wrapper is not a module of the model: the module it wraps takes its path (compiled.py).
-    modules = [(public_path(path), module) for path, module in model.named_modules()
-               if not is_compiled_wrapper(module)]
+    modules = [(public_path(path), module) for path, module in model.named_modules() if not is_compiled_wrapper(module)]
     params, buffers = _members(model, modules)
     for name, p in params:
         owner = name.rpartition(".")[0]
-        builder.add_param(ParamRecord(name=name, shape=tuple(p.shape), dtype=_dtype_name(p.dtype),
-                                      numel=p.numel(), trainable=p.requires_grad, module=owner, value=p))
+        builder.add_param(
+            ParamRecord(
+                name=name,
+                shape=tuple(p.shape),
+                dtype=_dtype_name(p.dtype),
+                numel=p.numel(),
+                trainable=p.requires_grad,
+                module=owner,
+                value=p,
+            )
+        )
         param_names[id(p)] = name
     for name, b in buffers:
         if id(b) in param_names:
             continue
-        builder.add_param(ParamRecord(name=name, shape=tuple(b.shape), dtype=_dtype_name(b.dtype),
-                                      numel=b.numel(), trainable=False, module=name.rpartition(".")[0],
-                                      is_buffer=True, value=b))
+        builder.add_param(
+            ParamRecord(
+                name=name,
+                shape=tuple(b.shape),
+                dtype=_dtype_name(b.dtype),
+                numel=b.numel(),
+                trainable=False,
+                module=name.rpartition(".")[0],
+                is_buffer=True,
+                value=b,
+            )
+        )
         param_names[id(b)] = name
     under: dict[str, list[str]] = {}  # module path -> every parameter and buffer below it
     for name in builder.params:
@@ -654,12 +803,16 @@ def _keras_layers(model: torch.nn.Module, known: set[int]) -> list[tuple[str, to
     """
     if not is_keras_object(model):
         return []
-    return [(path, layer) for path, layer in layer_paths(model, seen={id(model)})
-            if isinstance(layer, torch.nn.Module) and id(layer) not in known]
+    return [
+        (path, layer)
+        for path, layer in layer_paths(model, seen={id(model)})
+        if isinstance(layer, torch.nn.Module) and id(layer) not in known
+    ]
 
 
-def _members(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
-             ) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
+def _members(
+    model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
+) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
     """``named_parameters()`` and ``named_buffers()``, read off one walk of the modules.
 
     Each of those walks ``named_modules()`` again through nested generators,
@@ -668,8 +821,10 @@ def _members(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
     """
     cls, base = type(model), torch.nn.Module
     if cls.named_parameters is not base.named_parameters or cls.named_buffers is not base.named_buffers:
-        return ([(public_path(name), p) for name, p in model.named_parameters()],
-                [(public_path(name), b) for name, b in model.named_buffers()])
+        return (
+            [(public_path(name), p) for name, p in model.named_parameters()],
+            [(public_path(name), b) for name, b in model.named_buffers()],
+        )
     found: tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]] = ([], [])
     for kind, members in zip(("_parameters", "_buffers"), found):
         seen: set[int] = set()  # each tensor once, under the first name reaching it, as torch does

@@ -37,43 +37,91 @@ def _wrapper(model: Any) -> list[CompatRow]:
     modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
     compiled = [m for m in modules if is_compiled_wrapper(m)]
     if compiled:
-        found.append(CompatRow("wrapper", "torch.compile", "pass",
-                               f"{len(compiled)} compiled module(s): the capture holds torch.compiler.set_stance("
-                               f"'force_eager'), so they run and are recorded as their Python; nothing recompiles"))
+        found.append(
+            CompatRow(
+                "wrapper",
+                "torch.compile",
+                "pass",
+                f"{len(compiled)} compiled module(s): the capture holds torch.compiler.set_stance("
+                f"'force_eager'), so they run and are recorded as their Python; nothing recompiles",
+            )
+        )
     for module in modules:
         kind = type(module).__name__
         if kind == "DataParallel":
             if torch.cuda.is_available() and torch.cuda.device_count() > 1:
-                found.append(CompatRow("wrapper", kind, "known_broken",
-                                       "DataParallel runs replicas in other threads, which a capture does not record: "
-                                       "trace model.module"))
+                found.append(
+                    CompatRow(
+                        "wrapper",
+                        kind,
+                        "known_broken",
+                        "DataParallel runs replicas in other threads, which a capture does not record: "
+                        "trace model.module",
+                    )
+                )
             else:
-                found.append(CompatRow("wrapper", kind, "scope", "with one device DataParallel calls its module "
-                                       "directly; paths start with 'module.' (or trace model.module)"))
+                found.append(
+                    CompatRow(
+                        "wrapper",
+                        kind,
+                        "scope",
+                        "with one device DataParallel calls its module "
+                        "directly; paths start with 'module.' (or trace model.module)",
+                    )
+                )
         elif kind == "DistributedDataParallel":
-            found.append(CompatRow("wrapper", kind, "scope", "DDP's forward may broadcast buffers between ranks: "
-                                   "trace model.module on each rank (tl.distributed for collectives in the forward)"))
+            found.append(
+                CompatRow(
+                    "wrapper",
+                    kind,
+                    "scope",
+                    "DDP's forward may broadcast buffers between ranks: "
+                    "trace model.module on each rank (tl.distributed for collectives in the forward)",
+                )
+            )
         elif kind == "FullyShardedDataParallel" or type(module).__name__.startswith("FSDP"):
-            found.append(CompatRow("wrapper", kind, "known_broken",
-                                   "FSDP gathers sharded parameters inside its own hooks; rank traces of sharded "
-                                   "modules are refused by tl.merge_ranks: trace an unsharded copy"))
-    return found or [CompatRow("wrapper", type(model).__name__, "pass",
-                               "an eager module or function: recorded as it runs")]
+            found.append(
+                CompatRow(
+                    "wrapper",
+                    kind,
+                    "known_broken",
+                    "FSDP gathers sharded parameters inside its own hooks; rank traces of sharded "
+                    "modules are refused by tl.merge_ranks: trace an unsharded copy",
+                )
+            )
+    return found or [
+        CompatRow("wrapper", type(model).__name__, "pass", "an eager module or function: recorded as it runs")
+    ]
 
 
 def _modules(model: torch.nn.Module) -> list[CompatRow]:
     modules = list(model.modules())
     found = [CompatRow("modules", "count", "pass", f"{len(modules)} modules, each call a module pass")]
-    lazy = [type(m).__name__ for m in modules if isinstance(m, torch.nn.modules.lazy.LazyModuleMixin)
-            and m.has_uninitialized_params()]
+    lazy = [
+        type(m).__name__
+        for m in modules
+        if isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()
+    ]
     if lazy:
-        found.append(CompatRow("modules", "lazy modules", "scope",
-                               f"{', '.join(sorted(set(lazy)))} with uninitialized parameters: the first forward "
-                               f"(the capture's) creates them, and that trace records their initialization"))
+        found.append(
+            CompatRow(
+                "modules",
+                "lazy modules",
+                "scope",
+                f"{', '.join(sorted(set(lazy)))} with uninitialized parameters: the first forward "
+                f"(the capture's) creates them, and that trace records their initialization",
+            )
+        )
     hooked = [type(m).__name__ for m in modules if m._forward_hooks or m._forward_pre_hooks]
     if hooked:
-        found.append(CompatRow("modules", "own hooks", "pass",
-                               f"hooks on {len(hooked)} module(s) run as usual; ops they run are recorded"))
+        found.append(
+            CompatRow(
+                "modules",
+                "own hooks",
+                "pass",
+                f"hooks on {len(hooked)} module(s) run as usual; ops they run are recorded",
+            )
+        )
     seen: dict[int, str] = {}
     tied = []
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -81,12 +129,24 @@ def _modules(model: torch.nn.Module) -> list[CompatRow]:
             tied.append(f"{name} = {seen[id(p)]}")
         seen.setdefault(id(p), name)
     if tied:
-        found.append(CompatRow("parameters", "sharing", "pass",
-                               f"shared parameters are recorded once, under their first name ({'; '.join(tied[:3])})"))
+        found.append(
+            CompatRow(
+                "parameters",
+                "sharing",
+                "pass",
+                f"shared parameters are recorded once, under their first name ({'; '.join(tied[:3])})",
+            )
+        )
     quantized = [n for n, p in model.named_parameters() if p.is_quantized]
     if quantized or any("quantized" in type(m).__module__ for m in modules):
-        found.append(CompatRow("parameters", "quantized", "not_tested",
-                               "quantized modules run their packed kernels; nothing here verifies their traces"))
+        found.append(
+            CompatRow(
+                "parameters",
+                "quantized",
+                "not_tested",
+                "quantized modules run their packed kernels; nothing here verifies their traces",
+            )
+        )
     return found
 
 
@@ -95,18 +155,35 @@ def _inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[CompatRow]:
     found = []
     for t in tensors:
         if t.is_meta:
-            found.append(CompatRow("inputs", "meta tensors", "scope", "meta tensors hold no values: the trace has "
-                                   "shapes and dtypes, and audit() refuses to compare values"))
+            found.append(
+                CompatRow(
+                    "inputs",
+                    "meta tensors",
+                    "scope",
+                    "meta tensors hold no values: the trace has "
+                    "shapes and dtypes, and audit() refuses to compare values",
+                )
+            )
         elif t.layout != torch.strided:
-            found.append(CompatRow("inputs", f"{t.layout} tensors", "pass",
-                                   "recorded as they run; audit() compares them densified"))
+            found.append(
+                CompatRow(
+                    "inputs", f"{t.layout} tensors", "pass", "recorded as they run; audit() compares them densified"
+                )
+            )
         elif t.is_quantized:
             found.append(CompatRow("inputs", "quantized tensors", "not_tested", "nothing here verifies their traces"))
         elif t.is_complex():
             found.append(CompatRow("inputs", "complex tensors", "pass", "audit() compares both parts"))
     if not tensors:
-        found.append(CompatRow("inputs", "tensors", "scope", "no tensor among the inputs: ops on tensors the model "
-                               "makes itself are recorded, and constants feed them"))
+        found.append(
+            CompatRow(
+                "inputs",
+                "tensors",
+                "scope",
+                "no tensor among the inputs: ops on tensors the model "
+                "makes itself are recorded, and constants feed them",
+            )
+        )
     else:
         found.append(CompatRow("inputs", "tensors", "pass", f"{len(tensors)} input tensor(s)"))
     return list(dict.fromkeys(found))
@@ -120,8 +197,15 @@ def _devices(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[
     if "cuda" in kinds and not torch.cuda.is_available():
         return [CompatRow("device", "cuda", "known_broken", "tensors are on CUDA but no CUDA device is visible here")]
     if "cuda" in kinds:
-        return [CompatRow("device", "cuda", "not_tested", f"CUDA visible ({torch.cuda.device_count()} device(s)); "
-                          f"the capture is device-agnostic, and this project's CI runs on CPU")]
+        return [
+            CompatRow(
+                "device",
+                "cuda",
+                "not_tested",
+                f"CUDA visible ({torch.cuda.device_count()} device(s)); "
+                f"the capture is device-agnostic, and this project's CI runs on CPU",
+            )
+        ]
     return [CompatRow("device", ", ".join(kinds) or "cpu", "pass", "CPU tensors")]
 
 
@@ -131,6 +215,12 @@ def _markers(model: Any) -> list[CompatRow]:
     if owner in known:
         return [CompatRow("framework", owner, known[owner], f"{owner} models are part of this project's zoos")]
     if any(c.__name__ == "LightningModule" for c in type(model).__mro__):
-        return [CompatRow("framework", "lightning", "not_tested", "a LightningModule traces as the nn.Module it is; "
-                          "nothing here runs Lightning's loop")]
+        return [
+            CompatRow(
+                "framework",
+                "lightning",
+                "not_tested",
+                "a LightningModule traces as the nn.Module it is; nothing here runs Lightning's loop",
+            )
+        ]
     return []

@@ -58,12 +58,15 @@ def public_path(path: str) -> str:
 def refuse_unrunnable(model: Any) -> None:
     """Models whose forward does not run as Python: a typed error saying what to trace instead."""
     if isinstance(model, torch.jit.ScriptModule | torch.jit.ScriptFunction):
-        raise UnsupportedError("TorchScript modules do not run as Python, so their ops cannot be seen: "
-                               "trace the eager nn.Module instead")
+        raise UnsupportedError(
+            "TorchScript modules do not run as Python, so their ops cannot be seen: trace the eager nn.Module instead"
+        )
     exported = getattr(getattr(torch, "export", None), "ExportedProgram", None)
     if exported is not None and isinstance(model, exported):
-        raise UnsupportedError("a torch.export ExportedProgram is a graph, not a forward that runs as Python: "
-                               "trace ep.module() instead (a GraphModule whose ops are recorded)")
+        raise UnsupportedError(
+            "a torch.export ExportedProgram is a graph, not a forward that runs as Python: "
+            "trace ep.module() instead (a GraphModule whose ops are recorded)"
+        )
 
 
 class _EagerStance:
@@ -112,6 +115,8 @@ def check_compiled_support(model: Any) -> None:
         return
     modules = model.modules() if isinstance(model, torch.nn.Module) else ()
     if any(is_compiled_wrapper(m) for m in modules):
-        raise UnsupportedError(f"torch {torch.__version__} has no torch.compiler.set_stance, so a compiled "
-                               f"module's ops cannot be recorded: trace the module it wraps (model._orig_mod), "
-                               f"or use torch >= 2.6")
+        raise UnsupportedError(
+            f"torch {torch.__version__} has no torch.compiler.set_stance, so a compiled "
+            f"module's ops cannot be recorded: trace the module it wraps (model._orig_mod), "
+            f"or use torch >= 2.6"
+        )

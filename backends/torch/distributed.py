@@ -77,25 +77,28 @@ class Spec:
     point_to_point: bool = False
 
 
-SPECS = {s.name: s for s in (
-    Spec("all_reduce", "tensor", False, "tensor", False, reduce=True),
-    Spec("broadcast", "tensor", False, "tensor", False, root=("src", "group_src")),
-    Spec("reduce", "tensor", False, "tensor", False, reduce=True, root=("dst", "group_dst")),
-    Spec("all_gather", "tensor_list", True, "tensor", False),
-    Spec("all_gather_into_tensor", "output_tensor", False, "input_tensor", False),
-    Spec("all_gather_single", "output_tensor", False, "input_tensor", False),
-    Spec("reduce_scatter", "output", False, "input_list", True, reduce=True),
-    Spec("reduce_scatter_tensor", "output", False, "input", False, reduce=True),
-    Spec("reduce_scatter_single", "output", False, "input", False, reduce=True),
-    Spec("gather", "gather_list", True, "tensor", False, root=("dst", "group_dst")),
-    Spec("gather_into_tensor", "gather_tensor", False, "tensor", False, root=("dst", "group_dst")),
-    Spec("gather_single", "gather_tensor", False, "tensor", False, root=("dst", "group_dst")),
-    Spec("scatter", "tensor", False, "scatter_list", True, root=("src", "group_src")),
-    Spec("all_to_all", "output_tensor_list", True, "input_tensor_list", True),
-    Spec("all_to_all_single", "output", False, "input", False),
-    Spec("recv", "tensor", False, None, False, root=("src", "group_src"), point_to_point=True),
-    Spec("send", None, False, "tensor", False, root=("dst", "group_dst"), point_to_point=True),
-)}
+SPECS = {
+    s.name: s
+    for s in (
+        Spec("all_reduce", "tensor", False, "tensor", False, reduce=True),
+        Spec("broadcast", "tensor", False, "tensor", False, root=("src", "group_src")),
+        Spec("reduce", "tensor", False, "tensor", False, reduce=True, root=("dst", "group_dst")),
+        Spec("all_gather", "tensor_list", True, "tensor", False),
+        Spec("all_gather_into_tensor", "output_tensor", False, "input_tensor", False),
+        Spec("all_gather_single", "output_tensor", False, "input_tensor", False),
+        Spec("reduce_scatter", "output", False, "input_list", True, reduce=True),
+        Spec("reduce_scatter_tensor", "output", False, "input", False, reduce=True),
+        Spec("reduce_scatter_single", "output", False, "input", False, reduce=True),
+        Spec("gather", "gather_list", True, "tensor", False, root=("dst", "group_dst")),
+        Spec("gather_into_tensor", "gather_tensor", False, "tensor", False, root=("dst", "group_dst")),
+        Spec("gather_single", "gather_tensor", False, "tensor", False, root=("dst", "group_dst")),
+        Spec("scatter", "tensor", False, "scatter_list", True, root=("src", "group_src")),
+        Spec("all_to_all", "output_tensor_list", True, "input_tensor_list", True),
+        Spec("all_to_all_single", "output", False, "input", False),
+        Spec("recv", "tensor", False, None, False, root=("src", "group_src"), point_to_point=True),
+        Spec("send", None, False, "tensor", False, root=("dst", "group_dst"), point_to_point=True),
+    )
+}
 # Point-to-point calls that return before their data moves: refused for merging, and their writes unrecorded.
 ASYNC_POINT_TO_POINT = ("isend", "irecv", "batch_isend_irecv")
 
@@ -110,8 +113,10 @@ def _receiver(name: str) -> Any:
         return list(written)
 
     receive.__name__ = receive.__qualname__ = name
-    receive.__doc__ = (f"Replay of ``torch.distributed.{name}``: write the values this rank received into the "
-                       f"tensors it wrote (``sent`` is there for the graph's edges; other ranks are absent).")
+    receive.__doc__ = (
+        f"Replay of ``torch.distributed.{name}``: write the values this rank received into the "
+        f"tensors it wrote (``sent`` is there for the graph's edges; other ranks are absent)."
+    )
     return receive
 
 
@@ -268,8 +273,9 @@ class RecorderAccess:
     def template(self, value: Any) -> Any:
         return self.recorder.template(value, [], [])
 
-    def record(self, func: Any, args: tuple[Any, ...], out: Any, target: torch.Tensor, meta: dict[str, Any],
-               elapsed: float) -> None:
+    def record(
+        self, func: Any, args: tuple[Any, ...], out: Any, target: torch.Tensor, meta: dict[str, Any], elapsed: float
+    ) -> None:
         """Record ``func(*args)`` as an op that wrote into ``target``, with output ``out``, at the next index."""
         self.recorder.record_call(func, args, out, target, meta, elapsed)
 
@@ -295,9 +301,16 @@ def _record_call(spec: Spec, original: Any, recorder: Any, args: tuple[Any, ...]
     notes = _rank_notes(access.builder.notes)
     seq = sum(1 for c in notes["collectives"] if c["group"] == ranks)
     root = _root(spec, given, pg)
-    call = {"name": spec.name, "group": ranks, "rank": dist.get_rank(), "group_rank": ranks.index(dist.get_rank()),
-            "world_size": dist.get_world_size(), "op": _reduce_name(given.get("op")) if spec.reduce else None,
-            "root": root, "seq": seq}
+    call = {
+        "name": spec.name,
+        "group": ranks,
+        "rank": dist.get_rank(),
+        "group_rank": ranks.index(dist.get_rank()),
+        "world_size": dist.get_world_size(),
+        "op": _reduce_name(given.get("op")) if spec.reduce else None,
+        "root": root,
+        "seq": seq,
+    }
     if spec.name == "all_to_all_single":
         call["splits"] = [_ints(given.get("output_split_sizes")), _ints(given.get("input_split_sizes"))]
     _fix_sent(access, sent)
@@ -318,11 +331,13 @@ def _record_call(spec: Spec, original: Any, recorder: Any, args: tuple[Any, ...]
         notes["collectives"].append(entry)
     else:
         with torch.no_grad(), torch._C.DisableTorchFunction():
-            received = written.detach().clone() if isinstance(written, torch.Tensor) else \
-                [t.detach().clone() for t in written]
+            received = (
+                written.detach().clone() if isinstance(written, torch.Tensor) else [t.detach().clone() for t in written]
+            )
         try:
-            access.record(RECEIVERS[spec.name], (written, sent, received), written, targets[0], {"collective": call},
-                          elapsed)
+            access.record(
+                RECEIVERS[spec.name], (written, sent, received), written, targets[0], {"collective": call}, elapsed
+            )
         finally:  # halt= may stop the forward at this very op: it is recorded, and listed
             if len(access.builder.ops) > entry["at"]:
                 entry["index"], entry["sent"] = entry["at"], access.builder.ops[entry["at"]].args[1]
@@ -333,8 +348,9 @@ def _record_call(spec: Spec, original: Any, recorder: Any, args: tuple[Any, ...]
     return result
 
 
-def _async_point_to_point(name: str, original: Any, recorder: Any, args: tuple[Any, ...],
-                          kwargs: dict[str, Any]) -> Any:
+def _async_point_to_point(
+    name: str, original: Any, recorder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """isend / irecv / batch_isend_irecv: noted (merging refuses them) and run; their writes are not recorded."""
     access = RecorderAccess(recorder)
     notes = _rank_notes(access.builder.notes)
@@ -343,14 +359,17 @@ def _async_point_to_point(name: str, original: Any, recorder: Any, args: tuple[A
     else:
         ops = [(name, args[0] if args else kwargs.get("tensor"))]
     for item in ops:
-        op_name, tensor = (item if isinstance(item, tuple) else (getattr(item.op, "__name__", "p2p"), item.tensor))
+        op_name, tensor = item if isinstance(item, tuple) else (getattr(item.op, "__name__", "p2p"), item.tensor)
         if "recv" in op_name and isinstance(tensor, torch.Tensor):
             access.protect(tensor)  # recorded values in its memory keep what they were
             notes.setdefault("unrecorded_writes", []).append(f"{op_name} into a tensor of shape {list(tensor.shape)}")
     notes["refused"].append({"kind": "point_to_point", "what": f"{name} (asynchronous)"})
-    warnings.warn(f"TorchLens: torch.distributed.{name} during capture: an asynchronous point-to-point transfer "
-                  f"writes when it completes, outside any recorded op, so this rank's trace may not replay the "
-                  f"values after it (trace.audit() tells); merging such traces is refused", stacklevel=3)
+    warnings.warn(
+        f"TorchLens: torch.distributed.{name} during capture: an asynchronous point-to-point transfer "
+        f"writes when it completes, outside any recorded op, so this rank's trace may not replay the "
+        f"values after it (trace.audit() tells); merging such traces is refused",
+        stacklevel=3,
+    )
     with torch._C.DisableTorchFunction():  # its own tensor calls, and collectives it calls, are its own
         return original(*args, **kwargs)
 
@@ -400,8 +419,13 @@ def _rank_notes(notes: dict[str, Any]) -> dict[str, Any]:
     if found is None:
         import torch.distributed as dist
 
-        found = notes[NOTES] = {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
-                                "backend": str(dist.get_backend()), "collectives": [], "refused": []}
+        found = notes[NOTES] = {
+            "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(),
+            "backend": str(dist.get_backend()),
+            "collectives": [],
+            "refused": [],
+        }
     return found
 
 
@@ -443,8 +467,13 @@ def _sharded(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[
         for path, module in model.named_modules():
             if fsdp_types and isinstance(module, fsdp_types):
                 sharded.append(path)
-                found.append({"kind": "fsdp", "what": f"module {path or '(the model)'} is "
-                                                      f"{type(module).__name__} (fully sharded data parallel)"})
+                found.append(
+                    {
+                        "kind": "fsdp",
+                        "what": f"module {path or '(the model)'} is "
+                        f"{type(module).__name__} (fully sharded data parallel)",
+                    }
+                )
         if dtensor is not None:
             for name, value in [*model.named_parameters(), *model.named_buffers()]:
                 if any(not p or name.startswith(p + ".") for p in sharded):

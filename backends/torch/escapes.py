@@ -32,8 +32,9 @@ class ShadowMode(TorchDispatchMode):
         # (kernel, module pass or None, index of the last op recorded before it or None) -> count
         self.found: dict[tuple[str, str | None, int | None], int] = {}
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         if not self.recorder.depth:
             builder = self.recorder.builder
             inner = builder.module_stack[-1] if builder.module_stack else None
@@ -44,13 +45,23 @@ class ShadowMode(TorchDispatchMode):
 
     def report(self, trace: Any) -> None:
         """Write what was found into ``trace.notes``, and warn if anything escaped."""
-        escapes = [{"kernel": kernel, "count": count, "module": module,
-                    "after": trace.ops[after].label if after is not None else None}
-                   for (kernel, module, after), count in self.found.items()]
+        escapes = [
+            {
+                "kernel": kernel,
+                "count": count,
+                "module": module,
+                "after": trace.ops[after].label if after is not None else None,
+            }
+            for (kernel, module, after), count in self.found.items()
+        ]
         trace.notes[ESCAPES] = escapes
         if escapes:
             first = escapes[0]
             where = f" in {first['module']}" if first["module"] else ""
-            warnings.warn(f"escape_detector: {sum(e['count'] for e in escapes)} kernel call(s) ran outside every "
-                          f"recorded op, first {first['kernel']}{where} after {first['after']}; the trace does not "
-                          f"explain their effect (trace.notes['escapes'] lists them)", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"escape_detector: {sum(e['count'] for e in escapes)} kernel call(s) ran outside every "
+                f"recorded op, first {first['kernel']}{where} after {first['after']}; the trace does not "
+                f"explain their effect (trace.notes['escapes'] lists them)",
+                RuntimeWarning,
+                stacklevel=2,
+            )

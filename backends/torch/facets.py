@@ -52,8 +52,12 @@ PATTERN = ("batch", "head", "query", "key")
 STREAM = ("batch", "seq", "d_model")
 SDPA = "scaled_dot_product_attention"
 MHA_KERNELS = ("multi_head_attention_forward", "native_multi_head_attention")
-RNN_KERNELS = {"lstm": ("output", "h_n", "c_n"), "gru": ("output", "h_n"), "rnn_tanh": ("output", "h_n"),
-               "rnn_relu": ("output", "h_n")}
+RNN_KERNELS = {
+    "lstm": ("output", "h_n", "c_n"),
+    "gru": ("output", "h_n"),
+    "rnn_tanh": ("output", "h_n"),
+    "rnn_relu": ("output", "h_n"),
+}
 ATTENTION_FUNCS = (SDPA, "softmax", *MHA_KERNELS)
 # Ops that hand on their input's value unchanged when dtype and shape stay (a float32 .to(float32), an
 # eval-mode dropout): a residual read through one of them is still the residual.
@@ -62,16 +66,62 @@ MATMULS = ("matmul", "__matmul__", "bmm")
 
 SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
-F_MHA_ARGS = ("query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias",
-              "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias", "training",
-              "key_padding_mask", "need_weights", "attn_mask", "use_separate_proj_weight", "q_proj_weight",
-              "k_proj_weight", "v_proj_weight", "static_k", "static_v", "average_attn_weights", "is_causal")
-F_MHA_DEFAULTS = {"training": True, "key_padding_mask": None, "need_weights": True, "attn_mask": None,
-                  "use_separate_proj_weight": False, "q_proj_weight": None, "k_proj_weight": None,
-                  "v_proj_weight": None, "static_k": None, "static_v": None, "average_attn_weights": True,
-                  "is_causal": False}
-NATIVE_MHA_ARGS = ("query", "key", "value", "embed_dim", "num_heads", "in_proj_weight", "in_proj_bias",
-                   "out_proj_weight", "out_proj_bias", "mask", "need_weights", "average_attn_weights", "mask_type")
+F_MHA_ARGS = (
+    "query",
+    "key",
+    "value",
+    "embed_dim_to_check",
+    "num_heads",
+    "in_proj_weight",
+    "in_proj_bias",
+    "bias_k",
+    "bias_v",
+    "add_zero_attn",
+    "dropout_p",
+    "out_proj_weight",
+    "out_proj_bias",
+    "training",
+    "key_padding_mask",
+    "need_weights",
+    "attn_mask",
+    "use_separate_proj_weight",
+    "q_proj_weight",
+    "k_proj_weight",
+    "v_proj_weight",
+    "static_k",
+    "static_v",
+    "average_attn_weights",
+    "is_causal",
+)
+F_MHA_DEFAULTS = {
+    "training": True,
+    "key_padding_mask": None,
+    "need_weights": True,
+    "attn_mask": None,
+    "use_separate_proj_weight": False,
+    "q_proj_weight": None,
+    "k_proj_weight": None,
+    "v_proj_weight": None,
+    "static_k": None,
+    "static_v": None,
+    "average_attn_weights": True,
+    "is_causal": False,
+}
+NATIVE_MHA_ARGS = (
+    "query",
+    "key",
+    "value",
+    "embed_dim",
+    "num_heads",
+    "in_proj_weight",
+    "in_proj_bias",
+    "out_proj_weight",
+    "out_proj_bias",
+    "mask",
+    "need_weights",
+    "average_attn_weights",
+    "mask_type",
+)
 
 
 def facets(trace: Trace, module_pass: ModulePass) -> FacetPlan | None:
@@ -123,8 +173,14 @@ def _bind(op: OpRecord, names: tuple[str, ...], defaults: dict[str, Any]) -> dic
     return bound
 
 
-def _spec(name: str, doc: str, source: Any, axes: tuple[str, ...] | None = None,
-          compute: Callable[[Any], Any] | None = None, split: int | None = None) -> FacetSpec:
+def _spec(
+    name: str,
+    doc: str,
+    source: Any,
+    axes: tuple[str, ...] | None = None,
+    compute: Callable[[Any], Any] | None = None,
+    split: int | None = None,
+) -> FacetSpec:
     return FacetSpec(name=name, doc=doc, source=source, axes=axes, compute=compute, split=split)
 
 
@@ -156,15 +212,23 @@ def _recurrent(call: _Call, notes: list[str]) -> FacetPlan | None:
     for name, source in zip(names, sources):
         ndim = call.dims(source)
         if name == "output":
-            axes = (("batch", "seq", "features") if batch_first else ("seq", "batch", "features")) if ndim == 3 \
-                else ("seq", "features") if ndim == 2 else None
+            axes = (
+                (("batch", "seq", "features") if batch_first else ("seq", "batch", "features"))
+                if ndim == 3
+                else ("seq", "features")
+                if ndim == 2
+                else None
+            )
             doc = "every step's hidden state of the last layer (both directions side by side)"
             specs.append(_spec(name, doc, source, axes))
         else:
             axes = ("layer_direction", "batch", "hidden") if ndim == 3 else ("layer_direction", "hidden")
             what = "hidden" if name == "h_n" else "cell"
-            specs.append(_spec(name, f"the final {what} state of each layer and direction ('{name}.i': one)",
-                               source, axes, split=0))
+            specs.append(
+                _spec(
+                    name, f"the final {what} state of each layer and direction ('{name}.i': one)", source, axes, split=0
+                )
+            )
     return FacetPlan("recurrent", tuple(specs), ARRAYS)
 
 
@@ -201,12 +265,15 @@ def _multihead(call: _Call, notes: list[str]) -> FacetPlan | None:
         _spec("q", f"queries, {kernel}", source, heads, pick("q"), split=heads.index("head")),
         _spec("k", f"keys, {kernel}", source, heads, pick("k"), split=heads.index("head")),
         _spec("v", f"values, {kernel}", source, heads, pick("v"), split=heads.index("head")),
-        _spec("z", f"each head's output before out_proj, {kernel}", source, heads, pick("z"),
-              split=heads.index("head")),
-        _spec("scores", f"q k^T * scale + masks, {kernel}", source, pattern, pick("scores"),
-              split=pattern.index("head")),
-        _spec("pattern", f"softmax of the scores, {kernel}", source, pattern, pick("pattern"),
-              split=pattern.index("head")),
+        _spec(
+            "z", f"each head's output before out_proj, {kernel}", source, heads, pick("z"), split=heads.index("head")
+        ),
+        _spec(
+            "scores", f"q k^T * scale + masks, {kernel}", source, pattern, pick("scores"), split=pattern.index("head")
+        ),
+        _spec(
+            "pattern", f"softmax of the scores, {kernel}", source, pattern, pick("pattern"), split=pattern.index("head")
+        ),
     )
     return FacetPlan("attention", specs, ARRAYS)
 
@@ -248,21 +315,32 @@ def _multihead_values(b: dict[str, Any], kernel: str) -> dict[str, torch.Tensor]
     z = pattern @ v
     if native or not (b["training"] and b["dropout_p"] > 0):  # with dropout the output used other weights
         merged = z.permute(2, 0, 1, 3).reshape(length, batch, embed)
-        out = F.linear(merged, b["out_proj_weight"].to(dtype),
-                       None if b["out_proj_bias"] is None else b["out_proj_bias"].to(dtype))
+        out = F.linear(
+            merged, b["out_proj_weight"].to(dtype), None if b["out_proj_bias"] is None else b["out_proj_bias"].to(dtype)
+        )
         out = out.transpose(0, 1) if native else out.squeeze(1) if unbatched else out
-        _check(out, b["out"], None, kernel, "the module's recorded output",
-               "were the module's parameters changed after the capture?")
+        _check(
+            out,
+            b["out"],
+            None,
+            kernel,
+            "the module's recorded output",
+            "were the module's parameters changed after the capture?",
+        )
     return {"q": q, "k": k, "v": v, "z": z, "scores": scores, "pattern": pattern}
 
 
-def _mha_mask(mask: torch.Tensor | None, batch: int, heads: int, length: int, source: int, dtype: torch.dtype,
-              padding: bool) -> torch.Tensor | float:
+def _mha_mask(
+    mask: torch.Tensor | None, batch: int, heads: int, length: int, source: int, dtype: torch.dtype, padding: bool
+) -> torch.Tensor | float:
     """A multi-head attention mask as an additive (batch, head, query, key) bias; True means masked out."""
     if mask is None:
         return 0.0
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, -math.inf) \
-        if mask.dtype == torch.bool else mask.to(dtype)
+    bias = (
+        torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, -math.inf)
+        if mask.dtype == torch.bool
+        else mask.to(dtype)
+    )
     if padding and bias.dim() == 2:  # key_padding_mask: (batch, key)
         return bias.reshape(batch, 1, 1, source)
     if bias.dim() == 2:  # (query, key)
@@ -274,8 +352,10 @@ def _mha_mask(mask: torch.Tensor | None, batch: int, heads: int, length: int, so
 def _attention(call: _Call, notes: list[str]) -> FacetPlan | None:
     kernels = [op for op in call.direct if op.func_name == SDPA]
     if len(kernels) > 1:
-        notes.append(f"{len(kernels)} attention kernels ran directly in this call ({kernels[0].label}...), so "
-                     f"which one the facets would name is unclear")
+        notes.append(
+            f"{len(kernels)} attention kernels ran directly in this call ({kernels[0].label}...), so "
+            f"which one the facets would name is unclear"
+        )
         return None
     if kernels:
         return _fused_attention(call, kernels[0], notes)
@@ -296,8 +376,9 @@ def _fused_attention(call: _Call, op: OpRecord, notes: list[str]) -> FacetPlan |
     scale = b["scale"] if b["scale"] is not None else 1.0 / math.sqrt(call.shape(q)[-1])
     source = (q, k_used, v_used, b["attn_mask"], Ref(op.index))
     dropout = float(b["dropout_p"] or 0.0) > 0.0
-    how = (f"recomputed from q, k and {op.label}'s mask and scale, as the kernel keeps it inside "
-           + ("(not checked: dropout ran)" if dropout else "(checked against its output)"))
+    how = f"recomputed from q, k and {op.label}'s mask and scale, as the kernel keeps it inside " + (
+        "(not checked: dropout ran)" if dropout else "(checked against its output)"
+    )
 
     def recompute(name: str) -> Callable[[Any], Any]:
         def compute(values: Any) -> torch.Tensor:
@@ -305,9 +386,16 @@ def _fused_attention(call: _Call, op: OpRecord, notes: list[str]) -> FacetPlan |
             scores = _sdpa_scores(q_, k_, mask, bool(b["is_causal"]), scale)
             pattern = _safe_softmax(scores)
             if not dropout:
-                _check(pattern @ _repeat_heads(v_.to(pattern.dtype), pattern.shape[1]), z, pattern, op.label,
-                       f"{op.label}'s recorded output", "its mask or scaling was not understood")
+                _check(
+                    pattern @ _repeat_heads(v_.to(pattern.dtype), pattern.shape[1]),
+                    z,
+                    pattern,
+                    op.label,
+                    f"{op.label}'s recorded output",
+                    "its mask or scaling was not understood",
+                )
             return scores if name == "scores" else pattern
+
         return compute
 
     specs = [
@@ -335,8 +423,12 @@ def _written_out(call: _Call, softmax: OpRecord) -> tuple[OpRecord, OpRecord, Op
             if child.index in seen or child.index not in call.inside:
                 continue
             seen.add(child.index)
-            if child.func_name in MATMULS and child.args and isinstance(child.args[0], Ref) \
-                    and child.args[0].index == op.index:
+            if (
+                child.func_name in MATMULS
+                and child.args
+                and isinstance(child.args[0], Ref)
+                and child.args[0].index == op.index
+            ):
                 return product, softmax, child
             if child.func_name in (*SAME_VALUE, "type_as"):
                 frontier.append(child)
@@ -352,21 +444,34 @@ def _walk_back_to_product(call: _Call, scores: Ref) -> OpRecord | None:
         for op in frontier:
             if op.func_name in MATMULS and op.shape == target:
                 return op
-            if op.index in call.inside and op.func_name in ("add", "sub", "mul", "div", "masked_fill", "where",
-                                                            *SAME_VALUE):
+            if op.index in call.inside and op.func_name in (
+                "add",
+                "sub",
+                "mul",
+                "div",
+                "masked_fill",
+                "where",
+                *SAME_VALUE,
+            ):
                 nxt += [call.op(r) for r in refs_in(op.args) if call.shape(r) == target]
         frontier = nxt
     return None
 
 
-def _written_out_plan(call: _Call, product: OpRecord, softmax: OpRecord, weighted: OpRecord,
-                      notes: list[str]) -> FacetPlan | None:
+def _written_out_plan(
+    call: _Call, product: OpRecord, softmax: OpRecord, weighted: OpRecord, notes: list[str]
+) -> FacetPlan | None:
     q, k_t = (product.args + (None, None))[:2]
     if not isinstance(q, Ref) or not isinstance(k_t, Ref):
         return None
     transposed = call.op(k_t)
-    swaps = {transposed.args[1] % 4, transposed.args[2] % 4} if transposed.func_name == "transpose" and \
-        len(transposed.args) == 3 and all(isinstance(a, int) for a in transposed.args[1:]) else set()
+    swaps = (
+        {transposed.args[1] % 4, transposed.args[2] % 4}
+        if transposed.func_name == "transpose"
+        and len(transposed.args) == 3
+        and all(isinstance(a, int) for a in transposed.args[1:])
+        else set()
+    )
     if swaps != {2, 3} or not isinstance(transposed.args[0], Ref):
         notes.append(f"the keys of {product.label} do not come from a transpose(-2, -1)")
         return None
@@ -382,8 +487,13 @@ def _written_out_plan(call: _Call, product: OpRecord, softmax: OpRecord, weighte
     specs = [
         *_qkv_specs(call, q, k, v, f"as {product.label} and {weighted.label} took them"),
         _spec("z", f"each head's attention output ({weighted.label})", Ref(weighted.index), HEADS, split=1),
-        _spec("scores", f"the softmax's input ({call.op(softmax.args[0]).label}): q k^T scaled and masked as the "
-                        f"model did", softmax.args[0], PATTERN, split=1),
+        _spec(
+            "scores",
+            f"the softmax's input ({call.op(softmax.args[0]).label}): q k^T scaled and masked as the model did",
+            softmax.args[0],
+            PATTERN,
+            split=1,
+        ),
         _spec("pattern", f"the attention probabilities ({softmax.label})", Ref(softmax.index), PATTERN, split=1),
     ]
     return FacetPlan("attention", (*specs, *_fused_projection(call, q, k, v)), ARRAYS, tuple(notes))
@@ -406,14 +516,20 @@ def _fused_projection(call: _Call, q: Ref, k: Ref, v: Ref) -> list[FacetSpec]:
     if common is None:
         return []
     prefix = call.mp.path + "."
-    for index in chains[0][chains[0].index(common):]:
+    for index in chains[0][chains[0].index(common) :]:
         op = call.trace.ops[index]
         for returned in op.module_outputs:
             path = returned.rpartition(":")[0]
-            if path.startswith(prefix) and "." not in path[len(prefix):]:
+            if path.startswith(prefix) and "." not in path[len(prefix) :]:
                 axes = ("batch", "seq", "features") if len(op.shape or ()) == 3 else None
-                return [_spec("qkv", f"the fused projection's output ({path}), that q, k and v were split from",
-                              Ref(index), axes)]
+                return [
+                    _spec(
+                        "qkv",
+                        f"the fused projection's output ({path}), that q, k and v were split from",
+                        Ref(index),
+                        axes,
+                    )
+                ]
     return []
 
 
@@ -472,8 +588,9 @@ def _safe_softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
 
 
-def _check(computed: torch.Tensor, recorded: torch.Tensor, pattern: torch.Tensor | None, kernel: str, what: str,
-           hint: str) -> None:
+def _check(
+    computed: torch.Tensor, recorded: torch.Tensor, pattern: torch.Tensor | None, kernel: str, what: str, hint: str
+) -> None:
     """A recomputed facet must reproduce the kernel's recorded output: a wrong mask must not pass silently."""
     expected = recorded.detach().to(computed.dtype)
     diff = (computed.detach() - expected).abs() / (1 + expected.abs())
@@ -482,10 +599,12 @@ def _check(computed: torch.Tensor, recorded: torch.Tensor, pattern: torch.Tensor
     error = float(diff.max()) if diff.numel() else 0.0
     tolerance = max(1e-4, 8 * torch.finfo(recorded.dtype).eps) if recorded.is_floating_point() else 1e-4
     if not error <= tolerance:
-        raise FacetError(f"the attention recomputed for {kernel} does not reproduce {what} (error {error:.3g}, "
-                         f"tolerance {tolerance:.1g}): {hint}. Capture the model with attention written out "
-                         f"(transformers: attn_implementation='eager'; timm: attn.fused_attn = False) to read the "
-                         f"recorded pattern")
+        raise FacetError(
+            f"the attention recomputed for {kernel} does not reproduce {what} (error {error:.3g}, "
+            f"tolerance {tolerance:.1g}): {hint}. Capture the model with attention written out "
+            f"(transformers: attn_implementation='eager'; timm: attn.fused_attn = False) to read the "
+            f"recorded pattern"
+        )
 
 
 # -- pre-norm residual blocks ----------------------------------------------------------------------

@@ -65,11 +65,19 @@ _LOCK = threading.Lock()
 
 # The conditions are read through torch internals; a torch that lacks one of them gets no
 # rewriting (its traced encoders take the decomposed path, and audit(untraced=True) measures it).
-_INTERNALS = ((torch.overrides, "_pop_mode_temporarily"), (torch.overrides, "_get_current_function_mode_stack"),
-              (torch.backends, "mha"), (_activation, "_check_arg_device"), (_activation, "_is_make_fx_tracing"),
-              (F, "_canonical_mask"), (F, "_none_or_dtype"), (torch, "_nested_tensor_from_mask_left_aligned"),
-              (torch, "_transformer_encoder_layer_fwd"), (torch, "_native_multi_head_attention"),
-              (torch.utils.backend_registration, "_privateuse1_backend_name"))
+_INTERNALS = (
+    (torch.overrides, "_pop_mode_temporarily"),
+    (torch.overrides, "_get_current_function_mode_stack"),
+    (torch.backends, "mha"),
+    (_activation, "_check_arg_device"),
+    (_activation, "_is_make_fx_tracing"),
+    (F, "_canonical_mask"),
+    (F, "_none_or_dtype"),
+    (torch, "_nested_tensor_from_mask_left_aligned"),
+    (torch, "_transformer_encoder_layer_fwd"),
+    (torch, "_native_multi_head_attention"),
+    (torch.utils.backend_registration, "_privateuse1_backend_name"),
+)
 SUPPORTED = all(hasattr(owner, name) for owner, name in _INTERNALS)
 
 
@@ -151,15 +159,28 @@ def _needs_grad(tensors: tuple[Any, ...]) -> bool:
 
 
 def _hooked(module: nn.Module) -> bool:
-    return any(len(getattr(m, "_forward_hooks", {})) + len(getattr(m, "_forward_pre_hooks", {}))
-               for m in module.modules())
+    return any(
+        len(getattr(m, "_forward_hooks", {})) + len(getattr(m, "_forward_pre_hooks", {})) for m in module.modules()
+    )
 
 
 def _layer_tensors(src: Any, layer: Any) -> tuple[Any, ...]:
     sa = layer.self_attn
-    return (src, sa.in_proj_weight, sa.in_proj_bias, sa.out_proj.weight, sa.out_proj.bias, layer.norm1.weight,
-            layer.norm1.bias, layer.norm2.weight, layer.norm2.bias, layer.linear1.weight, layer.linear1.bias,
-            layer.linear2.weight, layer.linear2.bias)
+    return (
+        src,
+        sa.in_proj_weight,
+        sa.in_proj_bias,
+        sa.out_proj.weight,
+        sa.out_proj.bias,
+        layer.norm1.weight,
+        layer.norm1.bias,
+        layer.norm2.weight,
+        layer.norm2.bias,
+        layer.linear1.weight,
+        layer.linear1.bias,
+        layer.linear2.weight,
+        layer.linear2.bias,
+    )
 
 
 def _layer_devices() -> tuple[str, ...]:
@@ -169,57 +190,102 @@ def _layer_devices() -> tuple[str, ...]:
 def _encoder_layer_fused(layer: Any, src: Any, src_mask: Any, padding_mask: Any) -> bool:
     """Would ``TransformerEncoderLayer.forward``, untraced, call ``torch._transformer_encoder_layer_fwd``?"""
     sa = layer.self_attn
-    if not (isinstance(src, torch.Tensor) and torch.backends.mha.get_fastpath_enabled() and src.dim() == 3
-            and not layer.training and sa.batch_first and sa.in_proj_bias is not None and sa._qkv_same_embed_dim
-            and layer.activation_relu_or_gelu and layer.norm1.eps == layer.norm2.eps
-            and not (src.is_nested and (padding_mask is not None or src_mask is not None))
-            and sa.num_heads % 2 == 0 and not torch.is_autocast_enabled() and not _hooked(layer)):
+    if not (
+        isinstance(src, torch.Tensor)
+        and torch.backends.mha.get_fastpath_enabled()
+        and src.dim() == 3
+        and not layer.training
+        and sa.batch_first
+        and sa.in_proj_bias is not None
+        and sa._qkv_same_embed_dim
+        and layer.activation_relu_or_gelu
+        and layer.norm1.eps == layer.norm2.eps
+        and not (src.is_nested and (padding_mask is not None or src_mask is not None))
+        and sa.num_heads % 2 == 0
+        and not torch.is_autocast_enabled()
+        and not _hooked(layer)
+    ):
         return False
     tensors = _layer_tensors(src, layer)
     devices = _layer_devices()
-    return not (_untraced_has_torch_function(tensors) or not all(t.device.type in devices for t in tensors)
-                or _needs_grad(tensors))
+    return not (
+        _untraced_has_torch_function(tensors)
+        or not all(t.device.type in devices for t in tensors)
+        or _needs_grad(tensors)
+    )
 
 
 def _attention_fused(mha: Any, query: Any, key: Any, value: Any, padding_mask: Any, attn_mask: Any) -> bool:
     """Would ``MultiheadAttention.forward``, untraced, call ``torch._native_multi_head_attention``?"""
     if not isinstance(query, torch.Tensor):
         return False
-    if (attn_mask is not None and torch.is_floating_point(attn_mask)) or \
-            (padding_mask is not None and torch.is_floating_point(padding_mask)):
+    if (attn_mask is not None and torch.is_floating_point(attn_mask)) or (
+        padding_mask is not None and torch.is_floating_point(padding_mask)
+    ):
         return False
     weight, bias = mha.in_proj_weight, mha.in_proj_bias
     # Without an input bias torch still takes the decomposed path, after merging masks it does not use.
-    if not (torch.backends.mha.get_fastpath_enabled() and query.dim() == 3 and query is key and key is value
-            and weight is not None and bias is not None and query.dtype == bias.dtype == weight.dtype
-            and not mha.training and mha.num_heads % 2 == 0 and mha.batch_first and mha.bias_k is None
-            and mha.bias_v is None and not mha.add_zero_attn and mha._qkv_same_embed_dim
-            and not (query.is_nested and (padding_mask is not None or attn_mask is not None))
-            and not torch.is_autocast_enabled()):
+    if not (
+        torch.backends.mha.get_fastpath_enabled()
+        and query.dim() == 3
+        and query is key
+        and key is value
+        and weight is not None
+        and bias is not None
+        and query.dtype == bias.dtype == weight.dtype
+        and not mha.training
+        and mha.num_heads % 2 == 0
+        and mha.batch_first
+        and mha.bias_k is None
+        and mha.bias_v is None
+        and not mha.add_zero_attn
+        and mha._qkv_same_embed_dim
+        and not (query.is_nested and (padding_mask is not None or attn_mask is not None))
+        and not torch.is_autocast_enabled()
+    ):
         return False
     tensors = (query, key, value, weight, bias, mha.out_proj.weight, mha.out_proj.bias)
-    return not (_untraced_has_torch_function(tensors) or not all(map(_activation._check_arg_device, tensors))
-                or _needs_grad(tensors) or _activation._is_make_fx_tracing())
+    return not (
+        _untraced_has_torch_function(tensors)
+        or not all(map(_activation._check_arg_device, tensors))
+        or _needs_grad(tensors)
+        or _activation._is_make_fx_tracing()
+    )
 
 
 def _encoder_nested(encoder: Any, src: Any, mask: Any, padding_mask: Any) -> bool:
     """Would ``TransformerEncoder.forward``, untraced, run its layers on a nested tensor?"""
     layer = encoder.layers[0]
-    if not (isinstance(src, torch.Tensor) and torch.backends.mha.get_fastpath_enabled()
-            and getattr(encoder, "use_nested_tensor", False) and not layer.training and src.dim() == 3
-            and padding_mask is not None and not src.is_nested and mask is None and not torch.is_autocast_enabled()):
+    if not (
+        isinstance(src, torch.Tensor)
+        and torch.backends.mha.get_fastpath_enabled()
+        and getattr(encoder, "use_nested_tensor", False)
+        and not layer.training
+        and src.dim() == 3
+        and padding_mask is not None
+        and not src.is_nested
+        and mask is None
+        and not torch.is_autocast_enabled()
+    ):
         return False
     if getattr(encoder, "mask_check", True):
         if torch.compiler.is_compiling():
             return False
         with torch._C.DisableTorchFunction():  # a question, not part of the forward: record nothing
-            canonical = F._canonical_mask(mask=padding_mask, mask_name="src_key_padding_mask", other_type=None,
-                                          other_name="", target_type=src.dtype, check_other=False)
+            canonical = F._canonical_mask(
+                mask=padding_mask,
+                mask_name="src_key_padding_mask",
+                other_type=None,
+                other_name="",
+                target_type=src.dtype,
+                check_other=False,
+            )
             if not torch._nested_tensor_from_mask_left_aligned(src, canonical.logical_not()):
                 return False
     tensors = _layer_tensors(src, layer)
-    return not (_untraced_has_torch_function(tensors) or src.device.type not in _layer_devices()
-                or _needs_grad(tensors))
+    return not (
+        _untraced_has_torch_function(tensors) or src.device.type not in _layer_devices() or _needs_grad(tensors)
+    )
 
 
 # -- the fast paths, as torch runs them ------------------------------------------------------
@@ -228,18 +294,40 @@ def _run_encoder_layer(handler: _Handler, layer: Any, call: inspect.BoundArgumen
     src, src_mask, padding_mask = a["src"], a["src_mask"], a["src_key_padding_mask"]
     if not _encoder_layer_fused(layer, src, src_mask, padding_mask):
         return NotImplemented
-    padding_mask = F._canonical_mask(mask=padding_mask, mask_name="src_key_padding_mask",
-                                     other_type=F._none_or_dtype(src_mask), other_name="src_mask",
-                                     target_type=src.dtype)
-    src_mask = F._canonical_mask(mask=src_mask, mask_name="src_mask", other_type=None, other_name="",
-                                 target_type=src.dtype, check_other=False)
+    padding_mask = F._canonical_mask(
+        mask=padding_mask,
+        mask_name="src_key_padding_mask",
+        other_type=F._none_or_dtype(src_mask),
+        other_name="src_mask",
+        target_type=src.dtype,
+    )
+    src_mask = F._canonical_mask(
+        mask=src_mask, mask_name="src_mask", other_type=None, other_name="", target_type=src.dtype, check_other=False
+    )
     sa = layer.self_attn
     merged_mask, mask_type = sa.merge_masks(src_mask, padding_mask, src)
     return torch._transformer_encoder_layer_fwd(
-        src, sa.embed_dim, sa.num_heads, sa.in_proj_weight, sa.in_proj_bias, sa.out_proj.weight,
-        sa.out_proj.bias, layer.activation_relu_or_gelu == 2, layer.norm_first, layer.norm1.eps,
-        layer.norm1.weight, layer.norm1.bias, layer.norm2.weight, layer.norm2.bias, layer.linear1.weight,
-        layer.linear1.bias, layer.linear2.weight, layer.linear2.bias, merged_mask, mask_type)
+        src,
+        sa.embed_dim,
+        sa.num_heads,
+        sa.in_proj_weight,
+        sa.in_proj_bias,
+        sa.out_proj.weight,
+        sa.out_proj.bias,
+        layer.activation_relu_or_gelu == 2,
+        layer.norm_first,
+        layer.norm1.eps,
+        layer.norm1.weight,
+        layer.norm1.bias,
+        layer.norm2.weight,
+        layer.norm2.bias,
+        layer.linear1.weight,
+        layer.linear1.bias,
+        layer.linear2.weight,
+        layer.linear2.bias,
+        merged_mask,
+        mask_type,
+    )
 
 
 def _run_attention(handler: _Handler, mha: Any, call: inspect.BoundArguments) -> Any:
@@ -247,29 +335,55 @@ def _run_attention(handler: _Handler, mha: Any, call: inspect.BoundArguments) ->
     query, padding_mask, attn_mask = a["query"], a["key_padding_mask"], a["attn_mask"]
     if not _attention_fused(mha, query, a["key"], a["value"], padding_mask, attn_mask):
         return NotImplemented
-    padding_mask = F._canonical_mask(mask=padding_mask, mask_name="key_padding_mask",
-                                     other_type=F._none_or_dtype(attn_mask), other_name="attn_mask",
-                                     target_type=query.dtype)
-    attn_mask = F._canonical_mask(mask=attn_mask, mask_name="attn_mask", other_type=None, other_name="",
-                                  target_type=query.dtype, check_other=False)
+    padding_mask = F._canonical_mask(
+        mask=padding_mask,
+        mask_name="key_padding_mask",
+        other_type=F._none_or_dtype(attn_mask),
+        other_name="attn_mask",
+        target_type=query.dtype,
+    )
+    attn_mask = F._canonical_mask(
+        mask=attn_mask,
+        mask_name="attn_mask",
+        other_type=None,
+        other_name="",
+        target_type=query.dtype,
+        check_other=False,
+    )
     merged_mask, mask_type = mha.merge_masks(attn_mask, padding_mask, query)
     return torch._native_multi_head_attention(
-        query, a["key"], a["value"], mha.embed_dim, mha.num_heads, mha.in_proj_weight, mha.in_proj_bias,
-        mha.out_proj.weight, mha.out_proj.bias, merged_mask, a["need_weights"], a["average_attn_weights"],
-        mask_type)
+        query,
+        a["key"],
+        a["value"],
+        mha.embed_dim,
+        mha.num_heads,
+        mha.in_proj_weight,
+        mha.in_proj_bias,
+        mha.out_proj.weight,
+        mha.out_proj.bias,
+        merged_mask,
+        a["need_weights"],
+        a["average_attn_weights"],
+        mask_type,
+    )
 
 
 def _run_encoder(handler: _Handler, encoder: Any, call: inspect.BoundArguments) -> Any:
     a = call.arguments
     if _encoder_nested(encoder, a["src"], a["mask"], a["src_key_padding_mask"]):
-        why = ("untraced, it runs its layers on a nested tensor built from src_key_padding_mask (padded positions "
-               "come out as 0); a nested tensor cannot be recorded, so the trace has the padded path")
+        why = (
+            "untraced, it runs its layers on a nested tensor built from src_key_padding_mask (padded positions "
+            "come out as 0); a nested tensor cannot be recorded, so the trace has the padded path"
+        )
         notes = handler.recorder.builder.notes.setdefault(OBSERVER_EFFECT, {})
         if handler.path not in notes:
             notes[handler.path] = why
-            warnings.warn(f"TorchLens: the traced {handler.path or 'model'} (nn.TransformerEncoder) differs from "
-                          f"its untraced run: {why}. Pass enable_nested_tensor=False to the encoder for a "
-                          f"faithful trace; trace.audit(untraced=True) measures the difference", stacklevel=2)
+            warnings.warn(
+                f"TorchLens: the traced {handler.path or 'model'} (nn.TransformerEncoder) differs from "
+                f"its untraced run: {why}. Pass enable_nested_tensor=False to the encoder for a "
+                f"faithful trace; trace.audit(untraced=True) measures the difference",
+                stacklevel=2,
+            )
     return NotImplemented
 
 

@@ -36,14 +36,72 @@ _MAX_POOL = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode
 _AVG_POOL = ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
 
 # Each output position reads the same position of every array argument (broadcast).
-POINTWISE = frozenset({
-    "add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow", "neg", "abs", "exp",
-    "log", "sqrt", "rsqrt", "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "gelu", "silu", "mish",
-    "sigmoid", "tanh", "hardtanh", "hardswish", "hardsigmoid", "softplus", "clamp", "clip", "maximum", "minimum",
-    "where", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "contiguous",
-    "clone", "detach", "to", "float", "double", "half", "type_as", "square", "reciprocal", "sign", "erf",
-    "iadd", "isub", "imul", "itruediv", "truediv", "radd", "rmul", "rtruediv", "prelu",
-})
+POINTWISE = frozenset(
+    {
+        "add",
+        "sub",
+        "rsub",
+        "mul",
+        "div",
+        "true_divide",
+        "floor_divide",
+        "remainder",
+        "pow",
+        "neg",
+        "abs",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "relu",
+        "relu6",
+        "leaky_relu",
+        "elu",
+        "selu",
+        "celu",
+        "gelu",
+        "silu",
+        "mish",
+        "sigmoid",
+        "tanh",
+        "hardtanh",
+        "hardswish",
+        "hardsigmoid",
+        "softplus",
+        "clamp",
+        "clip",
+        "maximum",
+        "minimum",
+        "where",
+        "dropout",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        "alpha_dropout",
+        "feature_alpha_dropout",
+        "contiguous",
+        "clone",
+        "detach",
+        "to",
+        "float",
+        "double",
+        "half",
+        "type_as",
+        "square",
+        "reciprocal",
+        "sign",
+        "erf",
+        "iadd",
+        "isub",
+        "imul",
+        "itruediv",
+        "truediv",
+        "radd",
+        "rmul",
+        "rtruediv",
+        "prelu",
+    }
+)
 _RESHAPES = frozenset({"flatten", "view", "reshape", "unsqueeze", "squeeze", "unflatten", "view_as", "reshape_as"})
 
 
@@ -277,8 +335,11 @@ def _permute(trace: Trace, op: OpRecord) -> Geometry | None:
     ref, shape = parent
     n = len(shape)
     if op.func_name.strip("_") == "permute":
-        dims = op.args[1:] if len(op.args) > 2 or (len(op.args) == 2 and isinstance(op.args[1], int)) else (
-            op.args[1] if len(op.args) > 1 else op.kwargs.get("dims"))
+        dims = (
+            op.args[1:]
+            if len(op.args) > 2 or (len(op.args) == 2 and isinstance(op.args[1], int))
+            else (op.args[1] if len(op.args) > 1 else op.kwargs.get("dims"))
+        )
         return permute(ref, tuple(dims)) if dims is not None and len(dims) == n else None
     if op.func_name.strip("_") == "t":
         a, b = 0, n - 1

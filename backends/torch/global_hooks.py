@@ -35,8 +35,11 @@ class GlobalHooks:
         pre_id, post_id = RemovableHandle(pre_hooks).id, RemovableHandle(hooks).id
         # (registry, key, value), in the order they go in: the with_kwargs flag before the hook it is read
         # for, so that no module call in another thread finds the hook without it; taken out in reverse.
-        self._entries = ((pre_hooks, pre_id, pre), (nn_module._global_forward_hooks_with_kwargs, post_id, True),
-                         (hooks, post_id, post))
+        self._entries = (
+            (pre_hooks, pre_id, pre),
+            (nn_module._global_forward_hooks_with_kwargs, post_id, True),
+            (hooks, post_id, post),
+        )
         entries = self._entries
 
         def remove() -> None:  # made now: the finally that runs it must not need to allocate it

@@ -48,24 +48,31 @@ def backward(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
     if callable(loss) and not isinstance(loss, torch.Tensor):
         output = trace.output
         # Live only if it gives everything: the graph is there, and every wanted input can be hooked.
-        if _has_graph(output) and all(_hookable(trace, op.index) for op in trace.ops
-                                      if op.kind == "input" and op.index in wanted):
+        if _has_graph(output) and all(
+            _hookable(trace, op.index) for op in trace.ops if op.kind == "input" and op.index in wanted
+        ):
             try:
                 return _live(trace, loss(output), wanted)
             except _GraphFreed:
                 pass  # an earlier backward freed it: replay instead
         return _replayed(trace, loss, wanted)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise UnsupportedError("log_backward takes a scalar tensor computed from the trace's values, or a "
-                               "function of the output (lambda out: out.sum())")
+        raise UnsupportedError(
+            "log_backward takes a scalar tensor computed from the trace's values, or a "
+            "function of the output (lambda out: out.sum())"
+        )
     if loss.grad_fn is None:
-        raise UnsupportedError("the loss has no autograd graph: the forward ran without gradients (torch.no_grad, "
-                               "inputs and weights that require none); pass lambda out: ... to replay it with them")
+        raise UnsupportedError(
+            "the loss has no autograd graph: the forward ran without gradients (torch.no_grad, "
+            "inputs and weights that require none); pass lambda out: ... to replay it with them"
+        )
     try:
         return _live(trace, loss, wanted)
     except _GraphFreed as exc:
-        raise UnsupportedError("the forward's graph was freed by an earlier backward: capture again, or pass "
-                               "lambda out: ... to replay the graph") from exc.__cause__
+        raise UnsupportedError(
+            "the forward's graph was freed by an earlier backward: capture again, or pass "
+            "lambda out: ... to replay the graph"
+        ) from exc.__cause__
 
 
 class _GraphFreed(Exception):
@@ -141,8 +148,15 @@ def _replayed(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
         if isinstance(value, torch.Tensor):
             trainable = record.trainable and not record.is_buffer and value.is_floating_point()
             params[name] = attrs.evolve(record, value=value.detach().clone().requires_grad_(trainable))
-    graph = Trace(backend=trace.backend, model_name=trace.model_name, ops=ops, modules=dict(trace.modules),
-                  params={**trace.params, **params}, output_template=trace.output_template, notes=dict(trace.notes))
+    graph = Trace(
+        backend=trace.backend,
+        model_name=trace.model_name,
+        ops=ops,
+        modules=dict(trace.modules),
+        params={**trace.params, **params},
+        output_template=trace.output_template,
+        notes=dict(trace.notes),
+    )
 
     def observe(op: OpRecord, value: Any) -> None:
         if op.index in wanted_set:
@@ -161,9 +175,11 @@ def _replayed(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
         try:
             target.backward()
         except RuntimeError as exc:
-            raise UnsupportedError(f"torch cannot differentiate the recorded graph: {exc}. A forward that ran "
-                                   f"with nothing requiring gradients may have taken kernels without a derivative "
-                                   f"(fused attention); trace it with the inputs requiring grad") from exc
+            raise UnsupportedError(
+                f"torch cannot differentiate the recorded graph: {exc}. A forward that ran "
+                f"with nothing requiring gradients may have taken kernels without a derivative "
+                f"(fused attention); trace it with the inputs requiring grad"
+            ) from exc
     for index, record in holder.items():
         if record.grad is not None:
             found[index] = record.grad
@@ -177,8 +193,11 @@ def _replayed(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
 
 def reference_grads(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Any, Any]:
     """The input gradients of the summed float outputs, by torch alone (the conformance reference)."""
-    leaves = [(path, leaf) for path, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, torch.Tensor))
-              if leaf.is_floating_point()]
+    leaves = [
+        (path, leaf)
+        for path, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, torch.Tensor))
+        if leaf.is_floating_point()
+    ]
     copies = {path: leaf.detach().clone().requires_grad_(True) for path, leaf in leaves}
     if not copies:
         return {}

@@ -31,9 +31,13 @@ from torchlens_core.replay.checked import PassedChecks, from_file, refused, wron
 # What torch says when a call cannot be made on meta tensors at all, besides NotImplementedError (no meta
 # kernel): a result that depends on values. The op then runs unchecked; any other error is the arguments' fault.
 # Exact phrases: an error that merely echoes a string argument must not pass for one of these.
-_NO_META = ("tensor.item() cannot be called on meta tensors", "cannot repeat_interleave a meta tensor",
-            "can't convert meta device type tensor", "data-dependent expression",
-            "may return an output tensor with data-dependent shape")
+_NO_META = (
+    "tensor.item() cannot be called on meta tensors",
+    "cannot repeat_interleave a meta tensor",
+    "can't convert meta device type tensor",
+    "data-dependent expression",
+    "may return an output tensor with data-dependent shape",
+)
 
 
 def check_loaded(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -54,12 +58,14 @@ def check(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
 
 
 _PASSED = PassedChecks()  # calls that passed, by signature (see check)
-_CONSTANTS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout,
-                        torch.memory_format})
+_CONSTANTS = frozenset(
+    {int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout, torch.memory_format}
+)
 
 
 def _signature(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What the meta call's verdict depends on, hashable; None where some argument is not plain enough to say."""
+
     def describe(v: Any) -> Any:
         t = type(v)
         if isinstance(v, torch.Tensor):

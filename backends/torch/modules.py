@@ -48,8 +48,11 @@ def _signature(cls: type) -> tuple[tuple[str, Any, bool], ...]:
             params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # self
         except (TypeError, ValueError):  # a constructor written in C, or one inspect cannot read
             params = []
-        named = [(p.name, p.default, p.default is inspect.Parameter.empty) for p in params
-                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in _SKIP]
+        named = [
+            (p.name, p.default, p.default is inspect.Parameter.empty)
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in _SKIP
+        ]
         # what the module makes (out_channels, out_features) before what it takes (in_...), then the rest
         first = [n for n in named if n[2] and n[0].startswith("out_")]
         then = [n for n in named if n[2] and n[0].startswith("in_")]

@@ -29,8 +29,9 @@ def observe_module_outputs(model: Any, args: tuple[Any, ...], kwargs: dict[str, 
         if path is None:
             return
         counts[path] = n = counts.get(path, 0) + 1
-        seen[f"{path}:{n}"] = tree.map_leaves(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v,
-                                              output)
+        seen[f"{path}:{n}"] = tree.map_leaves(
+            lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, output
+        )
 
     handle = nn_module.register_module_forward_hook(hook)
     try:

@@ -14,11 +14,31 @@ class TorchBackend(Backend):
     name = "torch"
 
     def info(self) -> BackendInfo:
-        return BackendInfo(contract=3, name=self.name, framework="torch", install="pip install 'torchlens[torch]'",
-                           aliases=("pytorch",),
-                           capabilities=frozenset({"modules", "functions", "in_place", "random", "control_flow",
-                                                   "save", "halt", "branches", "timing", "intervene",
-                                                   "splice", "new_inputs", "gradients", "escape_detector"}))
+        return BackendInfo(
+            contract=3,
+            name=self.name,
+            framework="torch",
+            install="pip install 'torchlens[torch]'",
+            aliases=("pytorch",),
+            capabilities=frozenset(
+                {
+                    "modules",
+                    "functions",
+                    "in_place",
+                    "random",
+                    "control_flow",
+                    "save",
+                    "halt",
+                    "branches",
+                    "timing",
+                    "intervene",
+                    "splice",
+                    "new_inputs",
+                    "gradients",
+                    "escape_detector",
+                }
+            ),
+        )
 
     def claim(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         torch = sys.modules.get("torch")
@@ -46,10 +66,12 @@ class TorchBackend(Backend):
         if not getattr(dataset, "_auto_collation", dataset.batch_size is not None):
             return None  # batch_size=None: it yields samples
         size = dataset.batch_size or getattr(dataset.batch_sampler, "batch_size", None)
-        return (f"a torch DataLoader yields batches, and tl.extract_dataset makes its own from unbatched samples: "
-                f"pass the loader's dataset and batch size, tl.extract_dataset(model, loader.dataset, layers, "
-                f"batch_size={size or '...'}, ...) (a labelled dataset mapped to its inputs first), or a DataLoader "
-                f"made with batch_size=None")
+        return (
+            f"a torch DataLoader yields batches, and tl.extract_dataset makes its own from unbatched samples: "
+            f"pass the loader's dataset and batch size, tl.extract_dataset(model, loader.dataset, layers, "
+            f"batch_size={size or '...'}, ...) (a labelled dataset mapped to its inputs first), or a DataLoader "
+            f"made with batch_size=None"
+        )
 
     def detach(self, value: Any) -> Any:
         import torch

@@ -39,22 +39,58 @@ from typing import Any
 
 from torchlens_core.ir.errors import TraceFileError
 
-NAMESPACES = ("torch", "torch.Tensor", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
-              "torch._C._nn", "torch._C._linalg", "torch._C._fft", "torch._C._special", "torch._C._VariableFunctions",
-              "torch.nn.init")  # its initializers that dispatch as one tensor function (kaiming_uniform_...)
+NAMESPACES = (
+    "torch",
+    "torch.Tensor",
+    "torch.nn.functional",
+    "torch.linalg",
+    "torch.fft",
+    "torch.special",
+    "torch._C._nn",
+    "torch._C._linalg",
+    "torch._C._fft",
+    "torch._C._special",
+    "torch._C._VariableFunctions",
+    "torch.nn.init",
+)  # its initializers that dispatch as one tensor function (kaiming_uniform_...)
 # Where ATen operators are bound: every callable there is one (by its __name__).
-_ATEN_NAMESPACES = ("torch._C._VariableFunctions", "torch._C._nn", "torch._C._linalg", "torch._C._fft",
-                    "torch._C._special")
+_ATEN_NAMESPACES = (
+    "torch._C._VariableFunctions",
+    "torch._C._nn",
+    "torch._C._linalg",
+    "torch._C._fft",
+    "torch._C._special",
+)
 _REFUSED = ("load", "save", "file", "compile", "seed")
 # Tensor functions that reach beyond the tensors they are given.
-_BEYOND_TENSORS = frozenset({
-    "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "requires_grad_",
-    "share_memory_", "pin_memory", "_pin_memory", "record_stream", "storage", "untyped_storage", "set_", "data_ptr",
-})
+_BEYOND_TENSORS = frozenset(
+    {
+        "backward",
+        "register_hook",
+        "register_post_accumulate_grad_hook",
+        "retain_grad",
+        "requires_grad_",
+        "share_memory_",
+        "pin_memory",
+        "_pin_memory",
+        "record_stream",
+        "storage",
+        "untyped_storage",
+        "set_",
+        "data_ptr",
+    }
+)
 # Tensor constructors that are neither overridable nor ATen operators.
-_CONSTRUCTORS = frozenset({("torch", "asarray"), ("torch", "from_numpy"), ("torch._C._VariableFunctions", "asarray"),
-                           ("torch._C._VariableFunctions", "from_numpy"), ("torch.Tensor", "new_tensor"),
-                           ("torch.Tensor", "new")})
+_CONSTRUCTORS = frozenset(
+    {
+        ("torch", "asarray"),
+        ("torch", "from_numpy"),
+        ("torch._C._VariableFunctions", "asarray"),
+        ("torch._C._VariableFunctions", "from_numpy"),
+        ("torch.Tensor", "new_tensor"),
+        ("torch.Tensor", "new"),
+    }
+)
 _SIMPLE_CONSTANTS = ("dtype", "memory_format", "layout", "qscheme")
 
 
@@ -101,8 +137,8 @@ def _aten_tensor_op(name: str) -> bool:
 
     for schema in torch._C._jit_get_schemas_for_operator(f"aten::{name}"):
         if any("Tensor" in str(r.type) for r in schema.returns) or any(
-                a.alias_info is not None and a.alias_info.is_write and "Tensor" in str(a.type)
-                for a in schema.arguments):
+            a.alias_info is not None and a.alias_info.is_write and "Tensor" in str(a.type) for a in schema.arguments
+        ):
             return True
     return False
 
@@ -137,8 +173,7 @@ def encode_call(op: Any) -> Any:
 
         descriptor = getattr(call, "__self__", None)
         name = getattr(descriptor, "__name__", None) or getattr(getattr(descriptor, "fget", None), "__name__", None)
-        if isinstance(name, str) and _allowed(name, "torch.Tensor") and \
-                _class_attr(torch.Tensor, name) is descriptor:
+        if isinstance(name, str) and _allowed(name, "torch.Tensor") and _class_attr(torch.Tensor, name) is descriptor:
             return {"ns": "torch.Tensor", "name": name, "get": True}
         return None
     for ns, name, value in _names().get(id(call), ()):
@@ -183,8 +218,11 @@ def _decode_dispatcher_op(library: str, name: str, overload: Any) -> Any:
 
     import torch
 
-    if library not in OP_LIBRARIES or not _allowed(name, "torch.ops") or not (
-            overload is None or (isinstance(overload, str) and overload.isidentifier())):
+    if (
+        library not in OP_LIBRARIES
+        or not _allowed(name, "torch.ops")
+        or not (overload is None or (isinstance(overload, str) and overload.isidentifier()))
+    ):
         raise TraceFileError(f"torch.ops.{library}.{name} is not an operator a trace can replay")
     if OP_LIBRARIES[library] is not None:
         try:
@@ -198,8 +236,9 @@ def _decode_dispatcher_op(library: str, name: str, overload: Any) -> Any:
     except (AttributeError, RuntimeError):
         return None  # not in this version
     if not isinstance(packet, torch._ops.OpOverloadPacket) or not _functional(packet, overload):
-        raise TraceFileError(f"torch.ops.{library}.{name} writes into its arguments; the file was not written by "
-                             "tl.save or was changed")
+        raise TraceFileError(
+            f"torch.ops.{library}.{name} writes into its arguments; the file was not written by tl.save or was changed"
+        )
     return packet if overload is None else getattr(packet, overload)
 
 
@@ -224,8 +263,12 @@ def _allowed(name: str, ns: str) -> bool:
 
 
 def decode_call(data: Any) -> Any:
-    if not (isinstance(data, dict) and set(data) <= {"ns", "name", "get", "overload"}
-            and isinstance(data.get("ns"), str) and isinstance(data.get("name"), str)):
+    if not (
+        isinstance(data, dict)
+        and set(data) <= {"ns", "name", "get", "overload"}
+        and isinstance(data.get("ns"), str)
+        and isinstance(data.get("name"), str)
+    ):
         raise TraceFileError(f"not a torch call: {data!r}")
     ns, name = data["ns"], data["name"]
     if ns.startswith("torch.ops.") and "get" not in data:
@@ -233,8 +276,10 @@ def decode_call(data: Any) -> Any:
     if "overload" in data:
         raise TraceFileError(f"not a torch call: {data!r}")
     if ns not in NAMESPACES or not _allowed(name, ns):
-        raise TraceFileError(f"{ns}:{name} is not a torch function a trace can replay; the file was not written "
-                             "by tl.save or was changed")
+        raise TraceFileError(
+            f"{ns}:{name} is not a torch function a trace can replay; the file was not written "
+            "by tl.save or was changed"
+        )
     import torch
 
     owner = _namespaces().get(ns)
@@ -250,8 +295,10 @@ def decode_call(data: Any) -> Any:
     if isinstance(fn, type) or not callable(fn) or (ns != "torch.Tensor" and not module.startswith("torch")):
         raise TraceFileError(f"{ns}:{name} is not a torch function")
     if not pure(fn, ns, name):
-        raise TraceFileError(f"{ns}:{name} is not one of torch's tensor computations (it changes global state, or "
-                             "reaches beyond its tensors); the file was not written by tl.save or was changed")
+        raise TraceFileError(
+            f"{ns}:{name} is not one of torch's tensor computations (it changes global state, or "
+            "reaches beyond its tensors); the file was not written by tl.save or was changed"
+        )
     return fn
 
 
@@ -281,7 +328,7 @@ def decode_value(data: Any) -> Any:
 
     if not (isinstance(data, dict) and len(data) == 1):
         raise TraceFileError(f"not a torch constant: {data!r}")
-    (kind, v), = data.items()
+    ((kind, v),) = data.items()
     if kind == "device" and isinstance(v, str):
         try:
             return torch.device(v)
@@ -299,8 +346,13 @@ def decode_value(data: Any) -> Any:
 
 
 # Dtypes NumPy lacks, saved as their raw bits (an unsigned int of the same size).
-_RAW_BITS = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "float8_e4m3fnuz": "uint8",
-             "float8_e5m2fnuz": "uint8"}
+_RAW_BITS = {
+    "bfloat16": "uint16",
+    "float8_e4m3fn": "uint8",
+    "float8_e5m2": "uint8",
+    "float8_e4m3fnuz": "uint8",
+    "float8_e5m2fnuz": "uint8",
+}
 
 
 # Sparse layouts are saved as the dense values they stand for, the layout after the dtype ("float32:sparse_csr"),

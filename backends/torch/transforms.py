@@ -68,8 +68,11 @@ Tensor = torch.Tensor
 FREE = "torchlens_outside_tensors"
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _transform_level = torch._C._functorch.peek_interpreter_stack  # None: no transform running
-_stack_length, _pop_mode, _push_mode = (torch._C._len_torch_function_stack, torch._C._pop_torch_function_stack,
-                                        torch._C._push_on_torch_function_stack)
+_stack_length, _pop_mode, _push_mode = (
+    torch._C._len_torch_function_stack,
+    torch._C._pop_torch_function_stack,
+    torch._C._push_on_torch_function_stack,
+)
 # Run(args, kwargs): the transform applied to the transformed function's arguments.
 Run = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
@@ -109,8 +112,10 @@ class TransformCall:
 
     def unsaveable(self) -> str:
         """Why ``tl.save`` cannot save this call so that a loaded trace replays it."""
-        return (f"{self.describe()} is a transform of a Python function, which cannot be rebuilt from a file "
-                f"(loading would run code the file names); replay the trace tl.trace returned instead")
+        return (
+            f"{self.describe()} is a transform of a Python function, which cannot be rebuilt from a file "
+            f"(loading would run code the file names); replay the trace tl.trace returned instead"
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         kwargs = dict(kwargs)
@@ -145,8 +150,9 @@ class _Substitute(TorchFunctionMode):
             return x if all(mapped[k] is v for k, v in x.items()) else mapped
         return x
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         return func(*self._swapped(args), **(self._swapped(kwargs) if kwargs else {}))
 
 
@@ -194,8 +200,9 @@ class _Watcher(TorchFunctionMode):
             for v in x.values():
                 self._look(v)
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         with torch._C.DisableTorchFunction():  # the bookkeeping's own tensor reads are nobody's calls
             self._look(args)
@@ -277,33 +284,49 @@ def record(recorder: Any, kind: str, run: Run, func: Any, args: tuple[Any, ...],
             until_done(back)
         recorder.transform = None
         with torch._C.DisableTorchFunction():
-            return _recorded(recorder, TransformCall(kind, run, func, above), watcher, rng, args, kwargs, out,
-                             elapsed, FuncInfo)
+            return _recorded(
+                recorder, TransformCall(kind, run, func, above), watcher, rng, args, kwargs, out, elapsed, FuncInfo
+            )
     finally:
         recorder.transform = None
         recorder.depth -= 1
 
 
-def _recorded(recorder: Any, call: TransformCall, watcher: _Watcher, rng: dict[str, Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any], out: Any, elapsed: float, func_info: Any) -> Any:
+def _recorded(
+    recorder: Any,
+    call: TransformCall,
+    watcher: _Watcher,
+    rng: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: Any,
+    elapsed: float,
+    func_info: Any,
+) -> Any:
     what = call.describe()
     written = watcher.written()
     if written:
         names = [recorder.param_names.get(id(t)) for t in written]
         named = ", ".join(f"parameter or buffer {n!r}" for n in names if n)
-        raise _refuse(recorder, f"{what} wrote into {len(written)} tensor(s) from outside the transform "
-                                f"({named or 'an input of the transform or a tensor it reads'}): the written value "
-                                f"is made inside the transform, where a trace cannot keep it. Return the new value "
-                                f"from the transformed function and write it outside the transform")
+        raise _refuse(
+            recorder,
+            f"{what} wrote into {len(written)} tensor(s) from outside the transform "
+            f"({named or 'an input of the transform or a tensor it reads'}): the written value "
+            f"is made inside the transform, where a trace cannot keep it. Return the new value "
+            f"from the transformed function and write it outside the transform",
+        )
     leaves, spec = pytree.tree_flatten(out)
     bad = next((leaf for leaf in leaves if not isinstance(leaf, Tensor) or _wrapped(leaf)), None)
     if bad is not None or not leaves:
         got = "nothing" if not leaves else type(bad).__name__
-        raise _refuse(recorder, f"{what} returned {got}, not only tensors: a trace records a transform as one op "
-                                f"whose outputs are tensors, and this output would keep values from inside the "
-                                f"transform (vjp's vjp_fn, linearize's jvp_fn). Use torch.func.jacrev/jacfwd/grad, "
-                                f"called as torch.func.<name> during the forward, or compute the products with "
-                                f"torch.func.jvp/grad")
+        raise _refuse(
+            recorder,
+            f"{what} returned {got}, not only tensors: a trace records a transform as one op "
+            f"whose outputs are tensors, and this output would keep values from inside the "
+            f"transform (vjp's vjp_fn, linearize's jvp_fn). Use torch.func.jacrev/jacfwd/grad, "
+            f"called as torch.func.<name> during the forward, or compute the products with "
+            f"torch.func.jvp/grad",
+        )
     flat = out if isinstance(out, Tensor) or (type(out) in (tuple, list) and len(leaves) == len(out)) else None
     if flat is None:
         call.spec, flat = spec, tuple(leaves)
@@ -312,7 +335,8 @@ def _recorded(recorder: Any, call: TransformCall, watcher: _Watcher, rng: dict[s
     now = torch.get_rng_state()
     cuda = rng.get("cuda_rng_states")
     if not torch.equal(now, rng["rng_state"]) or (
-            cuda is not None and any(not torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), cuda))):
+        cuda is not None and any(not torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), cuda))
+    ):
         meta, random = rng, True  # replay draws from the same state
     if call.free:
         kwargs = {**kwargs, FREE: call.free}
@@ -342,8 +366,9 @@ def _vmap(original: Callable[..., Any], handlers: dict[int, Any]) -> Callable[..
         if recorder is None or len(a) < 5:
             return original(*a, **kw)
         func, options = a[0], a[1:5]
-        return record(recorder, "vmap", lambda args, kwargs: original(func, *options, *args, **kwargs), func,
-                      tuple(a[5:]), kw)
+        return record(
+            recorder, "vmap", lambda args, kwargs: original(func, *options, *args, **kwargs), func, tuple(a[5:]), kw
+        )
 
     return vmap_impl
 
@@ -358,9 +383,14 @@ def _packed(kind: str) -> Callable[[Callable[..., Any], dict[int, Any]], Callabl
                 return original(*a, **kw)
             bound = _signature(original).bind(*a, **kw).arguments
             func, argnums, has_aux = bound["func"], bound["argnums"], bound["has_aux"]
-            return record(recorder, kind,
-                          lambda args, kwargs: original(func, argnums, has_aux, tuple(args), dict(kwargs)),
-                          func, tuple(bound["args"]), dict(bound["kwargs"]))
+            return record(
+                recorder,
+                kind,
+                lambda args, kwargs: original(func, argnums, has_aux, tuple(args), dict(kwargs)),
+                func,
+                tuple(bound["args"]),
+                dict(bound["kwargs"]),
+            )
 
         return impl
 
@@ -377,8 +407,9 @@ def _jvp(original: Callable[..., Any], handlers: dict[int, Any]) -> Callable[...
         bound = _signature(original).bind(*a, **kw).arguments
         func = bound.pop("func")
         primals, tangents = bound.pop("primals"), bound.pop("tangents")
-        return record(recorder, "jvp", lambda args, kwargs: original(func, *args, **bound), func,
-                      (primals, tangents), {})
+        return record(
+            recorder, "jvp", lambda args, kwargs: original(func, *args, **bound), func, (primals, tangents), {}
+        )
 
     return impl
 
@@ -425,9 +456,12 @@ def _entry_points() -> list[tuple[Any, str, Callable[..., Any]]]:
     from torch._functorch import apis, eager_transforms
 
     found: list[tuple[Any, str, Callable[..., Any]]] = [
-        (apis, "vmap_impl", _vmap), (eager_transforms, "grad_impl", _packed("grad")),
+        (apis, "vmap_impl", _vmap),
+        (eager_transforms, "grad_impl", _packed("grad")),
         (eager_transforms, "grad_and_value_impl", _packed("grad_and_value")),
-        (eager_transforms, "_jvp_with_argnums", _jvp), (eager_transforms, "_vjp_with_argnums", _vjp)]
+        (eager_transforms, "_jvp_with_argnums", _jvp),
+        (eager_transforms, "_vjp_with_argnums", _vjp),
+    ]
     for name in ("jacrev", "jacfwd", "hessian"):
         make = _composite(name)
         found += [(owner, name, make) for owner in (func_namespace, eager_transforms)]
@@ -467,7 +501,8 @@ def unrecorded_transform(name: str) -> UnsupportedError:
         f"{name} ran inside a torch.func transform that the trace does not record as one op: its tensors are the "
         f"transform's wrappers (per-sample views, tangents), whose values a trace cannot hold or replay. vmap, "
         f"grad, grad_and_value, jvp, and jacrev/jacfwd/hessian made through torch.func.<name> during the forward "
-        f"are recorded whole; call the transform that way, or trace the function it wraps, outside it")
+        f"are recorded whole; call the transform that way, or trace the function it wraps, outside it"
+    )
 
 
 def module_in_transform(path: str, kind: str) -> UnsupportedError:
@@ -476,4 +511,5 @@ def module_in_transform(path: str, kind: str) -> UnsupportedError:
         f"module '{path}' ran inside torch.func.{kind}: the trace records the transform as one op, and the "
         f"module's pass would return the transform's wrapper tensors, which a trace cannot keep as its output. "
         f"Call the module outside the transform, or call a copy that is not part of the traced model "
-        f"(torch.func.functional_call on it works inside)")
+        f"(torch.func.functional_call on it works inside)"
+    )

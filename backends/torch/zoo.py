@@ -249,8 +249,9 @@ def _models() -> dict[str, Any]:
             super().__init__()
             self.tokens = nn.Embedding(vocab, d_model)
             self.positions = nn.Embedding(max_len, d_model)
-            layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward=64, dropout=0.1, activation="gelu",
-                                               batch_first=True, norm_first=True)
+            layer = nn.TransformerEncoderLayer(
+                d_model, nhead, dim_feedforward=64, dropout=0.1, activation="gelu", batch_first=True, norm_first=True
+            )
             self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
             self.norm = nn.LayerNorm(d_model)
             self.head = nn.Linear(d_model, vocab)
@@ -271,7 +272,8 @@ def _models() -> dict[str, Any]:
             self.norm = nn.LayerNorm(d_model)
             self.layers = nn.ModuleList(
                 nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward=64, activation="gelu", batch_first=True)
-                for _ in range(layers))
+                for _ in range(layers)
+            )
             self.pool = nn.Linear(d_model, d_model)
 
         def forward(self, ids, attention_mask):

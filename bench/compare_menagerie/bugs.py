@@ -24,8 +24,17 @@ BUGS = {
 
 # Config keys naming the activation, and each activation's wrong twin.
 ACTIVATION_KEYS = ("hidden_act", "activation_function", "hidden_activation", "dense_act_fn", "activation")
-ACTIVATION_VARIANT = {"gelu": "gelu_new", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu",
-                      "quick_gelu": "gelu", "relu": "gelu", "silu": "gelu", "swish": "gelu", "gelu_10": "gelu"}
+ACTIVATION_VARIANT = {
+    "gelu": "gelu_new",
+    "gelu_new": "gelu",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_fast": "gelu",
+    "quick_gelu": "gelu",
+    "relu": "gelu",
+    "silu": "gelu",
+    "swish": "gelu",
+    "gelu_10": "gelu",
+}
 EPS_KEYS = ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "norm_eps")
 
 
@@ -72,8 +81,12 @@ class Injection:
     known: list[str] = field(default_factory=list)  # side b modules with a side a counterpart (exclusive sites)
 
     def record(self) -> dict[str, Any]:
-        return {"bug": self.bug, "detail": self.detail, "sites": [asdict(s) for s in self.sites],
-                "b_modules": self.known if any(s.exclusive for s in self.sites) else []}
+        return {
+            "bug": self.bug,
+            "detail": self.detail,
+            "sites": [asdict(s) for s in self.sites],
+            "b_modules": self.known if any(s.exclusive for s in self.sites) else [],
+        }
 
 
 def parent(path: str) -> str:

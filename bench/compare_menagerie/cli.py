@@ -40,8 +40,9 @@ def selected(pair: FrameworkPair, only: list[str] | None, sample: bool) -> list[
     return archs
 
 
-def build_side(pair: FrameworkPair, side_name: str, out: pathlib.Path, archs: list[Any],
-               record_run: bool = True) -> int:
+def build_side(
+    pair: FrameworkPair, side_name: str, out: pathlib.Path, archs: list[Any], record_run: bool = True
+) -> int:
     """Build ``side_name`` of every architecture; one failure is recorded and the rest still run."""
     role, side = pair.side(side_name)
     build = side.build_function()
@@ -79,27 +80,35 @@ def build_side(pair: FrameworkPair, side_name: str, out: pathlib.Path, archs: li
     runs_path = out / pair.name / "runs.json"
     runs = read_json(runs_path) if runs_path.exists() else {}
     if record_run or side.name not in runs:  # an --only rebuild does not stand for a whole side's time
-        runs[side.name] = {"seconds": round(time.perf_counter() - begun, 1), "architectures": len(archs),
-                           "python": sys.version.split()[0]}
+        runs[side.name] = {
+            "seconds": round(time.perf_counter() - begun, 1),
+            "architectures": len(archs),
+            "python": sys.version.split()[0],
+        }
         write_json(runs_path, runs)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.compare_menagerie", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.compare_menagerie",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--pair", default=DEFAULT_PAIR, choices=sorted(PAIRS))
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--build-side", metavar="SIDE", help="build this side (torch or flax for hf-torch-flax)")
     action.add_argument("--compare", action="store_true", help="tl.compare every built pair: results.json")
     action.add_argument("--report", action="store_true", help="write the markdown report from results.json")
-    action.add_argument("--force", action="store_true",
-                        help="teacher forcing on every built variant (side b's virtualenv): forced.json")
+    action.add_argument(
+        "--force", action="store_true", help="teacher forcing on every built variant (side b's virtualenv): forced.json"
+    )
     parser.add_argument("--out", type=pathlib.Path, required=True, help="where the sides and results go")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="these architectures")
     parser.add_argument("--sample", action="store_true", help="only the small CI sample (4 architectures)")
-    parser.add_argument("--doc", type=pathlib.Path, default=REPO / "docs" / "compare-menagerie.md",
-                        help="the report's path (--report)")
+    parser.add_argument(
+        "--doc", type=pathlib.Path, default=REPO / "docs" / "compare-menagerie.md", help="the report's path (--report)"
+    )
     args = parser.parse_args(argv)
     pair = PAIRS[args.pair]
     archs = selected(pair, args.only, args.sample)

@@ -46,8 +46,12 @@ def gap(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> dict[
     """
     shared = [k for k in reference if k in other]
     if not shared:
-        return {"rel": float("inf"), "max_abs": None, "fields": [], "why": f"no output field in common: "
-                f"{sorted(reference)} vs {sorted(other)}"}
+        return {
+            "rel": float("inf"),
+            "max_abs": None,
+            "fields": [],
+            "why": f"no output field in common: {sorted(reference)} vs {sorted(other)}",
+        }
     worst, scale, shapes = 0.0, 0.0, []
     for k in shared:
         a, b = np.asarray(reference[k], np.float64), np.asarray(other[k], np.float64)
@@ -64,12 +68,17 @@ def gap(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> dict[
 def failure(stage: str, exc: BaseException) -> dict[str, Any]:
     """A failed stage as a record: the first line of the error, and the end of the traceback for the log."""
     text = str(exc).strip().splitlines()
-    return {"status": "failed", "stage": stage, "error": f"{type(exc).__name__}: {text[0] if text else ''}"[:400],
-            "traceback": traceback.format_exc()[-2500:]}
+    return {
+        "status": "failed",
+        "stage": stage,
+        "error": f"{type(exc).__name__}: {text[0] if text else ''}"[:400],
+        "traceback": traceback.format_exc()[-2500:],
+    }
 
 
-def build_variants(folder: pathlib.Path, bugs: Any, inject: Callable[[str, pathlib.Path], dict[str, Any]]
-                   ) -> dict[str, Any]:
+def build_variants(
+    folder: pathlib.Path, bugs: Any, inject: Callable[[str, pathlib.Path], dict[str, Any]]
+) -> dict[str, Any]:
     """Each bug built on its own, ``inject(bug, folder/b/bug)`` writing its trace; a failure is recorded as the
     bug's record and the others still run. Returns each bug's status."""
     found: dict[str, Any] = {}
@@ -82,4 +91,3 @@ def build_variants(folder: pathlib.Path, bugs: Any, inject: Callable[[str, pathl
         write_json(bug_dir / "meta.json", record)
         found[bug] = record.get("status")
     return found
-

@@ -41,9 +41,15 @@ def _plain(value: Any) -> Any:
 def summarize(cmp: Any) -> dict[str, Any]:
     """Ops per side, pairs, unmatched, coverage (where the Comparison has it) and the first divergence."""
     first = cmp.first_divergence
-    record: dict[str, Any] = {"ops_a": cmp.a.num_ops, "ops_b": cmp.b.num_ops, "pairs": len(cmp.pairs),
-                              "unmatched_a": len(cmp.unmatched_a), "unmatched_b": len(cmp.unmatched_b),
-                              "verdicts": {}, "coverage": _plain(getattr(cmp, "coverage", None))}
+    record: dict[str, Any] = {
+        "ops_a": cmp.a.num_ops,
+        "ops_b": cmp.b.num_ops,
+        "pairs": len(cmp.pairs),
+        "unmatched_a": len(cmp.unmatched_a),
+        "unmatched_b": len(cmp.unmatched_b),
+        "verdicts": {},
+        "coverage": _plain(getattr(cmp, "coverage", None)),
+    }
     for p in cmp.pairs:
         record["verdicts"][p.verdict] = record["verdicts"].get(p.verdict, 0) + 1
     if first is None:
@@ -51,12 +57,19 @@ def summarize(cmp: Any) -> dict[str, Any]:
         return record
     index = next(i for i, p in enumerate(cmp.pairs) if p is first)
     record["first_divergence"] = {
-        "a": first.a, "b": first.b, "module": first.module, "verdict": first.verdict,
+        "a": first.a,
+        "b": first.b,
+        "module": first.module,
+        "verdict": first.verdict,
         "max_abs": None if first.agreement is None else float(first.agreement.max_abs),
-        "a_module": _module(cmp.a, first.a), "b_module": _module(cmp.b, first.b), "index": index,
+        "a_module": _module(cmp.a, first.a),
+        "b_module": _module(cmp.b, first.b),
+        "index": index,
         "before_all_agree": all(p.verdict == "agrees" for p in cmp.pairs[:index]),
-        "before_verdicts": sorted({p.verdict for p in cmp.pairs[:index]}), "note": first.note or None,
-        "b_has_modules": len(cmp.b.modules) > 1}
+        "before_verdicts": sorted({p.verdict for p in cmp.pairs[:index]}),
+        "note": first.note or None,
+        "b_has_modules": len(cmp.b.modules) > 1,
+    }
     return record
 
 
@@ -66,9 +79,9 @@ def _in_site(path: str, site: dict[str, Any], known: list[str]) -> bool:
     if not site.get("exclusive"):
         return within(path, site["b"])
     p, s = tokens(path), tokens(site["b"])
-    if p[:len(s)] != s:
+    if p[: len(s)] != s:
         return False
-    return not any(len(k) > len(s) and p[:len(k)] == k for k in map(tokens, known))
+    return not any(len(k) > len(s) and p[: len(k)] == k for k in map(tokens, known))
 
 
 def locate(record: dict[str, Any], injection: dict[str, Any]) -> dict[str, Any]:
@@ -96,15 +109,23 @@ def locate(record: dict[str, Any], injection: dict[str, Any]) -> dict[str, Any]:
 def compare_all(pair: FrameworkPair, out: pathlib.Path, archs: list[Any]) -> int:
     import torchlens as tl
 
-    results: dict[str, Any] = {"pair": pair.name, "a": pair.a.label, "b": pair.b.label,
-                               "sides": f"{pair.a.name}/{pair.b.name}", "torchlens": provenance(),
-                               "architectures": {}}
+    results: dict[str, Any] = {
+        "pair": pair.name,
+        "a": pair.a.label,
+        "b": pair.b.label,
+        "sides": f"{pair.a.name}/{pair.b.name}",
+        "torchlens": provenance(),
+        "architectures": {},
+    }
     path = out / pair.name / "results.json"
     old = read_json(path)["architectures"] if path.exists() else {}
     for arch in archs:
         folder = arch_dir(out, pair.name, arch.name)
-        entry: dict[str, Any] = {"a": _meta(folder / "a" / "meta.json"), "b": _meta(folder / "b" / "summary.json"),
-                                 "variants": {}}
+        entry: dict[str, Any] = {
+            "a": _meta(folder / "a" / "meta.json"),
+            "b": _meta(folder / "b" / "summary.json"),
+            "variants": {},
+        }
         entry["a"].pop("modules", None)
         a_trace = None
         if entry["a"].get("status") == "built":
@@ -112,8 +133,9 @@ def compare_all(pair: FrameworkPair, out: pathlib.Path, archs: list[Any]) -> int
         for variant_dir in sorted((folder / "b").glob("*/meta.json")):
             meta = read_json(variant_dir)
             name = meta.get("variant", variant_dir.parent.name)
-            row: dict[str, Any] = {k: meta.get(k) for k in ("status", "reason", "error", "injection", "untraced",
-                                                             "ops", "trace_seconds")}
+            row: dict[str, Any] = {
+                k: meta.get(k) for k in ("status", "reason", "error", "injection", "untraced", "ops", "trace_seconds")
+            }
             if meta.get("status") in ("built", "disagrees") and meta.get("ops") and a_trace is not None:
                 try:
                     b_trace = tl.load(variant_dir.parent / "trace")
@@ -124,18 +146,29 @@ def compare_all(pair: FrameworkPair, out: pathlib.Path, archs: list[Any]) -> int
                     if meta.get("injection"):
                         row["located"] = locate(row, meta["injection"])
                 except Exception as exc:  # noqa: BLE001 - a comparison that raises is a result too
-                    row.update(status="compare failed", error=f"{type(exc).__name__}: {str(exc)[:300]}",
-                               traceback=traceback.format_exc()[-2000:])
+                    row.update(
+                        status="compare failed",
+                        error=f"{type(exc).__name__}: {str(exc)[:300]}",
+                        traceback=traceback.format_exc()[-2000:],
+                    )
             entry["variants"][name] = row
             print(f"{arch.name}/{name}: {_line(row)}", flush=True)
         results["architectures"][arch.name] = entry
     for name, entry in old.items():  # an --only run keeps the other architectures' results
         results["architectures"].setdefault(name, entry)
-    results["architectures"] = dict(sorted(results["architectures"].items(),
-                                           key=lambda kv: [a.name for a in pair.architectures()].index(kv[0])
-                                           if kv[0] in {a.name for a in pair.architectures()} else 999))
-    results["compare_seconds_total"] = round(sum(
-        v.get("compare_seconds", 0) for e in results["architectures"].values() for v in e["variants"].values()), 2)
+    results["architectures"] = dict(
+        sorted(
+            results["architectures"].items(),
+            key=lambda kv: (
+                [a.name for a in pair.architectures()].index(kv[0])
+                if kv[0] in {a.name for a in pair.architectures()}
+                else 999
+            ),
+        )
+    )
+    results["compare_seconds_total"] = round(
+        sum(v.get("compare_seconds", 0) for e in results["architectures"].values() for v in e["variants"].values()), 2
+    )
     write_json(path, results)
     print(f"-> {path}")
     return 0
@@ -145,14 +178,23 @@ def provenance() -> dict[str, Any]:
     """Which TorchLens compared: the commit, and whether the aligner's folder had uncommitted changes."""
     repo = pathlib.Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "torchlens_core/compare"], cwd=repo,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "torchlens_core/compare"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {}
-    return {"commit": head, "aligner_uncommitted_changes": bool(dirty), "when": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                              time.gmtime())}
+    return {
+        "commit": head,
+        "aligner_uncommitted_changes": bool(dirty),
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
 
 
 def _meta(path: pathlib.Path) -> dict[str, Any]:
@@ -164,7 +206,8 @@ def _line(row: dict[str, Any]) -> str:
         return f"{row.get('status')} {row.get('reason') or row.get('error') or ''}"[:200]
     first = row["first_divergence"]
     text = f"{row['pairs']} pairs, first divergence " + (
-        "none" if first is None else f"{first['a']} ~ {first['b']} in {first['b_module']} ({first['verdict']})")
+        "none" if first is None else f"{first['a']} ~ {first['b']} in {first['b_module']} ({first['verdict']})"
+    )
     if "located" in row:
         text += f" -> {row['located']['outcome']}"
     return text + f" [{row['compare_seconds']:.2f}s]"

@@ -24,10 +24,24 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # target leaf name -> its role; a source leaf of the same role is its value
-ROLES = {"kernel": "weight", "weight": "weight", "scale": "weight", "gamma": "weight", "embedding": "weight",
-         "embeddings": "weight", "bias": "bias", "beta": "bias", "mean": "running_mean", "running_mean": "running_mean",
-         "moving_mean": "running_mean", "var": "running_var", "running_var": "running_var",
-         "moving_variance": "running_var", "weight_g": "weight_g", "weight_v": "weight_v"}
+ROLES = {
+    "kernel": "weight",
+    "weight": "weight",
+    "scale": "weight",
+    "gamma": "weight",
+    "embedding": "weight",
+    "embeddings": "weight",
+    "bias": "bias",
+    "beta": "bias",
+    "mean": "running_mean",
+    "running_mean": "running_mean",
+    "moving_mean": "running_mean",
+    "var": "running_var",
+    "running_var": "running_var",
+    "moving_variance": "running_var",
+    "weight_g": "weight_g",
+    "weight_v": "weight_v",
+}
 # conv kernel permutations, source (torch) layout -> target (channels-last kernel) layout, by rank
 PERMUTE = {2: (1, 0), 3: (2, 1, 0), 4: (2, 3, 1, 0), 5: (2, 3, 4, 1, 0)}
 # Module names one side spells otherwise (transformers 5's torch ViT says q_proj where its Flax port says query).
@@ -101,8 +115,9 @@ class Conversion:
         return self.matches[target].source
 
 
-def _transform(source_leaf: str, target_leaf: str, value: np.ndarray, shape: tuple[int, ...],
-               bug: str | None) -> tuple[np.ndarray, str] | None:
+def _transform(
+    source_leaf: str, target_leaf: str, value: np.ndarray, shape: tuple[int, ...], bug: str | None
+) -> tuple[np.ndarray, str] | None:
     """``value`` in the target's layout (or as the bug puts it), or None when no layout gives ``shape``."""
     if target_leaf == "kernel" and source_leaf == "weight" and value.ndim in PERMUTE:
         if bug is not None and value.size == int(np.prod(shape)):
@@ -117,8 +132,13 @@ def _transform(source_leaf: str, target_leaf: str, value: np.ndarray, shape: tup
     return None
 
 
-def convert(source: dict[str, np.ndarray], targets: dict[str, tuple[int, ...]], *,
-            untransposed: Iterable[str] = (), unpermuted: Iterable[str] = ()) -> Conversion:
+def convert(
+    source: dict[str, np.ndarray],
+    targets: dict[str, tuple[int, ...]],
+    *,
+    untransposed: Iterable[str] = (),
+    unpermuted: Iterable[str] = (),
+) -> Conversion:
     """Values for every path of ``targets`` (path -> shape) from ``source`` (name -> array); see the module doc."""
     bugs = {**{t: "untransposed" for t in untransposed}, **{t: "unpermuted" for t in unpermuted}}
     missing_bugs = set(bugs) - set(targets)
@@ -165,9 +185,14 @@ def convert(source: dict[str, np.ndarray], targets: dict[str, tuple[int, ...]], 
         role = key(target)[-1]
         module = target.rsplit(".", 1)[0]
         siblings = {result.matches[t].source.rsplit(".", 1)[0] for t in result.matches if t.rsplit(".", 1)[0] == module}
-        found = [n for n in names if n not in taken and key(n)[-1] == role
-                 and _transform(split(n)[-1], split(target)[-1], np.asarray(source[names[n]]), targets[target],
-                                None) is not None]
+        found = [
+            n
+            for n in names
+            if n not in taken
+            and key(n)[-1] == role
+            and _transform(split(n)[-1], split(target)[-1], np.asarray(source[names[n]]), targets[target], None)
+            is not None
+        ]
         by_sibling = [n for n in found if names[n].rsplit(".", 1)[0] in siblings]
         same_block = [n for n in found if _numbers(n) == _numbers(target)]
         for narrowed in (by_sibling, same_block):

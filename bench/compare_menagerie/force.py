@@ -38,14 +38,20 @@ def force_all(pair: FrameworkPair, out: pathlib.Path, archs: list[Any]) -> int:
                 row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}", traceback=traceback.format_exc()[-2000:])
             else:
                 first = cmp.first_divergence
-                row.update(pairs=len(cmp.pairs), forced=sum(p.local is not None for p in cmp.pairs),
-                           not_forced=[p.note for p in cmp.pairs if "could not force" in p.note][:3],
-                           first=None if first is None else {"a": first.a, "b": first.b, "origin": first.origin},
-                           roots=len(cmp.roots))
+                row.update(
+                    pairs=len(cmp.pairs),
+                    forced=sum(p.local is not None for p in cmp.pairs),
+                    not_forced=[p.note for p in cmp.pairs if "could not force" in p.note][:3],
+                    first=None if first is None else {"a": first.a, "b": first.b, "origin": first.origin},
+                    roots=len(cmp.roots),
+                )
             row["seconds"] = round(time.perf_counter() - started, 2)
             found[f"{arch.name}/{variant}"] = row
-            print(f"{arch.name}/{variant}: {row.get('error') or row.get('first')} "
-                  f"forced {row.get('forced')}/{row.get('pairs')} [{row['seconds']}s]", flush=True)
+            print(
+                f"{arch.name}/{variant}: {row.get('error') or row.get('first')} "
+                f"forced {row.get('forced')}/{row.get('pairs')} [{row['seconds']}s]",
+                flush=True,
+            )
     path = out / pair.name / "forced.json"
     write_json(path, found)
     print(f"-> {path}")
@@ -58,15 +64,23 @@ def summary(forced: dict[str, Any], results: dict[str, Any]) -> str:
     errors = [name for name, row in forced.items() if "error" in row]
     pairs = sum(row.get("pairs", 0) for row in forced.values())
     done = sum(row.get("forced", 0) for row in forced.values())
-    located = [f"{arch}/{variant}" for arch, entry in results["architectures"].items()
-               for variant, row in entry["variants"].items()
-               if (row.get("located") or {}).get("outcome", "").startswith("located")]
-    introduced = [name for name in located if ((forced.get(name) or {}).get("first") or {}).get("origin")
-                  == "introduced"]
-    text = (f"Teacher forcing (`tl.compare(a, b, teacher_forcing=True)`, run where side b's framework is "
-            f"installed, `--force`): {runs} comparisons, {len(errors)} raised"
-            + (f" ({', '.join(errors[:5])})" if errors else "") + f"; {done} of {pairs} pairs forced; the first "
-            f"divergence of {len(introduced)} of {len(located)} located bugs is `introduced` by its own group")
+    located = [
+        f"{arch}/{variant}"
+        for arch, entry in results["architectures"].items()
+        for variant, row in entry["variants"].items()
+        if (row.get("located") or {}).get("outcome", "").startswith("located")
+    ]
+    introduced = [
+        name for name in located if ((forced.get(name) or {}).get("first") or {}).get("origin") == "introduced"
+    ]
+    text = (
+        f"Teacher forcing (`tl.compare(a, b, teacher_forcing=True)`, run where side b's framework is "
+        f"installed, `--force`): {runs} comparisons, {len(errors)} raised"
+        + (f" ({', '.join(errors[:5])})" if errors else "")
+        + f"; {done} of {pairs} pairs forced; the first "
+        f"divergence of {len(introduced)} of {len(located)} located bugs is `introduced` by its own group"
+    )
     shape = [name for name in located if name not in introduced]
-    return text + (f" (the others, {', '.join(shape[:6])}, have no value to force: a shape divergence)." if shape
-                   else ".")
+    return text + (
+        f" (the others, {', '.join(shape[:6])}, have no value to force: a shape divergence)." if shape else "."
+    )

@@ -29,9 +29,21 @@ from bench.compare_menagerie.hf_archs import Arch
 
 SEED = 0
 # config keys that differ between transformers releases without changing the model
-_NOISE = {"transformers_version", "architectures", "torch_dtype", "dtype", "_name_or_path", "id2label", "label2id",
-          "output_attentions", "output_hidden_states", "use_cache", "return_dict", "tie_word_embeddings",
-          "_attn_implementation_autoset"}
+_NOISE = {
+    "transformers_version",
+    "architectures",
+    "torch_dtype",
+    "dtype",
+    "_name_or_path",
+    "id2label",
+    "label2id",
+    "output_attentions",
+    "output_hidden_states",
+    "use_cache",
+    "return_dict",
+    "tie_word_embeddings",
+    "_attn_implementation_autoset",
+}
 
 
 def output_arrays(out: Any) -> dict[str, np.ndarray]:
@@ -65,8 +77,9 @@ def jax_compat() -> list[str]:
     if "a_max" not in inspect.signature(jnp.clip).parameters and not getattr(jnp.clip, "_menagerie_shim", False):
         clip = jnp.clip
 
-        def shim(x: Any, min: Any = None, max: Any = None, *, a_min: Any = None, a_max: Any = None,
-                 **kwargs: Any) -> Any:
+        def shim(
+            x: Any, min: Any = None, max: Any = None, *, a_min: Any = None, a_max: Any = None, **kwargs: Any
+        ) -> Any:
             return clip(x, min if a_min is None else a_min, max if a_max is None else a_max, **kwargs)
 
         shim._menagerie_shim = True  # type: ignore[attr-defined]
@@ -89,8 +102,9 @@ class FlaxSide:
         a_meta = read_json(folder / "a" / "meta.json")
         self.modules_a = a_meta["modules"]
         self.dropout_calls = a_meta.get("dropout_calls", [])
-        self.inputs = {k: (v.astype(np.int32) if v.dtype.kind == "i" else v)
-                       for k, v in np.load(folder / "inputs.npz").items()}
+        self.inputs = {
+            k: (v.astype(np.int32) if v.dtype.kind == "i" else v) for k, v in np.load(folder / "inputs.npz").items()
+        }
         self.conversion: Conversion | None = None
         self.module_map: dict[str, str] = {}
 
@@ -158,8 +172,11 @@ class FlaxSide:
         trace = tl.trace(model.module.apply, variables, *args, backend="jax", **kwargs)
         seconds = round(time.perf_counter() - started, 3)
         tl.save(trace, folder / "trace")
-        return {"ops": trace.num_ops, "trace_seconds": seconds,
-                "traced_output": output_arrays(trace.output) if trace.output is not None else {}}
+        return {
+            "ops": trace.num_ops,
+            "trace_seconds": seconds,
+            "traced_output": output_arrays(trace.output) if trace.output is not None else {},
+        }
 
     # -- module paths --------------------------------------------------------------------------------------------
     def map_modules(self, conversion: Conversion) -> None:
@@ -237,19 +254,24 @@ def build(arch: Arch, folder: pathlib.Path) -> dict[str, Any]:
 
     shims = jax_compat()
     side = FlaxSide(arch, folder)
-    summary: dict[str, Any] = {"framework": "flax", "transformers": transformers.__version__,
-                               "class": side.cls.__name__, "shims": shims}
+    summary: dict[str, Any] = {
+        "framework": "flax",
+        "transformers": transformers.__version__,
+        "class": side.cls.__name__,
+        "shims": shims,
+    }
     base = side.config()
     summary["config_differences"] = config_differences(side.spec["side_a_config"], base)
     model, leaves = side.model(base)
     params, conversion = side.params(model, leaves)
     side.conversion = conversion
     side.map_modules(conversion)
-    summary["conversion"] = {"params": len(conversion.matches),
-                             "by": {h: sum(m.how == h for m in conversion.matches.values())
-                                    for h in ("name", "suffix", "shape")},
-                             "unused_source": conversion.unused,
-                             "by_shape": {t: m.source for t, m in conversion.matches.items() if m.how == "shape"}}
+    summary["conversion"] = {
+        "params": len(conversion.matches),
+        "by": {h: sum(m.how == h for m in conversion.matches.values()) for h in ("name", "suffix", "shape")},
+        "unused_source": conversion.unused,
+        "by_shape": {t: m.source for t, m in conversion.matches.items() if m.how == "shape"},
+    }
     out, apply_args = side.call(model, params)
     agreement = gap(side.reference, out)
     summary["correct"] = agreement
@@ -258,8 +280,10 @@ def build(arch: Arch, folder: pathlib.Path) -> dict[str, Any]:
     if not agreement["rel"] <= REL_TOL:
         # Not a correct port, so no bugs on top of it; traced all the same, to see where tl.compare puts the
         # disagreement (the report lists it apart).
-        meta.update(status="disagrees", reason=f"the untraced outputs differ: rel {agreement['rel']:.3g} "
-                    f"({agreement.get('why', 'values')})")
+        meta.update(
+            status="disagrees",
+            reason=f"the untraced outputs differ: rel {agreement['rel']:.3g} ({agreement.get('why', 'values')})",
+        )
         try:
             meta.update(_traced(side, model, apply_args, correct_dir, out))
         except Exception as exc:  # noqa: BLE001
@@ -274,8 +298,9 @@ def build(arch: Arch, folder: pathlib.Path) -> dict[str, Any]:
     return summary
 
 
-def _traced(side: FlaxSide, model: Any, apply_args: tuple[Any, ...], folder: pathlib.Path,
-            plain: dict[str, np.ndarray]) -> dict[str, Any]:
+def _traced(
+    side: FlaxSide, model: Any, apply_args: tuple[Any, ...], folder: pathlib.Path, plain: dict[str, np.ndarray]
+) -> dict[str, Any]:
     """Trace and save one variant; the record holds how far the traced output is from the plain call's."""
     folder.mkdir(parents=True, exist_ok=True)
     done = side.trace(model, apply_args, folder)
@@ -295,8 +320,9 @@ def _bug(side: FlaxSide, bug: str, folder: pathlib.Path) -> dict[str, Any]:
         if key is None:
             return {**record, "status": "n/a", "reason": "no activation key in the config with a known variant"}
         wrong = B.ACTIVATION_VARIANT[current]
-        inj = B.Injection(bug, f"{key}: {current} -> {wrong} (every layer)",
-                          [side.site(p, module_b_exists=False) for p in sites])
+        inj = B.Injection(
+            bug, f"{key}: {current} -> {wrong} (every layer)", [side.site(p, module_b_exists=False) for p in sites]
+        )
         attempts.append((inj, {key: wrong}, contextlib.nullcontext()))
     elif bug == "norm_eps":
         key = next((k for k in B.EPS_KEYS if isinstance(getattr(base, k, None), float)), None)
@@ -305,8 +331,13 @@ def _bug(side: FlaxSide, bug: str, folder: pathlib.Path) -> dict[str, Any]:
         eps = getattr(base, key)
         sites = [side.site(p) for p in B.eps_sites(modules, eps)]
         for wrong in B.eps_candidates(eps):
-            attempts.append((B.Injection(bug, f"{key}: {eps:g} -> {wrong:g} (every norm)", sites), {key: wrong},
-                             contextlib.nullcontext()))
+            attempts.append(
+                (
+                    B.Injection(bug, f"{key}: {eps:g} -> {wrong:g} (every norm)", sites),
+                    {key: wrong},
+                    contextlib.nullcontext(),
+                )
+            )
     elif bug in ("untransposed", "unpermuted_conv"):
         want = "transpose" if bug == "untransposed" else "permute"
         assert side.conversion is not None
@@ -328,8 +359,11 @@ def _bug(side: FlaxSide, bug: str, folder: pathlib.Path) -> dict[str, Any]:
             what = "square Linear weight" if want == "transpose" else "conv kernel"
             return {**record, "status": "n/a", "reason": f"no {what} is converted with a {want}"}
         a_path, match = chosen
-        inj = B.Injection(bug, f"{match.source} -> {match.target} copied without its {want}",
-                          [B.Site(a_path, match.target.rsplit(".", 1)[0])])
+        inj = B.Injection(
+            bug,
+            f"{match.source} -> {match.target} copied without its {want}",
+            [B.Site(a_path, match.target.rsplit(".", 1)[0])],
+        )
         attempts.append((inj, {}, contextlib.nullcontext()))
         record["converter_bug"] = {"untransposed" if want == "transpose" else "unpermuted": [match.target]}
     elif bug == "dropout_on":
@@ -343,8 +377,9 @@ def _bug(side: FlaxSide, bug: str, folder: pathlib.Path) -> dict[str, Any]:
         inj = B.Injection(bug, "train=True with a dropout key (every dropout)", sites)
         attempts.append((inj, {"__train__": True}, contextlib.nullcontext()))
     elif bug == "lost_padding":
-        conv = next((m for m in modules if m["conv"] and m["padding"] and any(m["padding"])
-                     and len(m["padding"]) == 2), None)
+        conv = next(
+            (m for m in modules if m["conv"] and m["padding"] and any(m["padding"]) and len(m["padding"]) == 2), None
+        )
         if conv is None:
             return {**record, "status": "n/a", "reason": "no padded 2-D convolution"}
         site = side.site(conv["path"])
@@ -367,13 +402,24 @@ def _bug(side: FlaxSide, bug: str, folder: pathlib.Path) -> dict[str, Any]:
             tried.append({"detail": inj.detail, "untraced": seen})
             if not seen["rel"] > REL_TOL:
                 continue
-            record.update(status="built", injection=inj.record(), untraced=seen, tried=tried,
-                          **_traced(side, model, apply_args, folder, out) if not train else
-                          _traced_random(side, model, apply_args, folder))
+            record.update(
+                status="built",
+                injection=inj.record(),
+                untraced=seen,
+                tried=tried,
+                **_traced(side, model, apply_args, folder, out)
+                if not train
+                else _traced_random(side, model, apply_args, folder),
+            )
             return record
-    return {**record, "status": "not visible", "tried": tried,
-            "reason": "the untraced output stays within rel " + f"{REL_TOL:g} of side a's: "
-            + "; ".join(f"{t['detail']}: rel {t['untraced']['rel']:.2g}" for t in tried)}
+    return {
+        **record,
+        "status": "not visible",
+        "tried": tried,
+        "reason": "the untraced output stays within rel "
+        + f"{REL_TOL:g} of side a's: "
+        + "; ".join(f"{t['detail']}: rel {t['untraced']['rel']:.2g}" for t in tried),
+    }
 
 
 def _traced_random(side: FlaxSide, model: Any, apply_args: tuple[Any, ...], folder: pathlib.Path) -> dict[str, Any]:

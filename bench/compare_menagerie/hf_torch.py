@@ -26,8 +26,11 @@ def draw_inputs(arch: Arch, config: dict[str, Any]) -> dict[str, np.ndarray]:
     vocab = int(config.get("vocab_size", 128))
     out = {}
     for name, (kind, shape) in input_spec(arch, config).items():
-        out[name] = (rng.integers(4, vocab, shape).astype(np.int64) if kind == "tokens"
-                     else rng.standard_normal(shape).astype(np.float32))
+        out[name] = (
+            rng.integers(4, vocab, shape).astype(np.int64)
+            if kind == "tokens"
+            else rng.standard_normal(shape).astype(np.float32)
+        )
     return out
 
 
@@ -82,17 +85,27 @@ def _call_order(model: Any, inputs: dict[str, Any]) -> tuple[list[dict[str, Any]
             stack.append((path, isinstance(mod, torch.nn.Dropout)))
             if path in order or not path:
                 return
-            eps = next((getattr(mod, k) for k in ("eps", "variance_epsilon", "epsilon")
-                        if isinstance(getattr(mod, k, None), float)), None)
+            eps = next(
+                (
+                    getattr(mod, k)
+                    for k in ("eps", "variance_epsilon", "epsilon")
+                    if isinstance(getattr(mod, k, None), float)
+                ),
+                None,
+            )
             kind = type(mod).__module__
-            order[path] = {"path": path, "type": type(mod).__name__, "eps": eps,
-                           "dropout": float(mod.p) if isinstance(mod, torch.nn.Dropout) else None,
-                           "activation": kind.startswith("transformers.activations")
-                           or kind == "torch.nn.modules.activation",
-                           "conv": isinstance(mod, torch.nn.modules.conv._ConvNd),
-                           "padding": list(mod.padding) if isinstance(mod, torch.nn.modules.conv._ConvNd)
-                           and not isinstance(mod.padding, str) else None,
-                           "params": [n for n, _ in mod.named_parameters(recurse=False)]}
+            order[path] = {
+                "path": path,
+                "type": type(mod).__name__,
+                "eps": eps,
+                "dropout": float(mod.p) if isinstance(mod, torch.nn.Dropout) else None,
+                "activation": kind.startswith("transformers.activations") or kind == "torch.nn.modules.activation",
+                "conv": isinstance(mod, torch.nn.modules.conv._ConvNd),
+                "padding": list(mod.padding)
+                if isinstance(mod, torch.nn.modules.conv._ConvNd) and not isinstance(mod.padding, str)
+                else None,
+                "params": [n for n, _ in mod.named_parameters(recurse=False)],
+            }
 
         def post(_mod: Any, _args: Any, _out: Any) -> None:
             stack.pop()
@@ -139,17 +152,30 @@ def build(arch: Arch, folder: pathlib.Path) -> dict[str, Any]:
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     np.savez(folder / "weights.npz", **state)
     full = {k: v for k, v in config.to_dict().items() if not k.startswith("_")}
-    write_json(folder / "config.json", {"arch": arch.name, "config_class": arch.config_class, "config": arch.config,
-                                        "side_a_config": full, "side_a_transformers": transformers.__version__,
-                                        "side_a_class": cls.__name__})
+    write_json(
+        folder / "config.json",
+        {
+            "arch": arch.name,
+            "config_class": arch.config_class,
+            "config": arch.config,
+            "side_a_config": full,
+            "side_a_transformers": transformers.__version__,
+            "side_a_class": cls.__name__,
+        },
+    )
     with torch.no_grad():
         plain = output_arrays(model(**inputs))
     (folder / "a").mkdir(exist_ok=True)
     np.savez(folder / "a" / "output.npz", **plain)
-    meta: dict[str, Any] = {"status": "built", "framework": "torch", "class": cls.__name__,
-                            "transformers": transformers.__version__, "torch": torch.__version__,
-                            "output_fields": sorted(plain),
-                            "params": len(state)}
+    meta: dict[str, Any] = {
+        "status": "built",
+        "framework": "torch",
+        "class": cls.__name__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "output_fields": sorted(plain),
+        "params": len(state),
+    }
     meta["modules"], meta["dropout_calls"] = _call_order(model, inputs)
     started = time.perf_counter()
     trace = tl.trace(model, backend="torch", **inputs)

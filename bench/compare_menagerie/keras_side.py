@@ -159,8 +159,9 @@ def output_arrays(out: Any) -> dict[str, np.ndarray]:
     """Every float field of the output, the main one first (``sequence_output`` of a backbone that has it)."""
     if isinstance(out, dict):
         keys = sorted(out, key=lambda k: (k != "sequence_output", list(out).index(k)))
-        return {str(k): to_numpy(out[k]) for k in keys if np.issubdtype(np.asarray(to_numpy(out[k])).dtype,
-                                                                         np.floating)}
+        return {
+            str(k): to_numpy(out[k]) for k in keys if np.issubdtype(np.asarray(to_numpy(out[k])).dtype, np.floating)
+        }
     if isinstance(out, list | tuple):
         return {str(i): to_numpy(v) for i, v in enumerate(out)}
     return {"output": to_numpy(out)}
@@ -242,12 +243,19 @@ def activation_variants(name: str) -> list[tuple[str, Callable[..., Any]]]:
     import keras
 
     gelu = keras.activations.gelu
-    variants = {"gelu": ("gelu_approximate", functools.partial(gelu, approximate=True)),
-                "gelu_approximate": ("gelu", functools.partial(gelu, approximate=False)),
-                "relu": ("gelu", gelu), "silu": ("gelu", gelu), "swish": ("gelu", gelu),
-                "relu6": ("relu", keras.activations.relu), "leaky_relu": ("relu", keras.activations.relu),
-                "hard_swish": ("swish", keras.activations.silu), "hard_silu": ("swish", keras.activations.silu),
-                "tanh": ("gelu", gelu), "sigmoid": ("hard_sigmoid", keras.activations.hard_sigmoid)}
+    variants = {
+        "gelu": ("gelu_approximate", functools.partial(gelu, approximate=True)),
+        "gelu_approximate": ("gelu", functools.partial(gelu, approximate=False)),
+        "relu": ("gelu", gelu),
+        "silu": ("gelu", gelu),
+        "swish": ("gelu", gelu),
+        "relu6": ("relu", keras.activations.relu),
+        "leaky_relu": ("relu", keras.activations.relu),
+        "hard_swish": ("swish", keras.activations.silu),
+        "hard_silu": ("swish", keras.activations.silu),
+        "tanh": ("gelu", gelu),
+        "sigmoid": ("hard_sigmoid", keras.activations.hard_sigmoid),
+    }
     found = [variants[name]] if name in variants else []
     if name in ("gelu", "gelu_approximate"):
         found.append(("relu", keras.activations.relu))
@@ -259,12 +267,17 @@ def describe(layers: list[Any], paths: dict[int, str]) -> list[dict[str, Any]]:
     found = []
     for layer in layers:
         eps = getattr(layer, "epsilon", None)
-        found.append({"path": paths.get(id(layer), layer.name), "type": type(layer).__name__,
-                      "eps": float(eps) if isinstance(eps, float) else None,
-                      "activation": _activation_name(getattr(layer, "activation", None)),
-                      "dropout": float(layer.rate) if type(layer).__name__ == "Dropout" else None,
-                      "padding": getattr(layer, "padding", None) if hasattr(layer, "kernel_size") else None,
-                      "params": len(layer.trainable_weights)})
+        found.append(
+            {
+                "path": paths.get(id(layer), layer.name),
+                "type": type(layer).__name__,
+                "eps": float(eps) if isinstance(eps, float) else None,
+                "activation": _activation_name(getattr(layer, "activation", None)),
+                "dropout": float(layer.rate) if type(layer).__name__ == "Dropout" else None,
+                "padding": getattr(layer, "padding", None) if hasattr(layer, "kernel_size") else None,
+                "params": len(layer.trainable_weights),
+            }
+        )
     return found
 
 
@@ -343,16 +356,30 @@ def build_a(arch: KerasArch, folder: pathlib.Path) -> dict[str, Any]:
     np.savez(folder / "inputs.npz", **arrays)
     model.save_weights(folder / WEIGHTS)
     inputs = as_inputs(model, arrays)
-    write_json(folder / "config.json", {"arch": arch.name, "source": arch.source, "cls": arch.cls,
-                                        "kwargs": arch.kwargs, "side_a": _versions(),
-                                        "model_config": _safe_config(model)})
+    write_json(
+        folder / "config.json",
+        {
+            "arch": arch.name,
+            "source": arch.source,
+            "cls": arch.cls,
+            "kwargs": arch.kwargs,
+            "side_a": _versions(),
+            "model_config": _safe_config(model),
+        },
+    )
     plain = output_arrays(model(inputs, training=False))
     (folder / "a").mkdir(exist_ok=True)
     np.savez(folder / "a" / "output.npz", **plain)
     paths = layer_paths(model)
-    meta: dict[str, Any] = {"status": "built", "framework": "keras-tf", "class": type(model).__name__,
-                            **_versions(), "output_fields": list(plain), "params": len(model.weights),
-                            "modules": describe(call_order(model, inputs), paths)}
+    meta: dict[str, Any] = {
+        "status": "built",
+        "framework": "keras-tf",
+        "class": type(model).__name__,
+        **_versions(),
+        "output_fields": list(plain),
+        "params": len(model.weights),
+        "modules": describe(call_order(model, inputs), paths),
+    }
     done, traced = _trace(model, inputs, folder / "a")
     meta.update(done)
     meta["trace_vs_plain"] = gap(plain, traced) if traced else {"rel": None, "why": "no output recorded"}
@@ -397,8 +424,10 @@ def build_b(arch: KerasArch, folder: pathlib.Path) -> dict[str, Any]:
     correct_dir.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"variant": "correct", "untraced": agreement}
     if not agreement["rel"] <= REL_TOL:
-        meta.update(status="disagrees", reason=f"the untraced outputs differ: rel {agreement['rel']:.3g} "
-                    f"({agreement.get('why', 'values')})")
+        meta.update(
+            status="disagrees",
+            reason=f"the untraced outputs differ: rel {agreement['rel']:.3g} ({agreement.get('why', 'values')})",
+        )
         try:
             done, _ = _trace(model, inputs, correct_dir)
             meta.update(done)
@@ -430,7 +459,8 @@ def _square(layer: Any) -> bool:
     kernel = layer._kernel
     shape = tuple(kernel.shape)
     return (len(shape) == 2 and shape[0] == shape[1]) or (
-        len(shape) == 3 and (shape[0] == shape[1] * shape[2] or shape[0] * shape[1] == shape[2]))
+        len(shape) == 3 and (shape[0] == shape[1] * shape[2] or shape[0] * shape[1] == shape[2])
+    )
 
 
 def _transpose_kernel(layer: Any) -> str:
@@ -485,8 +515,11 @@ def _candidates(bug: str, model: Any, inputs: Any) -> list[tuple[str, Any, str]]
             found.append((path, _transpose_kernel, "square kernel copied without its transpose"))
         elif bug == "dropout_on" and isinstance(layer, keras.layers.Dropout) and layer.rate > 0:
             found.append((path, _dropout_on, f"dropout (rate {layer.rate:g}) in training mode"))
-        elif (bug == "lost_padding" and getattr(layer, "padding", None) == "same"
-              and max(getattr(layer, "kernel_size", (1,))) > 1):
+        elif (
+            bug == "lost_padding"
+            and getattr(layer, "padding", None) == "same"
+            and max(getattr(layer, "kernel_size", (1,))) > 1
+        ):
             found.append((path, functools.partial(_set_attr, "padding", "valid"), "padding same -> valid"))
     return found
 
@@ -519,7 +552,8 @@ def _bug(side: KerasSide, bug: str, folder: pathlib.Path) -> dict[str, Any]:
             for k, p in enumerate(sites):
                 _dropout_on(_find(model, inputs, p), SEED + 10 + k if stateless else None)
             detail = f"{what} (every dropout: {len(sites)}; " + (
-                "keras.random.dropout with an integer seed per layer)" if stateless else "the layer's own call)")
+                "keras.random.dropout with an integer seed per layer)" if stateless else "the layer's own call)"
+            )
         else:
             sites = [path]
             detail = f"{path}: {what}"
@@ -537,15 +571,24 @@ def _bug(side: KerasSide, bug: str, folder: pathlib.Path) -> dict[str, Any]:
         on_b = b_paths(model)
         keras_paths = layer_paths(model)
         by_path = {keras_paths.get(id(layer)): layer for layer in call_order(model, inputs)}
-        injection = B.Injection(bug, detail, [B.Site(p, on_b.get(id(by_path[p]), p), exclusive=composite)
-                                              for p in sites], sorted(set(on_b.values()) - {""}))
+        injection = B.Injection(
+            bug,
+            detail,
+            [B.Site(p, on_b.get(id(by_path[p]), p), exclusive=composite) for p in sites],
+            sorted(set(on_b.values()) - {""}),
+        )
         folder.mkdir(parents=True, exist_ok=True)
         done, traced = _trace(model, inputs, folder)
         record.update(status="built", injection=injection.record(), untraced=seen, tried=tried, **done)
         if bug != "dropout_on" or stateless:  # the layer's own dropout draws new masks in the traced call
             record["trace_vs_plain"] = gap(out, traced) if traced else None
         return record
-    return {**record, "status": "not visible", "tried": tried,
-            "reason": f"the untraced output stays within rel {REL_TOL:g} of side a's (or the model stops running): "
-            + "; ".join(f"{t['detail']}: " + (f"rel {t['untraced']['rel']:.2g}" if "untraced" in t else t["error"])
-                        for t in tried)[:600]}
+    return {
+        **record,
+        "status": "not visible",
+        "tried": tried,
+        "reason": f"the untraced output stays within rel {REL_TOL:g} of side a's (or the model stops running): "
+        + "; ".join(
+            f"{t['detail']}: " + (f"rel {t['untraced']['rel']:.2g}" if "untraced" in t else t["error"]) for t in tried
+        )[:600],
+    }

@@ -53,9 +53,12 @@ KERAS_TF = Side("keras-tf", "Keras 3 on TensorFlow", "tf", "bench.compare_menage
 KERAS_TORCH = Side("keras-torch", "Keras 3 on PyTorch", "torch", "bench.compare_menagerie.keras_torch")
 KERAS_JAX = Side("keras-jax", "Keras 3 on JAX", "jax", "bench.compare_menagerie.keras_jax")
 
-PAIRS = {pair.name: pair for pair in (
-    FrameworkPair("hf-torch-flax", HF_TORCH, HF_FLAX, "bench.compare_menagerie.hf_archs"),
-    FrameworkPair("keras-tf-torch", KERAS_TF, KERAS_TORCH, "bench.compare_menagerie.keras_archs"),
-    FrameworkPair("keras-tf-jax", KERAS_TF, KERAS_JAX, "bench.compare_menagerie.keras_archs"),
-)}
+PAIRS = {
+    pair.name: pair
+    for pair in (
+        FrameworkPair("hf-torch-flax", HF_TORCH, HF_FLAX, "bench.compare_menagerie.hf_archs"),
+        FrameworkPair("keras-tf-torch", KERAS_TF, KERAS_TORCH, "bench.compare_menagerie.keras_archs"),
+        FrameworkPair("keras-tf-jax", KERAS_TF, KERAS_JAX, "bench.compare_menagerie.keras_archs"),
+    )
+}
 DEFAULT_PAIR = "hf-torch-flax"

@@ -30,4 +30,4 @@ def within(path: str, site: str) -> bool:
     p, s = tokens(path), tokens(site)
     if not s:
         return not p
-    return p[:len(s)] == s
+    return p[: len(s)] == s

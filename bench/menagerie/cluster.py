@@ -57,28 +57,38 @@ def client_for(address: str | None, local_workers: int | None) -> Iterator[Any]:
             yield client
         return
     # a task whose worker died is not handed to another worker: the entry fails, the next worker lives
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), LocalCluster(
-            n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         yield client
 
 
-def run_on_dask(client: Any, todo: list[Entry], timeout: float, memory_bytes: int,
-                record: Callable[[Entry, dict[str, Any]], None]) -> None:
+def run_on_dask(
+    client: Any, todo: list[Entry], timeout: float, memory_bytes: int, record: Callable[[Entry, dict[str, Any]], None]
+) -> None:
     """Submit every entry of ``todo``; call ``record(entry, result)`` for each as it finishes, in finishing order."""
     from distributed import as_completed
 
     run = uuid.uuid4().hex[:8]  # task keys unique to this run: a resumed run's tasks are new tasks
-    futures = {client.submit(run_task, entry, timeout, memory_bytes, key=f"menagerie-{run}-{entry.name}",
-                             pure=False, retries=0): entry for entry in todo}
+    futures = {
+        client.submit(
+            run_task, entry, timeout, memory_bytes, key=f"menagerie-{run}-{entry.name}", pure=False, retries=0
+        ): entry
+        for entry in todo
+    }
     try:
         for future in as_completed(futures):
             entry = futures.pop(future)
             try:
                 result = future.result()
             except Exception as exc:  # noqa: BLE001 - the worker died (KilledWorker) or the task could not run
-                result = {"status": "failed", "check": "crash",
-                          "error": f"the Dask task did not return: {type(exc).__name__}: {str(exc)[:200]}"}
+                result = {
+                    "status": "failed",
+                    "check": "crash",
+                    "error": f"the Dask task did not return: {type(exc).__name__}: {str(exc)[:200]}",
+                }
             future.release()
             record(entry, result)
     finally:

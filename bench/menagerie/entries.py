@@ -20,9 +20,13 @@ from bench.menagerie.exclusions import EXCLUDED
 Built = tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 # backend -> the module whose entries() enumerates it
-ENUMERATORS = {"torch": "bench.menagerie.torch_entries", "paddle": "bench.menagerie.paddle_entries",
-               "tf": "bench.menagerie.tf_entries", "jax": "bench.menagerie.jax_entries",
-               "tinygrad": "bench.menagerie.tinygrad_entries"}
+ENUMERATORS = {
+    "torch": "bench.menagerie.torch_entries",
+    "paddle": "bench.menagerie.paddle_entries",
+    "tf": "bench.menagerie.tf_entries",
+    "jax": "bench.menagerie.jax_entries",
+    "tinygrad": "bench.menagerie.tinygrad_entries",
+}
 
 # The CI sample: one entry in SAMPLE_EVERY, picked by a hash of its name (the same entries on every machine and
 # every run, and an entry keeps its place when others join or leave the registries).
@@ -41,7 +45,8 @@ class Entry:
     rtol: float = 1e-5
     # The second inputs of the replay-on-other-inputs check (Case.other_inputs); None: the suite's own nudge.
     other_inputs: Callable[[tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]] | None = (
-        attrs.field(default=None, eq=False, repr=False))
+        attrs.field(default=None, eq=False, repr=False)
+    )
 
 
 def entries(backend: str) -> list[Entry]:
@@ -82,14 +87,16 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def select(found: list[Entry], shard: tuple[int, int] | None = None, sample: bool = False,
-           only: list[str] | None = None) -> list[Entry]:
+def select(
+    found: list[Entry], shard: tuple[int, int] | None = None, sample: bool = False, only: list[str] | None = None
+) -> list[Entry]:
     """The entries this run owns: the sample and/or a shard (round robin over the sorted names), or named ones."""
     chosen = _sample(found) if sample else list(found)
     if only:
-        chosen = [e for e in chosen if any(e.name == o or e.name.startswith(o.rstrip("*")) and o.endswith("*")
-                                           for o in only)]
+        chosen = [
+            e for e in chosen if any(e.name == o or e.name.startswith(o.rstrip("*")) and o.endswith("*") for o in only)
+        ]
     if shard is not None:
         i, n = shard
-        chosen = chosen[i - 1::n]
+        chosen = chosen[i - 1 :: n]
     return chosen

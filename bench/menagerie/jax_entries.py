@@ -26,10 +26,18 @@ def entries() -> list[Entry]:
     from bench.menagerie.tf_entries import keras_entries
     from torchlens_jax.zoo import keras_runs_on_jax
 
-    written = [Entry("jax", f"{library}/{name}", library, f"{library}.{name}", functools.partial(_build, library, name),
-                     rtol=1e-4)
-               for library, builders in (("flax.nnx", _NNX), ("flax.linen", _LINEN), ("equinox", _EQX))
-               for name in builders]
+    written = [
+        Entry(
+            "jax",
+            f"{library}/{name}",
+            library,
+            f"{library}.{name}",
+            functools.partial(_build, library, name),
+            rtol=1e-4,
+        )
+        for library, builders in (("flax.nnx", _NNX), ("flax.linen", _LINEN), ("equinox", _EQX))
+        for name in builders
+    ]
     return written + transformers_entries() + (keras_entries("jax") if keras_runs_on_jax() else [])
 
 
@@ -55,8 +63,9 @@ def _nnx_mlp() -> Built:
 
     class MLP(nnx.Module):
         def __init__(self, rngs: nnx.Rngs) -> None:
-            self.layers = nnx.List([nnx.Linear(8, 16, rngs=rngs), nnx.Linear(16, 16, rngs=rngs),
-                                    nnx.Linear(16, 4, rngs=rngs)])
+            self.layers = nnx.List(
+                [nnx.Linear(8, 16, rngs=rngs), nnx.Linear(16, 16, rngs=rngs), nnx.Linear(16, 4, rngs=rngs)]
+            )
 
         def __call__(self, x: Any) -> Any:
             for layer in self.layers[:-1]:
@@ -94,8 +103,11 @@ def _nnx_resnet() -> Built:
             self.bn1 = nnx.BatchNorm(c_out, use_running_average=True, rngs=rngs)
             self.conv2 = nnx.Conv(c_out, c_out, (3, 3), use_bias=False, rngs=rngs)
             self.bn2 = nnx.BatchNorm(c_out, use_running_average=True, rngs=rngs)
-            self.down = (nnx.Conv(c_in, c_out, (1, 1), strides=stride, use_bias=False, rngs=rngs)
-                         if stride != 1 or c_in != c_out else None)
+            self.down = (
+                nnx.Conv(c_in, c_out, (1, 1), strides=stride, use_bias=False, rngs=rngs)
+                if stride != 1 or c_in != c_out
+                else None
+            )
 
         def __call__(self, x: Any) -> Any:
             h = nnx.relu(self.bn1(self.conv1(x)))
@@ -183,11 +195,13 @@ def _nnx_mixer() -> Built:
     class MixerBlock(nnx.Module):
         def __init__(self, tokens: int, channels: int, rngs: nnx.Rngs) -> None:
             self.norm1 = nnx.LayerNorm(channels, rngs=rngs)
-            self.token_mlp = nnx.Sequential(nnx.Linear(tokens, 8, rngs=rngs), nnx.gelu,
-                                            nnx.Linear(8, tokens, rngs=rngs))
+            self.token_mlp = nnx.Sequential(
+                nnx.Linear(tokens, 8, rngs=rngs), nnx.gelu, nnx.Linear(8, tokens, rngs=rngs)
+            )
             self.norm2 = nnx.LayerNorm(channels, rngs=rngs)
-            self.channel_mlp = nnx.Sequential(nnx.Linear(channels, 32, rngs=rngs), nnx.gelu,
-                                              nnx.Linear(32, channels, rngs=rngs))
+            self.channel_mlp = nnx.Sequential(
+                nnx.Linear(channels, 32, rngs=rngs), nnx.gelu, nnx.Linear(32, channels, rngs=rngs)
+            )
 
         def __call__(self, x: Any) -> Any:
             x = x + self.token_mlp(self.norm1(x).swapaxes(1, 2)).swapaxes(1, 2)
@@ -267,8 +281,16 @@ def _nnx_seq2seq() -> Built:
 
 
 _NNX: dict[str, Callable[[], Built]] = {
-    "mlp": _nnx_mlp, "cnn": _nnx_cnn, "resnet": _nnx_resnet, "vit": _nnx_vit, "gpt": _nnx_gpt, "mixer": _nnx_mixer,
-    "lstm": _nnx_rnn("lstm"), "gru": _nnx_rnn("gru"), "simple_rnn": _nnx_rnn("simple"), "unet": _nnx_unet,
+    "mlp": _nnx_mlp,
+    "cnn": _nnx_cnn,
+    "resnet": _nnx_resnet,
+    "vit": _nnx_vit,
+    "gpt": _nnx_gpt,
+    "mixer": _nnx_mixer,
+    "lstm": _nnx_rnn("lstm"),
+    "gru": _nnx_rnn("gru"),
+    "simple_rnn": _nnx_rnn("simple"),
+    "unet": _nnx_unet,
     "seq2seq": _nnx_seq2seq,
 }
 
@@ -339,8 +361,12 @@ def _linen_mlp() -> Built:
     return _linen(MLP(), _x(3, 8))
 
 
-_LINEN: dict[str, Callable[[], Built]] = {"mlp": _linen_mlp, "cnn": _linen_cnn, "transformer": _linen_transformer,
-                                          "lstm": _linen_lstm}
+_LINEN: dict[str, Callable[[], Built]] = {
+    "mlp": _linen_mlp,
+    "cnn": _linen_cnn,
+    "transformer": _linen_transformer,
+    "lstm": _linen_lstm,
+}
 
 
 # -- equinox: layers take one example ---------------------------------------------------------------------------------
@@ -362,11 +388,19 @@ def _eqx_cnn() -> Built:
     import jax
 
     k = _eqx_keys(3)
-    model = eqx.nn.Sequential([
-        eqx.nn.Conv2d(3, 8, 3, padding=1, key=k[0]), eqx.nn.GroupNorm(4, 8), eqx.nn.Lambda(jax.nn.relu),
-        eqx.nn.MaxPool2d(2, 2), eqx.nn.Conv2d(8, 16, 3, stride=2, key=k[1]), eqx.nn.Lambda(jax.nn.relu),
-        eqx.nn.AdaptiveAvgPool2d(1), eqx.nn.Lambda(lambda h: h.reshape(-1)), eqx.nn.Linear(16, 10, key=k[2]),
-    ])
+    model = eqx.nn.Sequential(
+        [
+            eqx.nn.Conv2d(3, 8, 3, padding=1, key=k[0]),
+            eqx.nn.GroupNorm(4, 8),
+            eqx.nn.Lambda(jax.nn.relu),
+            eqx.nn.MaxPool2d(2, 2),
+            eqx.nn.Conv2d(8, 16, 3, stride=2, key=k[1]),
+            eqx.nn.Lambda(jax.nn.relu),
+            eqx.nn.AdaptiveAvgPool2d(1),
+            eqx.nn.Lambda(lambda h: h.reshape(-1)),
+            eqx.nn.Linear(16, 10, key=k[2]),
+        ]
+    )
     return model, (_x(3, 16, 16),), {}
 
 
@@ -420,5 +454,4 @@ def _eqx_gru() -> Built:
     return Recurrent(_eqx_keys(1)[0]), (_x(5, 6),), {}
 
 
-_EQX: dict[str, Callable[[], Built]] = {"mlp": _eqx_mlp, "cnn": _eqx_cnn, "attention": _eqx_attention,
-                                        "gru": _eqx_gru}
+_EQX: dict[str, Callable[[], Built]] = {"mlp": _eqx_mlp, "cnn": _eqx_cnn, "attention": _eqx_attention, "gru": _eqx_gru}

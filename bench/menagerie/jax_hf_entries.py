@@ -26,8 +26,17 @@ def entries() -> list[Entry]:
         from transformers.models.auto.modeling_flax_auto import FLAX_MODEL_MAPPING_NAMES
     except ImportError:  # no transformers, or 5.x: no Flax models
         return []
-    return [Entry("jax", f"transformers/{model_type}", "transformers", "transformers",
-                  functools.partial(_build, model_type), rtol=1e-4) for model_type in FLAX_MODEL_MAPPING_NAMES]
+    return [
+        Entry(
+            "jax",
+            f"transformers/{model_type}",
+            "transformers",
+            "transformers",
+            functools.partial(_build, model_type),
+            rtol=1e-4,
+        )
+        for model_type in FLAX_MODEL_MAPPING_NAMES
+    ]
 
 
 def _build(model_type: str) -> Built:

@@ -32,8 +32,15 @@ def _vision() -> list[Entry]:
         if not name[0].islower():
             continue  # the classes; their builders are the lower-case names
         family = re.match(r"[a-z]+(?:_v\d)?", name).group(0)
-        found.append(Entry("paddle", f"paddle.vision/{name}", "paddle.vision", f"paddle.vision.{family}",
-                           functools.partial(_build_vision, name)))
+        found.append(
+            Entry(
+                "paddle",
+                f"paddle.vision/{name}",
+                "paddle.vision",
+                f"paddle.vision.{family}",
+                functools.partial(_build_vision, name),
+            )
+        )
     return found
 
 
@@ -50,15 +57,22 @@ def _build_vision(name: str) -> Built:
 
 # -- paddle.nn blocks -----------------------------------------------------------------------------------------------
 def _blocks() -> list[Entry]:
-    return [Entry("paddle", f"paddle.nn/{name}", "paddle.nn", f"paddle.nn.{family}",
-                  functools.partial(_build_block, name)) for name, family in _BLOCKS.items()]
+    return [
+        Entry("paddle", f"paddle.nn/{name}", "paddle.nn", f"paddle.nn.{family}", functools.partial(_build_block, name))
+        for name, family in _BLOCKS.items()
+    ]
 
 
 _BLOCKS = {
-    "transformer_encoder_layer": "transformer", "transformer_encoder_layer_prenorm": "transformer",
-    "transformer_encoder": "transformer", "transformer_decoder_layer": "transformer",
-    "transformer": "transformer", "multi_head_attention_masked": "attention",
-    "lstm_bidirectional": "recurrent", "gru_two_layers": "recurrent", "simple_rnn": "recurrent",
+    "transformer_encoder_layer": "transformer",
+    "transformer_encoder_layer_prenorm": "transformer",
+    "transformer_encoder": "transformer",
+    "transformer_decoder_layer": "transformer",
+    "transformer": "transformer",
+    "multi_head_attention_masked": "attention",
+    "lstm_bidirectional": "recurrent",
+    "gru_two_layers": "recurrent",
+    "simple_rnn": "recurrent",
     "bert_style_encoder": "transformer",
 }
 
@@ -126,4 +140,3 @@ def _bert_style() -> type:
             return h, paddle.tanh(self.pooler(h[:, 0]))
 
     return BertStyle
-

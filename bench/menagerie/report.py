@@ -101,16 +101,21 @@ def _reason(record: dict[str, Any]) -> str:
     """The error's first line; for a failed audit, its first failing finding (the header only counts them)."""
     error = record.get("error") or ""
     if error.startswith("AssertionError: Audit: FAIL"):
-        finding = next((line.strip() for line in (record.get("detail") or "").splitlines()
-                        if line.strip().startswith("FAIL ")), None)
+        finding = next(
+            (line.strip() for line in (record.get("detail") or "").splitlines() if line.strip().startswith("FAIL ")),
+            None,
+        )
         if finding:
             return f"audit: {finding}"
     return error
 
 
 def _also_failed(record: dict[str, Any]) -> list[str]:
-    return [name for name, outcome in (record.get("checks") or {}).items()
-            if outcome.startswith("failed") and name != record.get("check")]
+    return [
+        name
+        for name, outcome in (record.get("checks") or {}).items()
+        if outcome.startswith("failed") and name != record.get("check")
+    ]
 
 
 def render(records: list[dict[str, Any]]) -> str:
@@ -118,14 +123,23 @@ def render(records: list[dict[str, Any]]) -> str:
     by_backend: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         by_backend[record["backend"]].append(record)
-    out += ["## Summary", "", "| backend | entries | excluded | run | verified | verified share |",
-            "|---|---:|---:|---:|---:|---:|"]
+    out += [
+        "## Summary",
+        "",
+        "| backend | entries | excluded | run | verified | verified share |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for backend, rows in by_backend.items():
         total, excluded, ran, verified = _counts(rows)
         out.append(f"| {backend} | {total} | {excluded} | {ran} | {verified} | {_share(verified, ran)} |")
     for backend, rows in by_backend.items():
-        out += ["", f"## {backend}", "", "| library | entries | excluded | run | verified | verified share |",
-                "|---|---:|---:|---:|---:|---:|"]
+        out += [
+            "",
+            f"## {backend}",
+            "",
+            "| library | entries | excluded | run | verified | verified share |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         libraries: dict[str, list[dict[str, Any]]] = defaultdict(list)
         families: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for row in rows:
@@ -138,17 +152,27 @@ def render(records: list[dict[str, Any]]) -> str:
         out += ["", f"### Failures ({len(failures)})", ""]
         if failures:
             known = DIAGNOSES.get(backend, {})
-            out += ["| entry | first failed check | first error line | other failed checks | diagnosis |",
-                    "|---|---|---|---|---|"]
-            out += [f"| {r['name']} | {r['check']} | {_cell(_reason(r))} | {', '.join(_also_failed(r))} | "
-                    f"{_cell(known.get(r['name'], 'not diagnosed yet'), 800)} |" for r in failures]
+            out += [
+                "| entry | first failed check | first error line | other failed checks | diagnosis |",
+                "|---|---|---|---|---|",
+            ]
+            out += [
+                f"| {r['name']} | {r['check']} | {_cell(_reason(r))} | {', '.join(_also_failed(r))} | "
+                f"{_cell(known.get(r['name'], 'not diagnosed yet'), 800)} |"
+                for r in failures
+            ]
         else:
             out.append("None.")
         excluded_rows = [r for r in rows if r["status"] == "excluded"]
         out += ["", f"### Excluded ({len(excluded_rows)})", "", "| entry | reason |", "|---|---|"]
         out += [f"| {r['name']} | {_cell(r.get('reason'))} |" for r in excluded_rows]
-        out += ["", "### Per family", "", "| family | entries | excluded | run | verified | verified share |",
-                "|---|---:|---:|---:|---:|---:|"]
+        out += [
+            "",
+            "### Per family",
+            "",
+            "| family | entries | excluded | run | verified | verified share |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for family, group in sorted(families.items()):
             total, excluded, ran, verified = _counts(group)
             out.append(f"| {family} | {total} | {excluded} | {ran} | {verified} | {_share(verified, ran)} |")
@@ -156,10 +180,17 @@ def render(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.menagerie.report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", nargs="*", type=pathlib.Path,
-                        help="results files (default: every full or sharded one under bench/menagerie/results/)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.menagerie.report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "results",
+        nargs="*",
+        type=pathlib.Path,
+        help="results files (default: every full or sharded one under bench/menagerie/results/)",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=DOC)
     args = parser.parse_args(argv)
     paths = args.results or sorted(p for p in RESULTS.glob("*.jsonl") if ".sample" not in p.name)

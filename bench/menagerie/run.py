@@ -130,15 +130,26 @@ def run_entry(entry: Entry, timeout: float, memory_bytes: int, log_fd: int) -> d
     _, status = os.waitpid(pid, 0)
     seconds = round(time.monotonic() - started, 2)
     if timed_out:
-        return {"status": "failed", "check": "timeout", "error": f"no result within {timeout:.0f} s",
-                "seconds": seconds}
+        return {
+            "status": "failed",
+            "check": "timeout",
+            "error": f"no result within {timeout:.0f} s",
+            "seconds": seconds,
+        }
     try:
         result = json.loads(b"".join(chunks))
     except json.JSONDecodeError:
-        how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-               else f"exited with status {os.WEXITSTATUS(status)}")
-        return {"status": "failed", "check": "crash", "error": f"the child {how} before reporting (memory limit?)",
-                "seconds": seconds}
+        how = (
+            f"killed by signal {os.WTERMSIG(status)}"
+            if os.WIFSIGNALED(status)
+            else f"exited with status {os.WEXITSTATUS(status)}"
+        )
+        return {
+            "status": "failed",
+            "check": "crash",
+            "error": f"the child {how} before reporting (memory limit?)",
+            "seconds": seconds,
+        }
     result.setdefault("seconds", seconds)
     result["wall_seconds"] = seconds
     return result
@@ -155,24 +166,39 @@ def preload(backend: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.menagerie", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.menagerie", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--shard", type=parse_shard, default=None, metavar="I/N")
     parser.add_argument("--resume", action="store_true", help="skip the entries the results file already has")
     parser.add_argument("--sample", action="store_true", help="only the fixed CI sample (about 5%%)")
-    parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
-                        help="these entries (a trailing * matches a prefix)")
+    parser.add_argument(
+        "--only", nargs="+", default=None, metavar="NAME", help="these entries (a trailing * matches a prefix)"
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per entry")
-    parser.add_argument("--memory-gb", type=float, default=14.0,
-                        help="address space per entry beyond the parent's (three MoE and speech models need over 6)")
+    parser.add_argument(
+        "--memory-gb",
+        type=float,
+        default=14.0,
+        help="address space per entry beyond the parent's (three MoE and speech models need over 6)",
+    )
     parser.add_argument("--results", type=pathlib.Path, default=None, help="the JSON lines file to append to")
     parser.add_argument("--list", action="store_true", help="print the selected entries and exit")
     engine = parser.add_mutually_exclusive_group()
-    engine.add_argument("--dask", default=None, metavar="ADDRESS",
-                        help="run the entries on the Dask scheduler at ADDRESS (its workers import this repository)")
-    engine.add_argument("--dask-local", type=int, default=None, metavar="N",
-                        help="run the entries on a local Dask cluster of N single-threaded worker processes")
+    engine.add_argument(
+        "--dask",
+        default=None,
+        metavar="ADDRESS",
+        help="run the entries on the Dask scheduler at ADDRESS (its workers import this repository)",
+    )
+    engine.add_argument(
+        "--dask-local",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the entries on a local Dask cluster of N single-threaded worker processes",
+    )
     args = parser.parse_args(argv)
     if args.dask_local is not None and args.dask_local < 1:
         parser.error("--dask-local takes a number of workers, at least 1")
@@ -196,14 +222,20 @@ def main(argv: list[str] | None = None) -> int:
     with open(path, "a") as out, open(path.with_suffix(".log"), "a") as log:
         if not _ends_a_line(path):
             out.write("\n")  # a line an interruption cut short stays alone on its line: the next record is whole
+
         def record(entry: Entry, result: dict[str, Any]) -> None:
             """Append the entry's record to the results file (flushed: an interrupted run resumes after it)."""
             child_log = result.pop("log", None)  # a Dask task's child output: into the log here
             if child_log is not None:
                 log.write(f"\n===== {entry.name}\n{child_log}")
                 log.flush()
-            line = {"backend": entry.backend, "name": entry.name, "library": entry.library,
-                    "family": result.pop("family", entry.family), **result}
+            line = {
+                "backend": entry.backend,
+                "name": entry.name,
+                "library": entry.library,
+                "family": result.pop("family", entry.family),
+                **result,
+            }
             out.write(json.dumps(line, default=str) + "\n")
             out.flush()
             counts[line["status"]] = counts.get(line["status"], 0) + 1

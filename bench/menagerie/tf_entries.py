@@ -43,8 +43,16 @@ def _applications(backend: str) -> list[Entry]:
         if not name[0].isupper() or not callable(builder):
             continue
         family = builder.__module__.rsplit(".", 1)[-1]  # Keras's own grouping: keras.src.applications.convnext
-        found.append(Entry(backend, f"keras.applications/{name}", "keras.applications", f"keras.applications.{family}",
-                           functools.partial(_build_application, name), rtol=1e-4))
+        found.append(
+            Entry(
+                backend,
+                f"keras.applications/{name}",
+                "keras.applications",
+                f"keras.applications.{family}",
+                functools.partial(_build_application, name),
+                rtol=1e-4,
+            )
+        )
     return found
 
 
@@ -68,13 +76,28 @@ def _build_application(name: str) -> Built:
 
 
 # -- Keras layers as blocks -----------------------------------------------------------------------------------------
-_BLOCKS = {"multi_head_attention": "attention", "transformer_block": "transformer", "lstm": "recurrent",
-           "bidirectional_gru": "recurrent", "conv_lstm": "recurrent", "group_query_attention": "attention"}
+_BLOCKS = {
+    "multi_head_attention": "attention",
+    "transformer_block": "transformer",
+    "lstm": "recurrent",
+    "bidirectional_gru": "recurrent",
+    "conv_lstm": "recurrent",
+    "group_query_attention": "attention",
+}
 
 
 def _blocks(backend: str) -> list[Entry]:
-    return [Entry(backend, f"keras.layers/{name}", "keras.layers", f"keras.layers.{family}",
-                  functools.partial(_build_block, name), rtol=1e-4) for name, family in _BLOCKS.items()]
+    return [
+        Entry(
+            backend,
+            f"keras.layers/{name}",
+            "keras.layers",
+            f"keras.layers.{family}",
+            functools.partial(_build_block, name),
+            rtol=1e-4,
+        )
+        for name, family in _BLOCKS.items()
+    ]
 
 
 def _build_block(name: str) -> Built:

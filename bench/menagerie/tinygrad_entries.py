@@ -17,8 +17,12 @@ from bench.menagerie.entries import Built, Entry
 
 
 def entries() -> list[Entry]:
-    return [Entry("tinygrad", f"tinygrad/{name}", "tinygrad", f"tinygrad.{name}", functools.partial(_build, name),
-                  rtol=1e-4) for name in _BUILDERS]
+    return [
+        Entry(
+            "tinygrad", f"tinygrad/{name}", "tinygrad", f"tinygrad.{name}", functools.partial(_build, name), rtol=1e-4
+        )
+        for name in _BUILDERS
+    ]
 
 
 def _build(name: str) -> Built:
@@ -40,8 +44,11 @@ def _resnet() -> tuple[Any, list[Any]]:
             self.bn1 = nn.BatchNorm2d(cout)
             self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
             self.bn2 = nn.BatchNorm2d(cout)
-            self.downsample = ([nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)]
-                               if stride != 1 or cin != cout else [])
+            self.downsample = (
+                [nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)]
+                if stride != 1 or cin != cout
+                else []
+            )
 
         def __call__(self, x: Tensor) -> Tensor:
             out = self.bn2(self.conv2(self.bn1(self.conv1(x)).relu()))
@@ -143,7 +150,7 @@ def _llama() -> tuple[Any, list[Any]]:
     head = dim // heads
 
     def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        a, b = x[..., : head // 2], x[..., head // 2:]
+        a, b = x[..., : head // 2], x[..., head // 2 :]
         return (a * cos - b * sin).cat(a * sin + b * cos, dim=-1)
 
     class Attention:
@@ -265,6 +272,11 @@ def _mobilenet() -> tuple[Any, list[Any]]:
 
 
 _BUILDERS: dict[str, Callable[[], tuple[Any, list[Any]]]] = {
-    "resnet": _resnet, "vit": _vit, "gpt2": _gpt2, "llama": _llama, "unet": _unet, "lstm": _lstm,
+    "resnet": _resnet,
+    "vit": _vit,
+    "gpt2": _gpt2,
+    "llama": _llama,
+    "unet": _unet,
+    "lstm": _lstm,
     "mobilenet": _mobilenet,
 }

@@ -56,36 +56,141 @@ def _model_class(diffusers: Any, name: str) -> type | None:
 
 
 # -- the config ---------------------------------------------------------------------------------------------------
-_DEPTH = {"num_layers": 2, "num_single_layers": 1, "num_mmdit_layers": 1, "num_single_dit_layers": 1,
-          "num_hidden_layers": 2, "mmdit_layers": 1, "num_refiner_layers": 1, "n_refiner_layers": 1, "n_layers": 2,
-          "num_res_blocks": 1, "layers_per_block": 1, "transformer_layers_per_block": 1, "decoder_layers_per_block": 1,
-          "encoder_layers_per_block": 1, "layers_per_up_block": 1, "layers_per_down_block": 1, "num_blocks": 1,
-          "num_encoder_blocks": 1, "num_decoder_blocks": 1, "motion_layers_per_block": 1, "decoder_num_layers": 1,
-          "enc_num_layers": 1, "perceiver_num_layers": 1, "num_enc_blocks": 1, "num_dec_blocks": 1,
-          "down_num_layers_per_block": 1, "up_num_layers_per_block": 1, "encoder_transformer_depths": 1,
-          "approximator_layers": 1, "decoder_num_hidden_layers": 1, "encoder_num_hidden_layers": 1}
-_HEADS = {"num_attention_heads": 2, "n_heads": 2, "num_heads": 2, "decoder_num_attention_heads": 2,
-          "num_cross_attention_heads": 2, "block_num_heads": 2, "motion_num_attention_heads": 2,
-          "attn_num_heads": 2, "cross_attn_num_heads": 2, "addition_embed_type_num_heads": 2}
-_HEAD_DIM = {"attention_head_dim": 16, "head_dim": 16, "dim_heads": 16, "cross_attention_head_dim": 16,
-             "cross_attn_dim_head": 16, "decoder_attention_head_dim": 16}
-_WIDE = {"hidden_size", "dim", "model_dim", "inner_dim", "base_dim", "decoder_base_dim", "ch", "base_channels",
-         "encoder_dim", "decoder_dim", "decoder_hidden_size", "encoder_hidden_size", "channels", "encoder_channels",
-         "dec_dim", "enc_dim", "model_channels", "decoder_channels", "micro_cond_embed_dim", "time_embed_dim",
-         "freq_dim", "time_embedding_dim", "timestep_guidance_channels", "addition_time_embed_dim", "time_dim",
-         "adaln_lora_dim", "timestep_channels", "approximator_num_channels", "time_proj_dim", "embedding_dim",
-         "cond_embed_dim", "micro_cond_encode_dim", "timestep_ratio_embedding_dim", "out_emb_channels"}
-_CONDITIONING = {"cross_attention_dim", "joint_attention_dim", "caption_channels", "text_embed_dim", "text_dim",
-                 "text_in_dim", "cap_feat_dim", "text_encoder_dim", "pooled_projection_dim", "caption_projection_dim",
-                 "text_hidden_dim", "encoder_hidden_states_channels", "crossattn_proj_in_channels",
-                 "cross_attention_dim_t5", "global_states_input_dim", "cross_attention_input_dim",
-                 "conditioning_dim", "clip_text_pooled_in_channels", "encoder_hid_dim", "text_embed_dim_t5",
-                 "condition_dim", "projection_class_embeddings_input_dim", "source_dim", "target_dim"}
-_FEEDFORWARD = {"intermediate_size", "ffn_dim", "ffn_hidden_size", "ff_dim", "decoder_intermediate_size",
-                "approximator_hidden_dim", "enc_intermediate_dim"}
-_SIZE = {"sample_size": SIDE, "sample_height": SIDE, "sample_width": SIDE, "resolution": SIDE,
-         "max_text_seq_length": TOKENS, "text_len": TOKENS, "text_len_t5": TOKENS, "sample_frames": FRAMES,
-         "video_length": FRAMES}
+_DEPTH = {
+    "num_layers": 2,
+    "num_single_layers": 1,
+    "num_mmdit_layers": 1,
+    "num_single_dit_layers": 1,
+    "num_hidden_layers": 2,
+    "mmdit_layers": 1,
+    "num_refiner_layers": 1,
+    "n_refiner_layers": 1,
+    "n_layers": 2,
+    "num_res_blocks": 1,
+    "layers_per_block": 1,
+    "transformer_layers_per_block": 1,
+    "decoder_layers_per_block": 1,
+    "encoder_layers_per_block": 1,
+    "layers_per_up_block": 1,
+    "layers_per_down_block": 1,
+    "num_blocks": 1,
+    "num_encoder_blocks": 1,
+    "num_decoder_blocks": 1,
+    "motion_layers_per_block": 1,
+    "decoder_num_layers": 1,
+    "enc_num_layers": 1,
+    "perceiver_num_layers": 1,
+    "num_enc_blocks": 1,
+    "num_dec_blocks": 1,
+    "down_num_layers_per_block": 1,
+    "up_num_layers_per_block": 1,
+    "encoder_transformer_depths": 1,
+    "approximator_layers": 1,
+    "decoder_num_hidden_layers": 1,
+    "encoder_num_hidden_layers": 1,
+}
+_HEADS = {
+    "num_attention_heads": 2,
+    "n_heads": 2,
+    "num_heads": 2,
+    "decoder_num_attention_heads": 2,
+    "num_cross_attention_heads": 2,
+    "block_num_heads": 2,
+    "motion_num_attention_heads": 2,
+    "attn_num_heads": 2,
+    "cross_attn_num_heads": 2,
+    "addition_embed_type_num_heads": 2,
+}
+_HEAD_DIM = {
+    "attention_head_dim": 16,
+    "head_dim": 16,
+    "dim_heads": 16,
+    "cross_attention_head_dim": 16,
+    "cross_attn_dim_head": 16,
+    "decoder_attention_head_dim": 16,
+}
+_WIDE = {
+    "hidden_size",
+    "dim",
+    "model_dim",
+    "inner_dim",
+    "base_dim",
+    "decoder_base_dim",
+    "ch",
+    "base_channels",
+    "encoder_dim",
+    "decoder_dim",
+    "decoder_hidden_size",
+    "encoder_hidden_size",
+    "channels",
+    "encoder_channels",
+    "dec_dim",
+    "enc_dim",
+    "model_channels",
+    "decoder_channels",
+    "micro_cond_embed_dim",
+    "time_embed_dim",
+    "freq_dim",
+    "time_embedding_dim",
+    "timestep_guidance_channels",
+    "addition_time_embed_dim",
+    "time_dim",
+    "adaln_lora_dim",
+    "timestep_channels",
+    "approximator_num_channels",
+    "time_proj_dim",
+    "embedding_dim",
+    "cond_embed_dim",
+    "micro_cond_encode_dim",
+    "timestep_ratio_embedding_dim",
+    "out_emb_channels",
+}
+_CONDITIONING = {
+    "cross_attention_dim",
+    "joint_attention_dim",
+    "caption_channels",
+    "text_embed_dim",
+    "text_dim",
+    "text_in_dim",
+    "cap_feat_dim",
+    "text_encoder_dim",
+    "pooled_projection_dim",
+    "caption_projection_dim",
+    "text_hidden_dim",
+    "encoder_hidden_states_channels",
+    "crossattn_proj_in_channels",
+    "cross_attention_dim_t5",
+    "global_states_input_dim",
+    "cross_attention_input_dim",
+    "conditioning_dim",
+    "clip_text_pooled_in_channels",
+    "encoder_hid_dim",
+    "text_embed_dim_t5",
+    "condition_dim",
+    "projection_class_embeddings_input_dim",
+    "source_dim",
+    "target_dim",
+}
+_FEEDFORWARD = {
+    "intermediate_size",
+    "ffn_dim",
+    "ffn_hidden_size",
+    "ff_dim",
+    "decoder_intermediate_size",
+    "approximator_hidden_dim",
+    "enc_intermediate_dim",
+}
+_SIZE = {
+    "sample_size": SIDE,
+    "sample_height": SIDE,
+    "sample_width": SIDE,
+    "resolution": SIDE,
+    "max_text_seq_length": TOKENS,
+    "text_len": TOKENS,
+    "text_len_t5": TOKENS,
+    "sample_frames": FRAMES,
+    "video_length": FRAMES,
+}
 _GROUPS = {"norm_num_groups", "max_norm_num_groups", "motion_norm_num_groups", "groups", "attn_norm_num_groups"}
 _CHANNEL_LISTS = ("block_out_channels", "conditioning_embedding_out_channels")
 _ROPE_AXES = {"axes_dims_rope", "axes_dims", "rope_axes_dim"}
@@ -95,8 +200,15 @@ _CLASS_CONFIG: dict[str, dict[str, Any]] = {
     "Transformer2DModel": {"in_channels": 8, "cross_attention_dim": COND},
     "TransformerTemporalModel": {"in_channels": 8},
     "DreamLiteTransformer2DModel": {"in_channels": 8, "cross_attention_dim": COND},
-    "LatteTransformer3DModel": {"in_channels": 4, "out_channels": 4, "patch_size": 2, "cross_attention_dim": COND,
-                                "caption_channels": COND, "num_embeds_ada_norm": 1000, "norm_type": "ada_norm_single"},
+    "LatteTransformer3DModel": {
+        "in_channels": 4,
+        "out_channels": 4,
+        "patch_size": 2,
+        "cross_attention_dim": COND,
+        "caption_channels": COND,
+        "num_embeds_ada_norm": 1000,
+        "norm_type": "ada_norm_single",
+    },
     "HunyuanDiT2DModel": {"in_channels": 4, "patch_size": 2},
     "EasyAnimateTransformer3DModel": {"in_channels": 4, "out_channels": 4, "patch_size": 2},
     "UNet2DModel": {"sample_size": SIDE},
@@ -150,12 +262,18 @@ def _like(value: Any, small: int) -> Any:
 def _shrink(name: str, value: Any) -> Any:
     if isinstance(value, bool) or value is None:
         return value
-    numbers = isinstance(value, int) or (isinstance(value, (tuple, list)) and value
-                                         and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+    numbers = isinstance(value, int) or (
+        isinstance(value, (tuple, list))
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
     if not numbers:
         return value
-    if name in _CHANNEL_LISTS or name.endswith("_block_out_channels") or (name == "channels" and not isinstance(
-            value, int)):
+    if (
+        name in _CHANNEL_LISTS
+        or name.endswith("_block_out_channels")
+        or (name == "channels" and not isinstance(value, int))
+    ):
         return type(value)(_rank_map(tuple(value))) if isinstance(value, (tuple, list)) else 32
     if name in _DEPTH:
         return _like(value, _DEPTH[name]) if isinstance(value, (tuple, list)) else min(value, _DEPTH[name])
@@ -195,8 +313,18 @@ def _parameters_when_built(cls: type, config: dict[str, Any]) -> int | None:
 
 # -- the inputs -------------------------------------------------------------------------------------------------
 def _channels(config: dict[str, Any]) -> int:
-    for key in ("in_channels", "encoder_in_channels", "latent_channels", "input_channels", "num_channels",
-                "audio_channels", "conv_in_channels", "in_visual_dim", "hidden_size", "embedding_dim"):
+    for key in (
+        "in_channels",
+        "encoder_in_channels",
+        "latent_channels",
+        "input_channels",
+        "num_channels",
+        "audio_channels",
+        "conv_in_channels",
+        "in_visual_dim",
+        "hidden_size",
+        "embedding_dim",
+    ):
         if isinstance(config.get(key), int):
             return config[key]
     return 4
@@ -256,8 +384,11 @@ def _argument(name: str, model: Any, config: dict[str, Any], layout: str, shape:
         "img_shapes": lambda: [(1, SIDE // 2, SIDE // 2)] if tokens else None,
         "image_latents": lambda: torch.randn(*shape) if layout == "video" else None,
         # a U-Net ControlNet embeds an 8x larger image; a transformer's takes latents like its own input
-        "controlnet_cond": lambda: torch.randn(1, config.get("conditioning_channels", 3), 8 * SIDE, 8 * SIDE)
-        if hasattr(model, "controlnet_cond_embedding") and layout == "image" else torch.randn(*shape),
+        "controlnet_cond": lambda: (
+            torch.randn(1, config.get("conditioning_channels", 3), 8 * SIDE, 8 * SIDE)
+            if hasattr(model, "controlnet_cond_embedding") and layout == "image"
+            else torch.randn(*shape)
+        ),
         "proj_embedding": lambda: torch.randn(1, config.get("embedding_dim", WIDTH)),
         "added_time_ids": lambda: torch.randn(1, 3),
     }
@@ -271,8 +402,16 @@ _UNKNOWN = object()  # no small value for an argument of this name, in any layou
 # Optional forward arguments passed all the same: what conditions a diffusion model; and, when the model's call
 # fails without them, the masks and extra conditions some models need though their signature says optional.
 _CONDITIONS = {"timestep", "encoder_hidden_states", "pooled_projections", "img_ids", "txt_ids"}
-_IF_NEEDED = {"encoder_attention_mask", "encoder_hidden_states_t5", "text_embedding_mask", "text_embedding_mask_t5",
-              "image_meta_size", "style", "global_hidden_states", "img_shapes"}
+_IF_NEEDED = {
+    "encoder_attention_mask",
+    "encoder_hidden_states_t5",
+    "text_embedding_mask",
+    "text_embedding_mask_t5",
+    "image_meta_size",
+    "style",
+    "global_hidden_states",
+    "img_shapes",
+}
 
 
 def _inputs(cls: type, model: Any) -> Iterator[dict[str, Any]]:

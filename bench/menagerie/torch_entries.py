@@ -28,14 +28,26 @@ def _seed() -> None:
 def entries() -> list[Entry]:
     from bench.menagerie import torch_diffusion_entries, torch_graph_entries
 
-    return (_torchvision() + _timm() + _transformers() + _transformers_eager() + torch_graph_entries.entries()
-            + torch_diffusion_entries.entries())
+    return (
+        _torchvision()
+        + _timm()
+        + _transformers()
+        + _transformers_eager()
+        + torch_graph_entries.entries()
+        + torch_diffusion_entries.entries()
+    )
 
 
 # -- torchvision --------------------------------------------------------------------------------------------------
 # submodule of torchvision.models -> task
-_TV_TASKS = {"": "classification", "detection": "detection", "segmentation": "segmentation", "video": "video",
-             "optical_flow": "optical_flow", "quantization": "quantization"}
+_TV_TASKS = {
+    "": "classification",
+    "detection": "detection",
+    "segmentation": "segmentation",
+    "video": "video",
+    "optical_flow": "optical_flow",
+    "quantization": "quantization",
+}
 
 
 def _torchvision() -> list[Entry]:
@@ -46,8 +58,15 @@ def _torchvision() -> list[Entry]:
         module = getattr(tvm, sub) if sub else tvm
         for name in tvm.list_models(module=module):
             arch = re.match(r"[a-z]+(?:_v\d)?", name.removeprefix("quantized_")).group(0)
-            found.append(Entry("torch", f"torchvision/{name}", "torchvision", f"torchvision.{task}.{arch}",
-                               functools.partial(_build_torchvision, name, task)))
+            found.append(
+                Entry(
+                    "torch",
+                    f"torchvision/{name}",
+                    "torchvision",
+                    f"torchvision.{task}.{arch}",
+                    functools.partial(_build_torchvision, name, task),
+                )
+            )
     return found
 
 
@@ -102,9 +121,37 @@ def _build_torchvision(name: str, task: str) -> Built:
 # -- timm ---------------------------------------------------------------------------------------------------------
 # Words timm uses for its variants' sizes, smallest first: the smallest variant of a family is the name with the
 # earliest of these (then the shortest name).
-_TIMM_SIZES = ("test", "atto", "femto", "pico", "zepto", "nano", "xxxs", "xxs", "xs", "micro", "mini", "tiny",
-               "tn", "t", "small", "s", "lite", "b0", "light", "medium", "m", "base", "b", "large", "l", "huge", "h",
-               "giant", "g")
+_TIMM_SIZES = (
+    "test",
+    "atto",
+    "femto",
+    "pico",
+    "zepto",
+    "nano",
+    "xxxs",
+    "xxs",
+    "xs",
+    "micro",
+    "mini",
+    "tiny",
+    "tn",
+    "t",
+    "small",
+    "s",
+    "lite",
+    "b0",
+    "light",
+    "medium",
+    "m",
+    "base",
+    "b",
+    "large",
+    "l",
+    "huge",
+    "h",
+    "giant",
+    "g",
+)
 
 
 def _timm_size_rank(name: str) -> tuple[int, int, int, str]:
@@ -122,9 +169,16 @@ def _timm() -> list[Entry]:
     families: dict[str, list[str]] = {}
     for name in timm.list_models():
         families.setdefault(re.match(r"[a-z]+", name).group(0), []).append(name)
-    return [Entry("torch", f"timm/{min(names, key=_timm_size_rank)}", "timm", f"timm.{family}",
-                  functools.partial(_build_timm, min(names, key=_timm_size_rank)))
-            for family, names in families.items()]
+    return [
+        Entry(
+            "torch",
+            f"timm/{min(names, key=_timm_size_rank)}",
+            "timm",
+            f"timm.{family}",
+            functools.partial(_build_timm, min(names, key=_timm_size_rank)),
+        )
+        for family, names in families.items()
+    ]
 
 
 def _build_timm(name: str) -> Built:
@@ -160,18 +214,55 @@ def _transformers() -> list[Entry]:
         from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
     except ImportError:
         return []
-    return [Entry("torch", f"transformers/{model_type}", "transformers", "transformers",
-                  functools.partial(_build_transformers, model_type)) for model_type in MODEL_MAPPING_NAMES]
+    return [
+        Entry(
+            "torch",
+            f"transformers/{model_type}",
+            "transformers",
+            "transformers",
+            functools.partial(_build_transformers, model_type),
+        )
+        for model_type in MODEL_MAPPING_NAMES
+    ]
 
 
-_LAYERS = {"num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
-           "num_encoder_layers", "num_decoder_layers", "text_layers", "vision_layers", "depth", "num_blocks"}
-_HIDDEN = {"hidden_size", "d_model", "n_embd", "embed_dim", "dim", "hidden_dim", "word_embed_proj_dim",
-           "projection_dim", "d_embed"}
-_INTERMEDIATE = {"intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner", "d_ff",
-                 "intermediate_dim", "moe_intermediate_size", "shared_expert_intermediate_size"}
-_HEADS = {"num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
-          "num_heads"}
+_LAYERS = {
+    "num_hidden_layers",
+    "num_layers",
+    "n_layer",
+    "n_layers",
+    "encoder_layers",
+    "decoder_layers",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "text_layers",
+    "vision_layers",
+    "depth",
+    "num_blocks",
+}
+_HIDDEN = {
+    "hidden_size",
+    "d_model",
+    "n_embd",
+    "embed_dim",
+    "dim",
+    "hidden_dim",
+    "word_embed_proj_dim",
+    "projection_dim",
+    "d_embed",
+}
+_INTERMEDIATE = {
+    "intermediate_size",
+    "ffn_dim",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "n_inner",
+    "d_ff",
+    "intermediate_dim",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+}
+_HEADS = {"num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads", "num_heads"}
 
 
 def _shrink(config: Any, seen: set[int] | None = None) -> None:
@@ -284,9 +375,17 @@ def _transformers_eager() -> list[Entry]:
         from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
     except ImportError:
         return []
-    return [Entry("torch", f"transformers-eager/{model_type}", "transformers", "transformers",
-                  functools.partial(_build_transformers_eager, model_type))
-            for model_type in _EAGER if model_type in MODEL_MAPPING_NAMES]
+    return [
+        Entry(
+            "torch",
+            f"transformers-eager/{model_type}",
+            "transformers",
+            "transformers",
+            functools.partial(_build_transformers_eager, model_type),
+        )
+        for model_type in _EAGER
+        if model_type in MODEL_MAPPING_NAMES
+    ]
 
 
 def _build_transformers_eager(model_type: str) -> Built:

@@ -41,8 +41,16 @@ def entries() -> list[Entry]:
             cls = getattr(module, name, None)
             if not (inspect.isclass(cls) and issubclass(cls, torch.nn.Module)) or name == "MessagePassing":
                 continue  # MessagePassing is the base class every layer derives from: no layer by itself
-            found.append(Entry("torch", f"torch_geometric/{name}", "torch_geometric", family,
-                               functools.partial(_build, family, name), other_inputs=_other_inputs))
+            found.append(
+                Entry(
+                    "torch",
+                    f"torch_geometric/{name}",
+                    "torch_geometric",
+                    family,
+                    functools.partial(_build, family, name),
+                    other_inputs=_other_inputs,
+                )
+            )
     return found
 
 
@@ -61,14 +69,21 @@ def _graph() -> dict[str, Any]:
     count = edge_index.shape[1]
     x = torch.randn(nodes, FEATURES)
     return {
-        "x": x, "x_0": torch.randn(nodes, FEATURES), "edge_index": edge_index,
-        "edge_attr": torch.randn(count, EDGE_FEATURES), "edge_weight": torch.rand(count),
+        "x": x,
+        "x_0": torch.randn(nodes, FEATURES),
+        "edge_index": edge_index,
+        "edge_attr": torch.randn(count, EDGE_FEATURES),
+        "edge_weight": torch.rand(count),
         "edge_type": torch.randint(0, 3, (count,)),
         "batch": torch.arange(GRAPHS).repeat_interleave(NODES_PER_GRAPH),
-        "pos": torch.randn(nodes, 3), "z": torch.randint(1, 10, (nodes,)),
-        "pos_edge_index": edge_index[:, : count // 2], "neg_edge_index": edge_index[:, count // 2:],
-        "edge_label_index": edge_index[:, :8], "y": torch.randint(0, OUT, (nodes,)),
-        "y_soft": torch.softmax(torch.randn(nodes, OUT), dim=-1), "mask": torch.arange(nodes) % 2 == 0,
+        "pos": torch.randn(nodes, 3),
+        "z": torch.randint(1, 10, (nodes,)),
+        "pos_edge_index": edge_index[:, : count // 2],
+        "neg_edge_index": edge_index[:, count // 2 :],
+        "edge_label_index": edge_index[:, :8],
+        "y": torch.randint(0, OUT, (nodes,)),
+        "y_soft": torch.softmax(torch.randn(nodes, OUT), dim=-1),
+        "mask": torch.arange(nodes) % 2 == 0,
         "xs": [torch.randn(nodes, HIDDEN) for _ in range(2)],
         "hyperedge_index": torch.stack([torch.arange(nodes), torch.arange(nodes) % 4]),
     }
@@ -77,15 +92,49 @@ def _graph() -> dict[str, Any]:
 # -- constructor arguments --------------------------------------------------------------------------------------
 # A required constructor argument's small value, by its name.
 _SMALL = {
-    "in_channels": FEATURES, "hidden_channels": HIDDEN, "out_channels": OUT, "channels": FEATURES,
-    "num_layers": 2, "edge_dim": EDGE_FEATURES, "num_timesteps": 2, "heads": 2, "K": 2, "alpha": 0.5,
-    "depth": 2, "num_nodes": NODES_PER_GRAPH * GRAPHS, "embedding_dim": 8, "num_relations": 3, "num_rels": 3,
-    "seq_len": 2, "num_blocks": 1, "num_bilinear": 2, "num_spherical": 3, "num_radial": 3, "int_emb_size": 8,
-    "basis_emb_size": 4, "out_emb_channels": 8, "hidden_node_channels": 8, "hidden_edge_channels": 8,
-    "num_filters": 8, "num_interactions": 2, "num_gaussians": 8, "num_classes": OUT, "dim": 3, "kernel_size": 2,
-    "space_dimensions": 3, "propagate_dimensions": 4, "k": 3, "first_aggr": True, "filter_size": 2,
-    "num_correction_layers": 2, "correction_alpha": 0.5, "num_smoothing_layers": 2, "smoothing_alpha": 0.5,
-    "mode": "cat", "aggregators": ["mean", "max"], "scalers": ["identity", "amplification"],
+    "in_channels": FEATURES,
+    "hidden_channels": HIDDEN,
+    "out_channels": OUT,
+    "channels": FEATURES,
+    "num_layers": 2,
+    "edge_dim": EDGE_FEATURES,
+    "num_timesteps": 2,
+    "heads": 2,
+    "K": 2,
+    "alpha": 0.5,
+    "depth": 2,
+    "num_nodes": NODES_PER_GRAPH * GRAPHS,
+    "embedding_dim": 8,
+    "num_relations": 3,
+    "num_rels": 3,
+    "seq_len": 2,
+    "num_blocks": 1,
+    "num_bilinear": 2,
+    "num_spherical": 3,
+    "num_radial": 3,
+    "int_emb_size": 8,
+    "basis_emb_size": 4,
+    "out_emb_channels": 8,
+    "hidden_node_channels": 8,
+    "hidden_edge_channels": 8,
+    "num_filters": 8,
+    "num_interactions": 2,
+    "num_gaussians": 8,
+    "num_classes": OUT,
+    "dim": 3,
+    "kernel_size": 2,
+    "space_dimensions": 3,
+    "propagate_dimensions": 4,
+    "k": 3,
+    "first_aggr": True,
+    "filter_size": 2,
+    "num_correction_layers": 2,
+    "correction_alpha": 0.5,
+    "num_smoothing_layers": 2,
+    "smoothing_alpha": 0.5,
+    "mode": "cat",
+    "aggregators": ["mean", "max"],
+    "scalers": ["identity", "amplification"],
 }
 
 
@@ -103,14 +152,21 @@ def _overrides(name: str) -> dict[str, Any]:
     deg = torch.tensor([0, 2, 4, 6])  # a histogram of in-degrees: PNA's scalers normalise by it
     table: dict[str, Callable[[], dict[str, Any]]] = {
         "PNAConv": lambda: {"deg": deg, "edge_dim": EDGE_FEATURES},
-        "PNA": lambda: {"deg": deg, "edge_dim": EDGE_FEATURES, "aggregators": ["mean", "max"],
-                        "scalers": ["identity", "amplification"]},
+        "PNA": lambda: {
+            "deg": deg,
+            "edge_dim": EDGE_FEATURES,
+            "aggregators": ["mean", "max"],
+            "scalers": ["identity", "amplification"],
+        },
         "GAE": lambda: {"encoder": GCN(FEATURES, HIDDEN, 2)},
         "VGAE": lambda: {"encoder": _variational_encoder()},
         "ARGA": lambda: {"encoder": GCN(FEATURES, HIDDEN, 2), "discriminator": MLP([HIDDEN, HIDDEN, 1])},
         "ARGVA": lambda: {"encoder": _variational_encoder(), "discriminator": MLP([OUT, HIDDEN, 1])},
-        "DeepGraphInfomax": lambda: {"encoder": GCN(FEATURES, HIDDEN, 2), "summary": _mean_summary,
-                                     "corruption": _shuffled_nodes},
+        "DeepGraphInfomax": lambda: {
+            "encoder": GCN(FEATURES, HIDDEN, 2),
+            "summary": _mean_summary,
+            "corruption": _shuffled_nodes,
+        },
         "MetaLayer": lambda: {"edge_model": _edge_update()},
         "Node2Vec": lambda: {"edge_index": _graph()["edge_index"], "walk_length": 4, "context_size": 2},
         "EGConv": lambda: {"num_heads": 2},
@@ -119,8 +175,12 @@ def _overrides(name: str) -> dict[str, Any]:
         "PPFConv": lambda: {"local_nn": _linear(FEATURES + 4, HIDDEN), "global_nn": _linear(HIDDEN, OUT)},
         "HGTConv": lambda: {"in_channels": -1, "metadata": _HETERO_METADATA},
         "HANConv": lambda: {"in_channels": -1, "metadata": _HETERO_METADATA},
-        "DeepGCNLayer": lambda: {"conv": GCNConv(FEATURES, FEATURES), "norm": torch.nn.LayerNorm(FEATURES),
-                                 "act": torch.nn.ReLU(), "block": "res+"},
+        "DeepGCNLayer": lambda: {
+            "conv": GCNConv(FEATURES, FEATURES),
+            "norm": torch.nn.LayerNorm(FEATURES),
+            "act": torch.nn.ReLU(),
+            "block": "res+",
+        },
         # disable: without it, InvertibleFunction frees its input's storage to save memory (resize_(0) on the
         # caller's node features), so the model cannot run twice on one input, as every check does
         "GroupAddRev": lambda: {"conv": GraphConv(FEATURES // 2, FEATURES // 2), "num_groups": 2, "disable": True},
@@ -129,8 +189,11 @@ def _overrides(name: str) -> dict[str, Any]:
         "NNConv": lambda: {"nn": _linear(EDGE_FEATURES, FEATURES * OUT)},
         "EdgeConv": lambda: {"nn": _linear(2 * FEATURES, HIDDEN)},
         "PointNetConv": lambda: {"local_nn": _linear(FEATURES + 3, HIDDEN), "global_nn": _linear(HIDDEN, OUT)},
-        "PointGNNConv": lambda: {"mlp_h": _linear(FEATURES, 3), "mlp_f": _linear(FEATURES + 3, FEATURES),
-                                 "mlp_g": _linear(FEATURES, FEATURES)},
+        "PointGNNConv": lambda: {
+            "mlp_h": _linear(FEATURES, 3),
+            "mlp_f": _linear(FEATURES + 3, FEATURES),
+            "mlp_g": _linear(FEATURES, FEATURES),
+        },
         "GPSConv": lambda: {"conv": GCNConv(FEATURES, FEATURES)},
         "DirGNNConv": lambda: {"conv": GCNConv(FEATURES, OUT)},
         "GCN2Conv": lambda: {"alpha": 0.1, "theta": 0.5, "layer": 1},
@@ -150,8 +213,13 @@ def _overrides(name: str) -> dict[str, Any]:
         "ViSNet": lambda: {"hidden_channels": HIDDEN, "num_heads": 2, "num_layers": 2, "num_rbf": 8},
         "GPSE": lambda: {"dim_in": FEATURES, "dim_inner": HIDDEN, "layers_mp": 2},
         "Polynormer": lambda: {"local_layers": 2, "global_layers": 1},
-        "SchNet": lambda: {"hidden_channels": HIDDEN, "num_filters": 8, "num_interactions": 2, "num_gaussians": 8,
-                           "interaction_graph": _all_pairs},
+        "SchNet": lambda: {
+            "hidden_channels": HIDDEN,
+            "num_filters": 8,
+            "num_interactions": 2,
+            "num_gaussians": 8,
+            "interaction_graph": _all_pairs,
+        },
     }
     return table[name]() if name in table else {}
 
@@ -258,8 +326,10 @@ def _inputs(name: str, graph: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str
         half = x.shape[0] // 2
         x_dict = {"paper": x[:half], "author": torch.randn(x.shape[0] - half, FEATURES + 2)}
         src, dst = edge_index % half
-        edges = {("author", "writes", "paper"): torch.stack([src, dst]),
-                 ("paper", "written_by", "author"): torch.stack([dst, src])}
+        edges = {
+            ("author", "writes", "paper"): torch.stack([src, dst]),
+            ("paper", "written_by", "author"): torch.stack([dst, src]),
+        }
         return (x_dict, edges), {}
     return None
 
@@ -272,9 +342,12 @@ def _forward_kwargs(model: Any, built_with: dict[str, Any], graph: dict[str, Any
     for param in list(forward.parameters.values())[1:]:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
-        wanted = (param.default is param.empty or param.name in _OPTIONAL_PASSED
-                  or (param.name == "edge_attr" and reads_edges)
-                  or (param.name == "edge_type" and "num_relations" in built_with))
+        wanted = (
+            param.default is param.empty
+            or param.name in _OPTIONAL_PASSED
+            or (param.name == "edge_attr" and reads_edges)
+            or (param.name == "edge_type" and "num_relations" in built_with)
+        )
         if not wanted:
             continue
         if param.name not in graph:

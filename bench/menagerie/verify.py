@@ -68,26 +68,42 @@ def verify(entry: Entry) -> dict[str, Any]:
 
     started = time.monotonic()
     result: dict[str, Any] = {"status": "verified", "check": None, "error": None, "checks": {}}
-    case = Case(entry.name, entry.build, rtol=entry.rtol, reset=_reset(entry.backend),
-                other_inputs=entry.other_inputs)
+    case = Case(entry.name, entry.build, rtol=entry.rtol, reset=_reset(entry.backend), other_inputs=entry.other_inputs)
     try:
         model, args, kwargs = case.build()
     except Exception as exc:  # noqa: BLE001 - any failure to build is the model's, not TorchLens's
-        return {**result, "status": "excluded", "check": "build", "error": first_line(exc),
-                "reason": f"the model cannot be built small: {first_line(exc)}"}
+        return {
+            **result,
+            "status": "excluded",
+            "check": "build",
+            "error": first_line(exc),
+            "reason": f"the model cannot be built small: {first_line(exc)}",
+        }
     result["family"] = _family(entry, model, kwargs)
     try:
         case.reset()
         own = model(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001
-        return {**result, "status": "excluded", "check": "untraced call", "error": first_line(exc),
-                "reason": f"the model's own untraced call fails: {first_line(exc)}"}
+        return {
+            **result,
+            "status": "excluded",
+            "check": "untraced call",
+            "error": first_line(exc),
+            "reason": f"the model's own untraced call fails: {first_line(exc)}",
+        }
     try:
         case.reset()
         trace = tl.trace(model, *args, backend=entry.backend, **kwargs)
     except Exception as exc:  # noqa: BLE001
-        return {**result, "status": "failed", "check": "trace", "error": first_line(exc), "detail": _detail(exc),
-                "traceback": traceback.format_exc()[-3000:], "seconds": round(time.monotonic() - started, 2)}
+        return {
+            **result,
+            "status": "failed",
+            "check": "trace",
+            "error": first_line(exc),
+            "detail": _detail(exc),
+            "traceback": traceback.format_exc()[-3000:],
+            "seconds": round(time.monotonic() - started, 2),
+        }
     result["ops"] = trace.num_ops
     traced = Traced(entry.backend, case, model, args, kwargs, trace, own)
     scratch = tempfile.mkdtemp(prefix="menagerie-")
@@ -101,8 +117,13 @@ def verify(entry: Entry) -> dict[str, Any]:
             except Exception as exc:  # noqa: BLE001 - AssertionError from a check, or whatever a step raised
                 result["checks"][name] = f"failed: {first_line(exc)}"
                 if result["status"] == "verified":
-                    result.update(status="failed", check=name, error=first_line(exc), detail=_detail(exc),
-                                  traceback=traceback.format_exc()[-3000:])
+                    result.update(
+                        status="failed",
+                        check=name,
+                        error=first_line(exc),
+                        detail=_detail(exc),
+                        traceback=traceback.format_exc()[-3000:],
+                    )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result["seconds"] = round(time.monotonic() - started, 2)
@@ -112,6 +133,7 @@ def verify(entry: Entry) -> dict[str, Any]:
 def _reset(backend: str) -> Callable[[], None]:
     """Reseed before every run of the model, as the capture was: a forward drawing random numbers draws alike."""
     if backend == "torch":
+
         def seed() -> None:
             import torch
 
@@ -126,8 +148,9 @@ def _family(entry: Entry, model: Any, kwargs: dict[str, Any]) -> str:
     if entry.library != "transformers":
         return entry.family
     config = getattr(model, "config", None)
-    kind = {"input_ids": "text", "pixel_values": "vision", "input_values": "audio",
-            "input_features": "audio"}.get(getattr(model, "main_input_name", ""), "other")
+    kind = {"input_ids": "text", "pixel_values": "vision", "input_values": "audio", "input_features": "audio"}.get(
+        getattr(model, "main_input_name", ""), "other"
+    )
     if getattr(config, "is_encoder_decoder", False):
         kind += "-encoder-decoder"
     elif any(hasattr(config, k) for k in ("vision_config", "audio_config")) and kind == "text":

@@ -83,7 +83,7 @@ def _load(model: nnx.Module, arch: str, variant: str) -> None:
             else:
                 kernel = value.T
             if variant == "lost_padding" and layer_name == "fc":
-                kernel = kernel[:layer.in_features]  # the first inputs: keeps the model runnable
+                kernel = kernel[: layer.in_features]  # the first inputs: keeps the model runnable
             layer.kernel.value = jnp.asarray(kernel)
 
 

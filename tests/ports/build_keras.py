@@ -31,8 +31,7 @@ class CNN(keras.Model):
         super().__init__(name="CNN")
         self.variant = variant
         self.conv1 = keras.layers.Conv2D(8, 3, padding="same", name="conv1")
-        self.conv2 = keras.layers.Conv2D(16, 3, padding="valid" if variant == "lost_padding" else "same",
-                                         name="conv2")
+        self.conv2 = keras.layers.Conv2D(16, 3, padding="valid" if variant == "lost_padding" else "same", name="conv2")
         self.fc = keras.layers.Dense(weights.CLASSES, name="fc")
 
     def call(self, x: Any) -> Any:
@@ -92,7 +91,7 @@ def _load(model: keras.Model, arch: str, variant: str) -> None:
             else:
                 kernel = value.T
             if variant == "lost_padding" and layer_name == "fc":
-                kernel = kernel[:weights.FLAT_UNPADDED]  # the first inputs: keeps the model runnable
+                kernel = kernel[: weights.FLAT_UNPADDED]  # the first inputs: keeps the model runnable
             layer.kernel.assign(kernel)
 
 

@@ -73,7 +73,7 @@ def _load(model: nn.Layer, arch: str, variant: str) -> None:
             if not (variant == "transposed_weight" and layer_name == "q"):
                 value = value.T
             if variant == "lost_padding" and layer_name == "fc":
-                value = value[:weights.FLAT_UNPADDED]  # the first inputs: keeps the model runnable
+                value = value[: weights.FLAT_UNPADDED]  # the first inputs: keeps the model runnable
         getattr(layer, kind).set_value(np.ascontiguousarray(value))
 
 

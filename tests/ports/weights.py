@@ -77,17 +77,21 @@ def block_weights(seed: int = SEED + 2) -> dict[str, np.ndarray]:
     for norm in ("norm1", "norm2"):
         found[f"{norm}.weight"] = (1.0 + _normal(rng, WIDTH, scale=0.1)).astype(np.float32)
         found[f"{norm}.bias"] = _normal(rng, WIDTH, scale=0.1)
-    for name, n_in, n_out, scale in (("q", WIDTH, WIDTH, 1.0), ("k", WIDTH, WIDTH, 1.0), ("v", WIDTH, WIDTH, 1.0),
-                                     ("out", WIDTH, WIDTH, 1.0), ("up", WIDTH, HIDDEN, 2.0),
-                                     ("down", HIDDEN, WIDTH, 1.0)):
-        found[f"{name}.weight"] = _normal(rng, n_out, n_in, scale=scale / n_in ** 0.5)
+    for name, n_in, n_out, scale in (
+        ("q", WIDTH, WIDTH, 1.0),
+        ("k", WIDTH, WIDTH, 1.0),
+        ("v", WIDTH, WIDTH, 1.0),
+        ("out", WIDTH, WIDTH, 1.0),
+        ("up", WIDTH, HIDDEN, 2.0),
+        ("down", HIDDEN, WIDTH, 1.0),
+    ):
+        found[f"{name}.weight"] = _normal(rng, n_out, n_in, scale=scale / n_in**0.5)
         found[f"{name}.bias"] = _normal(rng, n_out, scale=0.1)
     return found
 
 
 def deep_weights() -> dict[str, np.ndarray]:
-    return {f"blocks.{n}.{name}": value for n in range(DEPTH)
-            for name, value in block_weights(SEED + 100 + n).items()}
+    return {f"blocks.{n}.{name}": value for n in range(DEPTH) for name, value in block_weights(SEED + 100 + n).items()}
 
 
 def block_input() -> np.ndarray:

@@ -70,20 +70,50 @@ def test_audit_clean(traced: Traced, request: pytest.FixtureRequest) -> None:
 
 def _views(t: tl.Trace) -> list[Any]:
     """What a loaded trace must give as the original did: op records, tables, summary, drawing, hash."""
-    ops = [(o.label, o.kind, o.func_name, o.shape, o.dtype, o.device, o.parents, o.children, o.module_passes,
-            o.module_outputs, o.params, o.source, o.in_place, o.saved, o.code_context, o.elapsed, o.flops,
-            o.macs, repr(o.config), o.conditions, o.pass_num, o.num_passes) for o in t.ops]
+    ops = [
+        (
+            o.label,
+            o.kind,
+            o.func_name,
+            o.shape,
+            o.dtype,
+            o.device,
+            o.parents,
+            o.children,
+            o.module_passes,
+            o.module_outputs,
+            o.params,
+            o.source,
+            o.in_place,
+            o.saved,
+            o.code_context,
+            o.elapsed,
+            o.flops,
+            o.macs,
+            repr(o.config),
+            o.conditions,
+            o.pass_num,
+            o.num_passes,
+        )
+        for o in t.ops
+    ]
     params = [(p.name, p.module, p.shape, p.dtype, p.numel, p.trainable, p.is_buffer) for p in t.params.values()]
-    modules = [(m.path, m.type_name, m.num_params, [(mp.label, mp.ops, mp.output_shapes) for mp in m.passes])
-               for m in t.modules.values()]
+    modules = [
+        (m.path, m.type_name, m.num_params, [(mp.label, mp.ops, mp.output_shapes) for mp in m.passes])
+        for m in t.modules.values()
+    ]
     return [ops, params, modules, t.output_labels, t.summary(), t.to_dot(), tl.hash(t)]
 
 
 def test_module_outputs(traced: Traced) -> None:
     if not traced.case.check_modules:
         pytest.skip("case has no modules to observe")
-    seen = _run(traced.case, lambda: hook().torchlens_observe_module_outputs(
-        backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
+    seen = _run(
+        traced.case,
+        lambda: hook().torchlens_observe_module_outputs(
+            backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs
+        ),
+    )
     recorded = {mp.label: mp for m in traced.trace.modules.values() for mp in m.passes}
     if seen is None:  # no observer: each module run alone on the inputs its pass recorded
         seen = _rerun_alone(traced)
@@ -94,8 +124,14 @@ def test_module_outputs(traced: Traced) -> None:
     assert not missing, f"module calls not recorded: {missing[:10]}"
     extra = sorted(set(recorded) - set(seen))
     assert not extra, f"module calls recorded that the framework did not see: {extra[:10]}"
-    worst = max(((max_error(traced.backend, mp.out, seen[label]), label) for label, mp in recorded.items()
-                 if seen[label] is not None), default=(0.0, None))
+    worst = max(
+        (
+            (max_error(traced.backend, mp.out, seen[label]), label)
+            for label, mp in recorded.items()
+            if seen[label] is not None
+        ),
+        default=(0.0, None),
+    )
     assert worst[0] <= traced.case.rtol, f"module output {worst[1]} differs by {worst[0]:.3g}"
 
 
@@ -107,8 +143,10 @@ def _rerun_alone(traced: Traced) -> dict[str, Any]:
         raise AssertionError(f"a module run alone on its recorded inputs raised {type(exc).__name__}: {exc}") from exc
     if not rerun.outputs:
         reasons = sorted(set(rerun.not_run.values()))
-        pytest.skip(f"the backend has no module observer hook and no module pass could be run alone ({reasons}): "
-                    f"implement torchlens_observe_module_outputs, or pass inputs= to TraceBuilder.enter_module")
+        pytest.skip(
+            f"the backend has no module observer hook and no module pass could be run alone ({reasons}): "
+            f"implement torchlens_observe_module_outputs, or pass inputs= to TraceBuilder.enter_module"
+        )
     return {label: rerun.outputs.get(label) for label in [*rerun.outputs, *rerun.not_run]}  # None: not compared
 
 
@@ -142,8 +180,11 @@ def test_replay_on_other_inputs(traced: Traced) -> None:
     replayed = tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r, traced.trace.output_template)
     error = max_error(traced.backend, replayed, own)
     assert error <= traced.case.rtol, f"replayed on other inputs, the output is off the model's own by {error:.3g}"
-    moved = [op for op in traced.trace.ops if op.kind == "op" and op.saved
-             and max_error(traced.backend, values[op.index], op.out) > 0]
+    moved = [
+        op
+        for op in traced.trace.ops
+        if op.kind == "op" and op.saved and max_error(traced.backend, values[op.index], op.out) > 0
+    ]
     assert moved, "no op's value changed with the inputs: the check cannot tell an edge from a constant here"
 
 
@@ -158,8 +199,12 @@ def _edited_route_output(traced: Traced, site: Any) -> Any:
     rounding some values in the last bit otherwise; tinygrad: each op realized as it returns where ops are
     edited), so an edit that changes nothing is held to that route's own output, bit for bit, and the route to
     the plain capture's within the case's tolerance."""
-    baseline = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
-                                                   intervene=tl.when(site, _identity), **traced.kwargs))
+    baseline = _run(
+        traced.case,
+        lambda: tl.trace(
+            traced.model, *traced.args, backend=traced.backend, intervene=tl.when(site, _identity), **traced.kwargs
+        ),
+    )
     route = max_error(traced.backend, baseline.output, traced.trace.output)
     assert route <= traced.case.rtol, f"a capture with an identity edit is off the plain capture by {route:.3g}"
     return baseline.output
@@ -175,8 +220,7 @@ def test_a_capture_leaves_no_reference_cycles(traced: Traced) -> None:
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)  # what the next collection finds unreachable stays in gc.garbage
     try:
-        trace = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
-                                                    **traced.kwargs))
+        trace = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, **traced.kwargs))
         del trace
         gc.collect()
         ours = sorted({_owner_name(o) for o in gc.garbage if _package_of(o) in packages} - {""})
@@ -190,8 +234,11 @@ def _backend_packages(backend: str) -> set[str]:
     """The top-level packages of the plugin objects registered for ``backend``."""
     from torchlens_core.backend.manager import plugin_manager
 
-    return {type(plugin).__module__.split(".")[0] for name, plugin in plugin_manager().list_name_plugin()
-            if name == backend or getattr(plugin, "name", None) == backend}
+    return {
+        type(plugin).__module__.split(".")[0]
+        for name, plugin in plugin_manager().list_name_plugin()
+        if name == backend or getattr(plugin, "name", None) == backend
+    }
 
 
 def _package_of(obj: Any) -> str:
@@ -208,8 +255,10 @@ def test_identity_edits_leave_the_output_unchanged(traced: Traced) -> None:
     """An identity edit at every op: the edit machinery of every op runs, and changes nothing."""
     needs(traced, "intervene")
     everything = tl.when(tl.where(lambda op: True), _identity)
-    edited = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
-                                                 intervene=everything, **traced.kwargs))
+    edited = _run(
+        traced.case,
+        lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, intervene=everything, **traced.kwargs),
+    )
     assert len(edited.interventions) >= edited.num_ops, "some ops were not edited"
     first = next(op.label for op in traced.trace.ops if op.kind == "op")
     change = max_error(traced.backend, edited.output, _edited_route_output(traced, tl.label(first)))
@@ -226,13 +275,23 @@ def test_copies_at_every_module_site_leave_the_output_unchanged(traced: Traced) 
     """Every module call's output replaced by a copy of itself, as a forward hook returning copies would: the
     caller gets new arrays, later ops read them as the module's output, and nothing changes."""
     needs(traced, "intervene")
-    paths = [path for path, module in traced.trace.modules.items()
-             if any(mp.out_template is not None and refs_in(mp.out_template) for mp in module.passes)]
+    paths = [
+        path
+        for path, module in traced.trace.modules.items()
+        if any(mp.out_template is not None and refs_in(mp.out_template) for mp in module.passes)
+    ]
     if not paths:
         pytest.skip("no module call returned an array")
-    edited = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
-                                                 intervene=[tl.when(tl.module(p), _copied) for p in paths],
-                                                 **traced.kwargs))
+    edited = _run(
+        traced.case,
+        lambda: tl.trace(
+            traced.model,
+            *traced.args,
+            backend=traced.backend,
+            intervene=[tl.when(tl.module(p), _copied) for p in paths],
+            **traced.kwargs,
+        ),
+    )
     assert edited.interventions, "no module output was edited"
     change = max_error(traced.backend, edited.output, _edited_route_output(traced, tl.module(paths[0])))
     assert change == 0.0, f"copies of module outputs changed the traced output by {change:.3g}"
@@ -243,15 +302,29 @@ def test_copies_at_every_module_site_leave_the_output_unchanged(traced: Traced) 
 def test_zero_ablation_live_equals_fork_replay(traced: Traced) -> None:
     """Zeros at a mid-graph op: captured live, and replayed on a fork of the clean trace, give one output."""
     needs(traced, "intervene")
-    ops = [op for op in traced.trace.ops if op.kind == "op" and op.children and op.dtype
-           and replay_refusal(op, op.label) is None  # a pass-through a fork refuses to replay edits at
-           and any(k in op.dtype for k in ("float", "bfloat", "half", "double"))]
+    ops = [
+        op
+        for op in traced.trace.ops
+        if op.kind == "op"
+        and op.children
+        and op.dtype
+        and replay_refusal(op, op.label) is None  # a pass-through a fork refuses to replay edits at
+        and any(k in op.dtype for k in ("float", "bfloat", "half", "double"))
+    ]
     if not ops:
         pytest.skip("no floating-point op with children to ablate")
     site = ops[len(ops) // 2]
     where = tl.label(f"{site.layer_label}:{site.pass_num}")
-    live = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
-                                               intervene=tl.when(where, tl.zero_ablate()), **traced.kwargs))
+    live = _run(
+        traced.case,
+        lambda: tl.trace(
+            traced.model,
+            *traced.args,
+            backend=traced.backend,
+            intervene=tl.when(where, tl.zero_ablate()),
+            **traced.kwargs,
+        ),
+    )
     assert live[f"{site.layer_label}:{site.pass_num}"].edited
     fork = traced.trace.fork().when(where, tl.zero_ablate())
     if [op.func_name for op in live.ops] != [op.func_name for op in traced.trace.ops]:
@@ -296,8 +369,7 @@ def test_no_lost_edges(traced: Traced) -> None:
     other = _run(traced.case, lambda: tl.trace(traced.model, *args, backend=traced.backend, **kwargs))
     moved = list(constants_that_moved(traced.trace, other))
     if moved:  # traced once more on the first inputs: a constant no run gives back alike is not an edge
-        again = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend,
-                                                    **traced.kwargs))
+        again = _run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, **traced.kwargs))
         moved = list(constants_that_moved(traced.trace, other, again))
     found += moved
     assert not found, "lost edges:\n" + "\n".join(f"  {f.op}: {f.detail}" for f in found[:10])

@@ -40,8 +40,9 @@ from torchlens_core.ir.records import OpRecord, refs_in
 
 
 def _capture(traced: Traced, **options: Any) -> tl.Trace:
-    return run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, **options,
-                                             **traced.kwargs))
+    return run(
+        traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, **options, **traced.kwargs)
+    )
 
 
 def _audited(traced: Traced, trace: tl.Trace) -> None:
@@ -76,14 +77,17 @@ def _helper_steps(trace: tl.Trace, site: OpRecord, reference: Any, dtype: Any) -
     shape, n = site.shape, site.shape[-1]
     vector = np.linspace(-1.0, 1.0, n).astype(dtype)
     off, onto = np.cos(np.arange(n) + 0.5), np.linspace(0.5, 2.0, n)
-    picks = np.random.default_rng(3).permutation(reference.shape[0])[:shape[0]]
+    picks = np.random.default_rng(3).permutation(reference.shape[0])[: shape[0]]
     draws = 0.1 * np.random.default_rng(7).standard_normal(shape)
     return [
         ("zero_ablate", tl.zero_ablate(), lambda p: np.zeros_like(p)),
         ("swap_with", tl.swap_with(trace), lambda p: reference),
         ("resample_ablate", tl.resample_ablate(trace, seed=3), lambda p: reference[picks]),
-        ("mean_ablate(reference, dims=(-1,))", tl.mean_ablate(trace, dims=(-1,)),
-         lambda p: np.broadcast_to(reference.mean(axis=-1, keepdims=True), shape)),
+        (
+            "mean_ablate(reference, dims=(-1,))",
+            tl.mean_ablate(trace, dims=(-1,)),
+            lambda p: np.broadcast_to(reference.mean(axis=-1, keepdims=True), shape),
+        ),
         ("steer", tl.steer(vector, 2.0), lambda p: p + 2.0 * vector),
         ("scale", tl.scale(-0.5), lambda p: p * -0.5),
         ("noise", tl.noise(0.1, seed=7), lambda p: p + draws),
@@ -129,10 +133,12 @@ def test_every_helper_edits_an_op_as_numpy_computes_it(traced: Traced) -> None:
     values = [to_numpy(backend, v).astype("float64") for v in seen]
     assert len(values) == len(steps) + 1, f"the helpers at {key} ran {len(values) - 1} times, not {len(steps)}"
     before = numpy_error(values[0], clean)
-    assert before <= traced.case.rtol, f"the value handed to the first helper at {key} is off the clean " \
-                                       f"capture's by {before:.3g}"
-    assert numpy_error(to_numpy(backend, op.pre_edit), values[0]) == 0.0, f"{key}'s pre_edit is not its value " \
-                                                                           f"before the edit"
+    assert before <= traced.case.rtol, (
+        f"the value handed to the first helper at {key} is off the clean capture's by {before:.3g}"
+    )
+    assert numpy_error(to_numpy(backend, op.pre_edit), values[0]) == 0.0, (
+        f"{key}'s pre_edit is not its value before the edit"
+    )
     tol = tolerance(site.dtype, traced.case.rtol)
     for (name, _, by_hand), given, got in zip(steps, values, values[1:]):
         error = numpy_error(got, by_hand(given))
@@ -167,10 +173,15 @@ def test_a_module_call_edit_is_what_its_caller_gets(traced: Traced) -> None:
     helpers = (tl.scale(-2.0), tl.noise(0.05, seed=5))
     edited = _capture(traced, save=where, intervene=tl.when(where, *helpers))
     leaves = refs_in(mp.out_template)
-    assert [(e.site, e.kind) for e in edited.interventions] == [(mp.label, "module")] * len(leaves), \
+    assert [(e.site, e.kind) for e in edited.interventions] == [(mp.label, "module")] * len(leaves), (
         f"the edits recorded are {edited.interventions}, not one per array {mp.label} returned"
-    observed = run(traced.case, lambda: hook().torchlens_observe_module_outputs(
-        backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
+    )
+    observed = run(
+        traced.case,
+        lambda: hook().torchlens_observe_module_outputs(
+            backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs
+        ),
+    )
     seen = (observed or {}).get(mp.label)
     before = _array_leaves(backend, seen if seen is not None else mp.out)  # the framework's view, where it has one
     after = _array_leaves(backend, edited.modules[mp.path].passes[mp.pass_num - 1].out)
@@ -178,15 +189,18 @@ def test_a_module_call_edit_is_what_its_caller_gets(traced: Traced) -> None:
     tol = tolerance(traced.trace.ops[leaves[0].index].dtype, traced.case.rtol)
     for i, (b, a) in enumerate(zip(before, after)):
         error = numpy_error(to_numpy(backend, a), _module_edit(to_numpy(backend, b).astype("float64")))
-        assert error <= tol, f"array {i} of {mp.label}'s edited output is off the hook-seen value, edited in " \
-                             f"NumPy, by {error:.3g}"
-    assert any(op.kind == "op" and not op.saved for op in edited.ops), "save= picked one module call; every op " \
-                                                                       "was saved"
+        assert error <= tol, (
+            f"array {i} of {mp.label}'s edited output is off the hook-seen value, edited in NumPy, by {error:.3g}"
+        )
+    assert any(op.kind == "op" and not op.saved for op in edited.ops), (
+        "save= picked one module call; every op was saved"
+    )
     replayed = _replayed_with(traced, where, *helpers)
     if replayed is not None:
         error = max_error(backend, replayed, edited.output)
-        assert error <= traced.case.rtol, f"edited at {mp.label}, the output is off the recorded graph replayed " \
-                                          f"with the same edit by {error:.3g}"
+        assert error <= traced.case.rtol, (
+            f"edited at {mp.label}, the output is off the recorded graph replayed with the same edit by {error:.3g}"
+        )
 
 
 def _replayed_with(traced: Traced, where: Any, *helpers: Any) -> Any:
@@ -229,13 +243,18 @@ def test_splice_module_runs_the_replacement_instead(traced: Traced) -> None:
     replayed = _replayed_with(traced, where, tl.scale(-2.0))
     if replayed is not None:
         error = max_error(traced.backend, replayed, spliced.output)
-        assert error <= tol, f"spliced at {mp.label}, the output is off the clean graph replayed with the " \
-                             f"module's output edited by {error:.3g}"
+        assert error <= tol, (
+            f"spliced at {mp.label}, the output is off the clean graph replayed with the "
+            f"module's output edited by {error:.3g}"
+        )
     ops, is_array = hook().torchlens_array_ops(backend=traced.backend), is_array_of(traced.backend)
     returned = tree.map_leaves(lambda v: ops.copy(v) if ops is not None and is_array(v) else v, mp.out)
     instead = _capture(traced, intervene=tl.when(where, tl.splice_module(lambda *args, **kwargs: returned)))
-    ran = [op.label for op in instead.ops if (mp.path, mp.pass_num) in [tuple(p) for p in op.module_passes]
-           and not op.meta.get("identity")]  # (the explicit identity op of an array returned, not computed)
+    ran = [
+        op.label
+        for op in instead.ops
+        if (mp.path, mp.pass_num) in [tuple(p) for p in op.module_passes] and not op.meta.get("identity")
+    ]  # (the explicit identity op of an array returned, not computed)
     assert not ran, f"{mp.label} was replaced by a function computing nothing, yet ops ran inside it: {ran[:5]}"
     error = max_error(traced.backend, instead.output, traced.own_output)
     assert error <= tol, f"{mp.label} replaced by its own clean output, the output is off the model's by {error:.3g}"
@@ -249,6 +268,7 @@ class _HelperFailed(Exception):
 def _raise(error: BaseException) -> Any:
     def helper(value: Any, site: Any) -> Any:
         raise error
+
     return helper
 
 
@@ -270,15 +290,23 @@ def test_refused_and_failing_edits_leave_the_model_as_it_was(traced: Traced) -> 
     with pytest.raises(tl.InterventionError) as refused:
         _capture(traced, intervene=tl.when(tl.label(key), grows))
     grown = [shape[0] + 1, *shape[1:]]
-    assert key in str(refused.value) and str(shape) in str(refused.value) and str(grown) in str(refused.value), \
+    assert key in str(refused.value) and str(shape) in str(refused.value) and str(grown) in str(refused.value), (
         f"the refusal does not name the site {key} and shapes {shape} and {grown}: {refused.value}"
+    )
     retyped = _another_dtype(traced.backend, first)
     if retyped is not None:
         with pytest.raises(tl.InterventionError, match=retyped[1]):
             _capture(traced, intervene=tl.when(tl.label(key), lambda value, site: retyped[0]))
     sites = [tl.label(key)]
-    module = next((mp for m in traced.trace.modules.values() for mp in m.passes
-                   if mp.out_template is not None and refs_in(mp.out_template)), None)
+    module = next(
+        (
+            mp
+            for m in traced.trace.modules.values()
+            for mp in m.passes
+            if mp.out_template is not None and refs_in(mp.out_template)
+        ),
+        None,
+    )
     if module is not None and "modules" in _capabilities(traced.backend):
         sites.append(tl.module(module.label))
     for where in sites:
@@ -302,8 +330,9 @@ def _another_dtype(backend: str, op: OpRecord) -> tuple[Any, str] | None:
     info = h.torchlens_array_info(backend=backend, value=op.out)
     other = "float32" if info[1] == "float64" else "float64"
     try:
-        made = h.torchlens_from_numpy(backend=backend, array=to_numpy(backend, op.out).astype(other), dtype=other,
-                                      device=info[2])
+        made = h.torchlens_from_numpy(
+            backend=backend, array=to_numpy(backend, op.out).astype(other), dtype=other, device=info[2]
+        )
     except Exception:  # noqa: BLE001 - a backend without that dtype: the shape refusal stands alone
         return None
     found = h.torchlens_array_info(backend=backend, value=made) if made is not None else None
@@ -319,14 +348,23 @@ def _samples(traced: Traced) -> list[Any]:
 
     info = hook().torchlens_array_info
     found: dict[str, tuple[int, Any]] = {}
-    candidates = [(leaf, *info(backend=traced.backend, value=leaf)[:2])
-                  for _, leaf in tree.leaves((traced.args, traced.kwargs), is_array_of(traced.backend))]
-    candidates += [(op.out, op.shape, op.dtype) for op in traced.trace.ops
-                   if op.saved and op.kind in ("input", "op") and single_array(op) and op.dtype]
+    candidates = [
+        (leaf, *info(backend=traced.backend, value=leaf)[:2])
+        for _, leaf in tree.leaves((traced.args, traced.kwargs), is_array_of(traced.backend))
+    ]
+    candidates += [
+        (op.out, op.shape, op.dtype)
+        for op in traced.trace.ops
+        if op.saved and op.kind in ("input", "op") and single_array(op) and op.dtype
+    ]
     for value, shape, dtype in candidates:
         size = math.prod(shape)
-        if len(shape) >= 1 and size >= 2 and (any(k in dtype for k in FLOATING) or "int" in dtype) \
-                and (dtype not in found or size < found[dtype][0]):
+        if (
+            len(shape) >= 1
+            and size >= 2
+            and (any(k in dtype for k in FLOATING) or "int" in dtype)
+            and (dtype not in found or size < found[dtype][0])
+        ):
             found[dtype] = (size, value)
     return [value for _, value in found.values()]
 
@@ -352,8 +390,11 @@ def test_array_ops_agree_with_numpy(traced: Traced) -> None:
         pairs = [
             ("zeros_like", ops.zeros_like(x), reference.zeros_like(data)),
             ("mean over (0,)", ops.mean(x, (0,)), reference.mean(data, (0,))),
-            ("mean over every axis", ops.mean(x, tuple(range(data.ndim))), reference.mean(data,
-                                                                                    tuple(range(data.ndim)))),
+            (
+                "mean over every axis",
+                ops.mean(x, tuple(range(data.ndim))),
+                reference.mean(data, tuple(range(data.ndim))),
+            ),
             ("sum over the last axis", ops.sum(x, last), reference.sum(data, last)),
             ("clip", ops.clip(x, low, high), reference.clip(data, low, high)),
             ("clip above only", ops.clip(x, None, high), reference.clip(data, None, high)),
@@ -369,7 +410,8 @@ def test_array_ops_agree_with_numpy(traced: Traced) -> None:
             assert error <= tol, f"{name} of a {dtype} array is off NumPy's by {error:.3g}"
         kept = ops.copy(x)
         written = ops.write_into(ops.copy(x), x * 2)
-        assert numpy_error(to_numpy(backend, written), data.astype(np.float64) * 2) == 0.0, \
+        assert numpy_error(to_numpy(backend, written), data.astype(np.float64) * 2) == 0.0, (
             f"write_into of a {dtype} array did not give the value written"
+        )
         assert numpy_error(to_numpy(backend, kept), data) == 0.0, f"a copy of a {dtype} array changed"
         assert numpy_error(to_numpy(backend, x), data) == 0.0, f"writing into a copy changed the {dtype} array"

@@ -30,8 +30,10 @@ def _fits_a_product(a: ArraySpec, b: ArraySpec, out: Any) -> bool:
     if len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != b.shape[-2] or not isinstance(out, tuple):
         return False
     n = max(len(a.shape), len(b.shape)) - 2
-    batch = [max(x, y) for x, y in zip((1,) * (n - len(a.shape) + 2) + a.shape[:-2],
-                                       (1,) * (n - len(b.shape) + 2) + b.shape[:-2])]
+    batch = [
+        max(x, y)
+        for x, y in zip((1,) * (n - len(a.shape) + 2) + a.shape[:-2], (1,) * (n - len(b.shape) + 2) + b.shape[:-2])
+    ]
     return out == (*batch, a.shape[-2], b.shape[-1])
 
 
@@ -44,9 +46,10 @@ def test_flops_are_known(traced: Traced) -> None:
     if not ops:
         pytest.skip("the case records no op")
     unknown = Counter(op.func_name for op in ops if op.flops is None)
-    assert sum(unknown.values()) <= UNKNOWN_AT_MOST * len(ops), \
-        f"{sum(unknown.values())} of {len(ops)} ops have unknown FLOPs (torchlens_flop_formulas): " \
+    assert sum(unknown.values()) <= UNKNOWN_AT_MOST * len(ops), (
+        f"{sum(unknown.values())} of {len(ops)} ops have unknown FLOPs (torchlens_flop_formulas): "
         f"{unknown.most_common(8)}"
+    )
     for op in ops:
         if op_class(op) not in CONTRACTIONS:
             continue
@@ -55,5 +58,6 @@ def test_flops_are_known(traced: Traced) -> None:
         arrays = [a for a in op_call(trace, op).inputs if a is not None]
         if op_class(op) == "matmul" and len(arrays) == 2 and _fits_a_product(*arrays, op.shape):
             expected = matmul_macs(arrays[0].shape, arrays[1].shape)
-            assert op.macs == expected, f"{op.label}: {op.macs} MACs for {arrays[0].shape} @ {arrays[1].shape}, " \
-                                        f"not {expected}"
+            assert op.macs == expected, (
+                f"{op.label}: {op.macs} MACs for {arrays[0].shape} @ {arrays[1].shape}, not {expected}"
+            )

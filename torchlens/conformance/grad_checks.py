@@ -57,15 +57,21 @@ def grads_of(traced: Traced) -> Graded:
     """What the ``graded`` fixture holds (skips a case the framework cannot differentiate by itself)."""
     needs(traced, "gradients")
     try:
-        reference = run(traced.case, lambda: hook().torchlens_reference_grads(
-            backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs))
+        reference = run(
+            traced.case,
+            lambda: hook().torchlens_reference_grads(
+                backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs
+            ),
+        )
     except tl.UnsupportedError as exc:
         pytest.skip(str(exc))
     if not reference:
         pytest.skip("no floating-point input to differentiate with respect to")
     try:
-        t = run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, save_grads=True,
-                                               **traced.kwargs))
+        t = run(
+            traced.case,
+            lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, save_grads=True, **traced.kwargs),
+        )
         t.log_backward(total(traced.backend))
     except Exception as exc:  # noqa: BLE001 - raised again inside each check (see Graded)
         return Graded(None, None, exc)
@@ -90,8 +96,9 @@ def test_a_loaded_trace_gives_the_same_gradients(traced: Traced, graded: Graded,
     graded.reference()
     live = graded.trace
     loaded = tl.load(tl.save(live, tmp_path / "grads"))
-    assert [op.grad_status for op in loaded.ops] == [op.grad_status for op in live.ops], \
+    assert [op.grad_status for op in loaded.ops] == [op.grad_status for op in live.ops], (
         "the loaded trace's gradient statuses differ from the saved trace's"
+    )
     try:
         run(traced.case, lambda: loaded.log_backward(total(traced.backend)))
     except UnsupportedError as exc:  # a rule the file cannot hold (JAX's custom derivatives are code): said so
@@ -127,8 +134,8 @@ def _scalable_outputs(traced: Traced) -> list[OpRecord]:
     trace = traced.trace
     outs = list({r.index: trace.ops[r.index] for r in refs_in(trace.output_template)}.values())
     if "intervene" not in resolve_backend(traced.backend).capabilities or any(
-            op.kind != "op" or not is_floating(op) or any(trace[c].kind != "output" for c in op.children)
-            for op in outs):
+        op.kind != "op" or not is_floating(op) or any(trace[c].kind != "output" for c in op.children) for op in outs
+    ):
         return []
     return outs
 
@@ -146,8 +153,11 @@ def test_gradients_of_a_selected_op_and_through_an_edit(traced: Traced, graded: 
     small_only(traced)
     reference = graded.reference()
     full, backend = graded.trace, traced.backend
-    outs = [(path, ref) for path, ref in tree.leaves(full.output_template, lambda v: isinstance(v, Ref))
-            if is_floating(full.ops[ref.index])]
+    outs = [
+        (path, ref)
+        for path, ref in tree.leaves(full.output_template, lambda v: isinstance(v, Ref))
+        if is_floating(full.ops[ref.index])
+    ]
     first = outs[0] if len(outs) > 1 and not outs[0][1].path else None  # one op's whole value
     needed = _ancestors(full, first[1].index) if first is not None else set()
     site = None
@@ -160,8 +170,17 @@ def test_gradients_of_a_selected_op_and_through_an_edit(traced: Traced, graded: 
     scaled = _scalable_outputs(traced)
     factor = -3.0 if scaled else 1.0
     edits = [tl.when(tl.label(f"{op.layer_label}:{op.pass_num}"), tl.scale(factor)) for op in scaled]
-    narrow = run(traced.case, lambda: tl.trace(traced.model, *traced.args, backend=backend, intervene=edits or None,
-                                                save_grads=tl.label(key), **traced.kwargs))
+    narrow = run(
+        traced.case,
+        lambda: tl.trace(
+            traced.model,
+            *traced.args,
+            backend=backend,
+            intervene=edits or None,
+            save_grads=tl.label(key),
+            **traced.kwargs,
+        ),
+    )
     if any(_numel(backend, leaf) > 1 for leaf in _float_leaves(backend, narrow.output)):
         with pytest.raises(UnsupportedError):  # a loss that is an array of several numbers
             narrow.log_backward(lambda out: next(v for v in _float_leaves(backend, out) if _numel(backend, v) > 1))
@@ -170,25 +189,27 @@ def test_gradients_of_a_selected_op_and_through_an_edit(traced: Traced, graded: 
     picked = narrow[key]
     assert picked.grad is not None, f"the selected op {key} has no gradient ({picked.grad_status})"
     error = _scaled_error(backend, picked.grad, full[key].grad, factor)
-    assert error <= tol, f"the gradient of the selected {key} is off {factor:g} times the full capture's by " \
-                         f"{error:.3g}"
-    others = [op.label for op in narrow.ops if op.kind == "op" and op.index != picked.index
-              and (op.grad is not None or op.grad_status != GRAD_NOT_SELECTED)]
+    assert error <= tol, f"the gradient of the selected {key} is off {factor:g} times the full capture's by {error:.3g}"
+    others = [
+        op.label
+        for op in narrow.ops
+        if op.kind == "op" and op.index != picked.index and (op.grad is not None or op.grad_status != GRAD_NOT_SELECTED)
+    ]
     assert not others, f"ops save_grads= did not select have gradients or another status: {others[:5]}"
     for path, expected in reference.items():
         op = _input_op(narrow, path)
         assert op.grad is not None, f"no gradient at input {op.label} ({op.grad_status})"
         error = _scaled_error(backend, op.grad, expected, factor)
-        assert error <= tol, f"the gradient at input {op.label} is off {factor:g} times the framework's by " \
-                             f"{error:.3g}"
+        assert error <= tol, f"the gradient at input {op.label} is off {factor:g} times the framework's by {error:.3g}"
     if first is None:
         return
     ops = hook().torchlens_array_ops(backend=backend)
     run(traced.case, lambda: narrow.log_backward(lambda out: ops.total(tree.get(out, first[0]))))
     for op in [picked, *(op for op in narrow.ops if op.kind == "input" and is_floating(op))]:
         if op.index not in needed:  # (one it is computed from may still not matter: a path through integers)
-            assert op.grad is None and op.grad_status == GRAD_NO_DEPENDENCE, \
+            assert op.grad is None and op.grad_status == GRAD_NO_DEPENDENCE, (
                 f"the first output array is not computed from {op.label}, whose status is {op.grad_status!r}"
+            )
 
 
 def _scaled_error(backend: str, got: Any, expected: Any, factor: float) -> float:
@@ -204,8 +225,11 @@ def _scaled_error(backend: str, got: Any, expected: Any, factor: float) -> float
 
 def _float_leaves(backend: str, value: Any) -> list[Any]:
     info = hook().torchlens_array_info
-    return [leaf for _, leaf in tree.leaves(value, is_array_of(backend))
-            if info(backend=backend, value=leaf)[1].startswith(("float", "bfloat"))]
+    return [
+        leaf
+        for _, leaf in tree.leaves(value, is_array_of(backend))
+        if info(backend=backend, value=leaf)[1].startswith(("float", "bfloat"))
+    ]
 
 
 def _numel(backend: str, value: Any) -> int:
@@ -221,8 +245,14 @@ def test_gradients_are_refused_where_they_cannot_be_given(traced: Traced, graded
     small cases: the backend may replay the graph before it calls the loss)."""
     first = next(op for op in traced.trace.ops if op.kind == "op")
     with pytest.raises(UnsupportedError, match="halt"):
-        tl.trace(traced.model, *traced.args, backend=traced.backend, save_grads=True,
-                 halt=tl.label(f"{first.layer_label}:{first.pass_num}"), **traced.kwargs)
+        tl.trace(
+            traced.model,
+            *traced.args,
+            backend=traced.backend,
+            save_grads=True,
+            halt=tl.label(f"{first.layer_label}:{first.pass_num}"),
+            **traced.kwargs,
+        )
     with pytest.raises(UnsupportedError, match="save_grads"):
         traced.trace.log_backward(total(traced.backend))
     if graded.trace is None or not is_small(traced):  # a loss is taken after a replay: on the small cases only

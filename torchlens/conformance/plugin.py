@@ -62,14 +62,27 @@ _ZOOS = pytest.StashKey[dict[str, list[Any]]]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("torchlens conformance", "TorchLens backend conformance suite")
-    group.addoption("--torchlens-backend", action="append", default=[], metavar="NAME",
-                    help="run TorchLens's conformance suite against this backend (repeatable)")
-    group.addoption("--torchlens-expected-failures", action="append", default=[], metavar="PATH",
-                    help="expected failures: a file of 'case[::check]  # reason' lines, or a directory of "
-                         "'<backend>.txt' files (repeatable); entries are strict: a listed check that passes fails")
+    group.addoption(
+        "--torchlens-backend",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run TorchLens's conformance suite against this backend (repeatable)",
+    )
+    group.addoption(
+        "--torchlens-expected-failures",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="expected failures: a file of 'case[::check]  # reason' lines, or a directory of "
+        "'<backend>.txt' files (repeatable); entries are strict: a listed check that passes fails",
+    )
     group.addoption("--torchlens-include-slow", action="store_true", help="also run cases marked slow")
-    group.addoption("--torchlens-no-untraced", action="store_true",
-                    help="audit without the untraced rerun (trace.audit(untraced=True) is the default)")
+    group.addoption(
+        "--torchlens-no-untraced",
+        action="store_true",
+        help="audit without the untraced rerun (trace.audit(untraced=True) is the default)",
+    )
 
 
 def configure_suite(config: pytest.Config, settings: SuiteSettings) -> None:
@@ -81,11 +94,15 @@ def suite_settings(config: pytest.Config) -> SuiteSettings:
     """The settings :func:`configure_suite` gave, or those of the ``--torchlens-*`` options."""
     if _SETTINGS in config.stash:
         return config.stash[_SETTINGS]
-    return SuiteSettings(backends=tuple(config.getoption("torchlens_backend")),
-                         expected_failures=(BUILT_IN_EXPECTED_FAILURES, *(
-                             pathlib.Path(p) for p in config.getoption("torchlens_expected_failures"))),
-                         include_slow=config.getoption("torchlens_include_slow"),
-                         untraced=not config.getoption("torchlens_no_untraced"))
+    return SuiteSettings(
+        backends=tuple(config.getoption("torchlens_backend")),
+        expected_failures=(
+            BUILT_IN_EXPECTED_FAILURES,
+            *(pathlib.Path(p) for p in config.getoption("torchlens_expected_failures")),
+        ),
+        include_slow=config.getoption("torchlens_include_slow"),
+        untraced=not config.getoption("torchlens_no_untraced"),
+    )
 
 
 def suite_path() -> str:
@@ -161,8 +178,10 @@ def _zoo(config: pytest.Config, backend: str) -> list[Any]:
     if backend not in zoos:
         zoos[backend] = list(hook().torchlens_conformance_cases(backend=backend) or [])
         if not zoos[backend]:
-            raise pytest.UsageError(f"the {backend} backend has no conformance cases: implement "
-                                    "torchlens_conformance_cases (Backend.conformance_cases) to return its zoo")
+            raise pytest.UsageError(
+                f"the {backend} backend has no conformance cases: implement "
+                "torchlens_conformance_cases (Backend.conformance_cases) to return its zoo"
+            )
     return zoos[backend]
 
 

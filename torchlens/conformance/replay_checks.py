@@ -118,8 +118,9 @@ class _Inputs:
     @property
     def call(self) -> tuple[Any, Any]:
         """(args, kwargs) for the model: the new input arrays where it took them, everything else as it was."""
-        return tree.replace_at(self.original, {path: value for i, value in zip(sorted(self.slots), self.values)
-                                               for path in self.slots[i]})
+        return tree.replace_at(
+            self.original, {path: value for i, value in zip(sorted(self.slots), self.values) for path in self.slots[i]}
+        )
 
 
 @since_contract(3)
@@ -147,13 +148,16 @@ def _compare(traced: Traced, loaded: tl.Trace, new: _Inputs, what: str) -> None:
     _, refused_before = _outcome(lambda: run(traced.case, lambda: traced.trace.replay(*args, **kwargs)))
     before = [to_numpy(backend, v) for v in new.values if is_array_of(backend)(v)]
     replayed, refused = _outcome(lambda: run(traced.case, lambda: loaded.replay(*new.values)))
-    assert (refused is None) == (refused_before is None), \
-        f"on {what} the loaded trace {'refuses' if refused else 'replays'}, the saved one " \
+    assert (refused is None) == (refused_before is None), (
+        f"on {what} the loaded trace {'refuses' if refused else 'replays'}, the saved one "
         f"{'refused' if refused_before else 'replayed'}: {refused or refused_before}"
+    )
     if refused is None:
         error = max_error(backend, replayed, own)
-        assert error <= traced.case.rtol, f"the loaded trace replays {what} to an output off the model's own by " \
-                                          f"{error:.3g}"
+        assert error <= traced.case.rtol, (
+            f"the loaded trace replays {what} to an output off the model's own by {error:.3g}"
+        )
     after = [to_numpy(backend, v) for v in new.values if is_array_of(backend)(v)]
-    assert all(numpy_error(a, b) == 0.0 for a, b in zip(after, before)), f"replaying the loaded trace changed the " \
-                                                                         f"{what}"
+    assert all(numpy_error(a, b) == 0.0 for a, b in zip(after, before)), (
+        f"replaying the loaded trace changed the {what}"
+    )

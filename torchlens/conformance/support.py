@@ -59,6 +59,7 @@ def since_contract(version: int) -> Callable[[Callable[..., None]], Callable[...
     :class:`~torchlens_core.ir.errors.PluginContractWarning`, and the check is
     reported xfailed: a new rule warns for one release before it fails.
     """
+
     def mark(check: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(check)  # pytest reads the fixtures from the wrapped signature
         def held_to(**fixtures: Any) -> None:
@@ -71,14 +72,22 @@ def since_contract(version: int) -> Callable[[Callable[..., None]], Callable[...
             except (Exception, pytest.fail.Exception) as exc:  # noqa: BLE001 - a failure of the new rule (an
                 # assertion, an error, a pytest.raises that did not raise; not a skip): reported, not raised
                 first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-                message = (f"the {backend} backend declares plugin contract {declared}; {check.__name__} is a rule of "
-                           f"contract {version}, which it fails ({type(exc).__name__}: {first}). It will fail "
-                           f"the suite once TorchLens stops accepting contract {declared}: fix it and declare "
-                           f"BackendInfo(contract={version})")
-                warnings.warn_explicit(message, PluginContractWarning, filename=check.__code__.co_filename,
-                                       lineno=check.__code__.co_firstlineno)  # where the rule is written
+                message = (
+                    f"the {backend} backend declares plugin contract {declared}; {check.__name__} is a rule of "
+                    f"contract {version}, which it fails ({type(exc).__name__}: {first}). It will fail "
+                    f"the suite once TorchLens stops accepting contract {declared}: fix it and declare "
+                    f"BackendInfo(contract={version})"
+                )
+                warnings.warn_explicit(
+                    message,
+                    PluginContractWarning,
+                    filename=check.__code__.co_filename,
+                    lineno=check.__code__.co_firstlineno,
+                )  # where the rule is written
                 pytest.xfail(message)
+
         return held_to
+
     return mark
 
 
@@ -120,7 +129,7 @@ def other_inputs(traced: Traced) -> tuple[tuple[Any, ...], dict[str, Any]]:
 # records at most this many numbers (op values and parameters). The behaviours they check do not depend on a
 # model's size, and on the big models of a zoo (a ResNet, a ViT) they would cost minutes; a zoo holds small
 # cases too (a zoo without any is not checked by them: keep a few small models in it).
-SMALL_CASE = 2 ** 18
+SMALL_CASE = 2**18
 
 
 def is_small(traced: Traced) -> bool:
@@ -131,8 +140,10 @@ def small_only(traced: Traced) -> None:
     """Skip a case above :data:`SMALL_CASE`."""
     recorded = numbers_recorded(traced.trace)
     if recorded > SMALL_CASE:
-        pytest.skip(f"a large case ({recorded} numbers recorded, more than {SMALL_CASE}): this check runs on the "
-                    f"zoo's small cases")
+        pytest.skip(
+            f"a large case ({recorded} numbers recorded, more than {SMALL_CASE}): this check runs on the "
+            f"zoo's small cases"
+        )
 
 
 def numbers_recorded(trace: tl.Trace) -> int:
@@ -188,8 +199,16 @@ def single_array(op: OpRecord) -> bool:
 def mid_op_site(trace: tl.Trace, also: Callable[[OpRecord], bool] = lambda op: True) -> OpRecord | None:
     """A floating-point op in the middle of the graph, one array of some axes, read by later ops, replayable
     with an edit (and passing ``also``): where the op-site checks edit, one site a case to keep them cheap."""
-    ops = [op for op in trace.ops if op.kind == "op" and op.children and is_floating(op) and single_array(op)
-           and op.saved and replay_refusal(op, op.label) is None]
+    ops = [
+        op
+        for op in trace.ops
+        if op.kind == "op"
+        and op.children
+        and is_floating(op)
+        and single_array(op)
+        and op.saved
+        and replay_refusal(op, op.label) is None
+    ]
     middle = len(ops) // 2  # ``also`` asked from the middle outwards, only until one passes
     return next((ops[i] for i in sorted(range(len(ops)), key=lambda i: abs(i - middle)) if also(ops[i])), None)
 

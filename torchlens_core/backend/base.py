@@ -69,8 +69,7 @@ class Backend:
         """Does this framework own ``target`` or its inputs? Decide from ``sys.modules`` and types."""
         return False
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                options: CaptureOptions) -> Trace:
+    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions) -> Trace:
         raise NotImplementedError
 
     def replay_graph(self, trace: Trace, observe: Observe | None) -> list[Any] | None:
@@ -91,8 +90,9 @@ class Backend:
 
     def stack(self, samples: list[Any]) -> Any:
         """One array of shape ``(len(samples), *shape)`` from same-shaped arrays (for ``tl.extract_dataset``)."""
-        raise UnsupportedError(f"the {self.name} backend cannot batch samples yet (Backend.stack), "
-                               f"so tl.extract_dataset cannot run on it")
+        raise UnsupportedError(
+            f"the {self.name} backend cannot batch samples yet (Backend.stack), so tl.extract_dataset cannot run on it"
+        )
 
     def batched_loader(self, dataset: Any) -> str | None:
         """What to pass instead, if ``dataset`` is this framework's loader yielding batches (else None)."""
@@ -175,8 +175,9 @@ class Backend:
         return self.name if self.claim(target, args, kwargs) else None
 
     @hookimpl
-    def torchlens_capture(self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                          options: Any) -> Any:
+    def torchlens_capture(
+        self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any
+    ) -> Any:
         return self.capture(target, args, kwargs, options) if backend == self.name else None
 
     @hookimpl
@@ -244,8 +245,9 @@ class Backend:
         return self.backward(trace, loss, wanted) if backend == self.name else None
 
     @hookimpl
-    def torchlens_reference_grads(self, backend: str, target: Any, args: tuple[Any, ...],
-                                  kwargs: dict[str, Any]) -> Any:
+    def torchlens_reference_grads(
+        self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         return self.reference_grads(target, args, kwargs) if backend == self.name else None
 
     @hookimpl
@@ -273,8 +275,9 @@ class Backend:
         return self.conformance_cases() if backend == self.name else None
 
     @hookimpl
-    def torchlens_observe_module_outputs(self, backend: str, target: Any, args: tuple[Any, ...],
-                                         kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    def torchlens_observe_module_outputs(
+        self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any] | None:
         return self.observe_module_outputs(target, args, kwargs) if backend == self.name else None
 
 

@@ -54,8 +54,7 @@ def torchlens_claim(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 # -- capture ---------------------------------------------------------------------------
 @hookspec(firstresult=True)
-def torchlens_capture(backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      options: Any) -> Any:
+def torchlens_capture(backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Any:
     """Run ``target(*args, **kwargs)`` once and record every op.
 
     Build the trace with ``TraceBuilder(backend, name, options)`` and return the
@@ -359,8 +358,9 @@ def torchlens_conformance_cases(backend: str) -> list[Any] | None:
 
 
 @hookspec(firstresult=True)
-def torchlens_observe_module_outputs(backend: str, target: Any, args: tuple[Any, ...],
-                                     kwargs: dict[str, Any]) -> dict[str, Any] | None:
+def torchlens_observe_module_outputs(
+    backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any] | None:
     """Run the model with the framework's own module hooks; return ``{"path:pass": output}``.
 
     The conformance suite compares these with the trace's module outputs, so

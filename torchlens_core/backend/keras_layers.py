@@ -72,8 +72,11 @@ def children(layer: Any) -> list[Any]:
     flatten = getattr(layer, "_flatten_layers", None)
     if keras is None or not callable(flatten):
         return []
-    return [child for child in flatten(include_self=False, recursive=False)
-            if not isinstance(child, keras.layers.InputLayer)]
+    return [
+        child
+        for child in flatten(include_self=False, recursive=False)
+        if not isinstance(child, keras.layers.InputLayer)
+    ]
 
 
 def layer_paths(root: Any, path: str = "", seen: set[int] | None = None) -> list[tuple[str, Any]]:

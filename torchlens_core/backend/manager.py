@@ -38,8 +38,22 @@ ENTRY_POINT_GROUP = "torchlens.backends"
 #                  gradient at each selected op's output, the inputs and the parameters
 #   "escape_detector"  honours escape_detector="shadow": the framework's kernels are watched beside the capture,
 #                  and compute no recorded op accounts for is listed in trace.notes["escapes"]
-CAPABILITIES = ("modules", "functions", "in_place", "random", "control_flow", "save", "halt", "branches", "timing",
-                "intervene", "splice", "new_inputs", "gradients", "escape_detector")
+CAPABILITIES = (
+    "modules",
+    "functions",
+    "in_place",
+    "random",
+    "control_flow",
+    "save",
+    "halt",
+    "branches",
+    "timing",
+    "intervene",
+    "splice",
+    "new_inputs",
+    "gradients",
+    "escape_detector",
+)
 
 
 @attrs.frozen
@@ -112,8 +126,9 @@ def plugin_manager() -> pluggy.PluginManager:
             raise
         except Exception as exc:  # noqa: BLE001 - reported, not hidden
             broken_plugins[ep.name] = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"TorchLens backend plugin {ep.name!r} ({ep.value}) failed to load: {exc}",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"TorchLens backend plugin {ep.name!r} ({ep.value}) failed to load: {exc}", RuntimeWarning, stacklevel=2
+            )
     pm.check_pending()
     return pm
 
@@ -145,9 +160,15 @@ def _same_plugins(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> bool:
 def backends() -> list[dict[str, Any]]:
     """Installed backends: name, framework and its version, availability, capabilities."""
     return [
-        {"name": i.name, "aliases": list(i.aliases), "framework": i.framework,
-         "version": i.framework_version, "available": i.available,
-         "capabilities": sorted(i.capabilities), "install": i.install}
+        {
+            "name": i.name,
+            "aliases": list(i.aliases),
+            "framework": i.framework,
+            "version": i.framework_version,
+            "available": i.available,
+            "capabilities": sorted(i.capabilities),
+            "install": i.install,
+        }
         for i in backend_infos()
     ]
 
@@ -159,14 +180,16 @@ def resolve_backend(name: str) -> BackendInfo:
         if name == info.name or name in info.aliases:
             if not info.available:
                 raise BackendNotFoundError(
-                    f"backend {info.name!r} needs {info.framework}, which is not installed: {info.install}")
+                    f"backend {info.name!r} needs {info.framework}, which is not installed: {info.install}"
+                )
             return info
     if name in broken_plugins:
         raise BackendNotFoundError(f"backend plugin {name!r} is installed but failed to load: {broken_plugins[name]}")
     listed = ", ".join(f"{i.name} ({'ready' if i.available else i.install})" for i in infos) or "none"
     raise BackendNotFoundError(
         f"no backend named {name!r}. Registered backends: {listed}. A third-party backend "
-        f"registers itself under the entry-point group {ENTRY_POINT_GROUP!r}.")
+        f"registers itself under the entry-point group {ENTRY_POINT_GROUP!r}."
+    )
 
 
 def claim_backend(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

@@ -31,12 +31,23 @@ from torchlens_core.ir.trace import Trace
 __all__ = ["backends", "pluck", "record", "trace"]
 
 
-def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
-          halt: Selector | None = None, lookback: int = 0, lookback_payload_policy: str = "metadata_only",
-          intervene: Intervention | Sequence[Intervention] | None = None, intervention_ready: bool = False,
-          save_grads: bool | Selector = False, capture: CaptureOptions | None = None,
-          escape_detector: str | None = None, save_to: str | os.PathLike[str] | None = None,
-          patch_policy: Any = None, **kwargs: Any) -> Trace:
+def trace(
+    model: Any,
+    *args: Any,
+    backend: str | None = None,
+    save: Selector | None = None,
+    halt: Selector | None = None,
+    lookback: int = 0,
+    lookback_payload_policy: str = "metadata_only",
+    intervene: Intervention | Sequence[Intervention] | None = None,
+    intervention_ready: bool = False,
+    save_grads: bool | Selector = False,
+    capture: CaptureOptions | None = None,
+    escape_detector: str | None = None,
+    save_to: str | os.PathLike[str] | None = None,
+    patch_policy: Any = None,
+    **kwargs: Any,
+) -> Trace:
     """Run ``model(*args, **kwargs)`` once and record every operation it executes.
 
     Positional and keyword inputs go to the model exactly as given (a keyword
@@ -70,15 +81,24 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
     check_model_keywords(model, kwargs)
     if patch_policy is not None:
         warn_once("patch_policy", PATCH_POLICY)
-    given = CaptureOptions(save=save, halt=halt, lookback=lookback, lookback_payload_policy=lookback_payload_policy,
-                           intervene=intervene, save_grads=save_grads, escape_detector=escape_detector,
-                           save_to=save_to)
+    given = CaptureOptions(
+        save=save,
+        halt=halt,
+        lookback=lookback,
+        lookback_payload_policy=lookback_payload_policy,
+        intervene=intervene,
+        save_grads=save_grads,
+        escape_detector=escape_detector,
+        save_to=save_to,
+    )
     options = merged_options(given, capture)
     if options.save_to is None:
         return _trace(model, args, kwargs, backend, options, intervention_ready)
     if not SAVE_TO_OPENERS:
-        raise UnsupportedError("save_to= is written by torchlens_core.store.stream, which is not imported: "
-                               "import torchlens (or torchlens_core.store.stream) first")
+        raise UnsupportedError(
+            "save_to= is written by torchlens_core.store.stream, which is not imported: "
+            "import torchlens (or torchlens_core.store.stream) first"
+        )
     stream = SAVE_TO_OPENERS[-1](options.save_to)  # the path is checked, and the folder begun, before the forward
     try:
         captured = _trace(model, args, kwargs, backend, attrs.evolve(options, stream=stream), intervention_ready)
@@ -89,8 +109,14 @@ def trace(model: Any, *args: Any, backend: str | None = None, save: Selector | N
     return captured
 
 
-def _trace(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | None, options: CaptureOptions,
-           intervention_ready: bool) -> Trace:
+def _trace(
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backend: str | None,
+    options: CaptureOptions,
+    intervention_ready: bool,
+) -> Trace:
     if intervention_ready:
         if options.halt is not None:
             raise UnsupportedError("intervention_ready=True with halt=: a halted trace has no output to replay")
@@ -99,17 +125,28 @@ def _trace(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend: s
             raise UnsupportedError(f"intervention_ready=True: the {info.name} backend cannot intervene")
     captured = _capture(model, args, kwargs, backend, options)
     if intervention_ready:
-        unrunnable = [op.label for op in captured.ops  # type: ignore[union-attr]
-                      if op.kind == "op" and op.call is None and not op.meta.get("identity")]
+        unrunnable = [
+            op.label
+            for op in captured.ops  # type: ignore[union-attr]
+            if op.kind == "op" and op.call is None and not op.meta.get("identity")
+        ]
         if unrunnable:
-            raise UnsupportedError(f"intervention_ready=True: the backend recorded no call to run again for "
-                                   f"{', '.join(unrunnable[:5])}, so edits could not be replayed")
+            raise UnsupportedError(
+                f"intervention_ready=True: the backend recorded no call to run again for "
+                f"{', '.join(unrunnable[:5])}, so edits could not be replayed"
+            )
         captured.notes["intervention_ready"] = True  # type: ignore[union-attr]
     return captured  # type: ignore[return-value]
 
 
-def record(model: Any, *args: Any, backend: str | None = None, save: Selector | None = None,
-           halt: Selector | None = None, **kwargs: Any) -> Recording:
+def record(
+    model: Any,
+    *args: Any,
+    backend: str | None = None,
+    save: Selector | None = None,
+    halt: Selector | None = None,
+    **kwargs: Any,
+) -> Recording:
     """The lightest capture, for tight loops: ``tl.record(model, x, save=tl.func("relu"))``.
 
     Records like :func:`trace` but defers naming and linking the ops until
@@ -121,8 +158,9 @@ def record(model: Any, *args: Any, backend: str | None = None, save: Selector | 
     return _capture(model, args, kwargs, backend, options)  # type: ignore[return-value]
 
 
-def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | None,
-             options: CaptureOptions) -> Trace | Recording:
+def _capture(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | None, options: CaptureOptions
+) -> Trace | Recording:
     """Resolve the backend, check it can honour the options, run its capture."""
     refuse_class(model)
     if not callable(model):
@@ -132,30 +170,38 @@ def _capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], backend:
         if backend is None:
             raise UnsupportedError(
                 f"no installed backend recognises {type(model).__name__} or its inputs; pass backend= "
-                f"(installed: {', '.join(b['name'] for b in backends() if b['available']) or 'none'})")
+                f"(installed: {', '.join(b['name'] for b in backends() if b['available']) or 'none'})"
+            )
     info = resolve_backend(backend)
     for name, value in (("save", options.save), ("halt", options.halt)):
         if value is not None and name not in info.capabilities:
-            raise UnsupportedError(f"the {info.name} backend does not support {name}= yet; "
-                                   f"trace without it and read the values you need from the trace")
+            raise UnsupportedError(
+                f"the {info.name} backend does not support {name}= yet; "
+                f"trace without it and read the values you need from the trace"
+            )
     if options.intervene and "intervene" not in info.capabilities:
-        raise UnsupportedError(f"the {info.name} backend cannot intervene (it does not declare the 'intervene' "
-                               f"capability): intervene= would be ignored, so the capture is refused")
+        raise UnsupportedError(
+            f"the {info.name} backend cannot intervene (it does not declare the 'intervene' "
+            f"capability): intervene= would be ignored, so the capture is refused"
+        )
     if any(item.splice is not None for item in options.intervene) and "splice" not in info.capabilities:
         raise UnsupportedError(f"the {info.name} backend cannot replace module calls (tl.splice_module)")
     if options.escape_detector is not None and "escape_detector" not in info.capabilities:
-        raise UnsupportedError(f"the {info.name} backend has no escape detector (it does not declare the "
-                               f"'escape_detector' capability): trace without escape_detector=")
+        raise UnsupportedError(
+            f"the {info.name} backend has no escape detector (it does not declare the "
+            f"'escape_detector' capability): trace without escape_detector="
+        )
     if options.save_grads is not False and "gradients" not in info.capabilities:
-        raise UnsupportedError(f"the {info.name} backend cannot compute gradients (it does not declare the "
-                               f"'gradients' capability): save_grads= would give none, so the capture is refused")
+        raise UnsupportedError(
+            f"the {info.name} backend cannot compute gradients (it does not declare the "
+            f"'gradients' capability): save_grads= would give none, so the capture is refused"
+        )
     # Capture allocates many small, acyclic records; the cyclic GC walking the
     # whole heap over and over while they pile up cost more than the capture.
     # Process-wide, so counted: overlapping captures in other threads switch it back on once.
     pause_gc()
     try:
-        result = hook().torchlens_capture(backend=info.name, target=model, args=args, kwargs=kwargs,
-                                          options=options)
+        result = hook().torchlens_capture(backend=info.name, target=model, args=args, kwargs=kwargs, options=options)
     except HaltCapture as halt_signal:  # the backend has already taken its interception down
         # pluggy's frame holds the exception while its traceback holds that frame: a cycle that
         # would keep the model's frames, and the values they held, alive until the cyclic GC.
@@ -195,7 +241,8 @@ def _refuse_lazy(output: Any) -> None:
         raise UnsupportedError(
             f"the model returned {kind}{' at output' + where if where else ''}: its values would be computed "
             f"only when iterated, after the capture. Return them eagerly instead: a list or tuple "
-            f"(return list(...) rather than a generator expression), or await inside a plain forward")
+            f"(return list(...) rather than a generator expression), or await inside a plain forward"
+        )
 
 
 def pluck(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) -> Any:
@@ -207,8 +254,10 @@ def pluck(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) -> 
     has been computed.
     """
     if not args or not isinstance(args[-1], str):
-        raise ArgumentTypeError(f"tl.pluck(model, *inputs, key): the last positional argument names what to "
-                                f"pluck, a label or module path, not {shown(args[-1]) if args else 'nothing'}")
+        raise ArgumentTypeError(
+            f"tl.pluck(model, *inputs, key): the last positional argument names what to "
+            f"pluck, a label or module path, not {shown(args[-1]) if args else 'nothing'}"
+        )
     *inputs, key = args
     selector = key_selector(key)
     try:

@@ -68,32 +68,52 @@ class TraceBuilder:
     def add_module(self, path: str, type_name: str, params: list[str] | None = None) -> None:
         problem = module_problem(path, type_name, params or [], None)
         if problem is not None:
-            self._refuse(f"the {self.backend} backend declared module {path!r} with {problem} "
-                         "(TraceBuilder.add_module(path: str, type_name: str, params: list[str]))")
+            self._refuse(
+                f"the {self.backend} backend declared module {path!r} with {problem} "
+                "(TraceBuilder.add_module(path: str, type_name: str, params: list[str]))"
+            )
         self.modules[path] = ModuleRecord(path=path, type_name=type_name, params=params or [])
 
     def add_param(self, record: ParamRecord) -> None:
         problem = param_problem(record)
         if problem is not None:
-            self._refuse(f"the {self.backend} backend declared parameter {record.name!r} with a record tl.load "
-                         f"would refuse: {problem}")
+            self._refuse(
+                f"the {self.backend} backend declared parameter {record.name!r} with a record tl.load "
+                f"would refuse: {problem}"
+            )
         self.params[record.name] = record
 
     # -- while the forward runs ------------------------------------------------------
     def add_input(self, value: Any, shape: Any = None, dtype: Any = None, device: Any = None) -> OpRecord:
-        op = OpRecord(index=len(self.ops), kind="input", func_name="input", out=value,
-                      shape=shape, dtype=dtype, device=device)
+        op = OpRecord(
+            index=len(self.ops), kind="input", func_name="input", out=value, shape=shape, dtype=dtype, device=device
+        )
         self._check(op)
         self.ops.append(op)
         self.namer.name(op)
         return op
 
-    def add_op(self, func_name: str, call: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               parent_indices: tuple[int, ...], out: Any, *, shape: Any = None, dtype: Any = None,
-               device: Any = None, params: tuple[str, ...] = (), random: bool = False,
-               in_place: bool = False, code_context: tuple[Any, ...] = (), layer_key: Any = None,
-               meta: dict[str, Any] | None = None, elapsed: float | None = None,
-               conditions: tuple[int, ...] = ()) -> OpRecord:
+    def add_op(
+        self,
+        func_name: str,
+        call: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        parent_indices: tuple[int, ...],
+        out: Any,
+        *,
+        shape: Any = None,
+        dtype: Any = None,
+        device: Any = None,
+        params: tuple[str, ...] = (),
+        random: bool = False,
+        in_place: bool = False,
+        code_context: tuple[Any, ...] = (),
+        layer_key: Any = None,
+        meta: dict[str, Any] | None = None,
+        elapsed: float | None = None,
+        conditions: tuple[int, ...] = (),
+    ) -> OpRecord:
         """Record one call; the fields are checked against :mod:`torchlens_core.ir.schema` (CaptureError if off).
 
         ``args``/``kwargs``: a tuple and a dict with str keys, every recorded array replaced by its
@@ -106,12 +126,28 @@ class TraceBuilder:
         source = None
         if not parent_indices:
             source = "random" if random else "parameter" if params else "constant"
-        op = OpRecord(index=len(self.ops), kind="op", func_name=func_name, call=call, args=args,
-                      kwargs=kwargs, out=out, shape=shape, dtype=dtype, device=device,
-                      module_passes=self.module_stack, params=params, source=source,
-                      in_place=in_place, code_context=code_context, layer_key=layer_key,
-                      parent_indices=parent_indices, meta=meta if meta is not None else {},
-                      elapsed=elapsed, condition_indices=conditions)
+        op = OpRecord(
+            index=len(self.ops),
+            kind="op",
+            func_name=func_name,
+            call=call,
+            args=args,
+            kwargs=kwargs,
+            out=out,
+            shape=shape,
+            dtype=dtype,
+            device=device,
+            module_passes=self.module_stack,
+            params=params,
+            source=source,
+            in_place=in_place,
+            code_context=code_context,
+            layer_key=layer_key,
+            parent_indices=parent_indices,
+            meta=meta if meta is not None else {},
+            elapsed=elapsed,
+            condition_indices=conditions,
+        )
         self._check(op)
         self.ops.append(op)
         self.namer.name(op)
@@ -150,8 +186,10 @@ class TraceBuilder:
         """Refuse a record ``tl.load`` would refuse, now, naming the field and what to pass instead."""
         problem = op_problem(op, self.params)
         if problem is not None:
-            self._refuse(f"the {self.backend} backend recorded {op.kind} {op.index} ({op.func_name!r}) with a field "
-                         f"tl.load would refuse: {problem}. See TraceBuilder.add_op for what each field takes.")
+            self._refuse(
+                f"the {self.backend} backend recorded {op.kind} {op.index} ({op.func_name!r}) with a field "
+                f"tl.load would refuse: {problem}. See TraceBuilder.add_op for what each field takes."
+            )
 
     def _refuse(self, problem: str) -> None:
         """A record the schema refuses: CaptureError for a backend written for contract 2 or later. One written
@@ -164,10 +202,13 @@ class TraceBuilder:
         self.notes.setdefault(UNSAVEABLE, problem)
         if self.backend not in _WARNED:
             _WARNED.add(self.backend)
-            warnings.warn(f"{problem} With contract 1 the record is kept and tl.save refuses the trace; a backend "
-                          f"declaring contract 2 (BackendInfo(contract=2)) gets a CaptureError, as every backend "
-                          f"will in the next release (CHANGELOG.md, 'For plugin authors').",
-                          PluginContractWarning, stacklevel=4)
+            warnings.warn(
+                f"{problem} With contract 1 the record is kept and tl.save refuses the trace; a backend "
+                f"declaring contract 2 (BackendInfo(contract=2)) gets a CaptureError, as every backend "
+                f"will in the next release (CHANGELOG.md, 'For plugin authors').",
+                PluginContractWarning,
+                stacklevel=4,
+            )
 
     def to_python(self, op_index: int, path: tuple[Any, ...], how: str, result: Any) -> None:
         """The forward turned op ``op_index``'s value (the leaf at ``path``) into a Python value.
@@ -272,8 +313,9 @@ class TraceBuilder:
                 if self._unwritten:
                     self._write_out()
 
-    def identity_op(self, source: Any, value: Any, *, shape: Any = None, dtype: Any = None,
-                    device: Any = None) -> OpRecord:
+    def identity_op(
+        self, source: Any, value: Any, *, shape: Any = None, dtype: Any = None, device: Any = None
+    ) -> OpRecord:
         """An explicit pass-through op returning ``value``.
 
         For a module (or model) that returns something it did not compute:
@@ -286,8 +328,19 @@ class TraceBuilder:
             shape, dtype, device = shape_at(src.shape, source.path), src.dtype, src.device
             parents = (source.index,)
         params = (source.name,) if isinstance(source, ParamRef) else ()
-        return self.add_op("identity", None, (source,), {}, parents, value, shape=shape, dtype=dtype,
-                           device=device, params=params, meta={"identity": True})
+        return self.add_op(
+            "identity",
+            None,
+            (source,),
+            {},
+            parents,
+            value,
+            shape=shape,
+            dtype=dtype,
+            device=device,
+            params=params,
+            meta={"identity": True},
+        )
 
     def add_outputs(self, template: Any, model_output: Any) -> None:
         """One output node per Ref leaf of the model's output, keeping its structure.
@@ -300,9 +353,17 @@ class TraceBuilder:
         nodes: dict[tuple[Any, ...], Ref] = {}
         for path, leaf in tree.leaves(template, lambda x: isinstance(x, Ref)):
             src = self.ops[leaf.index]
-            out = OpRecord(index=len(self.ops), kind="output", func_name="output", args=(leaf,),
-                           out=tree.get(model_output, path), shape=shape_at(src.shape, leaf.path),
-                           dtype=src.dtype, device=src.device, parent_indices=(leaf.index,))
+            out = OpRecord(
+                index=len(self.ops),
+                kind="output",
+                func_name="output",
+                args=(leaf,),
+                out=tree.get(model_output, path),
+                shape=shape_at(src.shape, leaf.path),
+                dtype=src.dtype,
+                device=src.device,
+                parent_indices=(leaf.index,),
+            )
             self.ops.append(out)
             self.namer.name(out)
             nodes[path] = Ref(out.index)
@@ -330,10 +391,17 @@ class TraceBuilder:
                 self.modules[path].passes[n - 1].ops.append(op.label)
         if halted:
             self.notes["halted"] = "the forward was stopped once every op selected by halt= had run"
-        trace = Trace(backend=self.backend, model_name=self.model_name, ops=ops,
-                      modules=self.modules, params=self.params,
-                      output_template=self._output_template, model_output=self._model_output,
-                      notes=self.notes, halted=halted)
+        trace = Trace(
+            backend=self.backend,
+            model_name=self.model_name,
+            ops=ops,
+            modules=self.modules,
+            params=self.params,
+            output_template=self._output_template,
+            model_output=self._model_output,
+            notes=self.notes,
+            halted=halted,
+        )
         ref = weakref.ref(trace)
         for op in ops:
             op.trace_ref = ref
@@ -381,8 +449,9 @@ class Recording:
         return f"<Recording of {self.num_ops} ops{' (halted)' if self._halted else ''}: .to_trace() to read it>"
 
 
-def returned(output: Any, is_array: Callable[[Any], bool],
-             as_output: Callable[[Any], tuple[Ref, Any]]) -> tuple[Any, Any]:
+def returned(
+    output: Any, is_array: Callable[[Any], bool], as_output: Callable[[Any], tuple[Ref, Any]]
+) -> tuple[Any, Any]:
     """Refs to what a module pass (or the model) returned, and what the forward gets back instead.
 
     ``as_output(array)`` gives the array's Ref and what intervene= made of it
@@ -402,6 +471,7 @@ def returned(output: Any, is_array: Callable[[Any], bool],
 
     template = tree.map_leaves(ref_of, output)
     if any(edited is not None for _, edited in made.values()):
+
         def edited_or(value: Any) -> Any:
             edited = made[id(value)][1] if is_array(value) else None
             return value if edited is None else edited

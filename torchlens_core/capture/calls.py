@@ -70,9 +70,14 @@ class CallNames:
         accept: which function found in a namespace may be loaded (default: any callable).
     """
 
-    def __init__(self, namespaces: dict[str, Any], methods: Collection[str] = (),
-                 operators: dict[str, Callable[..., Any]] | None = None, refused: tuple[str, ...] = ("save", "load"),
-                 accept: Callable[[Any], bool] = callable) -> None:
+    def __init__(
+        self,
+        namespaces: dict[str, Any],
+        methods: Collection[str] = (),
+        operators: dict[str, Callable[..., Any]] | None = None,
+        refused: tuple[str, ...] = ("save", "load"),
+        accept: Callable[[Any], bool] = callable,
+    ) -> None:
         self.namespaces, self.methods, self.refused, self.accept = namespaces, frozenset(methods), refused, accept
         self.operators = operators or {}
 
@@ -98,7 +103,7 @@ class CallNames:
         """The call ``data`` names, found only among the allow-lists; TraceFileError for anything else."""
         if not isinstance(data, dict) or len(data) != 1:
             raise TraceFileError(f"not a call this backend saves: {data!r}")
-        (kind, value), = data.items()
+        ((kind, value),) = data.items()
         if kind == "python_value":
             if isinstance(value, dict) and "python_value" in value:
                 raise TraceFileError(f"a Python value of a Python value: {data!r}")
@@ -115,8 +120,10 @@ class CallNames:
             fn = getattr(module, identifier(name), None) if module is not None else None
             if fn is not None and self.accept(fn) and not any(part in name.lower() for part in self.refused):
                 return fn
-        raise TraceFileError(f"{data!r} names nothing a trace of this backend can replay; the file was not "
-                             "written by tl.save or was changed")
+        raise TraceFileError(
+            f"{data!r} names nothing a trace of this backend can replay; the file was not "
+            "written by tl.save or was changed"
+        )
 
 
 def identifier(name: Any) -> str:
@@ -126,8 +133,13 @@ def identifier(name: Any) -> str:
     return name
 
 
-def replay_written(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any], copy: Callable[[Any], Any],
-                   call: Callable[..., Any] | None = None) -> Any:
+def replay_written(
+    op: OpRecord,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    copy: Callable[[Any], Any],
+    call: Callable[..., Any] | None = None,
+) -> Any:
     """Run ``op`` again (by ``call``, default ``op.call``) on its resolved arguments, as an in-place op must be.
 
     The argument an in-place op writes (``out=``, else the first) is the

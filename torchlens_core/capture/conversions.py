@@ -45,8 +45,14 @@ from typing import Any
 
 # how a value was turned into a Python one -> the same conversion, on a replayed value
 CONVERSIONS: dict[str, Callable[[Any], Any]] = {
-    "bool": bool, "int": int, "float": float, "index": operator.index, "len": len,
-    "item": lambda v: v.item(), "tolist": lambda v: v.tolist(), "shape": lambda v: [int(d) for d in v.shape],
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "index": operator.index,
+    "len": len,
+    "item": lambda v: v.item(),
+    "tolist": lambda v: v.tolist(),
+    "shape": lambda v: [int(d) for d in v.shape],
 }
 
 

@@ -76,19 +76,25 @@ class Intervention:
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.selector, Selector):
-            raise ArgumentTypeError(f"tl.when takes a selector first, such as tl.func('relu') or tl.module('layer3'), "
-                                    f"not {type(self.selector).__name__} ({shown(self.selector)})")
+            raise ArgumentTypeError(
+                f"tl.when takes a selector first, such as tl.func('relu') or tl.module('layer3'), "
+                f"not {type(self.selector).__name__} ({shown(self.selector)})"
+            )
         if not self.helpers:
             raise ArgumentTypeError("tl.when(selector, *helpers) needs at least one helper, e.g. tl.zero_ablate()")
         for helper in self.helpers:
             if not callable(helper):
-                raise ArgumentTypeError(f"an intervention helper is a callable helper(value, site) -> value, "
-                                        f"not {type(helper).__name__} ({shown(helper)})")
+                raise ArgumentTypeError(
+                    f"an intervention helper is a callable helper(value, site) -> value, "
+                    f"not {type(helper).__name__} ({shown(helper)})"
+                )
             _check_takes_value_and_site(helper)
         splices = [i for i, h in enumerate(self.helpers) if isinstance(h, ModuleSplice)]
         if splices and (splices != [0] or not _module_parts(self.selector)[1] or _module_parts(self.selector)[0]):
-            raise UnsupportedError("tl.splice_module replaces a module's call: use it first, once, with a module "
-                                   "selector such as tl.when(tl.module('layer3'), tl.splice_module(f))")
+            raise UnsupportedError(
+                "tl.splice_module replaces a module's call: use it first, once, with a module "
+                "selector such as tl.when(tl.module('layer3'), tl.splice_module(f))"
+            )
         _module_parts(self.selector)  # refuses selectors that cannot be judged as the forward runs
 
     @property
@@ -116,10 +122,13 @@ def _check_takes_value_and_site(helper: Any) -> None:
         name = getattr(helper, "__name__", None) or type(helper).__name__
         if inspect.isfunction(helper) and helper.__module__ == "torchlens_core.steer.helpers":
             call = f"tl.{name}({'...' if signature.parameters else ''})"
-            raise ArgumentTypeError(f"tl.{name} makes a helper: call it, {call}, and pass what it returns to tl.when"
-                                    ) from None
-        raise ArgumentTypeError(f"an intervention helper is called as helper(value, site) -> value; {name}{signature} "
-                                f"cannot take those two arguments") from None
+            raise ArgumentTypeError(
+                f"tl.{name} makes a helper: call it, {call}, and pass what it returns to tl.when"
+            ) from None
+        raise ArgumentTypeError(
+            f"an intervention helper is called as helper(value, site) -> value; {name}{signature} "
+            f"cannot take those two arguments"
+        ) from None
 
 
 def interventions(value: Any) -> tuple[Intervention, ...]:
@@ -128,13 +137,17 @@ def interventions(value: Any) -> tuple[Intervention, ...]:
         return ()
     items = [value] if isinstance(value, Intervention) else value
     if not isinstance(items, Iterable) or isinstance(items, (str, bytes)):
-        raise ArgumentTypeError(f"intervene= takes tl.when(selector, *helpers) or a list of them, "
-                                f"not {type(value).__name__} ({shown(value)})")
+        raise ArgumentTypeError(
+            f"intervene= takes tl.when(selector, *helpers) or a list of them, "
+            f"not {type(value).__name__} ({shown(value)})"
+        )
     items = tuple(items)
     for item in items:
         if not isinstance(item, Intervention):
-            raise ArgumentTypeError(f"intervene= takes tl.when(selector, *helpers) or a list of them; one item is "
-                                    f"{type(item).__name__} ({shown(item)})")
+            raise ArgumentTypeError(
+                f"intervene= takes tl.when(selector, *helpers) or a list of them; one item is "
+                f"{type(item).__name__} ({shown(item)})"
+            )
     return items
 
 
@@ -162,13 +175,18 @@ def _module_parts(selector: Selector) -> tuple[Selector | None, list[Module]]:
 
 def _judged_live(selector: Selector) -> None:
     if isinstance(selector, FollowedBy):
-        raise UnsupportedError("tl.followed_by cannot pick intervention sites: it judges an op by its children, "
-                               "which run after the edit must be made; select the op itself (tl.func, tl.label...)")
+        raise UnsupportedError(
+            "tl.followed_by cannot pick intervention sites: it judges an op by its children, "
+            "which run after the edit must be made; select the op itself (tl.func, tl.label...)"
+        )
     if isinstance(selector, Module):
-        raise UnsupportedError("tl.module names a module's output, known when its call returns: combine it with "
-                               "other selectors only with |, or use tl.in_module for the ops inside a module")
-    for inner in getattr(selector, "parts", ()) or ([selector.inner] if isinstance(selector, (Not, PrecededBy))
-                                                     else []):
+        raise UnsupportedError(
+            "tl.module names a module's output, known when its call returns: combine it with "
+            "other selectors only with |, or use tl.in_module for the ops inside a module"
+        )
+    for inner in getattr(selector, "parts", ()) or (
+        [selector.inner] if isinstance(selector, (Not, PrecededBy)) else []
+    ):
         _judged_live(inner)
 
 
@@ -184,8 +202,9 @@ def _verdict(selector: Selector, op: OpRecord, builder: TraceBuilder) -> bool:
         return not _verdict(selector.inner, op, builder)
     verdict = selector.decide(op, builder)
     if verdict is None:
-        raise UnsupportedError(f"{shown(selector, 120)} cannot be judged while the op runs, so it cannot pick "
-                               f"intervention sites")
+        raise UnsupportedError(
+            f"{shown(selector, 120)} cannot be judged while the op runs, so it cannot pick intervention sites"
+        )
     return verdict
 
 
@@ -215,13 +234,17 @@ def judged_on_trace(item: Intervention, trace: Trace) -> list[tuple[OpRecord, st
                 inside = {trace[label].index for label in mp.ops}
                 for ref in refs_in(mp.out_template):
                     source = trace.ops[ref.index]
-                    readers = [op.label for op in trace.ops[ref.index + 1:]
-                               if op.index in inside and ref.index in op.parent_indices]
+                    readers = [
+                        op.label
+                        for op in trace.ops[ref.index + 1 :]
+                        if op.index in inside and ref.index in op.parent_indices
+                    ]
                     if readers:
                         raise UnsupportedError(
                             f"{mp.label} returns {source.label}, which {readers[0]} inside the module also read: "
                             f"edited on the recorded graph, {readers[0]} would see the edit, which a hook on the "
-                            f"module would not give it. Edit {source.label} itself (tl.label), or use rerun")
+                            f"module would not give it. Edit {source.label} itself (tl.label), or use rerun"
+                        )
                     found.append((source, "module", mp.label, ref.path, mp.label))
     return found
 
@@ -247,13 +270,17 @@ def replay_refusal(op: OpRecord, site: str) -> str | None:
     it) leaves unedited. An edit of the op itself reaches every read, live too.
     """
     if op.meta.get(SAME_OBJECT):
-        return (f"{site if site == op.label else f'{site} returns {op.label}'}, an array returned without being "
-                f"computed there (a pass-through, as nn.Identity makes): later reads of it by the caller and "
-                f"through the module's output are one in the recorded graph")
+        return (
+            f"{site if site == op.label else f'{site} returns {op.label}'}, an array returned without being "
+            f"computed there (a pass-through, as nn.Identity makes): later reads of it by the caller and "
+            f"through the module's output are one in the recorded graph"
+        )
     if op.meta.get(KEPT_READ) and site != op.label:
-        return (f"{site} returns {op.label}, which the model also read where the module kept it (as "
-                f"`self.last = y; return y` does): replayed, the edit would reach that read, which a hook leaves "
-                f"unedited. Edit {op.label} itself, or use fork.rerun")
+        return (
+            f"{site} returns {op.label}, which the model also read where the module kept it (as "
+            f"`self.last = y; return y` does): replayed, the edit would reach that read, which a hook leaves "
+            f"unedited. Edit {op.label} itself, or use fork.rerun"
+        )
     return None
 
 
@@ -354,7 +381,8 @@ def unedited_read(op: OpRecord) -> InterventionError:
         f"intervene= at {site} handed the module's caller an edited array, and the forward then read the "
         f"module's own, unedited one, which it kept elsewhere (as `self.last = y; return y` does): the "
         f"recorded graph holds one value for {at}, so it cannot record both reads. Edit {at} itself "
-        f"(tl.label('{at}')), whose edit every read sees")
+        f"(tl.label('{at}')), whose edit every read sees"
+    )
 
 
 def _leaf_paths(shape: Any) -> list[tuple[Any, ...]]:
@@ -399,8 +427,10 @@ class Site:
             base, n = split_pass(self.key)
             module = trace.modules.get(base)
             if module is None or n is None or n > len(module.passes):
-                raise LabelNotFoundError(f"the other trace has no call {self.key} of module {base!r}: "
-                                         f"it has {len(module.passes) if module else 0} calls of it")
+                raise LabelNotFoundError(
+                    f"the other trace has no call {self.key} of module {base!r}: "
+                    f"it has {len(module.passes) if module else 0} calls of it"
+                )
             value = module.passes[n - 1].out
         else:
             try:
@@ -408,16 +438,20 @@ class Site:
             except LabelNotFoundError as exc:
                 raise LabelNotFoundError(f"the other trace has no site {self.key}: {exc}") from None
             if not op.saved:
-                raise UnsupportedError(f"the other trace did not save {self.key}'s value: capture it with a save= "
-                                       f"that picks it (or no save=)")
+                raise UnsupportedError(
+                    f"the other trace did not save {self.key}'s value: capture it with a save= "
+                    f"that picks it (or no save=)"
+                )
             value = op.out
         try:
             leaf = tree.get(value, self.path)
         except (IndexError, KeyError, TypeError, AttributeError):
             leaf = None
         if leaf is None:
-            raise UnsupportedError(f"the other trace holds no value at {self.key}{list(self.path) or ''} "
-                                   f"(not saved, or a different structure)")
+            raise UnsupportedError(
+                f"the other trace holds no value at {self.key}{list(self.path) or ''} "
+                f"(not saved, or a different structure)"
+            )
         return leaf
 
     def run(self, helpers: tuple[Helper, ...], value: Any) -> Any:
@@ -431,9 +465,11 @@ class Site:
         if after != before:
             name = ", ".join(map(_name, helpers))
             got = "not an array" if after is None else f"shape {list(after[0])} {after[1]} on {after[2]}"
-            raise InterventionError(f"{name} at {self.key}{list(self.path) or ''} changed the value from shape "
-                                    f"{list(before[0])} {before[1]} on {before[2]} to {got}: an edit must keep the "
-                                    f"shape, dtype and device of what it edits")  # type: ignore[index]
+            raise InterventionError(
+                f"{name} at {self.key}{list(self.path) or ''} changed the value from shape "
+                f"{list(before[0])} {before[1]} on {before[2]} to {got}: an edit must keep the "
+                f"shape, dtype and device of what it edits"
+            )  # type: ignore[index]
         return self.ops.write_into(value, edited) if self.in_place else edited
 
 
@@ -455,8 +491,9 @@ class Editor:
         self.backend = builder.backend
         array_ops = hook().torchlens_array_ops(backend=self.backend)
         if array_ops is None:
-            raise UnsupportedError(f"the {self.backend} backend gives no array operations (torchlens_array_ops), "
-                                   f"so it cannot intervene")
+            raise UnsupportedError(
+                f"the {self.backend} backend gives no array operations (torchlens_array_ops), so it cannot intervene"
+            )
         self.array_ops: ArrayOps = array_ops
         self.items = items
         parts = [_module_parts(item.selector) for item in items]
@@ -478,8 +515,16 @@ class Editor:
             self.sites_found[i] += 1
             module = "{}:{}".format(*op.module_passes[-1]) if op.module_passes else None
             for path in self._array_paths(edited):
-                site = Site(f"{op.layer_label}:{op.pass_num}", "op", op.func_name, module, path, self.backend,
-                            self.array_ops, in_place=op.in_place)
+                site = Site(
+                    f"{op.layer_label}:{op.pass_num}",
+                    "op",
+                    op.func_name,
+                    module,
+                    path,
+                    self.backend,
+                    self.array_ops,
+                    in_place=op.in_place,
+                )
                 record = EditRecord(site.key, "op", path, self.items[i].edits, site)
                 self._keep_before(op, edited, copy=op.in_place)  # an in-place edit writes into it
                 edited = record.apply(edited)
@@ -497,8 +542,12 @@ class Editor:
 
     def splice_targets(self) -> set[str]:
         """The module paths some ``tl.splice_module`` names (a backend patches just these)."""
-        return {split_pass(m.path)[0] for i, modules in self.module_selectors if self.items[i].splice is not None
-                for m in modules}
+        return {
+            split_pass(m.path)[0]
+            for i, modules in self.module_selectors
+            if self.items[i].splice is not None
+            for m in modules
+        }
 
     def wants_module(self, path: str, pass_num: int) -> bool:
         return any(_names(m, path, pass_num) for _, modules in self.module_selectors for m in modules)
@@ -519,16 +568,23 @@ class Editor:
                 else:
                     leaf = tree.get(value, leaf_path)
                     source = self.builder.ops[ref.index]
-                    site = Site(f"{path}:{pass_num}", "module", source.func_name, f"{path}:{pass_num}", leaf_path,
-                                self.backend, self.array_ops)
-                    edited_leaf, new_ref = done[ref] = self._edit_returned(source, ref, leaf, site,
-                                                                           self.items[i].edits)
+                    site = Site(
+                        f"{path}:{pass_num}",
+                        "module",
+                        source.func_name,
+                        f"{path}:{pass_num}",
+                        leaf_path,
+                        self.backend,
+                        self.array_ops,
+                    )
+                    edited_leaf, new_ref = done[ref] = self._edit_returned(source, ref, leaf, site, self.items[i].edits)
                 value = _set_leaf(value, leaf_path, edited_leaf)
                 template = _set_leaf(template, leaf_path, new_ref)
         return value, template
 
-    def _edit_returned(self, source: OpRecord, ref: Ref, leaf: Any, site: Site,
-                       helpers: tuple[Helper, ...]) -> tuple[Any, Ref]:
+    def _edit_returned(
+        self, source: OpRecord, ref: Ref, leaf: Any, site: Site, helpers: tuple[Helper, ...]
+    ) -> tuple[Any, Ref]:
         """Edit a module's returned leaf: on the op that computed it, unless ops in the module already read it.
 
         In that case those ops saw the value unedited, as they would with a
@@ -538,7 +594,7 @@ class Editor:
         the backend gives the array it returned, which the caller may still
         hold, back to its own producer; see :class:`PassThroughs`.)
         """
-        if any(ref.index in later.parent_indices for later in self.builder.ops[ref.index + 1:]):
+        if any(ref.index in later.parent_indices for later in self.builder.ops[ref.index + 1 :]):
             self.quiet = True
             try:
                 source = self.builder.identity_op(ref, leaf)
@@ -569,8 +625,9 @@ class Editor:
 
     def _copy(self, value: Any) -> Any:
         is_array = hook().torchlens_array_info
-        return tree.map_leaves(lambda v: self.array_ops.copy(v) if is_array(backend=self.backend, value=v)
-                               else v, value)
+        return tree.map_leaves(
+            lambda v: self.array_ops.copy(v) if is_array(backend=self.backend, value=v) else v, value
+        )
 
     def _array_paths(self, value: Any) -> list[tuple[Any, ...]]:
         info = hook().torchlens_array_info
@@ -581,19 +638,27 @@ class Editor:
         """Every intervention found a site, and every module call named was given to the editor."""
         for path, n in self._named_calls(trace):
             if (path, n) not in self.module_calls_edited:
-                raise UnsupportedError(f"the {self.backend} backend did not hand module call {path}:{n}'s output "
-                                       f"to the editor, so tl.module sites cannot be edited on it")
+                raise UnsupportedError(
+                    f"the {self.backend} backend did not hand module call {path}:{n}'s output "
+                    f"to the editor, so tl.module sites cannot be edited on it"
+                )
         if trace.halted:
             return
         missing = [self.items[i].selector for i, n in enumerate(self.sites_found) if not n]
         if missing:
             named = "; ".join(shown(s, 120) for s in missing)
-            raise LabelNotFoundError(f"intervene=: {named} picked no site, so nothing was edited; the forward has "
-                                     f"run to the end{near_names(trace, *missing)}")
+            raise LabelNotFoundError(
+                f"intervene=: {named} picked no site, so nothing was edited; the forward has "
+                f"run to the end{near_names(trace, *missing)}"
+            )
 
     def _named_calls(self, trace: Trace) -> list[tuple[str, int]]:
-        return [(path, mp.pass_num) for path, module in trace.modules.items() for mp in module.passes
-                if self.wants_module(path, mp.pass_num) and mp.out_template is not None]
+        return [
+            (path, mp.pass_num)
+            for path, module in trace.modules.items()
+            for mp in module.passes
+            if self.wants_module(path, mp.pass_num) and mp.out_template is not None
+        ]
 
 
 def _names(selector: Module, path: str, pass_num: int) -> bool:

@@ -22,8 +22,20 @@ from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.ir.errors import ArgumentTypeError, shown
 
 # Every keyword tl.trace takes for itself (the rest go to the model).
-TRACE_OPTIONS = ("backend", "save", "halt", "lookback", "lookback_payload_policy", "intervene", "intervention_ready",
-                 "save_grads", "capture", "escape_detector", "save_to", "patch_policy")
+TRACE_OPTIONS = (
+    "backend",
+    "save",
+    "halt",
+    "lookback",
+    "lookback_payload_policy",
+    "intervene",
+    "intervention_ready",
+    "save_grads",
+    "capture",
+    "escape_detector",
+    "save_to",
+    "patch_policy",
+)
 RECORD_OPTIONS = ("backend", "save", "halt")
 
 
@@ -38,8 +50,9 @@ def _accepted(model: Any) -> tuple[set[str], bool] | None:
     return named, any(p.kind == p.VAR_KEYWORD for p in parameters)
 
 
-def check_model_keywords(model: Any, kwargs: dict[str, Any], entry: str = "tl.trace",
-                         taken: tuple[str, ...] = TRACE_OPTIONS) -> None:
+def check_model_keywords(
+    model: Any, kwargs: dict[str, Any], entry: str = "tl.trace", taken: tuple[str, ...] = TRACE_OPTIONS
+) -> None:
     """Refuse a keyword the model does not take that is (or looks like) a TorchLens option."""
     if not kwargs:
         return
@@ -50,13 +63,17 @@ def check_model_keywords(model: Any, kwargs: dict[str, Any], entry: str = "tl.tr
         if name in accepted[0]:
             continue
         if name in TRACE_OPTIONS:  # an option this entry point does not take
-            raise ArgumentTypeError(f"{entry} does not take {name}= (a tl.trace option), and the model does not "
-                                    f"either; use tl.trace(model, *inputs, {name}=...)")
+            raise ArgumentTypeError(
+                f"{entry} does not take {name}= (a tl.trace option), and the model does not "
+                f"either; use tl.trace(model, *inputs, {name}=...)"
+            )
         close = difflib.get_close_matches(name, taken, n=1, cutoff=0.7)
         if close:
-            raise ArgumentTypeError(f"{name}= is not an option of {entry}, and the model does not take it (it would "
-                                    f"have gone to the model): did you mean {entry}'s {close[0]}=? Keywords "
-                                    f"{entry} does not know are passed to the model")
+            raise ArgumentTypeError(
+                f"{name}= is not an option of {entry}, and the model does not take it (it would "
+                f"have gone to the model): did you mean {entry}'s {close[0]}=? Keywords "
+                f"{entry} does not know are passed to the model"
+            )
 
 
 def merged_options(keywords: CaptureOptions, given: CaptureOptions | None) -> CaptureOptions:
@@ -64,8 +81,9 @@ def merged_options(keywords: CaptureOptions, given: CaptureOptions | None) -> Ca
     if given is None:
         return keywords
     if not isinstance(given, CaptureOptions):
-        raise ArgumentTypeError(f"capture= takes a tl.options.CaptureOptions, not {type(given).__name__} "
-                                f"({shown(given)})")
+        raise ArgumentTypeError(
+            f"capture= takes a tl.options.CaptureOptions, not {type(given).__name__} ({shown(given)})"
+        )
     defaults = CaptureOptions()
     changes: dict[str, Any] = {}
     for field in attrs.fields(CaptureOptions):
@@ -73,8 +91,10 @@ def merged_options(keywords: CaptureOptions, given: CaptureOptions | None) -> Ca
         if mine == getattr(defaults, field.name) or mine == theirs:
             continue
         if theirs != getattr(defaults, field.name):
-            raise ArgumentTypeError(f"{field.name}= is given twice, as a keyword ({shown(mine)}) and in capture= "
-                                    f"({shown(theirs)}): give it once")
+            raise ArgumentTypeError(
+                f"{field.name}= is given twice, as a keyword ({shown(mine)}) and in capture= "
+                f"({shown(theirs)}): give it once"
+            )
         changes[field.name] = mine
     return attrs.evolve(given, **changes) if changes else given
 
@@ -92,6 +112,8 @@ def warn_once(key: str, message: str) -> None:
     warnings.warn(message, DeprecationWarning, stacklevel=3)
 
 
-PATCH_POLICY = ("patch_policy= is accepted and ignored: the torch backend intercepts through a function mode, which "
-                "sees every call (names bound before the capture, `from torch import relu`, included) without "
-                "patching torch, and the other backends choose their interception themselves")
+PATCH_POLICY = (
+    "patch_policy= is accepted and ignored: the torch backend intercepts through a function mode, which "
+    "sees every call (names bound before the capture, `from torch import relu`, included) without "
+    "patching torch, and the other backends choose their interception themselves"
+)

@@ -27,11 +27,13 @@ def refuse_class(model: Any, call: str = "tl.trace") -> None:
         name = model.__qualname__
         raise ArgumentTypeError(
             f"{call} got the class {model.__module__}.{name}, not a model: build the model first and pass it, "
-            f"{call}({name}(...), x) (a class would be called with the inputs as its constructor's arguments)")
+            f"{call}({name}(...), x) (a class would be called with the inputs as its constructor's arguments)"
+        )
 
 
-def foreign_input_error(backend: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                        raised: BaseException) -> TorchLensError | None:
+def foreign_input_error(
+    backend: str, args: tuple[Any, ...], kwargs: dict[str, Any], raised: BaseException
+) -> TorchLensError | None:
     """The typed error for a forward that raised ``raised`` while an input was an array of another kind than
     ``backend``'s; None if every array-like input is the backend's (the error is then the model's own)."""
     if isinstance(raised, TorchLensError) or not isinstance(raised, Exception):
@@ -50,7 +52,8 @@ def foreign_input_error(backend: str, args: tuple[Any, ...], kwargs: dict[str, A
         f"{f' of shape {tuple(shape)}' if shape is not None else ''}, which is not a {backend} array: the "
         f"{backend} backend traces a model on its own framework's arrays. Convert the input first (for a NumPy "
         f"array given to a torch model: torch.as_tensor(x)), or trace with the backend of the framework the model "
-        f"is written in (tl.trace(model, x, backend=...); tl.backends() lists them)")
+        f"is written in (tl.trace(model, x, backend=...); tl.backends() lists them)"
+    )
 
 
 def _array_like(value: Any) -> bool:

@@ -179,6 +179,8 @@ class ModulePasses:
             edited, template = builder.edit_module_output(path, template, values)
             if edited is values:
                 return output, template
-            relinked = {leaf_path: self.relink(tree.get(output, leaf_path), ref, tree.get(edited, leaf_path))
-                        for leaf_path, ref in tree.leaves(template, _is_ref)}
+            relinked = {
+                leaf_path: self.relink(tree.get(output, leaf_path), ref, tree.get(edited, leaf_path))
+                for leaf_path, ref in tree.leaves(template, _is_ref)
+            }
         return tree.replace_at(output, relinked), template

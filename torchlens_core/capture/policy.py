@@ -69,22 +69,27 @@ class HaltCapture(BaseException):
 def _selector(value: Any, name: str) -> Selector | None:
     if value is None or isinstance(value, Selector):
         return value
-    raise ArgumentTypeError(f"{name}= takes a selector such as tl.func('relu') or tl.module('layer3'), "
-                            f"not {type(value).__name__} ({shown(value)})")
+    raise ArgumentTypeError(
+        f"{name}= takes a selector such as tl.func('relu') or tl.module('layer3'), "
+        f"not {type(value).__name__} ({shown(value)})"
+    )
 
 
 def _grads(value: Any) -> bool | Selector:
     if isinstance(value, (bool, Selector)):
         return value
-    raise ArgumentTypeError(f"save_grads= takes True, False or a selector such as tl.func('relu'), "
-                            f"not {type(value).__name__} ({shown(value)})")
+    raise ArgumentTypeError(
+        f"save_grads= takes True, False or a selector such as tl.func('relu'), "
+        f"not {type(value).__name__} ({shown(value)})"
+    )
 
 
 def _folder(value: Any) -> Any:
     if value is None or isinstance(value, (str, os.PathLike)):
         return value
-    raise ArgumentTypeError(f"save_to= takes a folder path (a str or pathlib.Path), not {type(value).__name__} "
-                            f"({shown(value)})")
+    raise ArgumentTypeError(
+        f"save_to= takes a folder path (a str or pathlib.Path), not {type(value).__name__} ({shown(value)})"
+    )
 
 
 # save_to=: how to open the folder a capture writes its values into, as they are produced. The trace folder's
@@ -118,26 +123,31 @@ class CaptureOptions:
 
     def __attrs_post_init__(self) -> None:
         if self.escape_detector not in ESCAPE_DETECTORS:
-            raise UnsupportedError(f"escape_detector= takes one of {ESCAPE_DETECTORS}, "
-                                   f"not {shown(self.escape_detector)}")
+            raise UnsupportedError(
+                f"escape_detector= takes one of {ESCAPE_DETECTORS}, not {shown(self.escape_detector)}"
+            )
         if not isinstance(self.lookback, int) or self.lookback < 0:
             raise ArgumentTypeError(f"lookback= takes a number of ops >= 0, not {shown(self.lookback)}")
         if self.lookback and self.save is None:
             raise UnsupportedError("lookback= keeps the ops before each op save= picks: give save= too")
         if self.lookback_payload_policy not in LOOKBACK_POLICIES:
-            raise UnsupportedError(f"lookback_payload_policy must be one of {LOOKBACK_POLICIES}, "
-                                   f"not {self.lookback_payload_policy!r}")
+            raise UnsupportedError(
+                f"lookback_payload_policy must be one of {LOOKBACK_POLICIES}, not {self.lookback_payload_policy!r}"
+            )
         if self.halt is not None and _has(self.halt, Not):
-            raise UnsupportedError("halt= cannot use ~: 'stop once everything except X has run' never comes "
-                                   "before the end of the forward")
+            raise UnsupportedError(
+                "halt= cannot use ~: 'stop once everything except X has run' never comes before the end of the forward"
+            )
         if self.halt is not None and self.save_grads is not False:
             raise UnsupportedError("save_grads= with halt=: a halted forward has no output to take a loss of")
         if self.save_to is not None and self.record:
             raise UnsupportedError("save_to= with tl.record: a Recording is finished only when read; use tl.trace")
         if self.halt is not None and _has(self.halt, (Where, FollowedBy), deep=True):
-            raise UnsupportedError("halt= cannot use tl.where or tl.followed_by: they judge finished records (an "
-                                   "op's children run after it), so they could never stop the forward early; "
-                                   "use them with save=")
+            raise UnsupportedError(
+                "halt= cannot use tl.where or tl.followed_by: they judge finished records (an "
+                "op's children run after it), so they could never stop the forward early; "
+                "use them with save="
+            )
 
 
 def _has(selector: Selector, kinds: type | tuple[type, ...], deep: bool = False) -> bool:

@@ -225,9 +225,22 @@ class Recorder(ModulePasses):
         return self.constant(x)
 
     # -- recording -------------------------------------------------------------------------------
-    def record(self, func_name: str, call: Any, args: Any, kwargs: Any, parents: list[int], params: list[str],
-               out: Any, *, written: tuple[Any, ...] = (), shape: Any = None, dtype: Any = None,
-               device: Any = None, **fields: Any) -> Any:
+    def record(
+        self,
+        func_name: str,
+        call: Any,
+        args: Any,
+        kwargs: Any,
+        parents: list[int],
+        params: list[str],
+        out: Any,
+        *,
+        written: tuple[Any, ...] = (),
+        shape: Any = None,
+        dtype: Any = None,
+        device: Any = None,
+        **fields: Any,
+    ) -> Any:
         """Record one call that returned ``out``; returns what the forward gets (``out``, or its edit).
 
         ``args``/``kwargs``: the call's :meth:`template` (taken before it ran); ``out``: one array, or a
@@ -245,9 +258,20 @@ class Recorder(ModulePasses):
                 shape = tuple(self.describe(v)[0] if self.is_array(v) else None for v in out)
                 _, dtype, device = self.describe(arrays[0])
         builder = self.builder
-        op = builder.add_op(func_name, call, args, kwargs, unique(parents), out, shape=shape,
-                            dtype=dtype, device=device, params=unique(params) if params else (),
-                            in_place=bool(written), **fields)
+        op = builder.add_op(
+            func_name,
+            call,
+            args,
+            kwargs,
+            unique(parents),
+            out,
+            shape=shape,
+            dtype=dtype,
+            device=device,
+            params=unique(params) if params else (),
+            in_place=bool(written),
+            **fields,
+        )
         if builder.edited_values:  # intervene=: an edit of an in-place op is written into `out` itself
             seen = builder.seen_value(op, out)
             if seen is not out:
@@ -348,7 +372,8 @@ class Recorder(ModulePasses):
             if op.stored is None and op.pre_edit is not None:
                 with self.own_work():
                     op.pre_edit = tree.map_leaves(
-                        lambda v: self.copy(v) if self.is_array(v) and self.memory(v) == key else v, op.pre_edit)
+                        lambda v: self.copy(v) if self.is_array(v) and self.memory(v) == key else v, op.pre_edit
+                    )
 
     def check_versions(self) -> None:
         """After the forward: flag each saved value written in place after it was recorded without a copy

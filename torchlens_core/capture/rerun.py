@@ -52,8 +52,10 @@ class RecordedCall:
     def model(self) -> Any:
         model = self.model_ref()
         if model is None:
-            raise UnsupportedError(f"the traced {self.model_name} no longer exists (a trace holds its model weakly): "
-                                   f"keep a reference to it for audit(untraced=True)")
+            raise UnsupportedError(
+                f"the traced {self.model_name} no longer exists (a trace holds its model weakly): "
+                f"keep a reference to it for audit(untraced=True)"
+            )
         return model
 
     def inputs(self, trace: Trace) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -87,14 +89,28 @@ def rerun(trace: Trace, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any
 
     options = getattr(trace.call, "options", None)
     if options is None and trace.interventions:
-        raise UnsupportedError("this trace's own edits were not made by tl.trace in this process (it was loaded, or "
-                               "recorded), so a live rerun cannot repeat them: pass intervene= to tl.trace instead")
-    return capture(model, *args, backend=trace.backend, capture=options,
-                   intervention_ready=bool(trace.notes.get("intervention_ready")), **kwargs)
+        raise UnsupportedError(
+            "this trace's own edits were not made by tl.trace in this process (it was loaded, or "
+            "recorded), so a live rerun cannot repeat them: pass intervene= to tl.trace instead"
+        )
+    return capture(
+        model,
+        *args,
+        backend=trace.backend,
+        capture=options,
+        intervention_ready=bool(trace.notes.get("intervention_ready")),
+        **kwargs,
+    )
 
 
-def remember(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], trace: Trace,
-             intervene: tuple[Any, ...] = (), options: Any = None) -> RecordedCall | str:
+def remember(
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    trace: Trace,
+    intervene: tuple[Any, ...] = (),
+    options: Any = None,
+) -> RecordedCall | str:
     """The call that produced ``trace``, or why it cannot be remembered.
 
     Each array argument is matched to its input node: by identity first (the

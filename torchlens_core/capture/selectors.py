@@ -52,15 +52,17 @@ class Selector:
 
 def _check(other: object) -> Selector:
     if not isinstance(other, Selector):
-        raise ArgumentTypeError(f"selectors combine with selectors such as tl.func('relu'), not "
-                                f"{type(other).__name__} ({shown(other)})")
+        raise ArgumentTypeError(
+            f"selectors combine with selectors such as tl.func('relu'), not {type(other).__name__} ({shown(other)})"
+        )
     return other
 
 
 def _name(value: object, what: str, example: str) -> str:
     if not isinstance(value, str):
-        raise ArgumentTypeError(f"{what} takes a string such as {example!r}, not {type(value).__name__} "
-                                f"({shown(value)})")
+        raise ArgumentTypeError(
+            f"{what} takes a string such as {example!r}, not {type(value).__name__} ({shown(value)})"
+        )
     return value
 
 
@@ -87,9 +89,11 @@ class Func(Selector):
             try:
                 regex = re.compile(f"(?:{self.pattern})_?")
             except re.error as exc:
-                raise PatternError(f"tl.func({shown(self.pattern)}): not a valid regular expression ({exc}); "
-                                   f"escape special characters with re.escape() to match a name "
-                                   f"literally") from None
+                raise PatternError(
+                    f"tl.func({shown(self.pattern)}): not a valid regular expression ({exc}); "
+                    f"escape special characters with re.escape() to match a name "
+                    f"literally"
+                ) from None
         object.__setattr__(self, "_regex", regex)
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
@@ -182,8 +186,7 @@ class FollowedBy(Selector):
         return f"tl.followed_by({self.inner!r})"
 
     def test(self, op: OpRecord, trace: Trace) -> bool:
-        return any(self.inner.test(child, trace) for child in map(trace.__getitem__, op.children)
-                   if child.kind == "op")
+        return any(self.inner.test(child, trace) for child in map(trace.__getitem__, op.children) if child.kind == "op")
 
 
 @attrs.frozen(repr=False)
@@ -199,8 +202,9 @@ class PrecededBy(Selector):
         return any(self.inner.test(trace.ops[i], trace) for i in op.parent_indices if trace.ops[i].kind == "op")
 
     def decide(self, op: OpRecord, builder: TraceBuilder) -> bool | None:
-        verdicts = [self.inner.decide(builder.ops[i], builder) for i in op.parent_indices
-                    if builder.ops[i].kind == "op"]
+        verdicts = [
+            self.inner.decide(builder.ops[i], builder) for i in op.parent_indices if builder.ops[i].kind == "op"
+        ]
         return True if True in verdicts else (None if None in verdicts else False)
 
 
@@ -330,8 +334,10 @@ def near_names(trace: Trace, *selectors: Selector) -> str:
         near += closest(word, pool, n=4)
     hint = ""
     if idle:
-        hint += (f"; module {', '.join(map(repr, idle))} belongs to the model but was never called in this forward "
-                 f"(its parent may compute it another way, a fused op for instance): select its parent, or the ops")
+        hint += (
+            f"; module {', '.join(map(repr, idle))} belongs to the model but was never called in this forward "
+            f"(its parent may compute it another way, a fused op for instance): select its parent, or the ops"
+        )
     if near:
         hint += f"; closest labels and module paths: {', '.join(map(repr, dict.fromkeys(near)))}"
     return hint

@@ -79,8 +79,7 @@ class CallSites:
             return ()
         return tuple(self.walk(sys._getframe(1 + skip), limit, None)[0])
 
-    def walk(self, frame: FrameType | None, limit: int, boundary: FrameType | None
-             ) -> tuple[list[CodeLocation], bool]:
+    def walk(self, frame: FrameType | None, limit: int, boundary: FrameType | None) -> tuple[list[CodeLocation], bool]:
         """The user's frames from ``frame`` up, at most ``limit``, and whether the walk reached ``boundary``.
 
         The walk ends at ``limit`` user frames, at a stop (False), or at the
@@ -151,7 +150,7 @@ class PassSites:
             return tuple(self.sites.walk(sys._getframe(1 + skip), limit, None)[0]) if limit > 0 else ()
         found, met = self.sites.walk(sys._getframe(1 + skip), limit, self.open[-1][1])
         if met and len(found) < limit:
-            found += self._above(len(self.open) - 1)[:limit - len(found)]
+            found += self._above(len(self.open) - 1)[: limit - len(found)]
         return tuple(found)
 
     def _above(self, i: int) -> list[CodeLocation]:
@@ -160,6 +159,6 @@ class PassSites:
         if entry[2] is None:
             found, met = self.sites.walk(entry[1], self.limit, self.open[i - 1][1] if i else None)
             if met and len(found) < self.limit:
-                found += self._above(i - 1)[:self.limit - len(found)]
+                found += self._above(i - 1)[: self.limit - len(found)]
             entry[2] = found
         return entry[2]

@@ -120,8 +120,7 @@ class SharedPatchUse:
             if patch is None:
                 patch = _PATCHES[key] = SharedPatch(self.owner, self.name, self.make)
             elif patch.make is not self.make:
-                raise CaptureError(f"{self.name} of {self.owner!r} is already replaced for captures by "
-                                   f"{patch.make!r}")
+                raise CaptureError(f"{self.name} of {self.owner!r} is already replaced for captures by {patch.make!r}")
             entered = patch.use(handler)
             entered.__enter__()
         try:
@@ -161,11 +160,13 @@ class OneCaptureAtATime:
             if self.thread == threading.get_ident():
                 raise UnsupportedError(
                     f"a {self.backend} capture is already running in this thread: captures do not nest "
-                    f"(call tl.trace outside the traced function)")
+                    f"(call tl.trace outside the traced function)"
+                )
             raise UnsupportedError(
                 f"a {self.backend} capture is already running in another thread: the {self.backend} backend "
                 f"intercepts process-wide and captures one forward at a time. Run the tl.trace calls one after "
-                f"another (hold a lock around them); plain forwards in other threads are fine meanwhile")
+                f"another (hold a lock around them); plain forwards in other threads are fine meanwhile"
+            )
         self.thread = threading.get_ident()
         try:
             yield

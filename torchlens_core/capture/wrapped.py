@@ -147,8 +147,9 @@ class WrappedRecorder(Recorder):
         """Wrappers of op ``index``'s value (one array, or a tuple/list of them)."""
         if self.is_array(value):
             return self.tracked(value, Ref(index), written)
-        return tree.rebuild(value, [self.tracked(v, Ref(index, (i,)), written) if self.is_array(v) else v
-                                    for i, v in enumerate(value)])
+        return tree.rebuild(
+            value, [self.tracked(v, Ref(index, (i,)), written) if self.is_array(v) else v for i, v in enumerate(value)]
+        )
 
     def constant(self, value: Any) -> Any:
         a = plain_leaf(value)  # a wrapper of another capture, or of none, is its plain array here
@@ -181,8 +182,15 @@ class WrappedRecorder(Recorder):
                 self.report(index, path, "tolist", a if out is None else tree.get(out, path).tolist())
 
     # -- the hot path ----------------------------------------------------------------------
-    def call(self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], targets: list[Any],
-             random: bool = False) -> Any:
+    def call(
+        self,
+        name: str,
+        fn: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        targets: list[Any],
+        random: bool = False,
+    ) -> Any:
         """Run one call on plain values and record it (``targets``: the arrays it writes into; ``random``:
         a draw, run by :meth:`draw`)."""
         parents: list[int] = []
@@ -205,9 +213,23 @@ class WrappedRecorder(Recorder):
             arrays = self.is_array(value) or (isinstance(value, (tuple, list)) and any(map(self.is_array, value)))
             if arrays:
                 shape, dtype, device = self.describe(value)
-                seen = self.record(name, fn, a, k, parents, params, value, written=tuple(targets), shape=shape,
-                                   dtype=dtype, device=device, random=random, code_context=self.sites.stack(1),
-                                   meta=meta, elapsed=elapsed)
+                seen = self.record(
+                    name,
+                    fn,
+                    a,
+                    k,
+                    parents,
+                    params,
+                    value,
+                    written=tuple(targets),
+                    shape=shape,
+                    dtype=dtype,
+                    device=device,
+                    random=random,
+                    code_context=self.sites.stack(1),
+                    meta=meta,
+                    elapsed=elapsed,
+                )
         except TorchLensError as exc:  # raised by the capture, also if the model catches it
             raise self.remember(exc) from None
         finally:
@@ -229,8 +251,18 @@ class WrappedRecorder(Recorder):
             except TorchLensError as exc:  # raised by the capture, also if the model catches it
                 raise self.remember(exc) from None
 
-    def python_value(self, name: str, fn: Any, args: tuple[Any, ...], a: Any, k: Any, parents: list[int],
-                     params: list[str], result: Any, elapsed: float) -> Any:
+    def python_value(
+        self,
+        name: str,
+        fn: Any,
+        args: tuple[Any, ...],
+        a: Any,
+        k: Any,
+        parents: list[int],
+        params: list[str],
+        result: Any,
+        elapsed: float,
+    ) -> Any:
         """A call on recorded arrays answered with a Python value (``np.allclose``): what the model gets.
 
         A shape, dtype or memory question (``value_free``) is no op; a shape
@@ -246,8 +278,9 @@ class WrappedRecorder(Recorder):
         if how is None:  # a string or an object: printing and the like decide nothing
             return result
         value = PythonValue.host(result)
-        seen = self._record(name, PythonValue(fn), a, k, parents, params, value, code_context=self.sites.stack(1),
-                            elapsed=elapsed)
+        seen = self._record(
+            name, PythonValue(fn), a, k, parents, params, value, code_context=self.sites.stack(1), elapsed=elapsed
+        )
         got = CONVERSIONS[how](PythonValue.host(seen))
         if seen is not value:  # an edit: the model gets the edited answer, of the type it had
             result = type(result)(got) if isinstance(result, tuple) else got
@@ -288,4 +321,3 @@ class WrappedRecorder(Recorder):
             tracked = self.call("copy", MethodCall("copy"), (tracked,), {}, [])
             ref = self.producer(tracked)
         return tracked, ref  # type: ignore[return-value]
-

@@ -50,8 +50,25 @@ BLOCK = 4096  # cells of the structural scores worked out in one call (a few row
 FRONTIER_WALK = 256  # ops visited looking for the nearest paired ones upstream
 HEALING_HOPS = 24  # how far downstream an agreeing pair shows a disagreement was no divergence (Aligner._healed)
 # Classes of ops that are layers of a model, not steps of arithmetic inside one (Aligner._healed).
-LAYERS = frozenset({"matmul", "linear", "conv", "layer_norm", "batch_norm", "group_norm", "attention", "embedding",
-                    "softmax", "max_pool", "avg_pool", "gelu", "relu", "silu", "dropout"})
+LAYERS = frozenset(
+    {
+        "matmul",
+        "linear",
+        "conv",
+        "layer_norm",
+        "batch_norm",
+        "group_norm",
+        "attention",
+        "embedding",
+        "softmax",
+        "max_pool",
+        "avg_pool",
+        "gelu",
+        "relu",
+        "silu",
+        "dropout",
+    }
+)
 
 
 @attrs.define(slots=True)
@@ -84,8 +101,9 @@ class Unaligned:
 class Aligner:
     """The alignment of two traces' points; :meth:`run` returns the matches in ``a``'s order."""
 
-    def __init__(self, a: Trace, b: Trace, pa: list[Point], pb: list[Point], rtol: float | None,
-                 atol: float | None) -> None:
+    def __init__(
+        self, a: Trace, b: Trace, pa: list[Point], pb: list[Point], rtol: float | None, atol: float | None
+    ) -> None:
         self.a, self.b, self.pa, self.pb = a, b, pa, pb
         self.rtol, self.atol = rtol, atol
         # Gaps and scores are read for the pairs that need them, never as n x m matrices: the value pass finds its
@@ -138,28 +156,45 @@ class Aligner:
                 keep = gaps <= (0.0 if p.kind == "int" else np.maximum(self._close[k], self._close_b[near]))
                 near, gaps = near[keep], gaps[keep]
                 row = dict(zip(near.tolist(), gaps.tolist()))
-                found = [c for c in near.tolist() if c not in self.a_of_b and
-                         not self._inside_other_output(p, self.pb[c], outputs_b)]
+                found = [
+                    c
+                    for c in near.tolist()
+                    if c not in self.a_of_b and not self._inside_other_output(p, self.pb[c], outputs_b)
+                ]
                 if not found:
                     continue
                 score = dict(zip(found, self._scores([k], found, gaps[np.searchsorted(near, found)][None, :])[0]))
                 # Several ops of b may hold the value (a chain of reshapes and transposes): the one computed from the
                 # counterparts of the op's inputs first, then one of the same class, one of the same shape (no layout
                 # change), the same module, the closest fingerprint, the earliest.
-                found.sort(key=lambda c: (p.cls is None or self.pb[c].cls != p.cls, self.pb[c].func != p.func,
-                                          self.pb[c].shape != p.shape,
-                                          -score[c], row[c], self.pb[c].index))
-                consistency = {c: _consistency(self._canon(frontier),
-                                               self._canon(self._mapped(self._frontier_b(self.pb[c].index))))
-                               for c in found[:2 * CHECKED]}
+                found.sort(
+                    key=lambda c: (
+                        p.cls is None or self.pb[c].cls != p.cls,
+                        self.pb[c].func != p.func,
+                        self.pb[c].shape != p.shape,
+                        -score[c],
+                        row[c],
+                        self.pb[c].index,
+                    )
+                )
+                consistency = {
+                    c: _consistency(
+                        self._canon(frontier), self._canon(self._mapped(self._frontier_b(self.pb[c].index)))
+                    )
+                    for c in found[: 2 * CHECKED]
+                }
                 for c in sorted(consistency, key=lambda c: -consistency[c])[:CHECKED]:
                     consistent = consistency[c]
                     telling = p.distinct > 2 and (p.size or 0) > 2 and p.kind == "float"
                     is_input = self.a.ops[p.index].kind == "input" and self.b.ops[self.pb[c].index].kind == "input"
                     # A value that says little (all zeros, a 0/1 mask, a position count) pairs only with an op of its
                     # kind computed from the same inputs: an all-False comparison is not a gather of zeros.
-                    if not (telling or is_input or (consistent == 2 and _kin(p, self.pb[c])) or
-                            (consistent and p.distinct > 2)):
+                    if not (
+                        telling
+                        or is_input
+                        or (consistent == 2 and _kin(p, self.pb[c]))
+                        or (consistent and p.distinct > 2)
+                    ):
                         continue
                     match = self._judge(k, c, "values")
                     if match.agreement is not None and match.agreement.ok:
@@ -190,8 +225,12 @@ class Aligner:
         """Per point: the fingerprint gap under which a pair is worth checking element for element (its dtype's)."""
         import numpy as np
 
-        return np.array([max(CLOSE, 4 * (self.rtol if self.rtol is not None else
-                                         tolerance_for(trace.ops[p.index].dtype).rtol)) for p in side])
+        return np.array(
+            [
+                max(CLOSE, 4 * (self.rtol if self.rtol is not None else tolerance_for(trace.ops[p.index].dtype).rtol))
+                for p in side
+            ]
+        )
 
     def _learn_prefix(self) -> bool:
         """Module paths that differ by a prefix (``vision_model.encoder...`` against ``encoder...``), learnt from
@@ -212,8 +251,10 @@ class Aligner:
             return False
         for q in self.pb:
             q.module = _swap_prefix(q.module, extra_b, extra_a)
-            q.module_outputs = frozenset(_swap_prefix(key.rpartition(":")[0], extra_b, extra_a) + ":" +
-                                         key.rpartition(":")[2] for key in q.module_outputs)
+            q.module_outputs = frozenset(
+                _swap_prefix(key.rpartition(":")[0], extra_b, extra_a) + ":" + key.rpartition(":")[2]
+                for key in q.module_outputs
+            )
         return True
 
     # -- 2. structure ---------------------------------------------------------------------------------------------
@@ -233,8 +274,9 @@ class Aligner:
         for x, y in best_pairs(sub):
             self._classify(left_a[x], left_b[y], x, y, sub, left_a, left_b, frontiers)
 
-    def _candidates(self, left_a: list[int], left_b: list[int], fa: dict[int, frozenset[int]],
-                    fb: dict[int, frozenset[int]]) -> Cells:
+    def _candidates(
+        self, left_a: list[int], left_b: list[int], fa: dict[int, frozenset[int]], fb: dict[int, frozenset[int]]
+    ) -> Cells:
         """The structural scores of ``left_a`` against ``left_b``, kept only between ops computed from counterpart
         inputs (frontiers that meet) or two inputs: found through indexes of ``b``, never as the dense matrix.
 
@@ -289,8 +331,12 @@ class Aligner:
         return cells
 
     @staticmethod
-    def _of_class(frontier: frozenset[int], cls: str | None, by_class: dict[tuple[int, str], list[int]],
-                  memo: dict[tuple[frozenset[int], str], list[int]]) -> list[int]:
+    def _of_class(
+        frontier: frozenset[int],
+        cls: str | None,
+        by_class: dict[tuple[int, str], list[int]],
+        memo: dict[tuple[frozenset[int], str], list[int]],
+    ) -> list[int]:
         """The positions in ``b`` of ops of class ``cls`` with a point of ``frontier`` on their frontier."""
         if cls is None:
             return []
@@ -299,8 +345,14 @@ class Aligner:
             found = memo[(frontier, cls)] = sorted({y for point in frontier for y in by_class.get((point, cls), ())})
         return found
 
-    def _same_role(self, sub: Cells, left_a: list[int], left_b: list[int], fa: dict[int, frozenset[int]],
-                   fb: dict[int, frozenset[int]]) -> None:
+    def _same_role(
+        self,
+        sub: Cells,
+        left_a: list[int],
+        left_b: list[int],
+        fa: dict[int, frozenset[int]],
+        fb: dict[int, frozenset[int]],
+    ) -> None:
         """Pair the last op of each side's chain of one-input ops on the same value (``self._role``).
 
         An activation and its replacement (SiLU against GELU's eight
@@ -308,12 +360,17 @@ class Aligner:
         role, the end of a chain of ops computed from one and the same input
         before it meets any other.
         """
-        ends_a = {k: f for k in left_a if len(f := self._canon(self._frontier_a(self.pa[k].index, fa))) == 1
-                  and self._chain_end(self.a, self.pa[k].index, f, lambda i: self._canon(self._frontier_a(i, fa)))}
+        ends_a = {
+            k: f
+            for k in left_a
+            if len(f := self._canon(self._frontier_a(self.pa[k].index, fa))) == 1
+            and self._chain_end(self.a, self.pa[k].index, f, lambda i: self._canon(self._frontier_a(i, fa)))
+        }
         ends_b: dict[frozenset[int], list[int]] = {}
         for c in left_b:
-            if len(fb[c]) == 1 and self._chain_end(self.b, self.pb[c].index, fb[c], lambda i: self._canon(
-                    self._mapped(self._frontier_b(i)))):
+            if len(fb[c]) == 1 and self._chain_end(
+                self.b, self.pb[c].index, fb[c], lambda i: self._canon(self._mapped(self._frontier_b(i)))
+            ):
                 ends_b.setdefault(fb[c], []).append(c)
         position_b = {c: y for y, c in enumerate(left_b)}
         for x, k in enumerate(left_a):
@@ -334,13 +391,23 @@ class Aligner:
 
         def ends(child: int) -> bool:
             point = points_of.get(child)
-            return point is None or side[point].cls in LAYERS or side[point].size != size or \
-                frontier_of(child) != frontier
+            return (
+                point is None or side[point].cls in LAYERS or side[point].size != size or frontier_of(child) != frontier
+            )
 
         return bool(children) and all(ends(child) for child in children)
 
-    def _classify(self, k: int, c: int, x: int, y: int, sub: Cells, left_a: list[int], left_b: list[int],
-                  frontiers: dict[int, frozenset[int]]) -> None:
+    def _classify(
+        self,
+        k: int,
+        c: int,
+        x: int,
+        y: int,
+        sub: Cells,
+        left_a: list[int],
+        left_b: list[int],
+        frontiers: dict[int, frozenset[int]],
+    ) -> None:
         match = self._judge(k, c, "structure")
         if match.agreement is not None and match.agreement.ok:
             p = self.pa[k]
@@ -356,15 +423,23 @@ class Aligner:
         label_a, label_b = self.a.ops[self.pa[k].index].label, self.b.ops[self.pb[c].index].label
         pa, pb = self.pa[k], self.pb[c]
         near = self.gaps.pair(k, c) <= NEAR and pa.kind == "float"  # integers: equal or not, never "nearly"
-        by_structure = bool(pa.module_outputs & pb.module_outputs) or (k, c) in self._role or (
-            pa.cls is not None and pa.cls == pb.cls and pa.cls not in PLAIN)
+        by_structure = (
+            bool(pa.module_outputs & pb.module_outputs)
+            or (k, c) in self._role
+            or (pa.cls is not None and pa.cls == pb.cls and pa.cls not in PLAIN)
+        )
         strong = by_structure or near
         if match.agreement is not None and self._same_multiset(k, c, match.agreement.tolerance):
             self.unaligned.append(Unaligned(label_a, label_b, "the same values, in an order no layout explains"))
             return
         if not strong:
-            self.unaligned.append(Unaligned(label_a, label_b, "values disagree while every input agrees, and "
-                                                              "neither module, class nor values tie the two"))
+            self.unaligned.append(
+                Unaligned(
+                    label_a,
+                    label_b,
+                    "values disagree while every input agrees, and neither module, class nor values tie the two",
+                )
+            )
             return
         # A rival fits as well, is not on the chosen op's own chain, and sits as many ops past the agreeing inputs
         # (the dropout of a later layer, far downstream of the same inputs, is no rival of this one's).
@@ -372,20 +447,36 @@ class Aligner:
         chosen = sub.get(x, y)
         ys, row = sub.row(x)
         xs, column = sub.column(y)
-        rivals = [r for r in (left_b[v] for v in ys[row >= chosen].tolist() if v != y)
-                  if not _chained(self.b, self.pb[r].index, pb.index, self.paired_b) and
-                  abs(_depth(self.b, self.pb[r].index, self.paired_b) - depth_b) <= 1]
-        rivals += [r for r in (left_a[u] for u in xs[column >= chosen].tolist() if u != x)
-                   if not _chained(self.a, self.pa[r].index, pa.index, self.paired_a) and
-                   abs(_depth(self.a, self.pa[r].index, self.paired_a) - depth_a) <= 1]
+        rivals = [
+            r
+            for r in (left_b[v] for v in ys[row >= chosen].tolist() if v != y)
+            if not _chained(self.b, self.pb[r].index, pb.index, self.paired_b)
+            and abs(_depth(self.b, self.pb[r].index, self.paired_b) - depth_b) <= 1
+        ]
+        rivals += [
+            r
+            for r in (left_a[u] for u in xs[column >= chosen].tolist() if u != x)
+            if not _chained(self.a, self.pa[r].index, pa.index, self.paired_a)
+            and abs(_depth(self.a, self.pa[r].index, self.paired_a) - depth_a) <= 1
+        ]
         if rivals:
-            self.unaligned.append(Unaligned(label_a, label_b, f"values disagree while every input agrees, and "
-                                                              f"{len(rivals)} other candidates fit as well"))
+            self.unaligned.append(
+                Unaligned(
+                    label_a,
+                    label_b,
+                    f"values disagree while every input agrees, and {len(rivals)} other candidates fit as well",
+                )
+            )
             return
         healed = self._healed(k, c)
         if healed is not None:
-            self.unaligned.append(Unaligned(label_a, label_b, f"values disagree, but {healed}, computed from both, "
-                                                              f"agrees again: not where a divergence starts"))
+            self.unaligned.append(
+                Unaligned(
+                    label_a,
+                    label_b,
+                    f"values disagree, but {healed}, computed from both, agrees again: not where a divergence starts",
+                )
+            )
             return
         match.basis = "inputs"
         self._accept(match)
@@ -415,8 +506,11 @@ class Aligner:
                 continue
             seen.add(op)
             if op in self.paired_a:
-                found = [self.pb[self.matches[point].j].index for point in self.paired_a[op]
-                         if self.matches[point].basis == "values"]
+                found = [
+                    self.pb[self.matches[point].j].index
+                    for point in self.paired_a[op]
+                    if self.matches[point].basis == "values"
+                ]
                 found = [j for j in found if index_b in self._ancestors_b(j, index_b)]
                 if not found:
                     return None
@@ -424,8 +518,9 @@ class Aligner:
                 continue
             point = self._points_a.get(op)
             passed_on = bool(self.a.ops[op].meta.get("identity"))  # a value a module returned as it was given
-            layer = point is not None and (self.pa[point].cls in LAYERS or (
-                bool(self.pa[point].module_outputs) and not passed_on))
+            layer = point is not None and (
+                self.pa[point].cls in LAYERS or (bool(self.pa[point].module_outputs) and not passed_on)
+            )
             if hops >= HEALING_HOPS or layer:
                 return None
             stack.extend((child, hops + 1) for child in self._children_a.get(op, ()))  # a dead end reaches nothing
@@ -467,8 +562,11 @@ class Aligner:
             if best is not None and best[1].ok is False and not _roughly(left, right, tolerance):
                 continue
             found = agreement(left, right, tolerance, precision)
-            if best is None or (found.ok and not best[1].ok) or (found.ok == best[1].ok and
-                                                                   found.max_abs < best[1].max_abs):
+            if (
+                best is None
+                or (found.ok and not best[1].ok)
+                or (found.ok == best[1].ok and found.max_abs < best[1].max_abs)
+            ):
                 best = (layout, found)
             if found.ok:
                 break
@@ -509,9 +607,9 @@ class Aligner:
             matches = [self.matches[point] for point in self.paired_a.get(k, ())]
             for match in matches:
                 if match.layout.kind == "permuted" and all(
-                        match.layout.perm != f.perm or match.layout.via_shape != f.via_shape for f, _ in found):
-                    found.append((match.layout, f"{self.a.ops[k].label} ~ "
-                                                f"{self.b.ops[self.pb[match.j].index].label}"))
+                    match.layout.perm != f.perm or match.layout.via_shape != f.via_shape for f, _ in found
+                ):
+                    found.append((match.layout, f"{self.a.ops[k].label} ~ {self.b.ops[self.pb[match.j].index].label}"))
             if not any(match.layout.kind == "carried" for match in matches):  # carried from further up already
                 frontier.extend(self.a.ops[k].parent_indices)
         return found
@@ -567,15 +665,20 @@ class Aligner:
         found = self._chains.get((side, k))
         if found is not None:
             return found
-        trace, side_points, singles = (self.a, self.pa, self._points_a) if side == "a" else \
-            (self.b, self.pb, self._points_b)
+        trace, side_points, singles = (
+            (self.a, self.pa, self._points_a) if side == "a" else (self.b, self.pb, self._points_b)
+        )
         found, p = k, side_points[k]
         parents = [q for q in trace.ops[p.index].parent_indices if q in singles]
         if len(parents) == 1 and p.fingerprint is not None:
             q = singles[parents[0]]
             up = side_points[q]
-            if up.size == p.size and up.fingerprint is not None and up.kind == p.kind and float(
-                    abs(up.fingerprint - p.fingerprint).max()) <= 1e-7 * max(p.scale, 1e-30):
+            if (
+                up.size == p.size
+                and up.fingerprint is not None
+                and up.kind == p.kind
+                and float(abs(up.fingerprint - p.fingerprint).max()) <= 1e-7 * max(p.scale, 1e-30)
+            ):
                 found = self._chain_start(side, q)
         self._chains[(side, k)] = found
         return found
@@ -609,9 +712,9 @@ def _prefix_difference(path_a: str, path_b: str) -> tuple[tuple[str, ...], tuple
 
 def _swap_prefix(path: str, old: tuple[str, ...], new: tuple[str, ...]) -> str:
     parts = tuple(path.split(".")) if path else ()
-    if parts[:len(old)] != old:
+    if parts[: len(old)] != old:
         return path
-    return ".".join(new + parts[len(old):])
+    return ".".join(new + parts[len(old) :])
 
 
 def _depth(trace: Trace, index: int, paired: dict[int, list[int]]) -> int:

@@ -13,8 +13,16 @@ from torchlens_core.ir.errors import ArgumentTypeError, LabelNotFoundError, Unsu
 from torchlens_core.ir.records import ModulePass, OpRecord, refs_in
 from torchlens_core.ir.trace import Trace
 
-COLUMNS = {"run": "string", "baseline": "bool", "edited": "bool", "max_abs_diff": "Float64",
-           "rel_l2_diff": "Float64", "cosine": "Float64", "norm": "Float64", "note": "string"}
+COLUMNS = {
+    "run": "string",
+    "baseline": "bool",
+    "edited": "bool",
+    "max_abs_diff": "Float64",
+    "rel_l2_diff": "Float64",
+    "cosine": "Float64",
+    "norm": "Float64",
+    "note": "string",
+}
 
 
 @attrs.frozen
@@ -65,8 +73,16 @@ class SiteComparison:
                 body.append((r.run, "-", "-", "-", "-" if d is None else f"{d.norm:.4g}", r.note or "shape differs"))
             else:
                 cos = "-" if d.cosine is None else f"{d.cosine:.6f}"
-                body.append((r.run, f"{d.max_abs:.4g}", f"{d.rel_l2:.4g}", cos, f"{d.norm:.4g}",
-                             ", ".join(filter(None, (marks, r.note)))))
+                body.append(
+                    (
+                        r.run,
+                        f"{d.max_abs:.4g}",
+                        f"{d.rel_l2:.4g}",
+                        cos,
+                        f"{d.norm:.4g}",
+                        ", ".join(filter(None, (marks, r.note))),
+                    )
+                )
         return header, body
 
     __repr__ = __str__
@@ -75,9 +91,16 @@ class SiteComparison:
 def _row(r: RunAtSite) -> dict[str, Any]:
     d = r.difference
     usable = d is not None and not d.shape_mismatch
-    return {"run": r.run, "baseline": r.baseline, "edited": r.edited,
-            "max_abs_diff": d.max_abs if usable else None, "rel_l2_diff": d.rel_l2 if usable else None,
-            "cosine": d.cosine if usable else None, "norm": d.norm if d is not None else None, "note": r.note}
+    return {
+        "run": r.run,
+        "baseline": r.baseline,
+        "edited": r.edited,
+        "max_abs_diff": d.max_abs if usable else None,
+        "rel_l2_diff": d.rel_l2 if usable else None,
+        "cosine": d.cosine if usable else None,
+        "norm": d.norm if d is not None else None,
+        "note": r.note,
+    }
 
 
 class Bundle:
@@ -85,8 +108,9 @@ class Bundle:
 
     def __init__(self, runs: Mapping[str, Trace], baseline: str) -> None:
         if not isinstance(runs, Mapping) or not runs:
-            raise ArgumentTypeError("tl.bundle takes a dict of named traces: tl.bundle({'clean': a, 'patched': b}, "
-                                    "baseline='clean')")
+            raise ArgumentTypeError(
+                "tl.bundle takes a dict of named traces: tl.bundle({'clean': a, 'patched': b}, baseline='clean')"
+            )
         for name, run in runs.items():
             if not isinstance(run, Trace):
                 raise ArgumentTypeError(f"run {name!r} of the bundle is a {type(run).__name__}, not a trace")
@@ -94,8 +118,10 @@ class Bundle:
             raise LabelNotFoundError(f"baseline {shown(baseline)} is not one of the runs: {', '.join(map(repr, runs))}")
         models = {run.model_name for run in runs.values()}
         if len(models) > 1:
-            raise UnsupportedError(f"a bundle holds runs of one model; these are of {', '.join(sorted(models))} "
-                                   f"(tl.compare sets different models side by side)")
+            raise UnsupportedError(
+                f"a bundle holds runs of one model; these are of {', '.join(sorted(models))} "
+                f"(tl.compare sets different models side by side)"
+            )
         self.runs = dict(runs)
         self.baseline = baseline
 
@@ -109,8 +135,10 @@ class Bundle:
         """A notebook shows the runs: name, ops, edits, and which is the baseline."""
         from torchlens_core.ir.html import table
 
-        rows = [(name, len(run.ops), len(run.interventions), "baseline" if name == self.baseline else "")
-                for name, run in self.runs.items()]
+        rows = [
+            (name, len(run.ops), len(run.interventions), "baseline" if name == self.baseline else "")
+            for name, run in self.runs.items()
+        ]
         return table(rows, header=("run", "ops", "edits", ""), caption=repr(self))
 
     def compare_at(self, site: str | Selector) -> SiteComparison:
@@ -118,8 +146,9 @@ class Bundle:
         key = self._key(site)
         base_value, _ = _value(self.runs[self.baseline], key)
         if base_value is None:
-            raise UnsupportedError(f"the baseline {self.baseline!r} holds no value at {key}: capture it with a "
-                                   f"save= that keeps it")
+            raise UnsupportedError(
+                f"the baseline {self.baseline!r} holds no value at {key}: capture it with a save= that keeps it"
+            )
         base = self.runs[self.baseline]
         expected = as_numpy(base_value, base.backend)
         rows = []
@@ -128,8 +157,9 @@ class Bundle:
             if value is None:
                 rows.append(RunAtSite(name, name == self.baseline, edited, None, "no value saved here"))
                 continue
-            rows.append(RunAtSite(name, name == self.baseline, edited,
-                                  difference(as_numpy(value, run.backend), expected)))
+            rows.append(
+                RunAtSite(name, name == self.baseline, edited, difference(as_numpy(value, run.backend), expected))
+            )
         return SiteComparison(key, tuple(rows))
 
     def _key(self, site: str | Selector) -> str:
@@ -138,9 +168,11 @@ class Bundle:
             picked = find(base, site)
             if len(picked) != 1:
                 shown_labels = ", ".join(op.label for op in picked[:8])
-                raise LabelNotFoundError(f"{shown(site, 120)} picks {len(picked)} sites in the baseline "
-                                         f"({shown_labels}{', ...' if len(picked) > 8 else ''}): compare_at needs "
-                                         f"one; name it by label")
+                raise LabelNotFoundError(
+                    f"{shown(site, 120)} picks {len(picked)} sites in the baseline "
+                    f"({shown_labels}{', ...' if len(picked) > 8 else ''}): compare_at needs "
+                    f"one; name it by label"
+                )
             return _site_key(picked[0])
         if not isinstance(site, str):
             raise ArgumentTypeError(f"compare_at takes a label, a module path or a selector, not {shown(site)}")

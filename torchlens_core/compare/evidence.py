@@ -41,8 +41,9 @@ def fingerprint_gaps(a: list[Point], b: list[Point]) -> Any:
         return gap
     shapes_a = sorted({a[i].shape for i in ia if a[i].shape is not None})
     shapes_b = sorted({b[j].shape for j in ib if b[j].shape is not None})
-    fits = np.array([[math.prod(sa) == math.prod(sb) or broadcasts(sa, sb) for sb in shapes_b]
-                     for sa in shapes_a], dtype=bool).reshape(len(shapes_a), len(shapes_b))
+    fits = np.array(
+        [[math.prod(sa) == math.prod(sb) or broadcasts(sa, sb) for sb in shapes_b] for sa in shapes_a], dtype=bool
+    ).reshape(len(shapes_a), len(shapes_b))
     id_a, id_b = {s: k for k, s in enumerate(shapes_a)}, {s: k for k, s in enumerate(shapes_b)}
     fa = np.stack([a[i].fingerprint for i in ia])
     fb = np.stack([b[j].fingerprint for j in ib])
@@ -107,8 +108,9 @@ class Gaps:
 
         found = self._fits.get(shape)
         if found is None:
-            found = np.array([math.prod(shape) == math.prod(s) or broadcasts(shape, s) for s in self._shapes_b]
-                             + [False], dtype=bool)
+            found = np.array(
+                [math.prod(shape) == math.prod(s) or broadcasts(shape, s) for s in self._shapes_b] + [False], dtype=bool
+            )
             self._fits[shape] = found
         return found
 
@@ -156,22 +158,22 @@ class Gaps:
             top = p.scale / (1 - limit) * (1 + 1e-9)  # the largest scale a point within the limit can have
             reach = limit * top * (1 + 1e-9)
             bounds = [(p.scale * (1 - limit) * (1 - 1e-9), top)]
-            bounds += [(p.fingerprint[c] - reach, p.fingerprint[c] + reach)
-                       for c in self.KEYS if c < len(p.fingerprint)]
+            bounds += [
+                (p.fingerprint[c] - reach, p.fingerprint[c] + reach) for c in self.KEYS if c < len(p.fingerprint)
+            ]
             best = None
             for (lo, hi), (values, order) in zip(bounds, self._sorted):
                 start, stop = np.searchsorted(values, lo, "left"), np.searchsorted(values, hi, "right")
                 if best is None or stop - start < best[1] - best[0]:
                     best = (start, stop, order)
             assert best is not None
-            cs = np.sort(best[2][best[0]:best[1]])
+            cs = np.sort(best[2][best[0] : best[1]])
         gaps = self.row(k, cs)
         keep = gaps <= limit
         return cs[keep], gaps[keep]
 
 
-def scores(a: list[Point], b: list[Point], gap: Any = None,
-           keys: tuple[set[str], set[str]] | None = None) -> Any:
+def scores(a: list[Point], b: list[Point], gap: Any = None, keys: tuple[set[str], set[str]] | None = None) -> Any:
     """The structural evidence matrix: ``scores[i, j]`` for pairing ``a[i]`` with ``b[j]`` (NO_PAIR: cannot).
 
     ``gap``: :func:`fingerprint_gaps` of the two, when already worked out. ``keys``: the module outputs named
@@ -295,14 +297,16 @@ class Cells:
         import numpy as np
 
         if self._columns is None:
-            xs = np.concatenate([np.full(len(ys), x, dtype=np.int64) for x, (ys, _) in enumerate(self._rows)]
-                                + [np.zeros(0, dtype=np.int64)])
+            xs = np.concatenate(
+                [np.full(len(ys), x, dtype=np.int64) for x, (ys, _) in enumerate(self._rows)]
+                + [np.zeros(0, dtype=np.int64)]
+            )
             ys = np.concatenate([ys for ys, _ in self._rows] + [np.zeros(0, dtype=np.int64)])
             values = np.concatenate([v for _, v in self._rows] + [np.zeros(0)])
             order = np.argsort(ys, kind="stable")  # rows stay ascending within a column
             self._columns = (xs[order], values[order], np.searchsorted(ys[order], np.arange(self.m + 1)))
         xs, values, bounds = self._columns
-        return xs[bounds[y]:bounds[y + 1]], values[bounds[y]:bounds[y + 1]]
+        return xs[bounds[y] : bounds[y + 1]], values[bounds[y] : bounds[y + 1]]
 
 
 def best_pairs(cells: Cells) -> list[tuple[int, int]]:

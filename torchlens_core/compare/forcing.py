@@ -32,8 +32,17 @@ if TYPE_CHECKING:
     from torchlens_core.compare.report import AlignedPair
 
 
-def force(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_anchor: list[int],
-          b_groups: list[list[int]], upstream: list[list[int]], rtol: float | None, atol: float | None) -> None:
+def force(
+    a: Trace,
+    b: Trace,
+    pairs: list[AlignedPair],
+    a_anchor: list[int],
+    b_anchor: list[int],
+    b_groups: list[list[int]],
+    upstream: list[list[int]],
+    rtol: float | None,
+    atol: float | None,
+) -> None:
     """Fill ``local``, ``inherited``, ``amplification``, ``forced`` and ``origin`` of each pair with values.
 
     A group that cannot run on ``a``'s values (its inputs arrive in a shape its
@@ -68,8 +77,11 @@ def force(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_a
             pair.note = f"{pair.note}; {note}" if pair.note else note
             continue
         assert pair.agreement is not None
-        tolerance = pair.agreement.tolerance if rtol is None and atol is None else \
-            tolerance_for(a.ops[a_anchor[n]].dtype, b.ops[b_anchor[n]].dtype, rtol=rtol, atol=atol)
+        tolerance = (
+            pair.agreement.tolerance
+            if rtol is None and atol is None
+            else tolerance_for(a.ops[a_anchor[n]].dtype, b.ops[b_anchor[n]].dtype, rtol=rtol, atol=atol)
+        )
         pair.local = agreement(a_values[n], out, tolerance)
         pair.forced = forced
         inherited = [pairs[u].agreement.relative for u in upstream[n] if pairs[u].agreement is not None]
@@ -80,8 +92,9 @@ def force(a: Trace, b: Trace, pairs: list[AlignedPair], a_anchor: list[int], b_a
             pair.origin = "introduced" if not pair.local.ok else "inherited"
 
 
-def _run_group(h: Any, b: Trace, group: list[int], pair_of_b: dict[tuple[int, Any], int],
-               a_values: dict[int, Any]) -> tuple[dict[int, Any], bool]:
+def _run_group(
+    h: Any, b: Trace, group: list[int], pair_of_b: dict[tuple[int, Any], int], a_values: dict[int, Any]
+) -> tuple[dict[int, Any], bool]:
     """Run ``b``'s ops of one group, reading ``a``'s value wherever an input is an aligned pair's output."""
     values: dict[int, Any] = {}
     forced = True
@@ -115,8 +128,9 @@ def _run_group(h: Any, b: Trace, group: list[int], pair_of_b: dict[tuple[int, An
         try:
             values[k] = h.torchlens_replay_op(backend=b.backend, op=op, args=args, kwargs=kwargs)
         except Exception as exc:
-            raise ReplayError(f"teacher forcing: running {op.label} ({op.func_name}) of b on a's values "
-                              f"failed: {exc}") from exc
+            raise ReplayError(
+                f"teacher forcing: running {op.label} ({op.func_name}) of b on a's values failed: {exc}"
+            ) from exc
         for edit in op.edits:
             values[k] = edit.apply(values[k])
     return values, forced
@@ -132,12 +146,16 @@ def _check_replayable(b: Trace) -> None:
 
     info = next((i for i in backend_infos() if i.name == b.backend), None)
     if info is None or not info.available:
-        raise UnsupportedError(f"teacher_forcing=True runs b's ops again with {b.backend}, which is not installed "
-                               f"here: compare where {b.backend} is installed, or swap a and b")
+        raise UnsupportedError(
+            f"teacher_forcing=True runs b's ops again with {b.backend}, which is not installed "
+            f"here: compare where {b.backend} is installed, or swap a and b"
+        )
     missing = b.notes.get("not_replayable")
     if missing:
-        raise UnsupportedError(f"teacher_forcing=True runs b's ops again, and {len(missing)} of them could not be "
-                               f"rebuilt when b was loaded (first: {next(iter(missing))})")
+        raise UnsupportedError(
+            f"teacher_forcing=True runs b's ops again, and {len(missing)} of them could not be "
+            f"rebuilt when b was loaded (first: {next(iter(missing))})"
+        )
 
 
 def _copy(h: Any, trace: Trace, value: Any) -> Any:
@@ -147,8 +165,9 @@ def _copy(h: Any, trace: Trace, value: Any) -> Any:
     _, dtype, device = info
     import numpy as np
 
-    return _to_backend(h, trace.backend, np.array(h.torchlens_to_numpy(backend=trace.backend, value=value)), dtype,
-                       device)
+    return _to_backend(
+        h, trace.backend, np.array(h.torchlens_to_numpy(backend=trace.backend, value=value)), dtype, device
+    )
 
 
 def _to_backend(h: Any, backend: str, array: Any, dtype: Any, device: Any) -> Any:

@@ -82,8 +82,9 @@ class Layout:
             identity = self.perm == tuple(range(len(self.perm)))
             if len(self.via_shape) < len(self.b_shape) and _squeezed(self.b_shape) == self.via_shape and identity:
                 return "unit axes"
-            return ("reshape" if identity else f"axes {self.perm}, reshape") + \
-                f" {_fmt(self.via_shape)} to {_fmt(self.b_shape)}"
+            return (
+                "reshape" if identity else f"axes {self.perm}, reshape"
+            ) + f" {_fmt(self.via_shape)} to {_fmt(self.b_shape)}"
         if self.kind == "broadcast":
             return f"broadcast to {_fmt(self.b_shape)}"
         return self.kind
@@ -100,12 +101,14 @@ def permutations(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> list[tup
     if len(set(a_shape)) == len(a_shape) and tuple(a_shape) == tuple(b_shape):
         return []  # distinct sizes in the same order: only the identity maps one onto the other
     identity = tuple(range(len(a_shape)))
-    return [p for p in itertools.permutations(identity)
-            if p != identity and all(a_shape[k] == b_shape[i] for i, k in enumerate(p))]
+    return [
+        p
+        for p in itertools.permutations(identity)
+        if p != identity and all(a_shape[k] == b_shape[i] for i, k in enumerate(p))
+    ]
 
 
-def candidates(a_shape: tuple[int, ...], b_shape: tuple[int, ...],
-               carried: list[tuple[Layout, str]]) -> list[Layout]:
+def candidates(a_shape: tuple[int, ...], b_shape: tuple[int, ...], carried: list[tuple[Layout, str]]) -> list[Layout]:
     """Layouts that could relate arrays of these shapes, the likeliest first.
 
     ``carried`` holds the layouts of earlier aligned pairs (nearest first) with
@@ -166,8 +169,9 @@ def mergeable(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
     """
     if math.prod(a_shape) != math.prod(b_shape):
         return False
-    bounds = sorted(set(itertools.accumulate(a_shape, lambda x, y: x * y)) |
-                    set(itertools.accumulate(b_shape, lambda x, y: x * y)))
+    bounds = sorted(
+        set(itertools.accumulate(a_shape, lambda x, y: x * y)) | set(itertools.accumulate(b_shape, lambda x, y: x * y))
+    )
     return all(later % earlier == 0 for earlier, later in zip(bounds, bounds[1:]) if earlier)
 
 

@@ -48,8 +48,7 @@ def as_numpy(value: Any, backend: str | None) -> Any:
     elif backend is not None and hook().torchlens_array_info(backend=backend, value=value) is not None:
         array = np.asarray(hook().torchlens_to_numpy(backend=backend, value=value))
     else:
-        raise UnsupportedError(f"cannot compare a {type(value).__name__}: it is not an array of the "
-                               f"{backend} backend")
+        raise UnsupportedError(f"cannot compare a {type(value).__name__}: it is not an array of the {backend} backend")
     if array.dtype.kind == "c":
         return array.astype(np.complex128)
     return array.astype(np.float64)
@@ -80,8 +79,12 @@ def difference(actual: Any, expected: Any) -> Difference:
 
 # dtype -> (mantissa bits, rtol, atol): the precision a value of that dtype holds, and how far apart two values
 # may be and still agree. bfloat16 keeps 8 bits of precision, so it agrees far more loosely than float32.
-PRECISION = {"float64": (52, 1e-9, 1e-12), "float32": (23, 1e-4, 1e-6), "float16": (10, 2e-3, 1e-4),
-             "bfloat16": (7, 2e-2, 1e-3)}
+PRECISION = {
+    "float64": (52, 1e-9, 1e-12),
+    "float32": (23, 1e-4, 1e-6),
+    "float16": (10, 2e-3, 1e-4),
+    "bfloat16": (7, 2e-2, 1e-3),
+}
 
 
 @attrs.frozen
@@ -207,5 +210,6 @@ def agreement(a: Any, b: Any, tolerance: Tolerance, ulp_dtype: str | None = None
     cosine = None
     if norm_a > 0 and norm_b > 0 and math.isfinite(norm_a) and math.isfinite(norm_b):
         cosine = float(np.sum(a * b)) / (norm_a * norm_b)
-    return Agreement(max_abs, max_rel, float(diff.mean()), cosine, ulp, float(np.count_nonzero(inside)) / a.size,
-                     tolerance, largest)
+    return Agreement(
+        max_abs, max_rel, float(diff.mean()), cosine, ulp, float(np.count_nonzero(inside)) / a.size, tolerance, largest
+    )

@@ -23,10 +23,25 @@ from torchlens_core.compare.layout import NONE, Layout, candidates
 from torchlens_core.compare.metrics import Agreement, agreement, as_numpy, least_precise, tolerance_for
 from torchlens_core.ir.trace import Trace
 
-ROLES = {"weight": "weight", "kernel": "weight", "w": "weight", "scale": "weight", "gamma": "weight",
-         "embedding": "weight", "bias": "bias", "b": "bias", "beta": "bias", "offset": "bias",
-         "running_mean": "mean", "moving_mean": "mean", "mean": "mean", "running_var": "var",
-         "moving_variance": "var", "var": "var", "variance": "var"}
+ROLES = {
+    "weight": "weight",
+    "kernel": "weight",
+    "w": "weight",
+    "scale": "weight",
+    "gamma": "weight",
+    "embedding": "weight",
+    "bias": "bias",
+    "b": "bias",
+    "beta": "bias",
+    "offset": "bias",
+    "running_mean": "mean",
+    "moving_mean": "mean",
+    "mean": "mean",
+    "running_var": "var",
+    "moving_variance": "var",
+    "var": "var",
+    "variance": "var",
+}
 
 
 @attrs.define(slots=True, eq=False)
@@ -51,8 +66,9 @@ def role(name: str) -> str:
     return ROLES.get(last, last)
 
 
-def compare_params(a: Trace, b: Trace, pair_groups: list[tuple[str, list[int], list[int]]],
-                   rtol: float | None, atol: float | None) -> tuple[list[ParamPair], list[str], list[str]]:
+def compare_params(
+    a: Trace, b: Trace, pair_groups: list[tuple[str, list[int], list[int]]], rtol: float | None, atol: float | None
+) -> tuple[list[ParamPair], list[str], list[str]]:
     """Pair and compare the parameters read by each aligned pair's groups; then what is left, by role and size."""
     found: list[ParamPair] = []
     taken_a: set[str] = set()

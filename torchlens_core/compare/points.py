@@ -60,7 +60,7 @@ def normalized_path(path: str, match: dict[str, str] | None = None) -> str:
     """A module path as both sides can spell it: ``match`` prefixes applied, separators unified, containers out."""
     for old, new in (match or {}).items():
         if path == old or path.startswith(old + "."):
-            path = new + path[len(old):]
+            path = new + path[len(old) :]
             break
     parts = [p for p in re.split(r"[./_\-]+", path.lower()) if p and p not in CONTAINERS]
     return ".".join(parts)
@@ -89,11 +89,22 @@ def _add_points(trace: Trace, op: OpRecord, match: dict[str, str] | None, found:
             cls = module_class(module.type_name)
             break
     for path, value, kind in read_values(trace, op):
-        shape = tuple(int(d) for d in value.shape) if value is not None else (
-            tuple(int(d) for d in op.shape) if is_shape(op.shape) else None)
-        point = Point(op.index, cls, normalized_path(op.module_passes[-1][0], match) if op.module_passes
-                      else "", outputs, shape, int(np.prod(shape)) if shape is not None else None, kind,
-                      func=normalized(op.func_name), path=path)
+        shape = (
+            tuple(int(d) for d in value.shape)
+            if value is not None
+            else (tuple(int(d) for d in op.shape) if is_shape(op.shape) else None)
+        )
+        point = Point(
+            op.index,
+            cls,
+            normalized_path(op.module_passes[-1][0], match) if op.module_passes else "",
+            outputs,
+            shape,
+            int(np.prod(shape)) if shape is not None else None,
+            kind,
+            func=normalized(op.func_name),
+            path=path,
+        )
         if value is not None and value.size:
             flat = value.ravel()
             if kind == "float":
@@ -115,8 +126,9 @@ def read_values(trace: Trace, op: OpRecord) -> list[tuple[tuple[Any, ...], Any, 
     ``[((), None, "none")]``.
     """
     if op.saved and op.out is not None and not is_shape(op.shape):
-        found = [(path, *read_value(trace, op, path)) for path, _ in
-                 tree.leaves(op.out, lambda x: tree.children(x) is None)]
+        found = [
+            (path, *read_value(trace, op, path)) for path, _ in tree.leaves(op.out, lambda x: tree.children(x) is None)
+        ]
         found = [entry for entry in found if entry[1] is not None]
         if found:
             return found
@@ -132,8 +144,14 @@ def read_value(trace: Trace, op: OpRecord, path: tuple[Any, ...] = ()) -> tuple[
     if path:
         value = tree.get(value, path)
     elif not is_shape(op.shape):  # several arrays: the first float one is what the op passes on
-        found = next((leaf for _, leaf in tree.leaves(value, lambda x: tree.children(x) is None)
-                      if _kind(trace, leaf) == "float"), None)
+        found = next(
+            (
+                leaf
+                for _, leaf in tree.leaves(value, lambda x: tree.children(x) is None)
+                if _kind(trace, leaf) == "float"
+            ),
+            None,
+        )
         if found is None:
             return None, "none"
         value = found
@@ -171,7 +189,7 @@ def array_value(trace: Trace, op: OpRecord) -> Any:
 
 
 def _kind(trace: Trace, value: Any) -> str:
-    """"float", "int" or "none" for a leaf, from its dtype as the backend describes it (no copy)."""
+    """ "float", "int" or "none" for a leaf, from its dtype as the backend describes it (no copy)."""
     import numpy as np
 
     if isinstance(value, (np.ndarray, np.generic)):
@@ -183,8 +201,11 @@ def _kind(trace: Trace, value: Any) -> str:
         if info is None:
             return "none"
         text = str(info[1]).lower()
-        return "float" if "float" in text or "half" in text or "double" in text else (
-            "int" if "int" in text or "bool" in text or "long" in text else "none")
+        return (
+            "float"
+            if "float" in text or "half" in text or "double" in text
+            else ("int" if "int" in text or "bool" in text or "long" in text else "none")
+        )
     return {"f": "float", "i": "int", "u": "int", "b": "int"}.get(dtype.kind, "none")
 
 

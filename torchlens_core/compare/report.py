@@ -24,11 +24,29 @@ from torchlens_core.ir.trace import Trace
 
 VERDICTS = ("agrees", "diverges", "shape", "unknown")
 CONTEXT = 4  # agreeing pairs shown before the first divergence, and pairs after it, in print(cmp)
-COLUMNS = {"a": "string", "b": "string", "a_group": "object", "b_group": "object", "module": "string",
-           "verdict": "string", "layout": "string", "max_abs": "Float64", "max_rel": "Float64", "mean_abs": "Float64",
-           "cosine": "Float64", "ulp": "Float64", "within": "Float64", "confidence": "Float64", "evidence": "object",
-           "note": "string", "local_max_abs": "Float64", "inherited": "Float64", "amplification": "Float64",
-           "origin": "string", "basis": "string"}
+COLUMNS = {
+    "a": "string",
+    "b": "string",
+    "a_group": "object",
+    "b_group": "object",
+    "module": "string",
+    "verdict": "string",
+    "layout": "string",
+    "max_abs": "Float64",
+    "max_rel": "Float64",
+    "mean_abs": "Float64",
+    "cosine": "Float64",
+    "ulp": "Float64",
+    "within": "Float64",
+    "confidence": "Float64",
+    "evidence": "object",
+    "note": "string",
+    "local_max_abs": "Float64",
+    "inherited": "Float64",
+    "amplification": "Float64",
+    "origin": "string",
+    "basis": "string",
+}
 
 
 @attrs.define(slots=True, eq=False)
@@ -98,10 +116,19 @@ class Coverage:
 class Comparison:
     """The result of ``tl.compare(a, b)``; ``print`` it for the aligned table around the first divergence."""
 
-    def __init__(self, a: Trace, b: Trace, pairs: list[AlignedPair], unmatched_a: list[str],
-                 unmatched_b: list[str], upstream: list[list[int]],
-                 groups: list[tuple[list[int], list[int]]], tolerance: tuple[float | None, float | None],
-                 unaligned: list[Unaligned], coverage: dict[str, Coverage]) -> None:
+    def __init__(
+        self,
+        a: Trace,
+        b: Trace,
+        pairs: list[AlignedPair],
+        unmatched_a: list[str],
+        unmatched_b: list[str],
+        upstream: list[list[int]],
+        groups: list[tuple[list[int], list[int]]],
+        tolerance: tuple[float | None, float | None],
+        unaligned: list[Unaligned],
+        coverage: dict[str, Coverage],
+    ) -> None:
         self.a, self.b = a, b
         self.unaligned = unaligned  # ops of a with a candidate the aligner could not stand behind, and why
         self.coverage = coverage  # "a" and "b": how many ops had their values compared
@@ -160,8 +187,10 @@ class Comparison:
         A pair aligned by structure alone (basis ``structure``) only inherits a
         divergence from upstream, so it is never the first one.
         """
-        return next((p for p in self.pairs if p.diverges and p.basis != "structure"),
-                    next((p for p in self.pairs if p.diverges), None))
+        return next(
+            (p for p in self.pairs if p.diverges and p.basis != "structure"),
+            next((p for p in self.pairs if p.diverges), None),
+        )
 
     @property
     def roots(self) -> list[AlignedPair]:
@@ -170,9 +199,15 @@ class Comparison:
         With ``teacher_forcing=True``, every pair that introduced an error of its
         own, even downstream of another divergence.
         """
-        return [p for k, p in enumerate(self.pairs) if p.diverges and (
-            p.origin == "introduced" or (p.origin is None and not any(self.pairs[u].diverges
-                                                                       for u in self._upstream[k])))]
+        return [
+            p
+            for k, p in enumerate(self.pairs)
+            if p.diverges
+            and (
+                p.origin == "introduced"
+                or (p.origin is None and not any(self.pairs[u].diverges for u in self._upstream[k]))
+            )
+        ]
 
     def to_pandas(self) -> Any:
         from torchlens_core.views.tables import frame
@@ -180,13 +215,30 @@ class Comparison:
         rows = []
         for p in self.pairs:
             g = p.agreement
-            numbers = {k: (getattr(g, k) if g is not None else None)
-                       for k in ("max_abs", "max_rel", "mean_abs", "cosine", "ulp", "within")}
-            rows.append({"a": p.a, "b": p.b, "a_group": p.a_group, "b_group": p.b_group, "module": p.module,
-                         "verdict": p.verdict, "layout": str(p.layout), **numbers, "confidence": p.confidence,
-                         "evidence": p.evidence, "note": p.note,
-                         "local_max_abs": None if p.local is None else p.local.max_abs, "inherited": p.inherited,
-                         "amplification": p.amplification, "origin": p.origin, "basis": p.basis})
+            numbers = {
+                k: (getattr(g, k) if g is not None else None)
+                for k in ("max_abs", "max_rel", "mean_abs", "cosine", "ulp", "within")
+            }
+            rows.append(
+                {
+                    "a": p.a,
+                    "b": p.b,
+                    "a_group": p.a_group,
+                    "b_group": p.b_group,
+                    "module": p.module,
+                    "verdict": p.verdict,
+                    "layout": str(p.layout),
+                    **numbers,
+                    "confidence": p.confidence,
+                    "evidence": p.evidence,
+                    "note": p.note,
+                    "local_max_abs": None if p.local is None else p.local.max_abs,
+                    "inherited": p.inherited,
+                    "amplification": p.amplification,
+                    "origin": p.origin,
+                    "basis": p.basis,
+                }
+            )
         return frame(rows, COLUMNS)
 
     def __str__(self) -> str:
@@ -207,23 +259,29 @@ class Comparison:
 
         head, rows, shown = self._table()
         before = [("...", f"{shown[0]} earlier pairs", *[""] * 5)] if shown and shown[0] > 0 else []
-        after = ([("...", f"{len(self.pairs) - 1 - shown[-1]} later pairs", *[""] * 5)]
-                 if shown and shown[-1] < len(self.pairs) - 1 else [])
-        marks = [None] * len(before) + ["#fdd" if self.pairs[k].diverges else None for k in shown] + \
-            [None] * len(after)
+        after = (
+            [("...", f"{len(self.pairs) - 1 - shown[-1]} later pairs", *[""] * 5)]
+            if shown and shown[-1] < len(self.pairs) - 1
+            else []
+        )
+        marks = [None] * len(before) + ["#fdd" if self.pairs[k].diverges else None for k in shown] + [None] * len(after)
         return table([*before, *rows[1:], *after], header=rows[0], caption=head, marks=marks)
 
     def _table(self) -> tuple[str, list[tuple[str, ...]], list[int]]:
         """The head line, the header and rows around the first divergence, and the positions of the pairs shown."""
         first = self.first_divergence
-        head = (f"Comparison of {self.a.backend} {self.a.model_name} ({len(self.a.ops)} ops) with "
-                f"{self.b.backend} {self.b.model_name} ({len(self.b.ops)} ops): {len(self.pairs)} aligned pairs, "
-                f"{len(self.unmatched_a)} unmatched in a, {len(self.unmatched_b)} in b. Values compared: "
-                f"a {self.coverage['a']}; b {self.coverage['b']}.")
+        head = (
+            f"Comparison of {self.a.backend} {self.a.model_name} ({len(self.a.ops)} ops) with "
+            f"{self.b.backend} {self.b.model_name} ({len(self.b.ops)} ops): {len(self.pairs)} aligned pairs, "
+            f"{len(self.unmatched_a)} unmatched in a, {len(self.unmatched_b)} in b. Values compared: "
+            f"a {self.coverage['a']}; b {self.coverage['b']}."
+        )
         if self.unaligned:
             count = len(self.unaligned)
-            head += (f" {count} op{'s' if count > 1 else ''} could not be aligned ({self.unaligned[0].a}: "
-                     f"{self.unaligned[0].why}{'; cmp.unaligned lists all' if count > 1 else ''}).")
+            head += (
+                f" {count} op{'s' if count > 1 else ''} could not be aligned ({self.unaligned[0].a}: "
+                f"{self.unaligned[0].why}{'; cmp.unaligned lists all' if count > 1 else ''})."
+            )
         if first is None:
             head += " Every compared pair agrees."
             shown = list(range(max(0, len(self.pairs) - 2 * CONTEXT), len(self.pairs)))
@@ -240,8 +298,11 @@ class Comparison:
             g = p.agreement
             a_name = p.a + _path(p.a_path) + (f" (+{len(p.a_group) - 1})" if len(p.a_group) > 1 else "")
             b_name = p.b + _path(p.b_path) + (f" (+{len(p.b_group) - 1})" if len(p.b_group) > 1 else "")
-            numbers = ("-", "-", "-") if g is None else (
-                f"{g.max_abs:.3g}", f"{g.max_rel:.3g}", "-" if g.cosine is None else f"{g.cosine:.6f}")
+            numbers = (
+                ("-", "-", "-")
+                if g is None
+                else (f"{g.max_abs:.3g}", f"{g.max_rel:.3g}", "-" if g.cosine is None else f"{g.cosine:.6f}")
+            )
             verdict = p.verdict + (f", {p.origin}" if p.origin else "") + (f" ({p.note})" if p.note else "")
             rows.append((a_name, b_name, str(p.layout), *numbers, verdict))
         return head, rows, shown
@@ -249,12 +310,21 @@ class Comparison:
     def __repr__(self) -> str:
         first = self.first_divergence
         where = "no divergence" if first is None else f"first divergence {first.a} ~ {first.b}"
-        return f"<Comparison {self.a.backend}:{self.a.model_name} ~ {self.b.backend}:{self.b.model_name}, " \
-               f"{len(self.pairs)} pairs, {where}>"
+        return (
+            f"<Comparison {self.a.backend}:{self.a.model_name} ~ {self.b.backend}:{self.b.model_name}, "
+            f"{len(self.pairs)} pairs, {where}>"
+        )
 
 
-def compare(a: Trace, b: Trace, *, rtol: float | None = None, atol: float | None = None,
-            match: dict[str, str] | None = None, teacher_forcing: bool = False) -> Comparison:
+def compare(
+    a: Trace,
+    b: Trace,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    match: dict[str, str] | None = None,
+    teacher_forcing: bool = False,
+) -> Comparison:
     """Align ``b`` with ``a`` op by op and compare each aligned pair's values.
 
     ``rtol``/``atol`` override the per-dtype tolerances
@@ -267,12 +337,16 @@ def compare(a: Trace, b: Trace, *, rtol: float | None = None, atol: float | None
     """
     for name, trace in (("a", a), ("b", b)):
         if not isinstance(trace, Trace):
-            raise ArgumentTypeError(f"tl.compare takes two traces (tl.trace or tl.load); {name} is a "
-                                    f"{type(trace).__name__}")
-    if match is not None and (not isinstance(match, dict) or
-                              not all(isinstance(k, str) and isinstance(v, str) for k, v in match.items())):
-        raise ArgumentTypeError("match= maps module paths of a to module paths of b: a dict of strings, "
-                                "{'encoder.layer.0': 'encoder/layer_0'}")
+            raise ArgumentTypeError(
+                f"tl.compare takes two traces (tl.trace or tl.load); {name} is a {type(trace).__name__}"
+            )
+    if match is not None and (
+        not isinstance(match, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in match.items())
+    ):
+        raise ArgumentTypeError(
+            "match= maps module paths of a to module paths of b: a dict of strings, "
+            "{'encoder.layer.0': 'encoder/layer_0'}"
+        )
     if not isinstance(teacher_forcing, bool):
         raise ArgumentTypeError(f"teacher_forcing= is True or False, not {teacher_forcing!r}")
     for name, value in (("rtol", rtol), ("atol", atol)):
@@ -290,12 +364,21 @@ def compare(a: Trace, b: Trace, *, rtol: float | None = None, atol: float | None
     pairs = []
     for m, ga, gb in zip(matched, a_groups, b_groups):
         op_a, op_b = a.ops[pa[m.i].index], b.ops[pb[m.j].index]
-        pair = AlignedPair(op_a.label, op_b.label, tuple(a.ops[k].label for k in ga),
-                           tuple(b.ops[k].label for k in gb),
-                           op_a.module_passes[-1][0] if op_a.module_passes else "",
-                           _confidence(m, pa[m.i], pb[m.j]), _evidence(m, pa[m.i], pb[m.j]),
-                           m.layout, m.agreement, note=m.note, basis=m.basis, a_path=pa[m.i].path,
-                           b_path=pb[m.j].path)
+        pair = AlignedPair(
+            op_a.label,
+            op_b.label,
+            tuple(a.ops[k].label for k in ga),
+            tuple(b.ops[k].label for k in gb),
+            op_a.module_passes[-1][0] if op_a.module_passes else "",
+            _confidence(m, pa[m.i], pb[m.j]),
+            _evidence(m, pa[m.i], pb[m.j]),
+            m.layout,
+            m.agreement,
+            note=m.note,
+            basis=m.basis,
+            a_path=pa[m.i].path,
+            b_path=pb[m.j].path,
+        )
         if m.agreement is not None:
             pair.verdict = "agrees" if m.agreement.ok else "diverges"
             if m.exact:
@@ -304,8 +387,10 @@ def compare(a: Trace, b: Trace, *, rtol: float | None = None, atol: float | None
             pair.verdict = "shape"
         pairs.append(pair)
     owner = {k: n for n, group in enumerate(a_groups) for k in group}
-    upstream = [sorted({owner[p] for k in group for p in a.ops[k].parent_indices
-                        if p in owner and owner[p] != n}) for n, group in enumerate(a_groups)]
+    upstream = [
+        sorted({owner[p] for k in group for p in a.ops[k].parent_indices if p in owner and owner[p] != n})
+        for n, group in enumerate(a_groups)
+    ]
     _randomness(a, b, pairs, a_groups, b_groups)
     if teacher_forcing:
         from torchlens_core.compare.forcing import force
@@ -316,16 +401,27 @@ def compare(a: Trace, b: Trace, *, rtol: float | None = None, atol: float | None
     unmatched_a = [op.label for op in a.ops if op.index not in in_a and op.source not in ("parameter", "constant")]
     unmatched_b = [op.label for op in b.ops if op.index not in in_b and op.source not in ("parameter", "constant")]
     coverage = {"a": _coverage(a, pa, a_anchor, a_groups, pairs), "b": _coverage(b, pb, b_anchor, b_groups, pairs)}
-    return Comparison(a, b, pairs, unmatched_a, unmatched_b, upstream, list(zip(a_groups, b_groups)), (rtol, atol),
-                      aligner.unaligned, coverage)
+    return Comparison(
+        a,
+        b,
+        pairs,
+        unmatched_a,
+        unmatched_b,
+        upstream,
+        list(zip(a_groups, b_groups)),
+        (rtol, atol),
+        aligner.unaligned,
+        coverage,
+    )
 
 
 def _path(path: tuple[Any, ...]) -> str:
     return "".join(f"[{key!r}]" for key in path)
 
 
-def _coverage(trace: Trace, side_points: list[Point], anchors: list[int], side_groups: list[list[int]],
-              pairs: list[AlignedPair]) -> Coverage:
+def _coverage(
+    trace: Trace, side_points: list[Point], anchors: list[int], side_groups: list[list[int]], pairs: list[AlignedPair]
+) -> Coverage:
     """Of the ops that compute from an input, how many had their value compared, and how many sat in a group."""
     data = {p.index for p in side_points if trace.ops[p.index].kind not in ("input", "output")}
     compared = data & {anchor for anchor, pair in zip(anchors, pairs) if pair.agreement is not None}
@@ -367,22 +463,26 @@ def _evidence(m: Match, pa: Point, pb: Point) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _randomness(a: Trace, b: Trace, pairs: list[AlignedPair], a_groups: list[list[int]],
-                b_groups: list[list[int]]) -> None:
+def _randomness(
+    a: Trace, b: Trace, pairs: list[AlignedPair], a_groups: list[list[int]], b_groups: list[list[int]]
+) -> None:
     """Say so when a pair's ops on one side include a random op (dropout left on, sampling)."""
     for pair, ga, gb in zip(pairs, a_groups, b_groups):
         for side, trace, group in (("a", a, ga), ("b", b, gb)):
             for k in group:
                 found = _randomness_of(trace, trace.ops[k])
                 if found:
-                    note = (f"random op in {side}: {trace.ops[k].label} (dropout or sampling left on?)"
-                            if found == "random" else f"{found} in {side}: {trace.ops[k].label}")
+                    note = (
+                        f"random op in {side}: {trace.ops[k].label} (dropout or sampling left on?)"
+                        if found == "random"
+                        else f"{found} in {side}: {trace.ops[k].label}"
+                    )
                     pair.note = f"{pair.note}; {note}" if pair.note else note
                     break
 
 
 def _randomness_of(trace: Trace, op: Any) -> str:
-    """"random" (a draw, a dropout that zeroed elements), "dropout scales by c" (an eval-mode dropout that
+    """ "random" (a draw, a dropout that zeroed elements), "dropout scales by c" (an eval-mode dropout that
     rescales: deterministic, but not the identity) or ""."""
     import numpy as np
 
@@ -421,6 +521,6 @@ def colors(cmp: Comparison, side: str) -> dict[str, str]:
             color = DIVERGES[0] if rel < 1e-3 else DIVERGES[1] if rel < 1e-1 else DIVERGES[2]
         else:
             color = UNKNOWN
-        for label in (pair.a_group if side == "a" else pair.b_group):
+        for label in pair.a_group if side == "a" else pair.b_group:
             found[label] = color
     return found

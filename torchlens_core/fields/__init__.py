@@ -8,5 +8,16 @@ this package when read.
 from torchlens_core.fields.field import ProjectiveField, ReceptiveField, projective_field, receptive_field
 from torchlens_core.fields.records import BOUNDED, EXACT, NOT_WINDOWED, AxisBox, Box, FieldCheck, FieldStatus
 
-__all__ = ["BOUNDED", "EXACT", "NOT_WINDOWED", "AxisBox", "Box", "FieldCheck", "FieldStatus", "ProjectiveField",
-           "ReceptiveField", "projective_field", "receptive_field"]
+__all__ = [
+    "BOUNDED",
+    "EXACT",
+    "NOT_WINDOWED",
+    "AxisBox",
+    "Box",
+    "FieldCheck",
+    "FieldStatus",
+    "ProjectiveField",
+    "ReceptiveField",
+    "projective_field",
+    "receptive_field",
+]

@@ -190,9 +190,13 @@ def _back_link(graph: Graph, op: OpRecord, geom: Geometry, link: Link, region: R
     spatial = graph.spatial(key)
     whole = [pd for pd in range(len(shape)) if pd not in mapped_dims and pd in spatial]
     if whole:
-        status = status.worst(FieldStatus(NOT_WINDOWED, op.label,
-                                          f"{op.func_name} ({geom.kind}) reads spatial dim {whole[0]} of "
-                                          f"{graph.trace.ops[key[0]].label} whole"))
+        status = status.worst(
+            FieldStatus(
+                NOT_WINDOWED,
+                op.label,
+                f"{op.func_name} ({geom.kind}) reads spatial dim {whole[0]} of {graph.trace.ops[key[0]].label} whole",
+            )
+        )
     return Region(spans, status)
 
 
@@ -202,8 +206,9 @@ def _restricts(graph: Graph, key: Key, region: Region) -> bool:
     return shape is not None and any(s is not None and (s.lo > 0 or s.hi < n - 1) for s, n in zip(region.spans, shape))
 
 
-def _whole(graph: Graph, op: OpRecord, geom: Geometry | None, ref: Ref, status: FieldStatus,
-           narrow: bool) -> Region | None:
+def _whole(
+    graph: Graph, op: OpRecord, geom: Geometry | None, ref: Ref, status: FieldStatus, narrow: bool
+) -> Region | None:
     """A parent the geometry does not relate position by position: read whole.
 
     That ends the windowed path when the parent has spatial dims, or, for an
@@ -215,8 +220,11 @@ def _whole(graph: Graph, op: OpRecord, geom: Geometry | None, ref: Ref, status: 
     if shape is None:
         return None
     if (geom is None and narrow) or graph.spatial(key):
-        why = (f"no geometry rule for {op.func_name}" if geom is None
-               else f"{op.func_name} ({geom.kind}) reads {graph.trace.ops[ref.index].label} whole")
+        why = (
+            f"no geometry rule for {op.func_name}"
+            if geom is None
+            else f"{op.func_name} ({geom.kind}) reads {graph.trace.ops[ref.index].label} whole"
+        )
         status = status.worst(FieldStatus(NOT_WINDOWED, op.label, why))
     return Region([None] * len(shape), status)
 
@@ -295,7 +303,7 @@ def _merge(regions: dict[Key, Region], key: Key, new: Region | None) -> None:
 def forward(graph: Graph, start: Key, spans: Spans, stop: int) -> dict[Key, Region]:
     """The region of every value (up to op ``stop``) that ``spans`` of ``start`` reaches, by every path."""
     regions: dict[Key, Region] = {start: Region(list(spans), FieldStatus())}
-    for op in graph.trace.ops[start[0] + 1: stop + 1]:
+    for op in graph.trace.ops[start[0] + 1 : stop + 1]:
         refs = [r for r in refs_in((op.args, op.kwargs)) if (r.index, r.path) in regions]
         if not refs:
             continue
@@ -313,8 +321,11 @@ def forward(graph: Graph, start: Key, spans: Spans, stop: int) -> dict[Key, Regi
             region = regions[(ref.index, ref.path)]
             status = region.status
             if _restricts(graph, (ref.index, ref.path), region):
-                why = (f"no geometry rule for {op.func_name}" if geom is None
-                       else f"{op.func_name} ({geom.kind}) reads {graph.trace.ops[ref.index].label} whole")
+                why = (
+                    f"no geometry rule for {op.func_name}"
+                    if geom is None
+                    else f"{op.func_name} ({geom.kind}) reads {graph.trace.ops[ref.index].label} whole"
+                )
                 status = status.worst(FieldStatus(NOT_WINDOWED, op.label, why))
             for key in graph.leaves(op):
                 shape = graph.shape(key)
@@ -338,9 +349,14 @@ def _fwd_link(graph: Graph, op: OpRecord, geom: Geometry, link: Link, region: Re
     mapped_dims = {pd for pd, _ in link.dims.values()} | set(link.fixed)
     restricted = [pd for pd in graph.spatial(parent_key) if pd not in mapped_dims and region.spans[pd] is not None]
     if restricted:
-        status = status.worst(FieldStatus(NOT_WINDOWED, op.label,
-                                          f"{op.func_name} ({geom.kind}) reads spatial dim {restricted[0]} of "
-                                          f"{graph.trace.ops[parent_key[0]].label} whole"))
+        status = status.worst(
+            FieldStatus(
+                NOT_WINDOWED,
+                op.label,
+                f"{op.func_name} ({geom.kind}) reads spatial dim {restricted[0]} of "
+                f"{graph.trace.ops[parent_key[0]].label} whole",
+            )
+        )
     spans: list[Span | None] = [None] * len(shape)
     for od, (pd, rule) in link.dims.items():
         span = region.spans[pd]

@@ -26,8 +26,9 @@ def as_op(trace: Trace, target: OpRecord | ModulePass | str | int) -> OpRecord:
     if isinstance(found, ModulePass):
         outs = found.output_ops
         if len(outs) != 1:
-            raise FieldError(f"module pass {found.label} returns {len(outs)} ops; pick one: "
-                             f"{', '.join(o.label for o in outs)}")
+            raise FieldError(
+                f"module pass {found.label} returns {len(outs)} ops; pick one: {', '.join(o.label for o in outs)}"
+            )
         found = outs[0]
     if not isinstance(found, OpRecord):
         raise FieldError(f"a field needs an op of the trace, got {type(found).__name__}")
@@ -65,13 +66,16 @@ class _Field:
         try:
             position = tuple(operator.index(p) for p in position)
         except TypeError:
-            raise FieldError(f"a position is one int per spatial dim of {self.op.label} {self.axes}, got "
-                             f"{position!r}") from None
+            raise FieldError(
+                f"a position is one int per spatial dim of {self.op.label} {self.axes}, got {position!r}"
+            ) from None
         shape = self.op.shape
         if len(position) != len(self.axes) or any(not 0 <= p < shape[d] for p, d in zip(position, self.axes)):
             sizes = tuple(shape[d] for d in self.axes)
-            raise FieldError(f"position {position} is not in {self.op.label}'s spatial grid {sizes} (dims "
-                             f"{self.axes} of shape {shape}); give one int per spatial dim, each in range")
+            raise FieldError(
+                f"position {position} is not in {self.op.label}'s spatial grid {sizes} (dims "
+                f"{self.axes} of shape {shape}); give one int per spatial dim, each in range"
+            )
         at = dict(zip(self.axes, position))
         spans = tuple(Span(at[d], at[d], at[d], at[d]) if d in at else None for d in range(len(shape)))
         return position, spans
@@ -87,8 +91,7 @@ class _Field:
         unit = [shape[d] // 2 if d in self.axes else 0 for d in range(len(shape))]
         if shape and 0 not in self.axes:
             if not 0 <= operator.index(batch_index) < shape[0]:
-                raise FieldError(f"batch_index {batch_index} is out of range for {self.op.label}'s batch of "
-                                 f"{shape[0]}")
+                raise FieldError(f"batch_index {batch_index} is out of range for {self.op.label}'s batch of {shape[0]}")
             unit[0] = operator.index(batch_index)
         return tuple(unit)
 
@@ -114,8 +117,10 @@ class ReceptiveField(_Field):
         else:
             self.input = as_op(self.trace, input)
             if self.input.kind != "input" or self.input.index not in upstream:
-                raise FieldError(f"{self.input.label} is not an input node {self.op.label} depends on; those are "
-                                 f"{[o.label for o in inputs]}")
+                raise FieldError(
+                    f"{self.input.label} is not an input node {self.op.label} depends on; those are "
+                    f"{[o.label for o in inputs]}"
+                )
         self.input_axes = tuple(self._graph.spatial((self.input.index, ())))
         if not self.input_axes and self.axes:  # an op with no rule hides the input's layout: every dim but the batch
             self.input_axes = tuple(range(1, len(self.input.shape)))
@@ -127,16 +132,21 @@ class ReceptiveField(_Field):
         region = regions.get((self.input.index, ()))
         shape = self.input.shape
         if region is None:
-            return Box(self.input.label, position, tuple(AxisBox(d, 0, 0) for d in self.input_axes),
-                       regions[(self.op.index, ())].status)
+            return Box(
+                self.input.label,
+                position,
+                tuple(AxisBox(d, 0, 0) for d in self.input_axes),
+                regions[(self.op.index, ())].status,
+            )
         axes = []
         for d in self.input_axes:
             span = region.spans[d]
             if span is None:
                 axes.append(AxisBox(d, 0, shape[d]))
             else:
-                axes.append(AxisBox(d, span.lo, span.hi + 1, max(0, -span.raw_lo),
-                                    max(0, span.raw_hi - (shape[d] - 1))))
+                axes.append(
+                    AxisBox(d, span.lo, span.hi + 1, max(0, -span.raw_lo), max(0, span.raw_hi - (shape[d] - 1)))
+                )
         return Box(self.input.label, position, tuple(axes), region.status)
 
     def check(self, unit: Any) -> FieldCheck:
@@ -144,8 +154,9 @@ class ReceptiveField(_Field):
         try:
             unit = tuple(operator.index(u) for u in unit)
         except TypeError:
-            raise FieldError(f"a unit is one int per dim of {self.op.label}'s shape {self.op.shape}, got "
-                             f"{unit!r}") from None
+            raise FieldError(
+                f"a unit is one int per dim of {self.op.label}'s shape {self.op.shape}, got {unit!r}"
+            ) from None
         if len(unit) != len(self.op.shape):
             raise FieldError(f"a unit is one int per dim of {self.op.label}'s shape {self.op.shape}, got {unit}")
         box = self.at(tuple(unit[d] for d in self.axes))
@@ -195,10 +206,18 @@ class ProjectiveField(_Field):
         target_axes = self._graph.spatial(key)
         region = regions.get(key)
         if region is None:  # this position reaches none of target's positions (a crop left it out)
-            return Box(target_op.label, position, tuple(AxisBox(d, 0, 0) for d in target_axes),
-                       regions[(self.op.index, ())].status)
-        axes = tuple(AxisBox(d, 0, target_op.shape[d]) if region.spans[d] is None
-                     else AxisBox(d, region.spans[d].lo, region.spans[d].hi + 1) for d in target_axes)
+            return Box(
+                target_op.label,
+                position,
+                tuple(AxisBox(d, 0, 0) for d in target_axes),
+                regions[(self.op.index, ())].status,
+            )
+        axes = tuple(
+            AxisBox(d, 0, target_op.shape[d])
+            if region.spans[d] is None
+            else AxisBox(d, region.spans[d].lo, region.spans[d].hi + 1)
+            for d in target_axes
+        )
         return Box(target_op.label, position, axes, region.status)
 
     def __repr__(self) -> str:

@@ -113,8 +113,9 @@ def identity_link(parent: Ref, ndim: int, out_path: tuple[Any, ...] = ()) -> Lin
     return Link(parent, {d: (d, IDENTITY) for d in range(ndim)}, out_path=out_path)
 
 
-def broadcast_link(parent: Ref, parent_shape: tuple[int, ...], out_shape: tuple[int, ...],
-                   out_path: tuple[Any, ...] = ()) -> Link | None:
+def broadcast_link(
+    parent: Ref, parent_shape: tuple[int, ...], out_shape: tuple[int, ...], out_path: tuple[Any, ...] = ()
+) -> Link | None:
     """``parent`` broadcast to ``out_shape`` (dims aligned from the right); None if it does not broadcast."""
     offset = len(out_shape) - len(parent_shape)
     if offset < 0:
@@ -132,8 +133,9 @@ def broadcast_link(parent: Ref, parent_shape: tuple[int, ...], out_shape: tuple[
     return Link(parent, dims, fixed, out_path=out_path)
 
 
-def pointwise(parents: list[tuple[Ref, tuple[int, ...]]], out_shape: tuple[int, ...],
-              kind: str = "pointwise") -> Geometry | None:
+def pointwise(
+    parents: list[tuple[Ref, tuple[int, ...]]], out_shape: tuple[int, ...], kind: str = "pointwise"
+) -> Geometry | None:
     """Each output position reads the same position of every parent (NumPy broadcasting)."""
     links = []
     for ref, shape in parents:
@@ -144,8 +146,15 @@ def pointwise(parents: list[tuple[Ref, tuple[int, ...]]], out_shape: tuple[int, 
     return Geometry(kind, tuple(links))
 
 
-def mixing(parent: Ref, shape: tuple[int, ...], mixed: tuple[int, ...], kind: str, *,
-           drop: bool = False, out_ndim: int | None = None) -> Geometry:
+def mixing(
+    parent: Ref,
+    shape: tuple[int, ...],
+    mixed: tuple[int, ...],
+    kind: str,
+    *,
+    drop: bool = False,
+    out_ndim: int | None = None,
+) -> Geometry:
     """Every output position reads the whole of the ``mixed`` dims (softmax, a norm, a reduction).
 
     ``drop``: the mixed dims are gone from the output (a reduction without
@@ -166,11 +175,11 @@ def mixing(parent: Ref, shape: tuple[int, ...], mixed: tuple[int, ...], kind: st
     return Geometry(kind, (Link(parent, dims),))
 
 
-def reduce(parent: Ref, shape: tuple[int, ...], axes: tuple[int, ...] | None, keepdim: bool,
-           out_ndim: int) -> Geometry:
+def reduce(parent: Ref, shape: tuple[int, ...], axes: tuple[int, ...] | None, keepdim: bool, out_ndim: int) -> Geometry:
     """A reduction over ``axes`` (None: all of them): those dims are read whole."""
-    return mixing(parent, shape, tuple(range(len(shape))) if axes is None else axes, "reduce",
-                  drop=not keepdim, out_ndim=out_ndim)
+    return mixing(
+        parent, shape, tuple(range(len(shape))) if axes is None else axes, "reduce", drop=not keepdim, out_ndim=out_ndim
+    )
 
 
 def reshape(parent: Ref, shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Geometry | None:
@@ -238,8 +247,9 @@ def stack(parents: list[Ref], ndim: int, axis: int) -> Geometry:
     return Geometry("stack", tuple(links))
 
 
-def split(parent: Ref, shape: tuple[int, ...], out_shapes: list[tuple[int, ...]], axis: int,
-          keep_axis: bool = True) -> Geometry:
+def split(
+    parent: Ref, shape: tuple[int, ...], out_shapes: list[tuple[int, ...]], axis: int, keep_axis: bool = True
+) -> Geometry:
     """Output leaf ``k`` is the ``k``-th stretch of ``axis`` (chunk, split), or its ``k``-th position (unbind)."""
     ax = axis % len(shape)
     links = []
@@ -255,8 +265,13 @@ def split(parent: Ref, shape: tuple[int, ...], out_shapes: list[tuple[int, ...]]
     return Geometry("split", tuple(links))
 
 
-def windowed(parent: Ref, windows: dict[int, AxisRule], kind: str = "window",
-             dim_map: dict[int, int] | None = None, keep: tuple[int, ...] = ()) -> Geometry:
+def windowed(
+    parent: Ref,
+    windows: dict[int, AxisRule],
+    kind: str = "window",
+    dim_map: dict[int, int] | None = None,
+    keep: tuple[int, ...] = (),
+) -> Geometry:
     """A windowed op (convolution, pooling) over ``windows`` (input dim -> window); declares them spatial.
 
     ``dim_map``: output dim of each windowed input dim (default: the same).
@@ -278,8 +293,9 @@ def transposed(kernel: int, stride: int, padding: int, dilation: int = 1) -> Win
     backwards it is a window over the input dilated by ``stride`` and padded by
     ``dilation * (kernel - 1) - padding``.
     """
-    return Window(kernel=kernel, stride=1, padding=dilation * (kernel - 1) - padding, dilation=dilation,
-                  lhs_dilation=stride)
+    return Window(
+        kernel=kernel, stride=1, padding=dilation * (kernel - 1) - padding, dilation=dilation, lhs_dilation=stride
+    )
 
 
 def adaptive(in_size: int, out_size: int) -> Intervals:

@@ -15,8 +15,9 @@ BOX_COLOUR = (255, 40, 40)
 PAD_COLOUR = (255, 200, 0)  # the frame's edge where the field runs on into padding
 
 
-def overlay(image: np.ndarray, box: Box, path: str | pathlib.Path, *, batch_index: int = 0,
-            min_size: int = 256) -> pathlib.Path:
+def overlay(
+    image: np.ndarray, box: Box, path: str | pathlib.Path, *, batch_index: int = 0, min_size: int = 256
+) -> pathlib.Path:
     """Write ``image`` (the input array, any layout) as a PNG with ``box`` outlined; returns the path.
 
     The box's two spatial dims are the picture's rows and columns. Dim 0 is
@@ -76,5 +77,9 @@ def png_bytes(pixels: np.ndarray) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw.tobytes(), 6))
-            + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw.tobytes(), 6))
+        + chunk(b"IEND", b"")
+    )

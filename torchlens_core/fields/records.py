@@ -109,5 +109,7 @@ class FieldCheck:
 
     def __str__(self) -> str:
         verdict = "equals" if self.equal else ("contains" if self.contains else "MISSES")
-        return (f"unit {self.unit}: box {self.box.extent} {verdict} gradient support {self.support} "
-                f"(tightness {', '.join(f'{t:.2f}' for t in self.tightness)}; {self.box.status})")
+        return (
+            f"unit {self.unit}: box {self.box.extent} {verdict} gradient support {self.support} "
+            f"(tightness {', '.join(f'{t:.2f}' for t in self.tightness)}; {self.box.status})"
+        )

@@ -27,22 +27,30 @@ def unit_gradient(trace: Trace, op: OpRecord, unit: tuple[int, ...], wrt: OpReco
     """
     info = resolve_backend(trace.backend)
     if "gradients" not in info.capabilities:
-        raise UnsupportedError(f"the {trace.backend} backend has no gradients (capability 'gradients'), so a "
-                               f"field's check cannot measure the gradient support; rf.at() needs none")
+        raise UnsupportedError(
+            f"the {trace.backend} backend has no gradients (capability 'gradients'), so a "
+            f"field's check cannot measure the gradient support; rf.at() needs none"
+        )
     shape = op.shape
     if not (isinstance(shape, tuple) and all(isinstance(d, int) for d in shape)):
         raise FieldError(f"{op.label} has no single array output to take a unit of")
     if len(unit) != len(shape) or any(not 0 <= u < n for u, n in zip(unit, shape)):
         raise FieldError(f"unit {unit} is not an index into {op.label}'s shape {shape}: give one int per dim")
     if wrt.kind != "input" or wrt.out is None:
-        raise FieldError(f"{wrt.label} is not an input node whose value the trace kept (capture with save= keeping "
-                         f"the inputs)")
-    cut = Trace(backend=trace.backend, model_name=trace.model_name, ops=list(trace.ops[: op.index + 1]),
-                modules=dict(trace.modules), params=dict(trace.params), output_template=Ref(op.index),
-                notes=dict(trace.notes))
+        raise FieldError(
+            f"{wrt.label} is not an input node whose value the trace kept (capture with save= keeping the inputs)"
+        )
+    cut = Trace(
+        backend=trace.backend,
+        model_name=trace.model_name,
+        ops=list(trace.ops[: op.index + 1]),
+        modules=dict(trace.modules),
+        params=dict(trace.params),
+        output_template=Ref(op.index),
+        notes=dict(trace.notes),
+    )
     index = tuple(int(u) for u in unit)
-    found = hook().torchlens_backward(backend=trace.backend, trace=cut, loss=lambda out: out[index],
-                                      wanted=[wrt.index])
+    found = hook().torchlens_backward(backend=trace.backend, trace=cut, loss=lambda out: out[index], wanted=[wrt.index])
     if found is None:
         raise UnsupportedError(f"the {trace.backend} backend cannot compute gradients here")
     return found.get("ops", {}).get(wrt.index)

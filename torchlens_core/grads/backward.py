@@ -30,10 +30,11 @@ def log_backward(trace: Trace, loss: Any) -> Trace:
         raise UnsupportedError("a halted trace stopped before the model's output: it has no loss to go back from")
     wanted = [op for op in trace.ops if op.grad_status in (GRAD_WAITING, GRAD_SAVED, GRAD_NO_DEPENDENCE)]
     if not wanted:
-        raise UnsupportedError("this trace keeps no gradients: capture it with tl.trace(..., save_grads=True) or "
-                               "save_grads=<selector> first")
-    found = hook().torchlens_backward(backend=trace.backend, trace=trace, loss=loss,
-                                      wanted=[op.index for op in wanted])
+        raise UnsupportedError(
+            "this trace keeps no gradients: capture it with tl.trace(..., save_grads=True) or "
+            "save_grads=<selector> first"
+        )
+    found = hook().torchlens_backward(backend=trace.backend, trace=trace, loss=loss, wanted=[op.index for op in wanted])
     if found is None:
         raise UnsupportedError(f"the {trace.backend} backend cannot compute gradients here")
     grads, params = found.get("ops", {}), found.get("params", {})
@@ -74,8 +75,15 @@ def perturbed(trace: Trace, deltas: dict[tuple[int, tuple[Any, ...]], Any]) -> T
     for (index, path), delta in deltas.items():
         extra.setdefault(index, []).append(EditRecord("gradient", "op", path, (), _Perturbation(delta)))
     ops = [attrs.evolve(op, edits=(*op.edits, *extra[op.index])) if op.index in extra else op for op in trace.ops]
-    copy = Trace(backend=trace.backend, model_name=trace.model_name, ops=ops, modules=dict(trace.modules),
-                 params=dict(trace.params), output_template=trace.output_template, notes=dict(trace.notes))
+    copy = Trace(
+        backend=trace.backend,
+        model_name=trace.model_name,
+        ops=ops,
+        modules=dict(trace.modules),
+        params=dict(trace.params),
+        output_template=trace.output_template,
+        notes=dict(trace.notes),
+    )
     copy.call = trace.call
     return copy
 
@@ -97,8 +105,10 @@ def total(backend: str) -> Callable[[Any], Any]:
     h = hook()
 
     def loss(output: Any) -> Any:
-        parts = [h.torchlens_array_ops(backend=backend).total(leaf)
-                 for _, leaf in tree.leaves(output, lambda v: _is_float(h, backend, v))]
+        parts = [
+            h.torchlens_array_ops(backend=backend).total(leaf)
+            for _, leaf in tree.leaves(output, lambda v: _is_float(h, backend, v))
+        ]
         if not parts:
             raise UnsupportedError("the output holds no floating-point array to take a loss of")
         result = parts[0]

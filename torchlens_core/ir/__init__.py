@@ -31,7 +31,23 @@ from torchlens_core.ir.records import (
 from torchlens_core.ir.trace import Trace
 
 __all__ = [
-    "ArchitectureChanged", "BackendNotFoundError", "CaptureError", "CodeLocation", "Distances", "ExtractError",
-    "GraphvizNotFoundError", "LabelNotFoundError", "ModulePass", "ModuleRecord", "OpRecord", "ParamRecord",
-    "ParamRef", "Ref", "ReplayError", "TorchLensError", "Trace", "TraceFileError", "UnsupportedError",
+    "ArchitectureChanged",
+    "BackendNotFoundError",
+    "CaptureError",
+    "CodeLocation",
+    "Distances",
+    "ExtractError",
+    "GraphvizNotFoundError",
+    "LabelNotFoundError",
+    "ModulePass",
+    "ModuleRecord",
+    "OpRecord",
+    "ParamRecord",
+    "ParamRef",
+    "Ref",
+    "ReplayError",
+    "TorchLensError",
+    "Trace",
+    "TraceFileError",
+    "UnsupportedError",
 ]

@@ -41,8 +41,9 @@ def _checked(mode: Any, where: str) -> str:
     if isinstance(mode, bool):  # progress=True / False, as extract_dataset takes it
         return "always" if mode else "never"
     if mode not in MODES:
-        raise ValueError(f"{where}: progress mode {mode!r} is not one of {', '.join(map(repr, MODES))} "
-                         f"(or True / False)")
+        raise ValueError(
+            f"{where}: progress mode {mode!r} is not one of {', '.join(map(repr, MODES))} (or True / False)"
+        )
     return mode
 
 
@@ -98,8 +99,14 @@ class Progress:
 
     __slots__ = ("what", "total", "unit", "done", "_next", "_started", "_last", "_bar", "_show", "_lines", "_stream")
 
-    def __init__(self, what: str, total: int | None = None, unit: str = "op", mode: str | bool | None = None,
-                 stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        what: str,
+        total: int | None = None,
+        unit: str = "op",
+        mode: str | bool | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
         self.what, self.total, self.unit, self.done = what, total, unit, 0
         self._stream = stream if stream is not None else sys.stderr
         resolved = current_mode() if mode is None else _checked(mode, what)
@@ -139,15 +146,25 @@ class Progress:
             self._lines = True
             self._line(time.monotonic())
             return
-        self._bar = tqdm(total=self.total, initial=self.done, unit=self.unit, desc=self.what, file=self._stream,
-                         leave=False, dynamic_ncols=True)
+        self._bar = tqdm(
+            total=self.total,
+            initial=self.done,
+            unit=self.unit,
+            desc=self.what,
+            file=self._stream,
+            leave=False,
+            dynamic_ncols=True,
+        )
 
     def _line(self, now: float) -> None:
         self._last = now
         rate = self.done / max(now - self._started, 1e-9)
         total = "" if self.total is None else f"/{self.total:,}"
-        print(f"{self.what}: {self.done:,}{total} {self.unit}s, {rate:,.0f} {self.unit}s/s, "
-              f"{now - self._started:.0f} s", file=self._stream, flush=True)
+        print(
+            f"{self.what}: {self.done:,}{total} {self.unit}s, {rate:,.0f} {self.unit}s/s, {now - self._started:.0f} s",
+            file=self._stream,
+            flush=True,
+        )
 
     @property
     def shown(self) -> bool:
@@ -167,8 +184,9 @@ class Progress:
 
 
 @contextmanager
-def progress(what: str, total: int | None = None, unit: str = "op",
-             mode: str | bool | None = None) -> Iterator[Progress]:
+def progress(
+    what: str, total: int | None = None, unit: str = "op", mode: str | bool | None = None
+) -> Iterator[Progress]:
     """``with progress("tl.save", total=n, unit="value") as bar: ... bar.update()``: closed however the block ends."""
     bar = Progress(what, total, unit, mode)
     try:

@@ -290,9 +290,19 @@ OpRecord.pre_edit = _on_disk("pre_edit")  # type: ignore[assignment]
 
 
 # Other names frameworks give a dtype (tinygrad's are C types): the name a trace records for it.
-_DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "char": "int8", "short": "int16",
-                  "int": "int32", "long": "int64", "uchar": "uint8", "ushort": "uint16", "uint": "uint32",
-                  "ulong": "uint64"}
+_DTYPE_ALIASES = {
+    "float": "float32",
+    "double": "float64",
+    "half": "float16",
+    "char": "int8",
+    "short": "int16",
+    "int": "int32",
+    "long": "int64",
+    "uchar": "uint8",
+    "ushort": "uint16",
+    "uint": "uint32",
+    "ulong": "uint64",
+}
 
 
 def dtype_names_of(dtype: Any) -> tuple[str, ...]:
@@ -393,6 +403,7 @@ class ModulePass:
     @property
     def grad(self) -> Any:
         """The gradients at what the module returned, with the structure it returned (save_grads=)."""
+
         def grad_of(leaf: Any) -> Any:
             if not isinstance(leaf, Ref):
                 return None

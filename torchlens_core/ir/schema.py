@@ -31,8 +31,10 @@ MAX_LINE = 1 << 31
 MAX_WALK = 1 << 20  # values in one op's arguments
 _SCALARS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
-SHAPE_FORM = ("None (no array), a tuple of ints for one array (``(2, 3)``), or for several outputs a tuple with "
-              "one entry per output, each one of these (``((2, 3), (2,))``)")
+SHAPE_FORM = (
+    "None (no array), a tuple of ints for one array (``(2, 3)``), or for several outputs a tuple with "
+    "one entry per output, each one of these (``((2, 3), (2,))``)"
+)
 
 # trace.notes key: the first record of the trace that tl.load would refuse (kept from a backend written for
 # plugin contract 1, which TraceBuilder only warns), or absent. tl.save refuses a trace that has it.
@@ -104,15 +106,18 @@ def op_problem(op: OpRecord, params: dict[str, ParamRecord]) -> str | None:
     if not isinstance(op.func_name, str) or not op.func_name:
         return f"func_name should be a non-empty str, not {_show(op.func_name)}"
     if not (op.dtype is None or isinstance(op.dtype, str)) or not (op.device is None or isinstance(op.device, str)):
-        return (f"dtype and device should be None or the names as str (such as 'float32', 'cpu'), not "
-                f"{_show(op.dtype)} and {_show(op.device)}")
+        return (
+            f"dtype and device should be None or the names as str (such as 'float32', 'cpu'), not "
+            f"{_show(op.dtype)} and {_show(op.device)}"
+        )
     if type(op.in_place) is not bool:
         return f"in_place should be a bool, not {_show(op.in_place)}"
     # Loops, not all() over generators, and the common cases first: this runs for every op of a capture.
     for what, positions in (("parent_indices", op.parent_indices), ("conditions", op.condition_indices)):
         if not _positions(positions, op.index):
-            return f"{what} should be a tuple of int positions of earlier ops (below {op.index}), " \
-                   f"not {_show(positions)}"
+            return (
+                f"{what} should be a tuple of int positions of earlier ops (below {op.index}), not {_show(positions)}"
+            )
     if type(op.params) is not tuple:
         return f"params should be a tuple of names of parameters declared with add_param, not {_show(op.params)}"
     for name in op.params:
@@ -122,8 +127,13 @@ def op_problem(op: OpRecord, params: dict[str, ParamRecord]) -> str | None:
     if not (elapsed is None or type(elapsed) in (int, float) and 0 <= elapsed < math.inf):
         return f"elapsed should be None or a finite float of seconds, at least 0, not {_show(elapsed)}"
     for c in op.code_context:
-        if not (isinstance(c, CodeLocation) and isinstance(c.file, str) and type(c.line_number) is int
-                and 0 <= c.line_number < MAX_LINE and isinstance(c.func_name, str)):
+        if not (
+            isinstance(c, CodeLocation)
+            and isinstance(c.file, str)
+            and type(c.line_number) is int
+            and 0 <= c.line_number < MAX_LINE
+            and isinstance(c.func_name, str)
+        ):
             return f"code_context should hold CodeLocation(file: str, line_number: int, func_name: str), not {_show(c)}"
     if not isinstance(op.args, tuple):
         return f"args should be a tuple, not {_show(op.args)}"
@@ -184,11 +194,15 @@ def _reads_problem(op: OpRecord) -> str | None:
             if kids:
                 stack.extend(v for _, v in kids)
     if parents != set(op.parent_indices):
-        return (f"its arguments read ops {sorted(parents)}, but parent_indices lists {sorted(set(op.parent_indices))}:"
-                " pass the index of every op whose output (a Ref) is in the arguments, and no other")
+        return (
+            f"its arguments read ops {sorted(parents)}, but parent_indices lists {sorted(set(op.parent_indices))}:"
+            " pass the index of every op whose output (a Ref) is in the arguments, and no other"
+        )
     if read != set(op.params):
-        return (f"its arguments read parameters {sorted(read)}, but params lists {sorted(set(op.params))}: pass "
-                "the name of every parameter (a ParamRef) in the arguments, and no other")
+        return (
+            f"its arguments read parameters {sorted(read)}, but params lists {sorted(set(op.params))}: pass "
+            "the name of every parameter (a ParamRef) in the arguments, and no other"
+        )
     return None
 
 
@@ -200,8 +214,10 @@ def param_problem(record: ParamRecord) -> str | None:
     if problem is not None:
         return problem
     if not isinstance(record.dtype, str) or not isinstance(record.module, str):
-        return (f"dtype and module should be str (such as 'float32', 'encoder.layer1'), not {_show(record.dtype)} "
-                f"and {_show(record.module)}")
+        return (
+            f"dtype and module should be str (such as 'float32', 'encoder.layer1'), not {_show(record.dtype)} "
+            f"and {_show(record.module)}"
+        )
     if type(record.numel) is not int or not 0 <= record.numel < MAX_DIM:
         return f"numel should be an int count, not {_show(record.numel)}"
     if type(record.trainable) is not bool or type(record.is_buffer) is not bool:

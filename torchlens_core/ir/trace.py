@@ -45,18 +45,27 @@ class Trace:
     finds ``max_pool2d_2_6``) where that names one op.
     """
 
-    def __init__(self, backend: str, model_name: str, ops: list[OpRecord],
-                 modules: dict[str, ModuleRecord], params: dict[str, ParamRecord],
-                 output_template: Any, model_output: Any = None,
-                 notes: dict[str, Any] | None = None, halted: bool = False) -> None:
+    def __init__(
+        self,
+        backend: str,
+        model_name: str,
+        ops: list[OpRecord],
+        modules: dict[str, ModuleRecord],
+        params: dict[str, ParamRecord],
+        output_template: Any,
+        model_output: Any = None,
+        notes: dict[str, Any] | None = None,
+        halted: bool = False,
+    ) -> None:
         self.backend = backend
         self.model_name = model_name
         self.ops = ops
         self.modules = ModuleTable(modules)
         self.params = ParamTable(params)
         for module in self.modules.values():  # a module's parameter count, from the records it names
-            module.num_params = sum(self.params[n].numel for n in module.params
-                                    if n in self.params and not self.params[n].is_buffer)
+            module.num_params = sum(
+                self.params[n].numel for n in module.params if n in self.params and not self.params[n].is_buffer
+            )
         self.output_template = output_template
         # What the forward itself returned, kept apart from the output nodes so
         # that audit() can compare the two.
@@ -139,6 +148,7 @@ class Trace:
 
     def resolve(self, template: Any) -> Any:
         """Replace the Refs and ParamRefs inside ``template`` by the recorded values."""
+
         def value(leaf: Any) -> Any:
             if isinstance(leaf, Ref):
                 out = self.ops[leaf.index].out  # None when save= left it out: so is every part of it
@@ -253,7 +263,9 @@ class Trace:
             aliases: dict[str, OpRecord | ModulePass | None] = {}
             for k, target in self._index().items():
                 if not isinstance(target, OpRecord) or k.partition(":")[0] not in (
-                        target.layer_label, target.layer_label.rsplit("_", 1)[0]):
+                    target.layer_label,
+                    target.layer_label.rsplit("_", 1)[0],
+                ):
                     continue  # a module path: only labels have aliases
                 short = _squash(k)
                 if short is not None and short != k:
@@ -344,8 +356,7 @@ class Trace:
         from torchlens_core.replay.evaluator import replay_values
 
         values = replay_values(self, new_inputs=(args, kwargs) if args or kwargs else None)
-        return tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r,
-                               self.output_template)
+        return tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r, self.output_template)
 
     def audit(self, rtol: float = 1e-5, *, untraced: bool = False) -> AuditReport:
         """Replay parity and invariant tripwires; the report is falsy if anything fails.
@@ -358,9 +369,17 @@ class Trace:
 
         return audit(self, rtol=rtol, untraced=untraced)
 
-    def draw(self, path: str | None = None, *, file_format: str = "pdf", vis_mode: str = "unrolled",
-             collapse: Any = None, module: str | None = None, max_nodes: int | None = DRAW_MAX_NODES,
-             vis_nesting_depth: int | None = None) -> str:
+    def draw(
+        self,
+        path: str | None = None,
+        *,
+        file_format: str = "pdf",
+        vis_mode: str = "unrolled",
+        collapse: Any = None,
+        module: str | None = None,
+        max_nodes: int | None = DRAW_MAX_NODES,
+        vis_nesting_depth: int | None = None,
+    ) -> str:
         """Render the graph with Graphviz; returns the path written.
 
         ``vis_mode``: ``"unrolled"`` (every pass its own node) or ``"rolled"``
@@ -374,11 +393,25 @@ class Trace:
         """
         from torchlens_core.views.draw import draw
 
-        return draw(self, path, file_format=file_format, vis_mode=vis_mode, collapse=collapse, module=module,
-                    max_nodes=max_nodes, vis_nesting_depth=vis_nesting_depth)
+        return draw(
+            self,
+            path,
+            file_format=file_format,
+            vis_mode=vis_mode,
+            collapse=collapse,
+            module=module,
+            max_nodes=max_nodes,
+            vis_nesting_depth=vis_nesting_depth,
+        )
 
-    def to_dot(self, *, vis_mode: str = "unrolled", collapse: Any = None, module: str | None = None,
-               vis_nesting_depth: int | None = None) -> str:
+    def to_dot(
+        self,
+        *,
+        vis_mode: str = "unrolled",
+        collapse: Any = None,
+        module: str | None = None,
+        vis_nesting_depth: int | None = None,
+    ) -> str:
         """The DOT source of :meth:`draw`'s picture; needs no Graphviz."""
         from torchlens_core.views.draw import to_dot
 
@@ -411,8 +444,10 @@ class Trace:
 
     def __repr__(self) -> str:
         name = self.model_name or "function"
-        return (f"<Trace of {name} ({self.backend}): {self.num_ops} ops, "
-                f"{len(self.modules)} modules, {len(self.params)} params>")
+        return (
+            f"<Trace of {name} ({self.backend}): {self.num_ops} ops, "
+            f"{len(self.modules)} modules, {len(self.params)} params>"
+        )
 
 
 _LABEL_TAIL = re.compile(r"(_\d+){1,2}(:\d+)?")
@@ -428,21 +463,25 @@ def _squash(key: str) -> str | None:
         match = _LABEL_TAIL.search(key, match.start() + 1)
     if match is None or match.start() == 0:
         return None
-    return key[:match.start()].replace("_", "") + key[match.start():]
+    return key[: match.start()].replace("_", "") + key[match.start() :]
 
 
 def _position(key: object, num_ops: int) -> int:
     """An op position from ``trace[key]``: an int or any integer scalar (NumPy's, a 0-d tensor), never a bool."""
     # A bool is an int to Python (True == 1), but trace[True] is a mistake, not op 1.
     if isinstance(key, bool) or str(getattr(key, "dtype", "")).removeprefix("torch.") == "bool":
-        raise ArgumentTypeError(f"trace[{shown(key)}]: a bool is not an op position; index with a label, "
-                                f"a module path or an int")
+        raise ArgumentTypeError(
+            f"trace[{shown(key)}]: a bool is not an op position; index with a label, a module path or an int"
+        )
     try:
         position = operator.index(key)  # type: ignore[arg-type]
     except TypeError:
-        raise ArgumentTypeError(f"trace keys are labels, module paths or int positions, not "
-                                f"{type(key).__name__} ({shown(key)})") from None
+        raise ArgumentTypeError(
+            f"trace keys are labels, module paths or int positions, not {type(key).__name__} ({shown(key)})"
+        ) from None
     if not -num_ops <= position < num_ops:
-        raise LabelNotFoundError(f"op position {position} is out of range: this trace has {num_ops} ops "
-                                 f"(0..{num_ops - 1}, or negative from the end)")
+        raise LabelNotFoundError(
+            f"op position {position} is out of range: this trace has {num_ops} ops "
+            f"(0..{num_ops - 1}, or negative from the end)"
+        )
     return position

@@ -110,8 +110,10 @@ def leaves(obj: Any, is_leaf: Callable[[Any], bool], path: Path = ()) -> Iterato
         kids = children(node)
         if kids:
             if len(at) >= deepest:  # a container holding itself would otherwise be walked forever
-                raise RecursionError(f"containers nested more than {deepest - len(path)} levels deep (one that "
-                                     f"holds itself?) at {at[:8]}...")
+                raise RecursionError(
+                    f"containers nested more than {deepest - len(path)} levels deep (one that "
+                    f"holds itself?) at {at[:8]}..."
+                )
             push([((*at, key), child) for key, child in reversed(kids)])
 
 

@@ -9,16 +9,19 @@ from torchlens_core.ir.errors import TorchLensError
 # Finding kinds. Each blocks merging except "graph" (ranks may run different ops between collectives:
 # each rank's ops are kept as they ran, only the collectives join them).
 KINDS = (
-    "input",            # not a list of traces
+    "input",  # not a list of traces
     "not_a_rank_trace",  # captured without tl.distributed.arm() in an initialized process group, or notes unreadable
-    "backend",          # traces of different backends
-    "halted",           # halt= stopped the forward: its later collectives are missing
-    "ranks",            # a rank twice, a rank missing, world sizes that disagree
-    "dtensor", "fsdp", "tensor_parallel", "point_to_point",  # a shard of a larger graph, or a pipeline
-    "collective",       # the ranks' collectives do not pair up (count, name, reduce op, root, shapes)
-    "order",            # no order of the ranks' ops meets every collective (ranks entered them in other orders)
-    "values",           # what a rank received is not what its group sent: the traces are not of one step
-    "graph",            # the ranks ran different ops (informational)
+    "backend",  # traces of different backends
+    "halted",  # halt= stopped the forward: its later collectives are missing
+    "ranks",  # a rank twice, a rank missing, world sizes that disagree
+    "dtensor",
+    "fsdp",
+    "tensor_parallel",
+    "point_to_point",  # a shard of a larger graph, or a pipeline
+    "collective",  # the ranks' collectives do not pair up (count, name, reduce op, root, shapes)
+    "order",  # no order of the ranks' ops meets every collective (ranks entered them in other orders)
+    "values",  # what a rank received is not what its group sent: the traces are not of one step
+    "graph",  # the ranks ran different ops (informational)
 )
 NOT_BLOCKING = frozenset({"graph"})
 
@@ -42,8 +45,9 @@ class RankFinding:
         return self.kind not in NOT_BLOCKING
 
     def __str__(self) -> str:
-        where = "".join(f" [{part}]" for part in (f"rank {self.rank}" if self.rank is not None else None, self.op)
-                        if part)
+        where = "".join(
+            f" [{part}]" for part in (f"rank {self.rank}" if self.rank is not None else None, self.op) if part
+        )
         return f"{'REFUSE' if self.blocking else 'note  '} {self.kind}{where}: {self.message}"
 
 
@@ -78,12 +82,16 @@ class MergeReport:
 
     def __str__(self) -> str:
         verdict = "clean" if self else "mergeable, with notes" if self.mergeable else "NOT mergeable"
-        lines = [f"Merge report: {len(self.ranks)} rank traces (ranks {self.ranks}, world size {self.world_size}), "
-                 f"{self.joins} collective calls to join: {verdict}"]
+        lines = [
+            f"Merge report: {len(self.ranks)} rank traces (ranks {self.ranks}, world size {self.world_size}), "
+            f"{self.joins} collective calls to join: {verdict}"
+        ]
         lines += [f"  {f}" for f in self.findings]
         if self.unchecked:
-            lines.append(f"  values not compared (not saved) at {len(self.unchecked)} joins: "
-                         f"{', '.join(self.unchecked[:5])}{' ...' if len(self.unchecked) > 5 else ''}")
+            lines.append(
+                f"  values not compared (not saved) at {len(self.unchecked)} joins: "
+                f"{', '.join(self.unchecked[:5])}{' ...' if len(self.unchecked) > 5 else ''}"
+            )
         return "\n".join(lines)
 
     __repr__ = __str__

@@ -63,20 +63,33 @@ class _Merger:
         for position, (rank, index) in enumerate(order):
             self.new_index[rank][index] = position
         join_of = self._joins()
-        ops = [self._op(rank, self.ranks[rank].trace.ops[index], position, join_of.get((rank, index)))
-               for position, (rank, index) in enumerate(order)]
+        ops = [
+            self._op(rank, self.ranks[rank].trace.ops[index], position, join_of.get((rank, index)))
+            for position, (rank, index) in enumerate(order)
+        ]
         modules, params = {}, {}
         for rank in sorted(self.ranks):
             trace = self.ranks[rank].trace
-            params.update({f"{prefix(rank)}.{name}": attrs.evolve(p, name=f"{prefix(rank)}.{name}",
-                                                                   module=_under(rank, p.module))
-                           for name, p in trace.params.items()})
+            params.update(
+                {
+                    f"{prefix(rank)}.{name}": attrs.evolve(
+                        p, name=f"{prefix(rank)}.{name}", module=_under(rank, p.module)
+                    )
+                    for name, p in trace.params.items()
+                }
+            )
             modules.update(self._modules(rank, ops))
         outputs = [self._remap(rank, self.ranks[rank].trace.output_template) for rank in sorted(self.ranks)]
-        merged = Trace(backend=self._any().backend, model_name=self._name(), ops=ops, modules=modules,
-                       params=params, output_template=outputs,
-                       model_output=[self.ranks[r].trace.model_output for r in sorted(self.ranks)],
-                       notes=self._notes(join_of, ops))
+        merged = Trace(
+            backend=self._any().backend,
+            model_name=self._name(),
+            ops=ops,
+            modules=modules,
+            params=params,
+            output_template=outputs,
+            model_output=[self.ranks[r].trace.model_output for r in sorted(self.ranks)],
+            notes=self._notes(join_of, ops),
+        )
         self._link(merged)
         return merged
 
@@ -91,8 +104,11 @@ class _Merger:
         """(rank, boundary op index) -> the (rank, index) of every node of its collective, in group order."""
         found = {}
         for calls in joins(self.ranks).values():
-            nodes = [(rank, call.index) for rank, call in sorted(calls.items(), key=lambda rc: rc[1].group.index(
-                rc[0])) if call.index is not None]
+            nodes = [
+                (rank, call.index)
+                for rank, call in sorted(calls.items(), key=lambda rc: rc[1].group.index(rc[0]))
+                if call.index is not None
+            ]
             for node in nodes:
                 found[node] = nodes
         return found
@@ -115,18 +131,33 @@ class _Merger:
             mine = next(c for c in self.ranks[rank].calls if c.index == op.index)
             sent = [self._remap(m, self._sent(m, mine)) for m in mine.group]
             args = tuple(sent if i == SENT else a for i, a in enumerate(args))
-            meta = {**meta, COLLECTIVE: {**meta[COLLECTIVE], "join": [_label(r, self.ranks[r].trace.ops[i].label)
-                                                                      for r, i in join]}}
-        parents = tuple(dict.fromkeys(r.index for _, r in tree.leaves((args, op.kwargs),
-                                                                      lambda x: isinstance(x, Ref))))
+            meta = {
+                **meta,
+                COLLECTIVE: {
+                    **meta[COLLECTIVE],
+                    "join": [_label(r, self.ranks[r].trace.ops[i].label) for r, i in join],
+                },
+            }
+        parents = tuple(dict.fromkeys(r.index for _, r in tree.leaves((args, op.kwargs), lambda x: isinstance(x, Ref))))
         inside = ((prefix(rank), 1),) if op.kind == "op" else ()
         return attrs.evolve(
-            op, index=position, args=args, kwargs=self._remap(rank, op.kwargs), meta=meta, parent_indices=parents,
+            op,
+            index=position,
+            args=args,
+            kwargs=self._remap(rank, op.kwargs),
+            meta=meta,
+            parent_indices=parents,
             condition_indices=tuple(self.new_index[rank][i] for i in op.condition_indices),
             module_passes=inside + tuple((_under(rank, path), n) for path, n in op.module_passes),
-            params=tuple(f"{prefix(rank)}.{name}" for name in op.params), label=_label(rank, op.label),
-            layer_label=_label(rank, op.layer_label), parents=[], children=[], conditions=[],
-            module_outputs=[_under(rank, m) for m in op.module_outputs], trace_ref=None)
+            params=tuple(f"{prefix(rank)}.{name}" for name in op.params),
+            label=_label(rank, op.label),
+            layer_label=_label(rank, op.layer_label),
+            parents=[],
+            children=[],
+            conditions=[],
+            module_outputs=[_under(rank, m) for m in op.module_outputs],
+            trace_ref=None,
+        )
 
     def _sent(self, rank: int, call: Any) -> Any:
         """What ``rank`` sent in the collective ``call`` (of another rank), from its notes."""
@@ -134,18 +165,27 @@ class _Merger:
 
     def _modules(self, rank: int, ops: list[OpRecord]) -> dict[str, ModuleRecord]:
         trace = self.ranks[rank].trace
-        out = tree.map_leaves(lambda x: trace.ops[x.index].args[0] if isinstance(x, Ref) else x,
-                              trace.output_template)  # what the rank's forward returned: the output nodes' values
-        whole = ModuleRecord(path=prefix(rank), type_name=trace.model_name or "function",
-                             params=[f"{prefix(rank)}.{n}" for n in trace.params],
-                             passes=[ModulePass(path=prefix(rank), pass_num=1, out_template=self._remap(rank, out))])
+        out = tree.map_leaves(
+            lambda x: trace.ops[x.index].args[0] if isinstance(x, Ref) else x, trace.output_template
+        )  # what the rank's forward returned: the output nodes' values
+        whole = ModuleRecord(
+            path=prefix(rank),
+            type_name=trace.model_name or "function",
+            params=[f"{prefix(rank)}.{n}" for n in trace.params],
+            passes=[ModulePass(path=prefix(rank), pass_num=1, out_template=self._remap(rank, out))],
+        )
         found = {whole.path: whole}
         for path, module in trace.modules.items():
             new = _under(rank, path)
             found[new] = ModuleRecord(
-                path=new, type_name=module.type_name, params=[f"{prefix(rank)}.{n}" for n in module.params],
-                passes=[ModulePass(path=new, pass_num=mp.pass_num, out_template=self._remap(rank, mp.out_template))
-                        for mp in module.passes])
+                path=new,
+                type_name=module.type_name,
+                params=[f"{prefix(rank)}.{n}" for n in module.params],
+                passes=[
+                    ModulePass(path=new, pass_num=mp.pass_num, out_template=self._remap(rank, mp.out_template))
+                    for mp in module.passes
+                ],
+            )
         for ref in tree.leaves(whole.passes[0].out_template, lambda x: isinstance(x, Ref)):
             ops[ref[1].index].module_outputs.append(f"{prefix(rank)}:1")
         return found
@@ -157,12 +197,21 @@ class _Merger:
                 continue
             seen.add(id(nodes))
             first = self.ranks[nodes[0][0]].trace.ops[nodes[0][1]]
-            listed.append({"collective": first.func_name, "group": list(first.meta[COLLECTIVE].get("group", [])),
-                           "nodes": [_label(r, self.ranks[r].trace.ops[i].label) for r, i in nodes]})
-        notes: dict[str, Any] = {MERGED: {"world_size": self._any_rank().world_size, "ranks": sorted(self.ranks),
-                                          "joins": listed}}
-        not_replayable = {_label(r, label): why for r in sorted(self.ranks)
-                          for label, why in self.ranks[r].trace.notes.get("not_replayable", {}).items()}
+            listed.append(
+                {
+                    "collective": first.func_name,
+                    "group": list(first.meta[COLLECTIVE].get("group", [])),
+                    "nodes": [_label(r, self.ranks[r].trace.ops[i].label) for r, i in nodes],
+                }
+            )
+        notes: dict[str, Any] = {
+            MERGED: {"world_size": self._any_rank().world_size, "ranks": sorted(self.ranks), "joins": listed}
+        }
+        not_replayable = {
+            _label(r, label): why
+            for r in sorted(self.ranks)
+            for label, why in self.ranks[r].trace.notes.get("not_replayable", {}).items()
+        }
         if not_replayable:
             notes["not_replayable"] = not_replayable
         if any(r.trace.notes.get("loaded_from_file") for r in self.ranks.values()):

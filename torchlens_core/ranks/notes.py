@@ -75,8 +75,10 @@ def read(trace: Trace) -> RankTrace | str:
     """The trace's rank notes, or why it has none usable."""
     notes = trace.notes.get(NOTES)
     if notes is None:
-        return ("it holds no rank notes: capture it with tl.distributed.arm() in effect, in an initialized "
-                "process group (a merged trace cannot be merged again)")
+        return (
+            "it holds no rank notes: capture it with tl.distributed.arm() in effect, in an initialized "
+            "process group (a merged trace cannot be merged again)"
+        )
     try:
         rank, world = notes["rank"], notes["world_size"]
         if not (_is_int(rank) and _is_int(world) and 0 <= rank < world):
@@ -91,20 +93,34 @@ def read(trace: Trace) -> RankTrace | str:
 def _call(data: dict[str, Any], trace: Trace, rank: int) -> Call:
     group = tuple(data["group"])
     index, at, seq = data["index"], data["at"], data["seq"]
-    if not (all(_is_int(r) for r in group) and rank in group and _is_int(at) and _is_int(seq)
-            and 0 <= at <= len(trace.ops)):
+    if not (
+        all(_is_int(r) for r in group) and rank in group and _is_int(at) and _is_int(seq) and 0 <= at <= len(trace.ops)
+    ):
         raise ValueError(f"collective {data.get('name')!r}: group {list(group)}, at {at!r}, seq {seq!r}")
     if index is not None:
         op = trace.ops[index] if _is_int(index) and 0 <= index < len(trace.ops) else None
-        if op is None or index != at or not isinstance(op.meta.get(COLLECTIVE), dict) or len(op.args) != 3 \
-                or op.func_name != data["name"]:
+        if (
+            op is None
+            or index != at
+            or not isinstance(op.meta.get(COLLECTIVE), dict)
+            or len(op.args) != 3
+            or op.func_name != data["name"]
+        ):
             raise ValueError(f"collective {data.get('name')!r} names op #{index}, which is not its boundary node")
     sent = data["sent"]
     if not isinstance(sent, (list, tuple)) or any(not 0 <= r.index < len(trace.ops) for r in refs_in(sent)):
         raise ValueError(f"collective {data.get('name')!r}: what it sent is not a list of this trace's values")
     root = data.get("root")
-    return Call(name=str(data["name"]), group=group, op=data.get("op"), root=root if _is_int(root) else None,
-                seq=seq, at=at, index=index, sent=list(sent))
+    return Call(
+        name=str(data["name"]),
+        group=group,
+        op=data.get("op"),
+        root=root if _is_int(root) else None,
+        seq=seq,
+        at=at,
+        index=index,
+        sent=list(sent),
+    )
 
 
 def _is_int(value: Any) -> bool:

@@ -25,8 +25,18 @@ from torchlens_core.ranks.order import joins, schedule
 from torchlens_core.ranks.values import check
 
 # Collectives whose every rank sends and writes arrays of one shape.
-_SAME_SHAPES = frozenset({"all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "all_gather_single",
-                          "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all_single"})
+_SAME_SHAPES = frozenset(
+    {
+        "all_reduce",
+        "broadcast",
+        "reduce",
+        "all_gather_into_tensor",
+        "all_gather_single",
+        "reduce_scatter_tensor",
+        "reduce_scatter_single",
+        "all_to_all_single",
+    }
+)
 
 
 @attrs.define(slots=True)
@@ -53,8 +63,7 @@ def diagnose(traces: Sequence[Any]) -> Diagnosis:
             findings.append(RankFinding("not_a_rank_trace", f"trace #{position} ({trace.model_name}): {found}"))
         else:
             read_ranks.append(found)
-    report = MergeReport(findings, [r.rank for r in read_ranks],
-                         read_ranks[0].world_size if read_ranks else None)
+    report = MergeReport(findings, [r.rank for r in read_ranks], read_ranks[0].world_size if read_ranks else None)
     if findings or not read_ranks:
         return Diagnosis(report)
     findings += _whole(read_ranks)
@@ -84,27 +93,30 @@ def diagnose(traces: Sequence[Any]) -> Diagnosis:
 
 _WHY = {
     "dtensor": "its values are shards of DTensors whose other shards live on other ranks; merging rank traces "
-               "joins only explicit collectives, not DTensor redistribution",
+    "joins only explicit collectives, not DTensor redistribution",
     "fsdp": "FSDP gathers and frees parameters around each module, outside the recorded graph; trace the "
-            "unwrapped model on one rank instead",
+    "unwrapped model on one rank instead",
     "tensor_parallel": "its parameters are DTensor shards (tensor parallel); merging rank traces joins only "
-                       "explicit collectives",
+    "explicit collectives",
     "point_to_point": "point-to-point transfers make a pipeline, whose stages are not replicas to join at "
-                      "collectives; merging does not join them",
+    "collectives; merging does not join them",
 }
 
 
 def _traces(traces: Sequence[Any]) -> list[Trace]:
     if isinstance(traces, (Trace, str, bytes)) or not isinstance(traces, Sequence) or not traces:
-        raise ArgumentTypeError(f"tl.merge_report / tl.merge_ranks take a non-empty list of rank traces (one per "
-                                f"rank), not {type(traces).__name__}")
+        raise ArgumentTypeError(
+            f"tl.merge_report / tl.merge_ranks take a non-empty list of rank traces (one per "
+            f"rank), not {type(traces).__name__}"
+        )
     found = []
     for position, item in enumerate(traces):
         if hasattr(item, "to_trace"):  # a tl.record Recording
             item = item.to_trace()
         if not isinstance(item, Trace):
-            raise ArgumentTypeError(f"item #{position} is a {type(item).__name__}, not a Trace: pass the traces "
-                                    f"of tl.trace or tl.load")
+            raise ArgumentTypeError(
+                f"item #{position} is a {type(item).__name__}, not a Trace: pass the traces of tl.trace or tl.load"
+            )
         found.append(item)
     return found
 
@@ -117,8 +129,14 @@ def _whole(ranks: list[RankTrace]) -> list[RankFinding]:
         found.append(RankFinding("backend", f"traces of several backends ({', '.join(backends)})"))
     for r in ranks:
         if r.trace.halted:
-            found.append(RankFinding("halted", "halt= stopped this rank's forward: its later collectives are "
-                                               "missing; trace without halt= to merge", r.rank))
+            found.append(
+                RankFinding(
+                    "halted",
+                    "halt= stopped this rank's forward: its later collectives are "
+                    "missing; trace without halt= to merge",
+                    r.rank,
+                )
+            )
     worlds = sorted({r.world_size for r in ranks})
     if len(worlds) > 1:
         found.append(RankFinding("ranks", f"the traces come from jobs of world sizes {worlds}"))
@@ -131,8 +149,13 @@ def _whole(ranks: list[RankTrace]) -> list[RankFinding]:
     if twice:
         found.append(RankFinding("ranks", f"rank(s) {twice} given more than once: pass one trace per rank"))
     if missing:
-        found.append(RankFinding("ranks", f"rank(s) {missing} of the world of {worlds[0]} are missing: their "
-                                          f"collectives could not be joined; pass every rank's trace"))
+        found.append(
+            RankFinding(
+                "ranks",
+                f"rank(s) {missing} of the world of {worlds[0]} are missing: their "
+                f"collectives could not be joined; pass every rank's trace",
+            )
+        )
     return found
 
 
@@ -145,9 +168,14 @@ def _graphs(ranks: dict[int, RankTrace]) -> list[RankFinding]:
         ops = ranks[rank].trace.ops
         for mine, theirs in zip(ops, base):
             if _signature(mine) != _signature(theirs):
-                found.append(RankFinding(
-                    "graph", f"ran {_shown(mine)} at op #{mine.index}, where rank {base_rank} ran {_shown(theirs)}",
-                    rank, mine.label))
+                found.append(
+                    RankFinding(
+                        "graph",
+                        f"ran {_shown(mine)} at op #{mine.index}, where rank {base_rank} ran {_shown(theirs)}",
+                        rank,
+                        mine.label,
+                    )
+                )
                 break
         else:
             if len(ops) != len(base):
@@ -173,20 +201,38 @@ def _paired(ranks: dict[int, RankTrace], calls: dict[int, Any]) -> list[RankFind
     first = calls[first_rank]
     missing = [m for m in first.group if m not in calls]
     if missing:
-        return [RankFinding("collective", f"rank {first_rank} called {first.describe()}; rank(s) {missing} of "
-                                          f"the group have no such call (fewer collectives on that group)", missing[0])]
+        return [
+            RankFinding(
+                "collective",
+                f"rank {first_rank} called {first.describe()}; rank(s) {missing} of "
+                f"the group have no such call (fewer collectives on that group)",
+                missing[0],
+            )
+        ]
     found = []
     for rank, call in calls.items():
         if (call.name, call.op, call.root) != (first.name, first.op, first.root):
-            found.append(RankFinding("collective", f"called {call.describe()} where rank {first_rank} called "
-                                                   f"{first.describe()}", rank, _label(ranks[rank], call)))
+            found.append(
+                RankFinding(
+                    "collective",
+                    f"called {call.describe()} where rank {first_rank} called {first.describe()}",
+                    rank,
+                    _label(ranks[rank], call),
+                )
+            )
     if found or first.name not in _SAME_SHAPES:
         return found
     shapes = {rank: _sent_shapes(ranks[rank], call) for rank, call in calls.items()}
     for rank, shape in shapes.items():
         if shape != shapes[first_rank]:
-            found.append(RankFinding("collective", f"sent shapes {shape} by {first.describe()}, rank {first_rank} "
-                                                   f"{shapes[first_rank]}", rank, _label(ranks[rank], calls[rank])))
+            found.append(
+                RankFinding(
+                    "collective",
+                    f"sent shapes {shape} by {first.describe()}, rank {first_rank} {shapes[first_rank]}",
+                    rank,
+                    _label(ranks[rank], calls[rank]),
+                )
+            )
     return found
 
 
@@ -204,4 +250,3 @@ def _sent_shapes(rank: RankTrace, call: Any) -> list[Any]:
 
 def _label(rank: RankTrace, call: Any) -> str | None:
     return rank.trace.ops[call.index].label if call.index is not None else None
-

@@ -19,8 +19,14 @@ from torchlens_core.ir import tree
 from torchlens_core.ranks.notes import RECEIVED, Call, RankTrace
 
 # unit roundoff of the dtypes a recorded name may have (bfloat16 reads as float32 in NumPy)
-_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23, "float64": 2.0 ** -52,
-        "complex64": 2.0 ** -23, "complex128": 2.0 ** -52}
+_EPS = {
+    "float16": 2.0**-10,
+    "bfloat16": 2.0**-7,
+    "float32": 2.0**-23,
+    "float64": 2.0**-52,
+    "complex64": 2.0**-23,
+    "complex128": 2.0**-52,
+}
 _ROOTED_TO_ONE = ("reduce", "gather", "gather_into_tensor", "gather_single")  # only the root receives
 
 
@@ -43,15 +49,24 @@ def check(ranks: dict[int, RankTrace], calls: dict[int, Call]) -> tuple[str | No
         try:
             expected, terms = _expected(first, members, position, sent, np)
         except (ValueError, TypeError, IndexError) as exc:  # shapes no single call could have sent
-            return (f"what the group sent by {first.describe()} cannot make what rank {m} received ({exc})", m,
-                    op.label, True)
+            return (
+                f"what the group sent by {first.describe()} cannot make what rank {m} received ({exc})",
+                m,
+                op.label,
+                True,
+            )
         if expected is None:
             return None, None, None, False
         eps = _EPS.get(op.dtype or "", 0.0) if first.op in ("SUM", "AVG", "PRODUCT") else 0.0
         worst = _mismatch(received, expected, terms, eps * 4 * n, np)
         if worst is not None:
-            return (f"rank {m} received values {worst} from what its group sent by {first.describe()}: "
-                    f"these traces are not of one step of one job", m, op.label, True)
+            return (
+                f"rank {m} received values {worst} from what its group sent by {first.describe()}: "
+                f"these traces are not of one step of one job",
+                m,
+                op.label,
+                True,
+            )
     return None, None, None, True
 
 
@@ -78,10 +93,14 @@ def _numpy(rank: RankTrace, value: Any) -> Any:
 
 
 _REDUCE: dict[str, Callable[[Any, Any], Any]] = {
-    "SUM": lambda np, x: np.sum(x, axis=0), "AVG": lambda np, x: np.mean(x, axis=0),
-    "PRODUCT": lambda np, x: np.prod(x, axis=0), "MIN": lambda np, x: np.min(x, axis=0),
-    "MAX": lambda np, x: np.max(x, axis=0), "BAND": lambda np, x: np.bitwise_and.reduce(x, axis=0),
-    "BOR": lambda np, x: np.bitwise_or.reduce(x, axis=0), "BXOR": lambda np, x: np.bitwise_xor.reduce(x, axis=0),
+    "SUM": lambda np, x: np.sum(x, axis=0),
+    "AVG": lambda np, x: np.mean(x, axis=0),
+    "PRODUCT": lambda np, x: np.prod(x, axis=0),
+    "MIN": lambda np, x: np.min(x, axis=0),
+    "MAX": lambda np, x: np.max(x, axis=0),
+    "BAND": lambda np, x: np.bitwise_and.reduce(x, axis=0),
+    "BOR": lambda np, x: np.bitwise_or.reduce(x, axis=0),
+    "BXOR": lambda np, x: np.bitwise_xor.reduce(x, axis=0),
 }
 
 

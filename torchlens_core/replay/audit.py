@@ -56,18 +56,31 @@ class AuditReport:
         from torchlens_core.ir.html import table
 
         head = f"Audit: {'PASS' if self else 'FAIL'} ({len(self.failures)} of {len(self.findings)} checks failed)"
-        return table([("ok" if f.ok else "FAIL", f.check, f.op or "", f.detail) for f in self.findings],
-                     header=("", "check", "op", "detail"), caption=head,
-                     marks=[None if f.ok else "#fdd" for f in self.findings])
+        return table(
+            [("ok" if f.ok else "FAIL", f.check, f.op or "", f.detail) for f in self.findings],
+            header=("", "check", "op", "detail"),
+            caption=head,
+            marks=[None if f.ok else "#fdd" for f in self.findings],
+        )
 
 
 def audit(trace: Trace, rtol: float = 1e-5, untraced: bool = False) -> AuditReport:
     """Every check; ``untraced``: also compare with one untraced run of the model (replay/untraced.py)."""
     findings: list[Finding] = []
     missing = _framework_missing(trace)  # a trace loaded where its framework is not installed
-    for check in (_acyclic_and_ordered, _edges_agree, _sources_declared, _labels_unique,
-                  _passes_consistent, _module_outputs_inside, _shapes_match, _constants_are_not_earlier_outputs,
-                  _values_intact, _counts_agree, _metadata_sane):
+    for check in (
+        _acyclic_and_ordered,
+        _edges_agree,
+        _sources_declared,
+        _labels_unique,
+        _passes_consistent,
+        _module_outputs_inside,
+        _shapes_match,
+        _constants_are_not_earlier_outputs,
+        _values_intact,
+        _counts_agree,
+        _metadata_sane,
+    ):
         if check in (_shapes_match, _constants_are_not_earlier_outputs) and missing:  # they read values
             continue
         try:
@@ -85,7 +98,8 @@ def audit(trace: Trace, rtol: float = 1e-5, untraced: bool = False) -> AuditRepo
     if missing:
         error = UnsupportedError(
             f"audit() replays the trace, which needs the {trace.backend} backend's framework here ({missing}): "
-            f"install it to audit this trace. The checks that need no framework ran first:\n{AuditReport(findings)}")
+            f"install it to audit this trace. The checks that need no framework ran first:\n{AuditReport(findings)}"
+        )
         error.report = AuditReport(findings)  # type: ignore[attr-defined]
         raise error
     if untraced:
@@ -117,10 +131,12 @@ def _metadata_sane(trace: Trace) -> Iterator[Finding]:
         if op.elapsed is not None and not op.elapsed >= 0:
             yield Finding(name, False, f"time elapsed {op.elapsed} is negative", op.label)
         flops, macs = op.flops, op.macs
-        if (flops is not None and not flops >= 0) or (macs is not None and not macs >= 0) or \
-                (flops is not None and macs is not None and 2 * macs > flops):
-            yield Finding(name, False, f"FLOPs {flops} / MACs {macs}: negative, or fewer FLOPs than 2 x MACs",
-                          op.label)
+        if (
+            (flops is not None and not flops >= 0)
+            or (macs is not None and not macs >= 0)
+            or (flops is not None and macs is not None and 2 * macs > flops)
+        ):
+            yield Finding(name, False, f"FLOPs {flops} / MACs {macs}: negative, or fewer FLOPs than 2 x MACs", op.label)
         d = distances[op.index]
         for lo, hi in ((d.min_from_input, d.max_from_input), (d.min_to_output, d.max_to_output)):
             if (lo is None) != (hi is None) or (lo is not None and not 0 <= lo <= hi):  # type: ignore[operator]
@@ -133,8 +149,12 @@ def _acyclic_and_ordered(trace: Trace) -> Iterator[Finding]:
             yield Finding("acyclic and ordered", False, f"index {op.index} is not its position {position}", op.label)
         for i in op.parent_indices:
             if not 0 <= i < op.index:
-                yield Finding("acyclic and ordered", False,
-                              f"parent #{i} does not run before it (a cycle or a misordered graph)", op.label)
+                yield Finding(
+                    "acyclic and ordered",
+                    False,
+                    f"parent #{i} does not run before it (a cycle or a misordered graph)",
+                    op.label,
+                )
 
 
 def _edges_agree(trace: Trace) -> Iterator[Finding]:
@@ -165,10 +185,15 @@ def _sources_declared(trace: Trace) -> Iterator[Finding]:
         if op.kind == "output":
             yield Finding("sources declared", False, "output node without a parent", op.label)
         elif op.source not in SOURCE_KINDS:
-            yield Finding("sources declared", False,
-                          "has no parents and is not a declared source (constant, parameter, random)", op.label)
+            yield Finding(
+                "sources declared",
+                False,
+                "has no parents and is not a declared source (constant, parameter, random)",
+                op.label,
+            )
         elif op.source == "parameter" and not any(
-                True for _ in tree.leaves((op.args, op.kwargs), lambda x: isinstance(x, ParamRef))):
+            True for _ in tree.leaves((op.args, op.kwargs), lambda x: isinstance(x, ParamRef))
+        ):
             yield Finding("sources declared", False, "declared a parameter source but reads no parameter", op.label)
 
 
@@ -206,8 +231,9 @@ def _module_outputs_inside(trace: Trace) -> Iterator[Finding]:
             for ref in refs_in(mp.out_template):
                 op = trace.ops[ref.index]
                 if (mp.path, mp.pass_num) not in op.module_passes:
-                    yield Finding("module outputs inside", False,
-                                  f"output of {mp.label} was computed outside it", op.label)
+                    yield Finding(
+                        "module outputs inside", False, f"output of {mp.label} was computed outside it", op.label
+                    )
 
 
 def _shapes_match(trace: Trace) -> Iterator[Finding]:
@@ -279,9 +305,12 @@ def _replay_parity(trace: Trace, rtol: float) -> list[Finding]:
     def error(actual: Any, expected: Any) -> float:
         return max_error(trace.backend, actual, expected)
 
-    per_op = Finding("per-op replay parity", worst <= rtol,
-                     f"{compared} ops replayed, worst error {worst:.3g}" + (f" at {worst_op}" if worst_op else ""),
-                     worst_op if worst > rtol else None)
+    per_op = Finding(
+        "per-op replay parity",
+        worst <= rtol,
+        f"{compared} ops replayed, worst error {worst:.3g}" + (f" at {worst_op}" if worst_op else ""),
+        worst_op if worst > rtol else None,
+    )
     if trace.halted:
         return [per_op, Finding("output parity", True, "halted before the model returned: no output to compare")]
     replayed = [values[r.index] for r in refs_in(trace.output_template)]
@@ -291,6 +320,12 @@ def _replay_parity(trace: Trace, rtol: float) -> list[Finding]:
     same_count = len(model) == len(recorded)
     e_model = max((error(a, b) for a, b in zip(recorded, model)), default=0.0) if same_count else math.inf
     ok = e_replay <= rtol and e_model <= rtol
-    return [per_op, Finding("output parity", ok,
-                            f"replayed vs recorded {e_replay:.3g}, recorded vs model {e_model:.3g}"
-                            + ("" if same_count else f" ({len(recorded)} recorded, {len(model)} returned)"))]
+    return [
+        per_op,
+        Finding(
+            "output parity",
+            ok,
+            f"replayed vs recorded {e_replay:.3g}, recorded vs model {e_model:.3g}"
+            + ("" if same_count else f" ({len(recorded)} recorded, {len(model)} returned)"),
+        ),
+    ]

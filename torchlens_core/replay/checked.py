@@ -37,8 +37,10 @@ def from_file(op: OpRecord) -> bool:
 
 def refused(op: OpRecord, reason: str) -> ReplayError:
     """The error for a loaded op a backend's check refuses before running it, ``reason`` saying what disagreed."""
-    return ReplayError(f"{op.label} ({op.func_name}) of this loaded trace is refused: {reason}. The file was changed "
-                       "after tl.save wrote it; the call is not run, as it could fail or corrupt memory")
+    return ReplayError(
+        f"{op.label} ({op.func_name}) of this loaded trace is refused: {reason}. The file was changed "
+        "after tl.save wrote it; the call is not run, as it could fail or corrupt memory"
+    )
 
 
 def wrong_shape(op: OpRecord, got: Any, what: str) -> ReplayError:
@@ -80,11 +82,14 @@ def value_shape(backend: str, value: Any) -> Any:
 
 def agreeing(trace: Trace, observe: Observe | None) -> Observe:
     """An ``observe`` for :func:`interpret` that first checks each value against its op's recorded shape."""
+
     def check(op: OpRecord, value: Any) -> None:
         if op.shape is not None and value_shape(trace.backend, value) != tuple(op.shape):
-            raise ReplayError(f"replaying {op.label} ({op.func_name}) gave a value of shape "
-                              f"{value_shape(trace.backend, value)}, its record says {tuple(op.shape)}: the loaded "
-                              "file's records and calls disagree, so replay stops before anything uses the value")
+            raise ReplayError(
+                f"replaying {op.label} ({op.func_name}) gave a value of shape "
+                f"{value_shape(trace.backend, value)}, its record says {tuple(op.shape)}: the loaded "
+                "file's records and calls disagree, so replay stops before anything uses the value"
+            )
         if observe is not None:
             observe(op, value)
 

@@ -29,8 +29,9 @@ Observe = Callable[[OpRecord, Any], None]
 RELEASE_READ: ContextVar[bool] = ContextVar("RELEASE_READ", default=False)
 
 
-def interpret(trace: Trace, run_op: RunOp, observe: Observe | None = None,
-              copy_input: Callable[[Any], Any] | None = None) -> list[Any]:
+def interpret(
+    trace: Trace, run_op: RunOp, observe: Observe | None = None, copy_input: Callable[[Any], Any] | None = None
+) -> list[Any]:
     """Replay every op of ``trace`` with ``run_op``; the values, by op index.
 
     Inputs take their recorded values (through ``copy_input``, for backends
@@ -90,8 +91,12 @@ def _last_reads(trace: Trace) -> dict[int, list[int]]:
     return released
 
 
-def replay_values(trace: Trace, observe: Observe | None = None,
-                  new_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None, check: bool = False) -> list[Any]:
+def replay_values(
+    trace: Trace,
+    observe: Observe | None = None,
+    new_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+    check: bool = False,
+) -> list[Any]:
     """Replay through the trace's backend; the value of every op, by index.
 
     ``new_inputs``: ``(args, kwargs)`` to run the graph on instead of the
@@ -103,8 +108,9 @@ def replay_values(trace: Trace, observe: Observe | None = None,
     if missing:
         shown = "; ".join(f"{label}: {why}" for label, why in list(missing.items())[:5])
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise UnsupportedError(f"this loaded trace cannot be replayed: {len(missing)} ops were not rebuilt "
-                               f"({shown}{more})")
+        raise UnsupportedError(
+            f"this loaded trace cannot be replayed: {len(missing)} ops were not rebuilt ({shown}{more})"
+        )
     if new_inputs is not None and (new_inputs[0] or new_inputs[1]):
         from torchlens_core.replay.inputs import with_inputs
 
@@ -121,6 +127,7 @@ def replay_values(trace: Trace, observe: Observe | None = None,
     h = hook()
     values = h.torchlens_replay_graph(backend=trace.backend, trace=trace, observe=observe)
     if values is None:
+
         def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return h.torchlens_replay_op(backend=trace.backend, op=op, args=args, kwargs=kwargs)
 

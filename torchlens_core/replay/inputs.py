@@ -46,16 +46,25 @@ def with_inputs(trace: Trace, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         want = (tuple(op.shape or ()), op.dtype)
         if found is None or (tuple(found[0]), found[1]) != want:
             got = "not an array" if found is None else f"shape {list(found[0])} {found[1]}"
-            raise ArgumentTypeError(f"the new value for {op.label} is {got}; the recorded graph takes shape "
-                                    f"{list(want[0])} {want[1]} there (trace the model again for other shapes)")
+            raise ArgumentTypeError(
+                f"the new value for {op.label} is {got}; the recorded graph takes shape "
+                f"{list(want[0])} {want[1]} there (trace the model again for other shapes)"
+            )
     check_convertible(trace)
     ops = [_evolve(op, out=values[op.index]) if op.kind == "input" else op for op in trace.ops]
     check = checking_conversions(trace, None)
     for op in inputs:  # replay observes ops, not input nodes: an input converted directly is checked here
         check(op, values[op.index])
-    copy = Trace(backend=trace.backend, model_name=trace.model_name, ops=ops, modules=dict(trace.modules),
-                 params={**trace.params, **params}, output_template=trace.output_template, notes=dict(trace.notes),
-                 halted=trace.halted)
+    copy = Trace(
+        backend=trace.backend,
+        model_name=trace.model_name,
+        ops=ops,
+        modules=dict(trace.modules),
+        params={**trace.params, **params},
+        output_template=trace.output_template,
+        notes=dict(trace.notes),
+        halted=trace.halted,
+    )
     return copy
 
 
@@ -65,35 +74,43 @@ def _evolve(op: OpRecord, **changes: Any) -> OpRecord:
     return attrs.evolve(op, **changes)
 
 
-def _matched(trace: Trace, inputs: list[OpRecord], args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> tuple[dict[int, Any], dict[str, ParamRecord]]:
+def _matched(
+    trace: Trace, inputs: list[OpRecord], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[dict[int, Any], dict[str, ParamRecord]]:
     """The new value of each input node, by op index; and new parameter records for parameters passed as arguments."""
     call = trace.call
     if isinstance(call, RecordedCall):
         template = (call.args, call.kwargs)
         given = (args, kwargs)
         if tree.children(args) is not None and len(args) != len(call.args) or set(kwargs) != set(call.kwargs):
-            raise ArgumentTypeError(f"replay takes the inputs the model was called with: {len(call.args)} "
-                                    f"positional and {sorted(call.kwargs) or 'no'} keyword arguments, "
-                                    f"not {len(args)} and {sorted(kwargs) or 'none'}")
+            raise ArgumentTypeError(
+                f"replay takes the inputs the model was called with: {len(call.args)} "
+                f"positional and {sorted(call.kwargs) or 'no'} keyword arguments, "
+                f"not {len(args)} and {sorted(kwargs) or 'none'}"
+            )
         values: dict[int, Any] = {}
         for path, leaf in tree.leaves(template, lambda v: tree.children(v) is None):
             try:
                 value = tree.get(given, path)
             except (IndexError, KeyError, TypeError, AttributeError):
-                raise ArgumentTypeError(f"replay: the new inputs have nothing where the model took "
-                                        f"{_where(path)}") from None
+                raise ArgumentTypeError(
+                    f"replay: the new inputs have nothing where the model took {_where(path)}"
+                ) from None
             if isinstance(leaf, Ref):
                 if leaf.index in values and values[leaf.index] is not value:
-                    raise ArgumentTypeError(f"replay: the model was given one array twice "
-                                            f"({trace.ops[leaf.index].label}); the new inputs give two different "
-                                            f"ones there: trace the model with them instead")
+                    raise ArgumentTypeError(
+                        f"replay: the model was given one array twice "
+                        f"({trace.ops[leaf.index].label}); the new inputs give two different "
+                        f"ones there: trace the model with them instead"
+                    )
                 values[leaf.index] = value
             elif not isinstance(leaf, ParamRef) and not _same(value, leaf):
                 # Not an array: the recorded graph has it baked in (a flag, a size, a scale).
-                raise ArgumentTypeError(f"replay: argument {_where(path)} was {_short(leaf)} when the model was "
-                                        f"traced and is {_short(value)} now; the recorded graph holds the old one: "
-                                        f"trace the model with the new one instead")
+                raise ArgumentTypeError(
+                    f"replay: argument {_where(path)} was {_short(leaf)} when the model was "
+                    f"traced and is {_short(value)} now; the recorded graph holds the old one: "
+                    f"trace the model with the new one instead"
+                )
         missing = [op.label for op in inputs if op.index not in values]
         if missing:
             raise UnsupportedError(f"replay cannot tell which new argument is {', '.join(missing)}")
@@ -101,8 +118,10 @@ def _matched(trace: Trace, inputs: list[OpRecord], args: tuple[Any, ...],
     is_array = hook().torchlens_array_info
     arrays = [v for _, v in tree.leaves((args, kwargs), lambda v: is_array(backend=trace.backend, value=v) is not None)]
     if len(arrays) != len(inputs):
-        raise ArgumentTypeError(f"replay on new inputs takes one array per input node ({len(inputs)}: "
-                                f"{', '.join(op.label for op in inputs)}), in order; got {len(arrays)}")
+        raise ArgumentTypeError(
+            f"replay on new inputs takes one array per input node ({len(inputs)}: "
+            f"{', '.join(op.label for op in inputs)}), in order; got {len(arrays)}"
+        )
     return {op.index: value for op, value in zip(inputs, arrays)}, {}
 
 
@@ -131,8 +150,9 @@ def _passed_params(trace: Trace, template: Any, given: Any) -> dict[str, ParamRe
         found = info(backend=trace.backend, value=value)
         if found is None or (tuple(found[0]), found[1]) != (tuple(record.shape), record.dtype):
             got = "not an array" if found is None else f"shape {list(found[0])} {found[1]}"
-            raise ArgumentTypeError(f"the new value for parameter {ref.name} is {got}, not shape "
-                                    f"{list(record.shape)} {record.dtype}")
+            raise ArgumentTypeError(
+                f"the new value for parameter {ref.name} is {got}, not shape {list(record.shape)} {record.dtype}"
+            )
         new[ref.name] = _evolve(record, value=value)
     return new
 
@@ -143,15 +163,19 @@ def check_convertible(trace: Trace) -> None:
     if info is not None and "new_inputs" in info.capabilities:
         too_big = [op.label for op in trace.ops for _, _, v in op.meta.get("to_python", ()) if v is None]
         if too_big:
-            raise UnsupportedError(f"{too_big[0]}'s value was turned into a Python value too large to keep, so "
-                                   f"replay cannot check it on new inputs: trace the model on them instead")
+            raise UnsupportedError(
+                f"{too_big[0]}'s value was turned into a Python value too large to keep, so "
+                f"replay cannot check it on new inputs: trace the model on them instead"
+            )
         return
     deciding = sorted({i for op in trace.ops for i in op.condition_indices})
     if deciding:
-        raise UnsupportedError(f"the {trace.backend} backend does not report every value the forward turned into "
-                               f"a Python value, and this trace branched on {trace.ops[deciding[0]].label}: replay "
-                               f"cannot check the graph holds for other values (new inputs, a fork's edits); run "
-                               f"the model on them instead (tl.trace, fork.rerun)")
+        raise UnsupportedError(
+            f"the {trace.backend} backend does not report every value the forward turned into "
+            f"a Python value, and this trace branched on {trace.ops[deciding[0]].label}: replay "
+            f"cannot check the graph holds for other values (new inputs, a fork's edits); run "
+            f"the model on them instead (tl.trace, fork.rerun)"
+        )
 
 
 def checking_conversions(trace: Trace, observe: Observe | None) -> Observe:
@@ -176,7 +200,8 @@ def checking_conversions(trace: Trace, observe: Observe | None) -> Observe:
                 raise GraphDoesNotHold(
                     f"on these values {op.label}'s output{at} has shape {list(found[0])}, where the recorded "
                     f"forward's had {list(recorded)}: the graph was recorded for the old shapes, so it does not "
-                    f"describe this forward; trace the model on these inputs")
+                    f"describe this forward; trace the model on these inputs"
+                )
         for path, how, recorded in converted.get(op.index, ()):
             leaf = tree.get(value, path)
             now = CONVERSIONS[how](leaf)
@@ -185,7 +210,8 @@ def checking_conversions(trace: Trace, observe: Observe | None) -> Observe:
                     f"on these inputs {op.label}'s value converts to {_short(now)} by {how}(), where the recorded "
                     f"forward got {_short(recorded)}: the graph took that value as fixed (a branch, a loop count, "
                     f"a number, what a collective sent to other ranks), so it does not describe the forward on "
-                    f"these inputs; trace the model on them")
+                    f"these inputs; trace the model on them"
+                )
         if observe is not None:
             observe(op, value)
 
@@ -198,8 +224,9 @@ def _recorded_shapes(shape: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple
         return []
     if all(isinstance(d, int) for d in shape):
         return [(path, tuple(shape))]
-    return [found for i, s in enumerate(shape) if isinstance(s, (tuple, list))
-            for found in _recorded_shapes(s, (*path, i))]
+    return [
+        found for i, s in enumerate(shape) if isinstance(s, (tuple, list)) for found in _recorded_shapes(s, (*path, i))
+    ]
 
 
 def _short(value: Any) -> str:

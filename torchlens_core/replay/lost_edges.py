@@ -135,11 +135,15 @@ def constants_equal_to_outputs(trace: Trace) -> Iterator[Finding]:
     for op, path, key, digest in readers:
         earlier = [at for index, at in produced.get((*key, digest), ()) if index < op.index and index in varying]
         if earlier:
-            yield Finding(CONSTANT_EQUALS_OUTPUT, False,
-                          f"reads an array constant ({where_in_call(path)}, shape {key[0]}, {key[1]}) bitwise equal "
-                          f"to the output of {earlier[-1]}, recorded before it: almost always a lost edge (the "
-                          f"backend did not link the array {earlier[-1]} returned to that op, so replay freezes "
-                          "it as a constant)", op.label)
+            yield Finding(
+                CONSTANT_EQUALS_OUTPUT,
+                False,
+                f"reads an array constant ({where_in_call(path)}, shape {key[0]}, {key[1]}) bitwise equal "
+                f"to the output of {earlier[-1]}, recorded before it: almost always a lost edge (the "
+                f"backend did not link the array {earlier[-1]} returned to that op, so replay freezes "
+                "it as a constant)",
+                op.label,
+            )
 
 
 def _varying(trace: Trace) -> set[int]:
@@ -151,8 +155,7 @@ def _varying(trace: Trace) -> set[int]:
     edge, and an edge to it would carry nothing replay could lose."""
     varying: set[int] = set()
     for op in trace.ops:
-        if (op.kind == "input" or op.params or op.source == "random"
-                or any(i in varying for i in op.parent_indices)):
+        if op.kind == "input" or op.params or op.source == "random" or any(i in varying for i in op.parent_indices):
             varying.add(op.index)
     return varying
 
@@ -191,7 +194,11 @@ def constants_that_moved(trace: Trace, other: Trace, again: Trace | None = None)
                 replayed = {p: v for p, v, _ in array_constants(again, same_op)}.get(path)
                 if replayed is None or _digest(_numpy(again, replayed)) != _digest(before):
                     continue  # not even the same inputs give it back: not a function of them
-            yield Finding(CONSTANT_MOVED, False,
-                          f"reads an array constant ({where_in_call(path)}, shape {key[0]}, {key[1]}) that has "
-                          f"other values when the model runs on other inputs: it is computed from them, so it is "
-                          f"the output of an op the backend did not link or did not see (a lost edge)", op.label)
+            yield Finding(
+                CONSTANT_MOVED,
+                False,
+                f"reads an array constant ({where_in_call(path)}, shape {key[0]}, {key[1]}) that has "
+                f"other values when the model runs on other inputs: it is computed from them, so it is "
+                f"the output of an op the backend did not link or did not see (a lost edge)",
+                op.label,
+            )

@@ -40,15 +40,19 @@ def untraced_parity(trace: Trace, rtol: float) -> list[Finding]:
     if trace.halted:
         return [Finding(NAME, True, "not compared: halt= stopped the traced forward before it returned")]
     if trace.interventions or trace.notes.get("spliced"):
-        return [Finding(NAME, True, "not compared: intervene= edited the traced forward, and an untraced run "
-                                    "cannot make the same edits")]
+        return [
+            Finding(
+                NAME,
+                True,
+                "not compared: intervene= edited the traced forward, and an untraced run cannot make the same edits",
+            )
+        ]
     recorded = [trace.ops[r.index].out for r in refs_in(trace.output_template)]
     model = call.model()  # raises, typed, if it has been freed
     try:
         first = _run(model, call, trace)
     except Exception as exc:  # noqa: BLE001 - the model's own failure is the finding
-        return [Finding(NAME, False, f"the traced forward ran, the untraced one raised "
-                                     f"{type(exc).__name__}: {exc}")]
+        return [Finding(NAME, False, f"the traced forward ran, the untraced one raised {type(exc).__name__}: {exc}")]
     error, at = _worst(trace.backend, first, recorded)
     if error <= rtol:
         same = "bit-identical" if error == 0 else f"within rtol {rtol:g}"
@@ -56,15 +60,31 @@ def untraced_parity(trace: Trace, rtol: float) -> list[Finding]:
     second = _run(model, call, trace)
     spread, _ = _worst(trace.backend, second, first)
     if spread > rtol:
-        return [Finding(NAME, True, f"not compared: two untraced runs differ from each other by {spread:.3g} "
-                                    f"(the forward draws random numbers or changes its state); recorded vs "
-                                    f"the first {error:.3g}")]
+        return [
+            Finding(
+                NAME,
+                True,
+                f"not compared: two untraced runs differ from each other by {spread:.3g} "
+                f"(the forward draws random numbers or changes its state); recorded vs "
+                f"the first {error:.3g}",
+            )
+        ]
     if at is None:
-        return [Finding(NAME, False, f"the untraced forward returned {len(first)} arrays, the trace recorded "
-                                     f"{len(recorded)}")]
+        return [
+            Finding(
+                NAME, False, f"the untraced forward returned {len(first)} arrays, the trace recorded {len(recorded)}"
+            )
+        ]
     label = trace.output_labels[at]
-    return [Finding(NAME, False, f"recorded vs untraced output {error:.3g} at {label}, while two untraced runs "
-                                 f"agree ({spread:.3g}): tracing changed what the model computes", label)]
+    return [
+        Finding(
+            NAME,
+            False,
+            f"recorded vs untraced output {error:.3g} at {label}, while two untraced runs "
+            f"agree ({spread:.3g}): tracing changed what the model computes",
+            label,
+        )
+    ]
 
 
 def _call_of(trace: Trace) -> RecordedCall:
@@ -73,8 +93,10 @@ def _call_of(trace: Trace) -> RecordedCall:
         return call
     if isinstance(call, str):
         raise UnsupportedError(f"audit(untraced=True): the call that made this trace could not be kept ({call})")
-    raise UnsupportedError("audit(untraced=True) needs to run the model again, and this trace does not know it: "
-                           "traces loaded with tl.load and made by tl.record keep no model; use tl.trace")
+    raise UnsupportedError(
+        "audit(untraced=True) needs to run the model again, and this trace does not know it: "
+        "traces loaded with tl.load and made by tl.record keep no model; use tl.trace"
+    )
 
 
 def _run(model: Any, call: RecordedCall, trace: Trace) -> list[Any]:

@@ -40,18 +40,30 @@ class Fork:
         """Add an edit: at every site ``selector`` picks in the trace, run ``helpers``. Returns the fork."""
         item = Intervention(selector, helpers)
         if item.splice is not None:
-            raise UnsupportedError("tl.splice_module replaces a module's code, which a recorded graph does not have: "
-                                   "use it with fork.rerun(model, ...) or tl.trace(..., intervene=...)")
+            raise UnsupportedError(
+                "tl.splice_module replaces a module's code, which a recorded graph does not have: "
+                "use it with fork.rerun(model, ...) or tl.trace(..., intervene=...)"
+            )
         found = judged_on_trace(item, self.trace)
         if not found:
-            raise LabelNotFoundError(f"{shown(selector, 120)} picks no site in this trace: nothing would be "
-                                     f"edited{_near(self.trace, selector)}")
+            raise LabelNotFoundError(
+                f"{shown(selector, 120)} picks no site in this trace: nothing would be "
+                f"edited{_near(self.trace, selector)}"
+            )
         array_ops = hook().torchlens_array_ops(backend=self.trace.backend)
         if array_ops is None:
             raise UnsupportedError(f"the {self.trace.backend} backend cannot intervene (no torchlens_array_ops)")
         for op, kind, key, path, module in found:
-            site = Site(key, kind, op.func_name, module, path, self.trace.backend, array_ops,
-                        in_place=op.in_place and kind == "op")
+            site = Site(
+                key,
+                kind,
+                op.func_name,
+                module,
+                path,
+                self.trace.backend,
+                array_ops,
+                in_place=op.in_place and kind == "op",
+            )
             self._added.setdefault(op.index, []).append(EditRecord(key, kind, path, item.edits, site))
             refusal = replay_refusal(op, key if kind == "module" else op.label)
             if refusal is not None and refusal not in self._unreplayable:
@@ -78,9 +90,11 @@ class Fork:
         from torchlens_core.replay.evaluator import replay_values
 
         if self._unreplayable:
-            raise UnsupportedError(f"this fork edits {self._unreplayable[0]}, so an edit replayed there could "
-                                   f"reach reads a hook would not. fork.rerun(model, ...) runs the model with "
-                                   f"the same edits, and tells the two apart")
+            raise UnsupportedError(
+                f"this fork edits {self._unreplayable[0]}, so an edit replayed there could "
+                f"reach reads a hook would not. fork.rerun(model, ...) runs the model with "
+                f"the same edits, and tells the two apart"
+            )
         graph = self._graph()
         values = replay_values(graph, new_inputs=(args, kwargs), check=bool(self._added))
         return tree.map_leaves(lambda r: values[r.index] if isinstance(r, Ref) else r, graph.output_template)
@@ -91,17 +105,27 @@ class Fork:
 
         given = getattr(self.trace.call, "intervene", ())
         if self.trace.interventions and not given:
-            raise UnsupportedError("this trace's own edits were not made by tl.trace in this process (it was "
-                                   "loaded, or recorded), so a live rerun cannot repeat them")
+            raise UnsupportedError(
+                "this trace's own edits were not made by tl.trace in this process (it was "
+                "loaded, or recorded), so a live rerun cannot repeat them"
+            )
         return capture(model, *args, backend=self.trace.backend, intervene=[*given, *self.items], **kwargs)
 
     def _graph(self) -> Trace:
         """The trace with the fork's edits added to its ops (records copied where edited, else shared)."""
-        ops = [attrs.evolve(op, edits=(*op.edits, *self._added[op.index])) if op.index in self._added else op
-               for op in self.trace.ops]
-        graph = Trace(backend=self.trace.backend, model_name=self.trace.model_name, ops=ops,
-                      modules=dict(self.trace.modules), params=dict(self.trace.params),
-                      output_template=self.trace.output_template, notes=dict(self.trace.notes))
+        ops = [
+            attrs.evolve(op, edits=(*op.edits, *self._added[op.index])) if op.index in self._added else op
+            for op in self.trace.ops
+        ]
+        graph = Trace(
+            backend=self.trace.backend,
+            model_name=self.trace.model_name,
+            ops=ops,
+            modules=dict(self.trace.modules),
+            params=dict(self.trace.params),
+            output_template=self.trace.output_template,
+            notes=dict(self.trace.notes),
+        )
         graph.call = self.trace.call
         return graph
 
@@ -117,4 +141,3 @@ def _near(trace: Trace, selector: Selector) -> str:
 
 def fork(trace: Trace) -> Fork:
     return Fork(trace)
-

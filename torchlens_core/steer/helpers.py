@@ -80,8 +80,9 @@ def _check_broadcasts(site: Site, what: str, array: Any, value: Any) -> None:
     except ValueError:
         fits = False
     if not fits:
-        raise InterventionError(f"{what}, shape {list(have)}, does not broadcast to the value at {site.key}, "
-                                f"shape {list(want)}")
+        raise InterventionError(
+            f"{what}, shape {list(have)}, does not broadcast to the value at {site.key}, shape {list(want)}"
+        )
 
 
 def _axis(axis: int, ndim: int, site: Site) -> int:
@@ -196,8 +197,9 @@ class Noise(_Helper):
         if self.std < 0:
             raise ArgumentTypeError(f"tl.noise's std is a standard deviation, at least 0, not {self.std}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ArgumentTypeError(f"tl.noise's seed is an integer, not {type(self.seed).__name__} "
-                                    f"({shown(self.seed)})")
+            raise ArgumentTypeError(
+                f"tl.noise's seed is an integer, not {type(self.seed).__name__} ({shown(self.seed)})"
+            )
 
     def __call__(self, value: Any, site: Site) -> Any:
         import numpy as np
@@ -219,8 +221,9 @@ class _Projection(_Helper):
         axis = _axis(self.dim, len(shape), site)
         d = _numpy(site, self.direction).reshape(-1)
         if d.size != shape[axis]:
-            raise InterventionError(f"the direction has {d.size} entries, the value at {site.key} has {shape[axis]} "
-                                    f"along axis {self.dim}")
+            raise InterventionError(
+                f"the direction has {d.size} entries, the value at {site.key} has {shape[axis]} along axis {self.dim}"
+            )
         norm = float(np.linalg.norm(d))
         if not norm > 0 or not np.isfinite(norm):
             raise InterventionError(f"the direction at {site.key} has norm {norm}: it must be finite and non-zero")
@@ -255,17 +258,26 @@ class SpliceModule(_Helper, ModuleSplice):
 
     def __attrs_post_init__(self) -> None:
         if not callable(self.replacement):
-            raise ArgumentTypeError(f"tl.splice_module takes a callable to run instead of the module, not "
-                                    f"{type(self.replacement).__name__}")
+            raise ArgumentTypeError(
+                f"tl.splice_module takes a callable to run instead of the module, not {type(self.replacement).__name__}"
+            )
 
     def __call__(self, value: Any, site: Site) -> Any:
         raise InterventionError("tl.splice_module replaces a module's call; it does not edit a value")
 
 
 _NAMES: dict[type, str] = {
-    ZeroAblate: "zero_ablate", MeanAblate: "mean_ablate", ResampleAblate: "resample_ablate", Steer: "steer",
-    Scale: "scale", Clamp: "clamp", Noise: "noise", ProjectOnto: "project_onto", ProjectOff: "project_off",
-    SwapWith: "swap_with", SpliceModule: "splice_module",
+    ZeroAblate: "zero_ablate",
+    MeanAblate: "mean_ablate",
+    ResampleAblate: "resample_ablate",
+    Steer: "steer",
+    Scale: "scale",
+    Clamp: "clamp",
+    Noise: "noise",
+    ProjectOnto: "project_onto",
+    ProjectOff: "project_off",
+    SwapWith: "swap_with",
+    SpliceModule: "splice_module",
 }
 
 

@@ -59,11 +59,13 @@ def import_zarr() -> Any:
         import zarr
     except ImportError as error:
         raise MissingDependencyError(
-            f"tl.extract_dataset and Activations need zarr 3, which is not installed ({error}): {INSTALL}") from None
+            f"tl.extract_dataset and Activations need zarr 3, which is not installed ({error}): {INSTALL}"
+        ) from None
     major = str(getattr(zarr, "__version__", "0")).split(".")[0]
     if not major.isdigit() or int(major) < 3:  # the store is Zarr v3, written with the zarr 3 API
         raise MissingDependencyError(
-            f"tl.extract_dataset and Activations need zarr 3, not zarr {zarr.__version__}: {INSTALL}")
+            f"tl.extract_dataset and Activations need zarr 3, not zarr {zarr.__version__}: {INSTALL}"
+        )
     return zarr
 
 
@@ -107,8 +109,10 @@ def stored_form(array: Any, dtype: str, key: str) -> tuple[Any, str]:
 
     if dtype.rsplit(".", 1)[-1] != "bfloat16":
         if array.dtype.kind not in "biufc":  # float8 and other ml_dtypes types: no Zarr data type holds them
-            raise ExtractError(f"layer {key!r} is {dtype}, which the activation store cannot hold: extract a "
-                               f"layer after a cast to float32 (or bfloat16), or cast in the model")
+            raise ExtractError(
+                f"layer {key!r} is {dtype}, which the activation store cannot hold: extract a "
+                f"layer after a cast to float32 (or bfloat16), or cast in the model"
+            )
         return array, str(array.dtype)
     if array.dtype.itemsize == 2:  # ml_dtypes.bfloat16
         return array.view(np.uint16), "bfloat16"
@@ -119,6 +123,7 @@ def stored_form(array: Any, dtype: str, key: str) -> tuple[Any, str]:
     if not np.array_equal(bits.astype(np.uint32) << 16, wide):  # cannot happen for a widened bfloat16
         raise ExtractError(f"layer {key!r}: its bfloat16 values came back as float32 that bfloat16 cannot hold")
     return bits, "bfloat16"
+
 
 class Activations:
     """The activations ``tl.extract_dataset`` wrote, read lazily.
@@ -200,8 +205,10 @@ class Activations:
         if isinstance(key, tuple) and key and isinstance(key[0], str):  # ("lstm", 0), as layers= took it
             key = key_name(key)
         if not isinstance(key, str):
-            raise TypeError(f"index a handle by layer key (one of {self.layers}), then the array by sample: "
-                            f"handle[{self.layers[0]!r}][{key!r}]")
+            raise TypeError(
+                f"index a handle by layer key (one of {self.layers}), then the array by sample: "
+                f"handle[{self.layers[0]!r}][{key!r}]"
+            )
         entry = self._layers.get(key)
         if entry is None:
             near = closest(key, self._layers)
@@ -268,8 +275,10 @@ def _numpy_dtype(name: str) -> Any:
     try:
         import ml_dtypes
     except ImportError:
-        raise MissingDependencyError(f"reading a {name} layer as {name} needs ml_dtypes (pip install ml_dtypes); "
-                                     f"or open the store with tl.Activations(path, as_float32=True)") from None
+        raise MissingDependencyError(
+            f"reading a {name} layer as {name} needs ml_dtypes (pip install ml_dtypes); "
+            f"or open the store with tl.Activations(path, as_float32=True)"
+        ) from None
     return np.dtype(getattr(ml_dtypes, name))
 
 
@@ -292,8 +301,10 @@ def store_io(location: str, doing: str) -> Iterator[None]:
         else:
             todo = "fix that, then rerun the same call"
         file = f" ({exc.filename})" if exc.filename else ""
-        raise ExtractError(f"{doing} the activation store at {location} failed: {exc.strerror or exc}{file}; "
-                           f"{todo}: it resumes, keeping every batch already written") from None
+        raise ExtractError(
+            f"{doing} the activation store at {location} failed: {exc.strerror or exc}{file}; "
+            f"{todo}: it resumes, keeping every batch already written"
+        ) from None
 
 
 def location_of(path: str | os.PathLike) -> str:
@@ -315,22 +326,26 @@ def open_store(location: str, overwrite: bool) -> tuple[Any, dict[str, Any] | No
     # (a "zarr.<hex>.partial" is zarr's own: the group's metadata, being written when a run was killed)
     names = os.listdir(location) if local and os.path.isdir(location) else []
     if any(not _PARTIAL.fullmatch(name) for name in names) and not os.path.isfile(os.path.join(location, "zarr.json")):
-        raise ExtractError(f"{location} exists and is not an activation store: pick another output_dir, "
-                           f"or pass overwrite=True to replace what is there")
+        raise ExtractError(
+            f"{location} exists and is not an activation store: pick another output_dir, "
+            f"or pass overwrite=True to replace what is there"
+        )
     try:
         with store_io(location, "opening"):
             group = zarr.open_group(location, mode="a")
     except zarr.errors.ContainsArrayError:
-        raise ExtractError(f"{location} holds a Zarr array, not an activation store; pass overwrite=True "
-                           f"to replace it") from None
+        raise ExtractError(
+            f"{location} holds a Zarr array, not an activation store; pass overwrite=True to replace it"
+        ) from None
     for name in names:  # what a killed run left of the group's metadata (zarr warns of it at every listing)
         if _PARTIAL.fullmatch(name):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(location, name))
     index = group.attrs.asdict().get(INDEX)
     if index is None and next(iter(group.keys()), None) is not None:
-        raise ExtractError(f"{location} holds a Zarr group that tl.extract_dataset did not write; pass "
-                           f"overwrite=True to replace it")
+        raise ExtractError(
+            f"{location} holds a Zarr group that tl.extract_dataset did not write; pass overwrite=True to replace it"
+        )
     if index is not None and (not isinstance(index, dict) or index.get("format") != FORMAT):
         raise ExtractError(f"{location} holds an index of another format; pass overwrite=True to replace it")
     return group, index
@@ -346,8 +361,10 @@ def check_same(index: dict[str, Any], output_dir: Any, **wanted: Any) -> None:
         if value != stored:
             differ.append(f"{'layers' if name == 'keys' else name}={_short(stored)} there, {_short(value)} here")
     if differ:
-        raise ExtractError(f"{os.fspath(output_dir)} holds another extraction ({'; '.join(differ)}): pass "
-                           f"overwrite=True to start again, or choose another output_dir")
+        raise ExtractError(
+            f"{os.fspath(output_dir)} holds another extraction ({'; '.join(differ)}): pass "
+            f"overwrite=True to start again, or choose another output_dir"
+        )
 
 
 def _short(value: Any) -> str:
@@ -393,22 +410,56 @@ def _create_arrays(group: Any, index: dict[str, Any], plan: Plan, n: int) -> Wri
         # Unwritten samples read as NaN (raw bfloat16: its quiet NaN's bits), integers as 0.
         fill = float("nan") if np.dtype(stored).kind in "fc" else _NAN_BITS.get(dtype, 0)
         # what the values are, for any reader
-        attributes = {"torchlens": {"dtype": dtype, "batch_axis": axis, "layout": layout,
-                                    "spatial_axes": None if spatial is None else list(spatial)}}
+        attributes = {
+            "torchlens": {
+                "dtype": dtype,
+                "batch_axis": axis,
+                "layout": layout,
+                "spatial_axes": None if spatial is None else list(spatial),
+            }
+        }
         if stored != dtype:
             attributes["torchlens"]["encoding"] = f"the raw bits of {dtype}, as {stored}"
-        group.create_array(name, shape=(n, *shape), shards=(plan.batch_size, *shape), chunks=(1, *shape),
-                           dtype=stored, compressors=compressor, fill_value=fill, overwrite=True,
-                           attributes=attributes,
-                           dimension_names=("sample", *(f"{name}_dim{i}" for i in range(1, len(shape) + 1))))
-    group.create_array(MARKERS, shape=(math.ceil(n / plan.batch_size),), chunks=(1,), dtype="uint32", fill_value=0,
-                       overwrite=True, dimension_names=("batch",),
-                       attributes={"description": "samples written in each batch's chunks; 0: not yet"})
-    index.update(backend=plan.backend, inputs=[list(entry) for entry in plan.inputs or ()],
-                 layers=[{"key": key, "array": name, "shape": list(shape), "dtype": dtype, "batch_axis": axis,
-                          "layout": layout, "spatial_axes": None if spatial is None else list(spatial)}
-                         for key, name, shape, dtype, axis, (layout, spatial)
-                         in zip(plan.keys, plan.arrays, plan.shapes, plan.dtypes, axes, layouts)])
+        group.create_array(
+            name,
+            shape=(n, *shape),
+            shards=(plan.batch_size, *shape),
+            chunks=(1, *shape),
+            dtype=stored,
+            compressors=compressor,
+            fill_value=fill,
+            overwrite=True,
+            attributes=attributes,
+            dimension_names=("sample", *(f"{name}_dim{i}" for i in range(1, len(shape) + 1))),
+        )
+    group.create_array(
+        MARKERS,
+        shape=(math.ceil(n / plan.batch_size),),
+        chunks=(1,),
+        dtype="uint32",
+        fill_value=0,
+        overwrite=True,
+        dimension_names=("batch",),
+        attributes={"description": "samples written in each batch's chunks; 0: not yet"},
+    )
+    index.update(
+        backend=plan.backend,
+        inputs=[list(entry) for entry in plan.inputs or ()],
+        layers=[
+            {
+                "key": key,
+                "array": name,
+                "shape": list(shape),
+                "dtype": dtype,
+                "batch_axis": axis,
+                "layout": layout,
+                "spatial_axes": None if spatial is None else list(spatial),
+            }
+            for key, name, shape, dtype, axis, (layout, spatial) in zip(
+                plan.keys, plan.arrays, plan.shapes, plan.dtypes, axes, layouts
+            )
+        ],
+    )
     group.attrs[INDEX] = index
     return Writer(plan, group)
 
@@ -439,7 +490,7 @@ class Writer:
         count = len(values[0])
         with store_io(self.store, f"writing batch {k} to"):
             for array, value in zip(self.arrays, values):
-                array[start:start + count] = value
+                array[start : start + count] = value
             self.markers[k] = count  # last: the batch counts as written only now
 
 

@@ -32,8 +32,9 @@ TEMP = ".tl-save-"  # marks a sibling being written (or left by a killed save)
 _NAME_KEEP = 80  # of the folder's name, in its sibling's name: the whole may not exceed NAME_MAX
 
 
-def write_folder(folder: pathlib.Path, files: Iterable[tuple[str, Iterable[bytes | memoryview]]],
-                 own_names: frozenset[str]) -> None:
+def write_folder(
+    folder: pathlib.Path, files: Iterable[tuple[str, Iterable[bytes | memoryview]]], own_names: frozenset[str]
+) -> None:
     """Make ``folder`` hold exactly ``files`` (name, chunks), replacing what it held in one step.
 
     ``own_names`` are the file names a folder of this kind holds: a stale
@@ -64,8 +65,11 @@ def write_folder(folder: pathlib.Path, files: Iterable[tuple[str, Iterable[bytes
         raise
     _sync_dir(parent)
     if old is not None and not _remove_if_own(old, own_names):
-        warnings.warn(f"tl.save replaced {str(folder)!r}; what it held before is kept at {str(old)!r} (it held other "
-                      f"files than a saved trace, or could not be removed)", stacklevel=3)
+        warnings.warn(
+            f"tl.save replaced {str(folder)!r}; what it held before is kept at {str(old)!r} (it held other "
+            f"files than a saved trace, or could not be removed)",
+            stacklevel=3,
+        )
 
 
 def _write_file(file: pathlib.Path, chunks: Iterable[bytes | memoryview]) -> None:
@@ -158,7 +162,7 @@ def _remove_stale(parent: pathlib.Path, name: str, own_names: frozenset[str]) ->
     except OSError:
         return
     for entry in entries:
-        pid = entry.name[len(prefix):].partition("-")[0]
+        pid = entry.name[len(prefix) :].partition("-")[0]
         if pid.isdigit() and not _running(int(pid)) and entry.is_dir(follow_symlinks=False):
             _remove_if_own(pathlib.Path(entry.path), own_names)
 
@@ -191,8 +195,10 @@ def _error(folder: pathlib.Path, exc: OSError, doing: str, replacing: bool) -> T
     if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
         todo = "free some space on that disk, or save elsewhere"
     elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        todo = (f"tl.save writes the new trace beside the folder, so it needs write permission in "
-                f"{str(folder.parent)!r} too; save where you can write")
+        todo = (
+            f"tl.save writes the new trace beside the folder, so it needs write permission in "
+            f"{str(folder.parent)!r} too; save where you can write"
+        )
     else:
         todo = "save elsewhere, or retry"
     held = "the folder still holds the trace it held before" if replacing else "nothing was saved there"

@@ -32,6 +32,7 @@ def fields(sample: Any) -> list[tuple[Any, Any]]:
 
 def to_backend(sample: Any, backend: str) -> Any:
     """The sample with its NumPy arrays made the backend's (torchlens_from_numpy); other values as they are."""
+
     def convert(value: Any) -> Any:
         if not isinstance(value, np.ndarray) or hook().torchlens_array_info(backend=backend, value=value) is not None:
             return value  # the backend's own array (the numpy backend's are ndarrays), or not an array at all
@@ -59,9 +60,15 @@ class Source:
             self.n = None
         # A list, an array (its first axis), or a map-style dataset (len and indexing, no __iter__ of its
         # own): read by index.
-        self.random_access = self.n is not None and hasattr(dataset, "__getitem__") and (
-            isinstance(dataset, Sequence) or not hasattr(type(dataset), "__iter__")
-            or (hasattr(dataset, "shape") and hasattr(dataset, "ndim")))
+        self.random_access = (
+            self.n is not None
+            and hasattr(dataset, "__getitem__")
+            and (
+                isinstance(dataset, Sequence)
+                or not hasattr(type(dataset), "__iter__")
+                or (hasattr(dataset, "shape") and hasattr(dataset, "ndim"))
+            )
+        )
         self.seen = 0
 
     def finished_samples(self, batch_size: int, finished: Callable[[int, int], bool]) -> int:
@@ -76,8 +83,9 @@ class Source:
         for start in range(0, self.n, batch_size):
             yield start // batch_size, start, min(batch_size, self.n - start)
 
-    def batches(self, batch_size: int, finished: Callable[[int, int], bool],
-                skipped: Callable[[int], None]) -> Iterator[tuple[int, int, list[Any]]]:
+    def batches(
+        self, batch_size: int, finished: Callable[[int, int], bool], skipped: Callable[[int], None]
+    ) -> Iterator[tuple[int, int, list[Any]]]:
         """(batch number, first sample, samples) of each batch still to compute.
 
         A sequence reads only those samples. An iterator is read through, and

@@ -35,8 +35,23 @@ from torchlens_core.ir.records import ParamRef, Ref
 ALIGN = 64  # array offsets in the blob are multiples of this
 # NumPy dtype kinds that hold plain bytes: bool, ints, floats, complex, strings, times.
 STORAGE_KINDS = frozenset("biufcSUmM")
-_TAGS = frozenset({"list", "dict", "float", "complex", "slice", "ellipsis", "ref", "param", "array",
-                   "numpy_dtype", "numpy_type", "value", "unsaved"})
+_TAGS = frozenset(
+    {
+        "list",
+        "dict",
+        "float",
+        "complex",
+        "slice",
+        "ellipsis",
+        "ref",
+        "param",
+        "array",
+        "numpy_dtype",
+        "numpy_type",
+        "value",
+        "unsaved",
+    }
+)
 MAX_DEPTH = 64  # deeper nesting in a file is refused (no recursion blow-ups on crafted files)
 
 
@@ -183,8 +198,17 @@ class Encoder:
             self.chunks.append(b"\0" * pad)
             self.size += pad
         row = len(self.arrays)
-        self.arrays.append({"kind": kind, "offset": self.size, "nbytes": len(raw), "storage": data.dtype.str,
-                            "shape": list(data.shape), "dtype": str(dtype), "device": str(device)})
+        self.arrays.append(
+            {
+                "kind": kind,
+                "offset": self.size,
+                "nbytes": len(raw),
+                "storage": data.dtype.str,
+                "shape": list(data.shape),
+                "dtype": str(dtype),
+                "device": str(device),
+            }
+        )
         self.chunks.append(raw)
         self.size += len(raw)
         self.seen[id(x)] = (x, row)
@@ -308,8 +332,9 @@ class Decoder:
 
     def raw(self, entry: dict[str, Any], storage: np.dtype) -> np.ndarray:
         """The bytes of one array table row, flat, as ``storage``: a view of the blob (a lazy reader reads them)."""
-        return np.frombuffer(self.blob, dtype=storage, count=entry["nbytes"] // storage.itemsize,
-                             offset=entry["offset"])
+        return np.frombuffer(
+            self.blob, dtype=storage, count=entry["nbytes"] // storage.itemsize, offset=entry["offset"]
+        )
 
     def _framework_array(self, array: np.ndarray, dtype: str, device: str) -> Any:
         if self.framework:
@@ -366,8 +391,10 @@ def check_table(table: Any, blob_size: int) -> list[dict[str, Any]]:
         if math.prod(shape) * storage.itemsize != nbytes:
             raise TraceFileError(f"{where}: shape {tuple(shape)} of {storage} does not make {nbytes} bytes")
         if offset < 0 or offset % ALIGN or offset + nbytes > blob_size:
-            raise TraceFileError(f"{where}: bytes {offset}..{offset + nbytes} are not an aligned span of "
-                                 f"the array file ({blob_size} bytes)")
+            raise TraceFileError(
+                f"{where}: bytes {offset}..{offset + nbytes} are not an aligned span of "
+                f"the array file ({blob_size} bytes)"
+            )
         kind = entry["kind"]
         if kind not in ("numpy", "scalar", "framework") or (kind == "scalar" and shape):
             raise TraceFileError(f"{where}: unknown kind {kind!r} (or a scalar with a shape)")
@@ -385,8 +412,10 @@ def check_table(table: Any, blob_size: int) -> list[dict[str, Any]]:
     # tl.save's array file ends with its last array: bytes beyond it would be read (and held) for nothing.
     end = max((int(entry["offset"]) + int(entry["nbytes"]) for entry in rows), default=0)
     if end != blob_size:
-        raise TraceFileError(f"the array file has {blob_size} bytes but its arrays end at byte {end}: "
-                             f"tl.save writes no bytes that no array uses")
+        raise TraceFileError(
+            f"the array file has {blob_size} bytes but its arrays end at byte {end}: "
+            f"tl.save writes no bytes that no array uses"
+        )
     return rows
 
 

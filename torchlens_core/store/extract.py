@@ -57,13 +57,21 @@ LayerKey = str | tuple[str | int, ...]  # "relu_1_2", "layer3", or ("lstm", 0): 
 _CAPTURE_LOCK = threading.Lock()
 
 
-
 # -- the public face -------------------------------------------------------------------------
-def extract_dataset(model: Any, dataset: Iterable[Any], layers: LayerKey | Sequence[LayerKey], *,
-                    output_dir: str | os.PathLike, batch_size: int = 32, sample_ids: Iterable[Any] | None = None,
-                    backend: str | None = None, engine: Any = None, progress: bool | str = True,
-                    overwrite: bool = False,
-                    batch_axis: int | Mapping[str, int] = 0) -> Activations:
+def extract_dataset(
+    model: Any,
+    dataset: Iterable[Any],
+    layers: LayerKey | Sequence[LayerKey],
+    *,
+    output_dir: str | os.PathLike,
+    batch_size: int = 32,
+    sample_ids: Iterable[Any] | None = None,
+    backend: str | None = None,
+    engine: Any = None,
+    progress: bool | str = True,
+    overwrite: bool = False,
+    batch_axis: int | Mapping[str, int] = 0,
+) -> Activations:
     """Write the activations of ``layers`` for every sample of ``dataset`` to a Zarr store; return a lazy handle.
 
     ``dataset``: any iterable of unbatched samples (an array each; a tuple or
@@ -119,28 +127,59 @@ def extract_dataset(model: Any, dataset: Iterable[Any], layers: LayerKey | Seque
     if index is not None and index["layers"] is None:  # set up, nothing written (a wrong layer key, say)
         group, index = open_store(location, overwrite=True)
     if index is None:
-        index = {"format": FORMAT, "version": FORMAT_VERSION, "backend": backend, "model": _model_name(model),
-                 "keys": [key_name(path) for path in keys], "batch_axes": list(axes), "batch_size": batch_size,
-                 "layers": None, "inputs": None, "n_samples": source.n, "sample_ids": ids, "complete": False,
-                 "markers": MARKERS}
+        index = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "backend": backend,
+            "model": _model_name(model),
+            "keys": [key_name(path) for path in keys],
+            "batch_axes": list(axes),
+            "batch_size": batch_size,
+            "layers": None,
+            "inputs": None,
+            "n_samples": source.n,
+            "sample_ids": ids,
+            "complete": False,
+            "markers": MARKERS,
+        }
         with store_io(location, "writing the index of"):
             group.attrs[INDEX] = index
     else:
         index.setdefault("batch_axes", [0] * len(index["keys"]))  # a store from before batch_axis=: all first
-        check_same(index, output_dir, keys=[key_name(path) for path in keys], batch_axes=list(axes),
-                   batch_size=batch_size, backend=backend, sample_ids=ids, n_samples=source.n)
+        check_same(
+            index,
+            output_dir,
+            keys=[key_name(path) for path in keys],
+            batch_axes=list(axes),
+            batch_size=batch_size,
+            backend=backend,
+            sample_ids=ids,
+            n_samples=source.n,
+        )
         if index["complete"]:
             return Activations(location)
     backend = backend or index["backend"]
 
-    plan = Plan(store=location, backend=backend or "", keys=tuple(key_name(path) for path in keys), paths=keys,
-                arrays=array_names(tuple(map(key_name, keys))), batch_size=batch_size, batch_axes=axes)
+    plan = Plan(
+        store=location,
+        backend=backend or "",
+        keys=tuple(key_name(path) for path in keys),
+        paths=keys,
+        arrays=array_names(tuple(map(key_name, keys))),
+        batch_size=batch_size,
+        batch_axes=axes,
+    )
     if index["layers"] is not None:
-        plan = attrs.evolve(plan, inputs=_tuples(index["inputs"]),
-                            shapes=tuple(tuple(entry["shape"]) for entry in index["layers"]),
-                            dtypes=tuple(entry["dtype"] for entry in index["layers"]),
-                            layouts=tuple((entry.get("layout"), None if entry.get("spatial_axes") is None
-                                           else tuple(entry["spatial_axes"])) for entry in index["layers"]))
+        plan = attrs.evolve(
+            plan,
+            inputs=_tuples(index["inputs"]),
+            shapes=tuple(tuple(entry["shape"]) for entry in index["layers"]),
+            dtypes=tuple(entry["dtype"] for entry in index["layers"]),
+            layouts=tuple(
+                (entry.get("layout"), None if entry.get("spatial_axes") is None else tuple(entry["spatial_axes"]))
+                for entry in index["layers"]
+            ),
+        )
         with store_io(location, "reading the batch markers of"):
             counts = group[MARKERS][:].tolist()
     else:
@@ -189,7 +228,8 @@ def _signature(sample: Any, position: int, backend: str) -> tuple[tuple[Any, tup
             raise UnsupportedError(
                 f"sample {position}{where} is of type {type(value).__name__}, not a {backend} array: samples are "
                 f"arrays, or tuples or dicts of arrays for a model of several inputs; map a labelled dataset to "
-                f"inputs first, e.g. (x for x, _ in dataset)")
+                f"inputs first, e.g. (x for x, _ in dataset)"
+            )
         shape, dtype, _device = described
         signature.append((slot, tuple(shape), dtype))
     return tuple(signature)
@@ -205,7 +245,8 @@ def _check_samples(samples: list[Any], start: int, plan: Plan) -> Plan:
         elif got != expected:
             raise ExtractError(
                 f"sample {start + offset} has {_describe(got)}, but the first sample had {_describe(expected)}: "
-                f"extract_dataset batches samples, so they must all have one shape and dtype (resize or pad first)")
+                f"extract_dataset batches samples, so they must all have one shape and dtype (resize or pad first)"
+            )
     return attrs.evolve(plan, inputs=expected)
 
 
@@ -221,8 +262,10 @@ def _collate(samples: list[Any], backend: str) -> tuple[tuple[Any, ...], dict[st
     def batch(slot: Any) -> Any:
         stacked = stack(backend=backend, samples=[s if slot is None else s[slot] for s in samples])
         if stacked is None:
-            raise UnsupportedError(f"the {backend} backend implements no torchlens_stack hook, "
-                                   f"so tl.extract_dataset cannot batch its samples")
+            raise UnsupportedError(
+                f"the {backend} backend implements no torchlens_stack hook, "
+                f"so tl.extract_dataset cannot batch its samples"
+            )
         return stacked
 
     first = samples[0]
@@ -262,15 +305,19 @@ def _capture(model: Any, samples: list[Any], start: int, plan: Plan) -> tuple[Pl
         shape = tuple(described[0])
         if not -len(shape) <= axis < len(shape) or shape[axis] != len(samples):
             where = "first axis" if axis == 0 else f"axis {axis} (batch_axis=)"
-            raise ExtractError(f"layer {key!r} has shape {list(shape)} for a batch of {len(samples)} samples: its "
-                               f"{where} is not the batch, so it cannot be stored per sample; pass batch_axis= "
-                               f"(e.g. {{{key!r}: 1}} for a time-major output) naming the axis that is")
+            raise ExtractError(
+                f"layer {key!r} has shape {list(shape)} for a batch of {len(samples)} samples: its "
+                f"{where} is not the batch, so it cannot be stored per sample; pass batch_axis= "
+                f"(e.g. {{{key!r}: 1}} for a time-major output) naming the axis that is"
+            )
         array, dtype = stored_form(to_numpy(backend=plan.backend, value=value), described[1], key)
         if axis != 0:  # stored batch-first; the index records the axis it came from
             array = np.ascontiguousarray(np.moveaxis(array, axis, 0))
         if plan.shapes is not None and (array.shape[1:] != plan.shapes[i] or dtype != plan.dtypes[i]):
-            raise ExtractError(f"layer {key!r} gave {list(array.shape[1:])} {dtype} per sample in the batch from "
-                               f"sample {start}, but {list(plan.shapes[i])} {plan.dtypes[i]} before")
+            raise ExtractError(
+                f"layer {key!r} gave {list(array.shape[1:])} {dtype} per sample in the batch from "
+                f"sample {start}, but {list(plan.shapes[i])} {plan.dtypes[i]} before"
+            )
         if plan.layouts is None:  # the first batch: which axes are spatial, read from the trace
             layouts.append(_layout(captured, path, plan.backend, len(shape), axis))
         values.append(array)
@@ -281,12 +328,17 @@ def _capture(model: Any, samples: list[Any], start: int, plan: Plan) -> tuple[Pl
     for op in captured.ops:
         op.out = None
     captured.model_output = None
-    return attrs.evolve(plan, shapes=tuple(shapes), dtypes=tuple(dtypes),
-                        layouts=plan.layouts if plan.layouts is not None else tuple(layouts)), values
+    return attrs.evolve(
+        plan,
+        shapes=tuple(shapes),
+        dtypes=tuple(dtypes),
+        layouts=plan.layouts if plan.layouts is not None else tuple(layouts),
+    ), values
 
 
-def _layout(captured: Any, path: tuple[Any, ...], backend: str, ndim: int,
-            axis: int) -> tuple[str | None, tuple[int, ...] | None]:
+def _layout(
+    captured: Any, path: tuple[Any, ...], backend: str, ndim: int, axis: int
+) -> tuple[str | None, tuple[int, ...] | None]:
     """(layout name, spatial axes) of a layer as stored (batch first); (None, None) where not known."""
     op = output_op(captured, captured[path[0]], path)
     spatial = None if op is None else spatial_axes(captured, op, backend, ndim)
@@ -307,12 +359,16 @@ def _leaf(value: Any, path: tuple[Any, ...], info: Any, backend: str) -> Any:
         elif isinstance(step, str) and isinstance(value, tuple) and step in getattr(value, "_fields", ()):
             value = getattr(value, step)  # a namedtuple's field
         else:
-            raise LabelNotFoundError(f"layer {key_name(path[:depth + 1])!r}: the output of {key_name(path[:depth])!r} "
-                                     f"is {_structure(value)}, which has no {step!r}")
+            raise LabelNotFoundError(
+                f"layer {key_name(path[: depth + 1])!r}: the output of {key_name(path[:depth])!r} "
+                f"is {_structure(value)}, which has no {step!r}"
+            )
     if info(backend=backend, value=value) is None:
-        hint = (f"name one of its leaves, e.g. {key_name((*path, _first_step(value)))!r}"
-                if _first_step(value) is not None else "name one op inside it instead (its op labels are in "
-                                                        "tl.trace(model, x).summary())")
+        hint = (
+            f"name one of its leaves, e.g. {key_name((*path, _first_step(value)))!r}"
+            if _first_step(value) is not None
+            else "name one op inside it instead (its op labels are in tl.trace(model, x).summary())"
+        )
         raise UnsupportedError(f"layer {key_name(path)!r} gives {_structure(value)}, not one array: {hint}")
     return value
 
@@ -346,18 +402,21 @@ def _progress_mode(progress: Any) -> str | None:
         return None  # tl.options.set_progress's, else TORCHLENS_PROGRESS's, else "auto"
     if progress is False or progress in MODES:
         return "never" if progress is False else progress
-    raise TypeError(f"progress= takes True, False or a progress mode ({', '.join(map(repr, MODES))}), "
-                    f"not {progress!r}")
+    raise TypeError(f"progress= takes True, False or a progress mode ({', '.join(map(repr, MODES))}), not {progress!r}")
 
 
 def _engine_kind(engine: Any) -> str:
     if engine is None:
         return "local"
-    if type(engine).__module__.split(".")[0] == "distributed" and hasattr(engine, "submit") and hasattr(
-            engine, "scatter"):
+    if (
+        type(engine).__module__.split(".")[0] == "distributed"
+        and hasattr(engine, "submit")
+        and hasattr(engine, "scatter")
+    ):
         return "dask"
-    raise UnsupportedError(f"engine= takes None (batches run in this process) or a dask.distributed.Client, "
-                           f"not {type(engine).__name__}")
+    raise UnsupportedError(
+        f"engine= takes None (batches run in this process) or a dask.distributed.Client, not {type(engine).__name__}"
+    )
 
 
 def _run_here(model: Any, batches: Iterator[Any], plan: Plan, store: Writer, bar: Progress) -> None:
@@ -380,8 +439,7 @@ def _on_worker(model: Any, samples: list[Any], k: int, start: int, plan: Plan) -
     return len(values[0])
 
 
-def _run_on_dask(client: Any, model: Any, batches: Iterator[Any], plan: Plan, store: Writer,
-                 bar: Progress) -> None:
+def _run_on_dask(client: Any, model: Any, batches: Iterator[Any], plan: Plan, store: Writer, bar: Progress) -> None:
     """Workers capture and write batches; at most two batches per worker thread are in flight."""
     from distributed import as_completed
 
@@ -416,28 +474,37 @@ def _run_on_dask(client: Any, model: Any, batches: Iterator[Any], plan: Plan, st
 # -- argument checks -------------------------------------------------------------------------
 def _layer_keys(layers: Any) -> tuple[tuple[Any, ...], ...]:
     """Each layer as (label or module path, *leaf path): a plain key has no leaf path."""
-    single = isinstance(layers, str) or (isinstance(layers, tuple) and bool(layers) and isinstance(layers[0], str)
-                                         and any(not isinstance(step, str) for step in layers[1:]))
+    single = isinstance(layers, str) or (
+        isinstance(layers, tuple)
+        and bool(layers)
+        and isinstance(layers[0], str)
+        and any(not isinstance(step, str) for step in layers[1:])
+    )
     keys = (layers,) if single else tuple(layers) if isinstance(layers, Iterable) else None
     paths = [(key,) if isinstance(key, str) else key for key in keys or ()]
     if not paths or not all(_valid_path(path) for path in paths):
-        raise TypeError(f"layers= takes op labels or module paths, e.g. ['relu_1_2', 'features.6'], or (key, leaf) "
-                        f"for one array of a layer that returns a tuple or dict, e.g. [('lstm', 0)]; not {layers!r}")
+        raise TypeError(
+            f"layers= takes op labels or module paths, e.g. ['relu_1_2', 'features.6'], or (key, leaf) "
+            f"for one array of a layer that returns a tuple or dict, e.g. [('lstm', 0)]; not {layers!r}"
+        )
     return tuple(dict.fromkeys(paths))
 
 
 def _valid_path(path: Any) -> bool:
-    return (isinstance(path, tuple) and bool(path) and isinstance(path[0], str) and bool(path[0])
-            and all(isinstance(step, str) or (isinstance(step, int) and not isinstance(step, bool))
-                    for step in path[1:]))
+    return (
+        isinstance(path, tuple)
+        and bool(path)
+        and isinstance(path[0], str)
+        and bool(path[0])
+        and all(isinstance(step, str) or (isinstance(step, int) and not isinstance(step, bool)) for step in path[1:])
+    )
 
 
 def _batch_axes(batch_axis: Any, keys: tuple[tuple[Any, ...], ...]) -> tuple[int, ...]:
     """Each layer's batch axis, from one int for all or a {layer key: axis} mapping (others 0)."""
     names = [key_name(path) for path in keys]
     if isinstance(batch_axis, Mapping):
-        unknown = [key for key in batch_axis if key not in names and not (
-            isinstance(key, tuple) and key in keys)]
+        unknown = [key for key in batch_axis if key not in names and not (isinstance(key, tuple) and key in keys)]
         if unknown:
             raise TypeError(f"batch_axis= names {unknown}, which are not in layers= ({names})")
         given = {(key_name(key) if isinstance(key, tuple) else key): axis for key, axis in batch_axis.items()}

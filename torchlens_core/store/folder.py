@@ -65,8 +65,10 @@ def _open_plain(file: pathlib.Path) -> tuple[BinaryIO, int]:
     except OSError as exc:
         raise TraceFileError(f"{str(file)!r} cannot be read: {exc}") from None
     if not stat.S_ISREG(before.st_mode):
-        raise TraceFileError(f"{str(file)!r} is {_kind(before.st_mode)}; tl.load reads only the plain files "
-                             "tl.save wrote (links and special files in a trace folder are refused)")
+        raise TraceFileError(
+            f"{str(file)!r} is {_kind(before.st_mode)}; tl.load reads only the plain files "
+            "tl.save wrote (links and special files in a trace folder are refused)"
+        )
     try:
         fd = os.open(file, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | getattr(os, "O_BINARY", 0))
     except OSError as exc:  # ELOOP: it became a link after the check
@@ -85,11 +87,13 @@ def _read_exactly(f: BinaryIO, size: int, file: pathlib.Path) -> tuple[bytearray
     digest = hashlib.sha256()
     done = 0
     while done < size:
-        n = f.readinto(view[done:done + _CHUNK])  # type: ignore[attr-defined]
+        n = f.readinto(view[done : done + _CHUNK])  # type: ignore[attr-defined]
         if not n:
-            raise TraceFileError(f"{str(file)!r} ended after {done} bytes, the manifest says {size}: "
-                                 "the file is truncated or was changed")
-        digest.update(view[done:done + n])
+            raise TraceFileError(
+                f"{str(file)!r} ended after {done} bytes, the manifest says {size}: "
+                "the file is truncated or was changed"
+            )
+        digest.update(view[done : done + n])
         done += n
     if f.read(1):
         raise TraceFileError(f"{str(file)!r} is longer than the {size} bytes the manifest says: it was changed")
@@ -103,10 +107,12 @@ def _hash_streamed(f: BinaryIO, size: int, file: pathlib.Path, cost: JsonCost | 
     digest = hashlib.sha256()
     done = 0
     while done < size:
-        n = f.readinto(view[:min(_CHUNK, size - done)])  # type: ignore[attr-defined]
+        n = f.readinto(view[: min(_CHUNK, size - done)])  # type: ignore[attr-defined]
         if not n:
-            raise TraceFileError(f"{str(file)!r} ended after {done} bytes, the manifest says {size}: "
-                                 "the file is truncated or was changed")
+            raise TraceFileError(
+                f"{str(file)!r} ended after {done} bytes, the manifest says {size}: "
+                "the file is truncated or was changed"
+            )
         digest.update(view[:n])
         if cost is not None:
             cost.feed(chunk if n == len(chunk) else chunk[:n])
@@ -144,14 +150,18 @@ class JsonCost:
         """Refuse a document that would cost more than a saved trace of its size, or than is allowed."""
         cost = self.cost(size)
         if cost > max(JSON_COST_FLOOR, JSON_COST_PER_BYTE * size):
-            raise TraceFileError(f"{str(file)!r} would take about {_gb(cost)} of memory to parse, {cost / size:.0f} "
-                                 f"bytes per byte of it, more than the {JSON_COST_PER_BYTE} tl.load allows (saved "
-                                 f"traces take 9 to 14): it is not a file tl.save wrote")
+            raise TraceFileError(
+                f"{str(file)!r} would take about {_gb(cost)} of memory to parse, {cost / size:.0f} "
+                f"bytes per byte of it, more than the {JSON_COST_PER_BYTE} tl.load allows (saved "
+                f"traces take 9 to 14): it is not a file tl.save wrote"
+            )
         limit = min(MAX_RECORDS_COST, memory_limit() or MAX_RECORDS_COST)
         if cost > limit:
-            raise TraceFileError(f"{str(file)!r} would take about {_gb(cost)} of memory to parse, more than the "
-                                 f"{_gb(limit)} tl.load allows (torchlens_core.store.folder sets the limit, at most "
-                                 f"this machine's memory)")
+            raise TraceFileError(
+                f"{str(file)!r} would take about {_gb(cost)} of memory to parse, more than the "
+                f"{_gb(limit)} tl.load allows (torchlens_core.store.folder sets the limit, at most "
+                f"this machine's memory)"
+            )
 
 
 def memory_limit() -> int | None:
@@ -171,26 +181,37 @@ def read_manifest(file: pathlib.Path) -> bytes:
     f, size = _open_plain(file)
     with f:
         if size > MAX_MANIFEST_BYTES:
-            raise TraceFileError(f"{str(file)!r} has {size} bytes; a trace manifest is at most "
-                                 f"{MAX_MANIFEST_BYTES}: this is not a manifest tl.save wrote")
+            raise TraceFileError(
+                f"{str(file)!r} has {size} bytes; a trace manifest is at most "
+                f"{MAX_MANIFEST_BYTES}: this is not a manifest tl.save wrote"
+            )
         data, _ = _read_exactly(f, size, file)
     return bytes(data)
 
 
 def declared_size(name: str, expected: Any, limit: int | None = None, why: str = "") -> int:
     """The size the manifest entry ``{"size", "sha256"}`` of ``name`` declares; refused if malformed or too big."""
-    if not (isinstance(expected, dict) and set(expected) == {"size", "sha256"} and type(expected["size"]) is int
-            and expected["size"] >= 0 and isinstance(expected["sha256"], str) and len(expected["sha256"]) == 64):
+    if not (
+        isinstance(expected, dict)
+        and set(expected) == {"size", "sha256"}
+        and type(expected["size"]) is int
+        and expected["size"] >= 0
+        and isinstance(expected["sha256"], str)
+        and len(expected["sha256"]) == 64
+    ):
         raise TraceFileError(f"the manifest's entry for {name} is malformed: expected a size and a SHA-256")
     size = expected["size"]
     if limit is not None and size > limit:
-        raise TraceFileError(f"the manifest says {name} has {size} bytes, more than the {limit} tl.load "
-                             f"accepts for it ({why or 'torchlens_core.store.folder sets the limit'})")
+        raise TraceFileError(
+            f"the manifest says {name} has {size} bytes, more than the {limit} tl.load "
+            f"accepts for it ({why or 'torchlens_core.store.folder sets the limit'})"
+        )
     return size
 
 
-def read_checked(folder: pathlib.Path, name: str, expected: Any, limit: int | None = None,
-                 cost: JsonCost | None = None) -> bytearray:
+def read_checked(
+    folder: pathlib.Path, name: str, expected: Any, limit: int | None = None, cost: JsonCost | None = None
+) -> bytearray:
     """The bytes of ``folder/name``, checked against its manifest entry ``{"size", "sha256"}``.
 
     The size is compared before reading and ``limit`` caps it; the hash (and
@@ -203,11 +224,13 @@ def read_checked(folder: pathlib.Path, name: str, expected: Any, limit: int | No
     f, actual = _open_plain(file)
     with f:
         if actual != size:
-            raise TraceFileError(f"{str(file)!r} has {actual} bytes, the manifest says {size}: "
-                                 "the file is truncated or was changed")
+            raise TraceFileError(
+                f"{str(file)!r} has {actual} bytes, the manifest says {size}: the file is truncated or was changed"
+            )
         if _hash_streamed(f, size, file, cost) != expected["sha256"]:
-            raise TraceFileError(f"{str(file)!r} does not match the SHA-256 in the manifest: it was changed or "
-                                 "corrupted")
+            raise TraceFileError(
+                f"{str(file)!r} does not match the SHA-256 in the manifest: it was changed or corrupted"
+            )
         if cost is not None:
             cost.check(file, size)
         f.seek(0)

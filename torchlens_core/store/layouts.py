@@ -78,5 +78,5 @@ def layout_name(ndim: int, spatial: tuple[int, ...] | None) -> str | None:
     """``"NCHW"``, ``"NHWC"``, ``"NCW"``, ``"NDHWC"``...: the batch first, one channel axis, 1 to 3 spatial axes."""
     if spatial is None or not 1 <= len(spatial) <= 3 or ndim != len(spatial) + 2 or 0 in spatial:
         return None
-    letters = iter("DHW"[3 - len(spatial):])
+    letters = iter("DHW"[3 - len(spatial) :])
     return "N" + "".join(next(letters) if d in spatial else "C" for d in range(1, ndim))

@@ -41,15 +41,57 @@ from torchlens_core.replay.checked import LOADED, value_shape
 from torchlens_core.store.encoding import Decoder
 from torchlens_core.store.saving import NOT_REPLAYABLE
 
-TRACE_KEYS = frozenset({"backend", "framework_version", "model_name", "halted", "notes", "params", "modules", "ops",
-                        "output_template", "model_output", "arrays"})
+TRACE_KEYS = frozenset(
+    {
+        "backend",
+        "framework_version",
+        "model_name",
+        "halted",
+        "notes",
+        "params",
+        "modules",
+        "ops",
+        "output_template",
+        "model_output",
+        "arrays",
+    }
+)
 PARAM_KEYS = frozenset({"name", "shape", "dtype", "numel", "trainable", "module", "is_buffer", "value"})
 MODULE_KEYS = frozenset({"path", "type_name", "params", "passes"})
 INPUTS_MODULE_KEYS = MODULE_KEYS | {"inputs"}  # format version 5 on
-OP_KEYS = frozenset({"kind", "func_name", "label", "layer_label", "func_ordinal", "pass_num", "num_passes",
-                     "parent_indices", "condition_indices", "module_passes", "module_outputs", "params", "shape",
-                     "dtype", "device", "source", "in_place", "saved", "elapsed", "code_context", "cost",
-                     "arg_names", "layer_key", "call", "args", "kwargs", "meta", "out", "not_replayable"})
+OP_KEYS = frozenset(
+    {
+        "kind",
+        "func_name",
+        "label",
+        "layer_label",
+        "func_ordinal",
+        "pass_num",
+        "num_passes",
+        "parent_indices",
+        "condition_indices",
+        "module_passes",
+        "module_outputs",
+        "params",
+        "shape",
+        "dtype",
+        "device",
+        "source",
+        "in_place",
+        "saved",
+        "elapsed",
+        "code_context",
+        "cost",
+        "arg_names",
+        "layer_key",
+        "call",
+        "args",
+        "kwargs",
+        "meta",
+        "out",
+        "not_replayable",
+    }
+)
 EDIT_OP_KEYS = OP_KEYS | {"edits", "pre_edit"}  # format version 3 on
 GRAD_OP_KEYS = EDIT_OP_KEYS | {"grad_status", "grad"}  # format version 4 on
 EDIT_KEYS = frozenset({"site", "kind", "path", "helpers", "text", "func_name", "module", "in_place"})
@@ -106,9 +148,17 @@ def build(records: Any, blob: bytearray, version: int, decoder: type[Decoder] = 
         notes[NOT_REPLAYABLE] = why_not
     else:
         notes.pop(NOT_REPLAYABLE, None)
-    trace = Trace(backend=backend, model_name=_get(records, "model_name", str, "trace"), ops=ops, modules=modules,
-                  params=params, output_template=output_template, model_output=model_output, notes=notes,
-                  halted=_get(records, "halted", bool, "trace"))
+    trace = Trace(
+        backend=backend,
+        model_name=_get(records, "model_name", str, "trace"),
+        ops=ops,
+        modules=modules,
+        params=params,
+        output_template=output_template,
+        model_output=model_output,
+        notes=notes,
+        halted=_get(records, "halted", bool, "trace"),
+    )
     _link(trace)
     return trace
 
@@ -133,17 +183,23 @@ def _params(records: dict[str, Any], dec: Decoder) -> tuple[dict[str, ParamRecor
             unsaved[name] = "saved without its value"
         elif dec.lossy:
             unsaved[name] = "its value could not be rebuilt here"
-        params[name] = ParamRecord(name=name, shape=_sizes(dec.decode(_get(p, "shape", list, where)), where),
-                                   dtype=_get(p, "dtype", str, where), numel=_count(p, "numel", where),
-                                   trainable=_get(p, "trainable", bool, where),
-                                   module=_get(p, "module", str, where),
-                                   is_buffer=_get(p, "is_buffer", bool, where), value=decoded)
+        params[name] = ParamRecord(
+            name=name,
+            shape=_sizes(dec.decode(_get(p, "shape", list, where)), where),
+            dtype=_get(p, "dtype", str, where),
+            numel=_count(p, "numel", where),
+            trainable=_get(p, "trainable", bool, where),
+            module=_get(p, "module", str, where),
+            is_buffer=_get(p, "is_buffer", bool, where),
+            value=decoded,
+        )
         _schema(param_problem(params[name]), where)
     return params, unsaved
 
 
-def _modules(records: dict[str, Any], dec: Decoder, params: dict[str, ParamRecord],
-             version: int) -> dict[str, ModuleRecord]:
+def _modules(
+    records: dict[str, Any], dec: Decoder, params: dict[str, ParamRecord], version: int
+) -> dict[str, ModuleRecord]:
     modules: dict[str, ModuleRecord] = {}
     for i, m in enumerate(_get(records, "modules", list, "trace")):
         where = f"module {i}"
@@ -151,21 +207,36 @@ def _modules(records: dict[str, Any], dec: Decoder, params: dict[str, ParamRecor
         path = _get(m, "path", str, where)
         if path in modules:
             raise TraceFileError(f"{where}: module {path!r} is listed twice")
-        rec = ModuleRecord(path=path, type_name=_get(m, "type_name", str, where),
-                           params=[_known(n, params, "parameter", where) for n in _get(m, "params", list, where)])
+        rec = ModuleRecord(
+            path=path,
+            type_name=_get(m, "type_name", str, where),
+            params=[_known(n, params, "parameter", where) for n in _get(m, "params", list, where)],
+        )
         _schema(module_problem(rec.path, rec.type_name, rec.params, params), where)
         passes = _get(m, "passes", list, where)
         inputs = _get(m, "inputs", list, where) if version >= 5 else [None] * len(passes)
         if len(inputs) != len(passes):
             raise TraceFileError(f"{where}: {len(passes)} passes but inputs for {len(inputs)}")
-        rec.passes = [ModulePass(path=path, pass_num=n + 1, out_template=dec.decode(t),
-                                 in_template=_call(dec, a, where)) for n, (t, a) in enumerate(zip(passes, inputs))]
+        rec.passes = [
+            ModulePass(path=path, pass_num=n + 1, out_template=dec.decode(t), in_template=_call(dec, a, where))
+            for n, (t, a) in enumerate(zip(passes, inputs))
+        ]
         modules[path] = rec
     return modules
 
 
-def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str, modules: dict[str, ModuleRecord],
-        params: dict[str, ParamRecord], unsaved: dict[str, str], version: int) -> tuple[OpRecord, str | None]:
+def _op(
+    i: int,
+    o: Any,
+    ops: list[OpRecord],
+    dec: Decoder,
+    h: Any,
+    backend: str,
+    modules: dict[str, ModuleRecord],
+    params: dict[str, ParamRecord],
+    unsaved: dict[str, str],
+    version: int,
+) -> tuple[OpRecord, str | None]:
     where = f"op {i}"
     _fields(o, GRAD_OP_KEYS if version >= 4 else EDIT_OP_KEYS if version >= 3 else OP_KEYS, where)
     kind = _get(o, "kind", str, where)
@@ -173,14 +244,26 @@ def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str,
         raise TraceFileError(f"{where}: unknown kind {kind!r}")
     module_passes = []
     for entry in _get(o, "module_passes", list, where):
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and type(entry[1]) is int
-                and entry[0] in modules and 1 <= entry[1] <= len(modules[entry[0]].passes)):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and type(entry[1]) is int
+            and entry[0] in modules
+            and 1 <= entry[1] <= len(modules[entry[0]].passes)
+        ):
             raise TraceFileError(f"{where}: module pass {str(entry)[:80]} names no recorded module pass")
         module_passes.append((entry[0], entry[1]))
     code = []
     for c in _get(o, "code_context", list, where):
-        if not (isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and type(c[1]) is int
-                and 0 <= c[1] < MAX_LINE and isinstance(c[2], str)):
+        if not (
+            isinstance(c, list)
+            and len(c) == 3
+            and isinstance(c[0], str)
+            and type(c[1]) is int
+            and 0 <= c[1] < MAX_LINE
+            and isinstance(c[2], str)
+        ):
             raise TraceFileError(f"{where}: malformed code location {str(c)[:80]}")
         code.append(CodeLocation(c[0], c[1], c[2]))
     dec.lossy = False
@@ -191,8 +274,9 @@ def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str,
     names = o["arg_names"]
     if names is not None:
         meta.setdefault("arg_names", tuple(_check(n, str, where) for n in _check(names, list, where)))
-    if "arg_names" in meta and not (isinstance(meta["arg_names"], tuple)
-                                    and all(isinstance(n, str) for n in meta["arg_names"])):
+    if "arg_names" in meta and not (
+        isinstance(meta["arg_names"], tuple) and all(isinstance(n, str) for n in meta["arg_names"])
+    ):
         raise TraceFileError(f"{where}: arg_names should be a list of names")
     identity = kind == "op" and bool(meta.get("identity"))
     passes_on = kind == "output" or identity
@@ -215,19 +299,34 @@ def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str,
     if source is not None and source not in SOURCE_KINDS:
         raise TraceFileError(f"{where}: unknown source {source!r}")
     op = OpRecord(
-        index=i, kind=kind, func_name=_get(o, "func_name", str, where), args=args, kwargs=kwargs, out=out,
-        shape=_shape(dec.decode(o["shape"]), where), dtype=_opt(o, "dtype", str, where),
-        device=_opt(o, "device", str, where), module_passes=tuple(module_passes),
+        index=i,
+        kind=kind,
+        func_name=_get(o, "func_name", str, where),
+        args=args,
+        kwargs=kwargs,
+        out=out,
+        shape=_shape(dec.decode(o["shape"]), where),
+        dtype=_opt(o, "dtype", str, where),
+        device=_opt(o, "device", str, where),
+        module_passes=tuple(module_passes),
         params=tuple(_known(n, params, "parameter", where) for n in _get(o, "params", list, where)),
-        source=source, in_place=_get(o, "in_place", bool, where), code_context=tuple(code),
+        source=source,
+        in_place=_get(o, "in_place", bool, where),
+        code_context=tuple(code),
         elapsed=_amount(dec.decode(o["elapsed"]), "elapsed", where),
         condition_indices=_positions(_get(o, "condition_indices", list, where), where, i),
-        layer_key=dec.decode(o["layer_key"]), meta=meta,
+        layer_key=dec.decode(o["layer_key"]),
+        meta=meta,
         parent_indices=_positions(_get(o, "parent_indices", list, where), where, i),
-        saved=saved, label=_name(o, "label", where), layer_label=_name(o, "layer_label", where),
-        func_ordinal=_count(o, "func_ordinal", where), pass_num=pass_num, num_passes=num_passes,
+        saved=saved,
+        label=_name(o, "label", where),
+        layer_label=_name(o, "layer_label", where),
+        func_ordinal=_count(o, "func_ordinal", where),
+        pass_num=pass_num,
+        num_passes=num_passes,
         module_outputs=[_check(n, str, where) for n in _get(o, "module_outputs", list, where)],
-        cost=(_amount(cost[0], "flops", where), _amount(cost[1], "macs", where)))
+        cost=(_amount(cost[0], "flops", where), _amount(cost[1], "macs", where)),
+    )
     _known_passes(op, modules, where)
     _schema(op_problem(op, params), where)  # what TraceBuilder checked when the record was made
     edits_why = _edits(op, o, dec, h, backend, where) if version >= 3 else None
@@ -241,8 +340,11 @@ def _op(i: int, o: Any, ops: list[OpRecord], dec: Decoder, h: Any, backend: str,
         why = "its value could not be saved"
     missing = sorted(used & set(unsaved))
     if why is None and missing:
-        why = (UNSAVED_PARAMS + ", ".join(missing) if all(unsaved[n] == "saved without its value" for n in missing)
-               else f"it reads parameters that could not be rebuilt here: {missing}")
+        why = (
+            UNSAVED_PARAMS + ", ".join(missing)
+            if all(unsaved[n] == "saved without its value" for n in missing)
+            else f"it reads parameters that could not be rebuilt here: {missing}"
+        )
     why = why or edits_why
     if kind != "op" or identity:
         return op, why
@@ -291,20 +393,30 @@ def _edits(op: OpRecord, o: dict[str, Any], dec: Decoder, h: Any, backend: str, 
             _fields(data, frozenset({"name", "arguments"}), f"{where} edit helper")
             arguments = _check(data["arguments"], dict, where)
             try:
-                helpers.append(from_saved(_get(data, "name", str, where),
-                                          {k: dec.decode(v) for k, v in arguments.items()}))
+                helpers.append(
+                    from_saved(_get(data, "name", str, where), {k: dec.decode(v) for k, v in arguments.items()})
+                )
             except (TypeError, ValueError) as exc:
                 raise TraceFileError(f"{where}: an edit helper does not load: {exc}") from None
         if not helpers:
             raise TraceFileError(f"{where}: an edit with no helper")
         site = None
         if array_ops is not None:
-            site = Site(_name(e, "site", where), kind, _get(e, "func_name", str, where),
-                        _opt(e, "module", str, where), path, backend, array_ops,
-                        in_place=_get(e, "in_place", bool, where))
+            site = Site(
+                _name(e, "site", where),
+                kind,
+                _get(e, "func_name", str, where),
+                _opt(e, "module", str, where),
+                path,
+                backend,
+                array_ops,
+                in_place=_get(e, "in_place", bool, where),
+            )
         if None in helpers and why is None:
-            why = f"it was edited by {text[:120]}, whose helper a file cannot hold (a custom callable or one " \
-                  f"holding another trace)"
+            why = (
+                f"it was edited by {text[:120]}, whose helper a file cannot hold (a custom callable or one "
+                f"holding another trace)"
+            )
         records.append(EditRecord(_name(e, "site", where), kind, path, tuple(helpers), site))
     op.edits, op.pre_edit = tuple(records), pre_edit
     return why
@@ -314,19 +426,24 @@ def _values_agree(backend: str, ops: list[OpRecord], params: dict[str, ParamReco
     """Every saved value has its recorded shape, every parameter value its record's: a replay starts from these."""
     for op in ops:
         if op.out is not None and op.shape is not None and value_shape(backend, op.out) != tuple(op.shape):
-            raise TraceFileError(f"op {op.index} ({op.label}): its value has shape {value_shape(backend, op.out)}, "
-                                 f"its record says {tuple(op.shape)}")
+            raise TraceFileError(
+                f"op {op.index} ({op.label}): its value has shape {value_shape(backend, op.out)}, "
+                f"its record says {tuple(op.shape)}"
+            )
     for p in params.values():
         if p.value is not None and value_shape(backend, p.value) != tuple(p.shape):
-            raise TraceFileError(f"parameter {p.name}: its value has shape {value_shape(backend, p.value)}, "
-                                 f"its record says {tuple(p.shape)}")
+            raise TraceFileError(
+                f"parameter {p.name}: its value has shape {value_shape(backend, p.value)}, "
+                f"its record says {tuple(p.shape)}"
+            )
 
 
 def _known_passes(op: OpRecord, modules: dict[str, ModuleRecord], where: str) -> None:
     for label in op.module_outputs:
         path, _, n = label.rpartition(":")
-        if not (path in modules and n.isdigit() and 1 <= int(n) <= len(modules[path].passes)
-                and f"{path}:{int(n)}" == label):
+        if not (
+            path in modules and n.isdigit() and 1 <= int(n) <= len(modules[path].passes) and f"{path}:{int(n)}" == label
+        ):
             raise TraceFileError(f"{where}: module output {label[:80]!r} names no recorded module pass")
 
 
@@ -357,15 +474,18 @@ def _check_path(op: OpRecord, ref: Ref, where: str) -> None:
             kids = tree.children(node)
             found = [v for k, v in kids or () if k == key and type(k) is type(key)]
             if not found:
-                raise TraceFileError(f"{where}: a reference to {ref.path} inside op {ref.index}, "
-                                     "which its value does not have")
+                raise TraceFileError(
+                    f"{where}: a reference to {ref.path} inside op {ref.index}, which its value does not have"
+                )
             node = found[0]
     elif op.shape is not None:  # not saved: the recorded shape has one entry per element of a structure
         structured = bool(op.shape) and not all(type(d) is int for d in op.shape)
         first = ref.path[0]
         if not structured or type(first) is int and not 0 <= first < len(op.shape):
-            raise TraceFileError(f"{where}: a reference to {ref.path} inside op {ref.index}, "
-                                 f"whose recorded shape {op.shape} has no such element")
+            raise TraceFileError(
+                f"{where}: a reference to {ref.path} inside op {ref.index}, "
+                f"whose recorded shape {op.shape} has no such element"
+            )
 
 
 def _link(trace: Trace) -> None:
@@ -381,8 +501,9 @@ def _link(trace: Trace) -> None:
             trace.modules[path].passes[n - 1].ops.append(op.label)
     templates = [("the output", trace.output_template)]
     templates += [(f"module pass {mp.label}", mp.out_template) for m in trace.modules.values() for mp in m.passes]
-    templates += [(f"module pass {mp.label}'s inputs", mp.in_template)
-                  for m in trace.modules.values() for mp in m.passes]
+    templates += [
+        (f"module pass {mp.label}'s inputs", mp.in_template) for m in trace.modules.values() for mp in m.passes
+    ]
     for where, template in templates:
         for _, ref in tree.leaves(template, lambda x: isinstance(x, (Ref, ParamRef))):
             if isinstance(ref, ParamRef):
@@ -416,8 +537,13 @@ def _call(dec: Decoder, data: Any, where: str) -> Any:
     if data is None:
         return None
     inputs = dec.decode(data)
-    if not (type(inputs) is tuple and len(inputs) == 2 and type(inputs[0]) is tuple and type(inputs[1]) is dict
-            and all(type(k) is str for k in inputs[1])):
+    if not (
+        type(inputs) is tuple
+        and len(inputs) == 2
+        and type(inputs[0]) is tuple
+        and type(inputs[1]) is dict
+        and all(type(k) is str for k in inputs[1])
+    ):
         raise TraceFileError(f"{where}: a module pass's inputs are not (args, kwargs)")
     return inputs
 

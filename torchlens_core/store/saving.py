@@ -79,8 +79,10 @@ def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pa
         raise TypeError(f"tl.save saves a Trace, not {type(trace).__name__}")
     unsaveable = trace.notes.get(UNSAVEABLE)
     if unsaveable:
-        raise TraceFileError(f"tl.save refuses this trace, which tl.load would refuse: {unsaveable} The backend "
-                             f"plugin must record such fields as TraceBuilder.add_op says (PluginContractWarning)")
+        raise TraceFileError(
+            f"tl.save refuses this trace, which tl.load would refuse: {unsaveable} The backend "
+            f"plugin must record such fields as TraceBuilder.add_op says (PluginContractWarning)"
+        )
     folder = pathlib.Path(os.fspath(path))
     target = _target(folder)
     from torchlens_core.store.encoding import Encoder
@@ -100,8 +102,11 @@ def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pa
     for chunk in enc.chunks:
         digest.update(chunk)
     # Written beside the folder and swapped in: a save that stops anywhere leaves the old trace or the new one.
-    write_folder(target, [(RECORDS, [text]), (ARRAYS, enc.chunks),
-                          (MANIFEST, [manifest_json(text, enc.size, digest)])], TRACE_FILES)
+    write_folder(
+        target,
+        [(RECORDS, [text]), (ARRAYS, enc.chunks), (MANIFEST, [manifest_json(text, enc.size, digest)])],
+        TRACE_FILES,
+    )
     return folder
 
 
@@ -127,9 +132,13 @@ def records_json(trace: Trace, enc: Encoder, ops: list[dict[str, Any]], params_r
 def manifest_json(records: bytes, arrays_size: int, arrays_digest: Any) -> bytes:
     """manifest.json's bytes, for trace.json's ``records`` and an arrays.bin of that size and SHA-256 digest."""
     manifest = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "torchlens_version": _version("torchlens"),
-        "files": {RECORDS: {"size": len(records), "sha256": hashlib.sha256(records).hexdigest()},
-                  ARRAYS: {"size": arrays_size, "sha256": arrays_digest.hexdigest()}},
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "torchlens_version": _version("torchlens"),
+        "files": {
+            RECORDS: {"size": len(records), "sha256": hashlib.sha256(records).hexdigest()},
+            ARRAYS: {"size": arrays_size, "sha256": arrays_digest.hexdigest()},
+        },
     }
     return (json.dumps(manifest, indent=1) + "\n").encode()
 
@@ -150,19 +159,25 @@ def _target(folder: pathlib.Path) -> pathlib.Path:
     except OSError as exc:
         raise TraceFileError(f"cannot save to {str(folder)!r}: {exc.strerror or exc}") from None
     if names and MANIFEST not in names:
-        raise TraceFileError(f"cannot save to {str(folder)!r}: it is a non-empty folder that holds no saved trace; "
-                             "pick another path, or empty the folder")
+        raise TraceFileError(
+            f"cannot save to {str(folder)!r}: it is a non-empty folder that holds no saved trace; "
+            "pick another path, or empty the folder"
+        )
     if names - TRACE_FILES:
         others = ", ".join(sorted(names - TRACE_FILES)[:5])
-        raise TraceFileError(f"cannot save to {str(folder)!r}: besides a saved trace it holds other files ({others}), "
-                             "which replacing the folder would delete; move them out, or pick another path")
+        raise TraceFileError(
+            f"cannot save to {str(folder)!r}: besides a saved trace it holds other files ({others}), "
+            "which replacing the folder would delete; move them out, or pick another path"
+        )
     try:
         inside = os.path.commonpath([os.path.abspath(os.getcwd()), str(folder)]) == str(folder)
     except (OSError, ValueError):  # no working directory any more, or another drive
         inside = False
     if inside:
-        raise TraceFileError(f"cannot save to {str(folder)!r}: it is (or holds) the working directory, which tl.save "
-                             "would have to replace; save from outside it")
+        raise TraceFileError(
+            f"cannot save to {str(folder)!r}: it is (or holds) the working directory, which tl.save "
+            "would have to replace; save from outside it"
+        )
     return folder
 
 
@@ -198,18 +213,22 @@ def load(path: str | os.PathLike[str], *, lazy: bool = False) -> Trace:
         raise TraceFileError(
             f"{str(root)!r} is trace format version {version!r}; this TorchLens "
             f"({_version('torchlens')}) reads versions {READS_VERSIONS[0]} to {READS_VERSIONS[-1]}"
-            + (": upgrade TorchLens to load it" if type(version) is int and version > FORMAT_VERSION else ""))
+            + (": upgrade TorchLens to load it" if type(version) is int and version > FORMAT_VERSION else "")
+        )
     entries = manifest.get("files")
     if not isinstance(entries, dict) or set(entries) != {RECORDS, ARRAYS}:
         raise TraceFileError(f"{str(root / MANIFEST)!r} should list {RECORDS} and {ARRAYS}")
     # What the manifest declares is bounded before any file is read (arrays.bin: it must fit in memory), and
     # trace.json's table must account for every byte of arrays.bin before arrays.bin is read.
-    blob_size = files.declared_size(ARRAYS, entries[ARRAYS], None if lazy else files.memory_limit(),
-                                    "loading needs it all in memory, and that is more than this machine's memory: "
-                                    "tl.load(path, lazy=True) reads each value when it is read")
+    blob_size = files.declared_size(
+        ARRAYS,
+        entries[ARRAYS],
+        None if lazy else files.memory_limit(),
+        "loading needs it all in memory, and that is more than this machine's memory: "
+        "tl.load(path, lazy=True) reads each value when it is read",
+    )
     try:
-        raw = files.read_checked(root, RECORDS, entries[RECORDS], limit=files.MAX_RECORDS_BYTES,
-                                 cost=files.JsonCost())
+        raw = files.read_checked(root, RECORDS, entries[RECORDS], limit=files.MAX_RECORDS_BYTES, cost=files.JsonCost())
         text = _utf8(raw, root / RECORDS)
         del raw  # the bytes are not needed while the objects are made
         records = _parse_json(text, root / RECORDS)
@@ -227,9 +246,11 @@ def load(path: str | os.PathLike[str], *, lazy: bool = False) -> Trace:
     except TorchLensError:
         raise
     except MemoryError:  # within the bounds above, but more than this machine has free now
-        raise TraceFileError(f"{str(root)!r} needs more memory to load than is free here ({RECORDS}: "
-                             f"{entries[RECORDS]['size']} bytes, {ARRAYS}: {blob_size} bytes): free memory, or load "
-                             "it on a larger machine") from None
+        raise TraceFileError(
+            f"{str(root)!r} needs more memory to load than is free here ({RECORDS}: "
+            f"{entries[RECORDS]['size']} bytes, {ARRAYS}: {blob_size} bytes): free memory, or load "
+            "it on a larger machine"
+        ) from None
     except Exception as exc:
         raise TraceFileError(f"{str(root)!r} is malformed: {type(exc).__name__}: {exc}") from exc
 
@@ -278,15 +299,26 @@ def _params_read(trace: Trace) -> set[str]:
 
 
 def _param_json(p: ParamRecord, enc: Encoder, with_value: bool) -> dict[str, Any]:
-    return {"name": p.name, "shape": enc.encode(tuple(p.shape)), "dtype": p.dtype, "numel": int(p.numel),
-            "trainable": bool(p.trainable), "module": p.module, "is_buffer": bool(p.is_buffer),
-            "value": enc.encode(p.value) if with_value else None}
+    return {
+        "name": p.name,
+        "shape": enc.encode(tuple(p.shape)),
+        "dtype": p.dtype,
+        "numel": int(p.numel),
+        "trainable": bool(p.trainable),
+        "module": p.module,
+        "is_buffer": bool(p.is_buffer),
+        "value": enc.encode(p.value) if with_value else None,
+    }
 
 
 def _module_json(m: ModuleRecord, enc: Encoder) -> dict[str, Any]:
-    return {"path": m.path, "type_name": m.type_name, "params": list(m.params),
-            "passes": [enc.encode(mp.out_template) for mp in m.passes],
-            "inputs": [enc.encode(mp.in_template) for mp in m.passes]}
+    return {
+        "path": m.path,
+        "type_name": m.type_name,
+        "params": list(m.params),
+        "passes": [enc.encode(mp.out_template) for mp in m.passes],
+        "inputs": [enc.encode(mp.in_template) for mp in m.passes],
+    }
 
 
 def _op_json(op: OpRecord, enc: Encoder, h: Any, backend: str) -> dict[str, Any]:
@@ -302,16 +334,33 @@ def _op_json(op: OpRecord, enc: Encoder, h: Any, backend: str) -> dict[str, Any]
     names = op.meta.get("arg_names") or (arg_names(op.call) if op.call is not None else None)
     before = enc.unsaved
     entry = {
-        "kind": op.kind, "func_name": op.func_name, "label": op.label, "layer_label": op.layer_label,
-        "func_ordinal": op.func_ordinal, "pass_num": op.pass_num, "num_passes": op.num_passes,
-        "parent_indices": list(op.parent_indices), "condition_indices": list(op.condition_indices),
-        "module_passes": [[path, n] for path, n in op.module_passes], "module_outputs": list(op.module_outputs),
-        "params": list(op.params), "shape": enc.encode(op.shape), "dtype": op.dtype, "device": op.device,
-        "source": op.source, "in_place": op.in_place, "saved": op.saved, "elapsed": enc.encode(op.elapsed),
+        "kind": op.kind,
+        "func_name": op.func_name,
+        "label": op.label,
+        "layer_label": op.layer_label,
+        "func_ordinal": op.func_ordinal,
+        "pass_num": op.pass_num,
+        "num_passes": op.num_passes,
+        "parent_indices": list(op.parent_indices),
+        "condition_indices": list(op.condition_indices),
+        "module_passes": [[path, n] for path, n in op.module_passes],
+        "module_outputs": list(op.module_outputs),
+        "params": list(op.params),
+        "shape": enc.encode(op.shape),
+        "dtype": op.dtype,
+        "device": op.device,
+        "source": op.source,
+        "in_place": op.in_place,
+        "saved": op.saved,
+        "elapsed": enc.encode(op.elapsed),
         "code_context": [[c.file, c.line_number, c.func_name] for c in op.code_context],
-        "cost": enc.encode(tuple(cost)), "arg_names": list(names) if names else None,
+        "cost": enc.encode(tuple(cost)),
+        "arg_names": list(names) if names else None,
         "layer_key": enc.encode(op.layer_key),
-        "call": call, "args": enc.encode(op.args), "kwargs": enc.encode(op.kwargs), "meta": enc.encode(op.meta),
+        "call": call,
+        "args": enc.encode(op.args),
+        "kwargs": enc.encode(op.kwargs),
+        "meta": enc.encode(op.meta),
     }
     entry["out"] = enc.encode(op.out)
     entry["pre_edit"] = enc.encode(op.pre_edit)
@@ -332,10 +381,19 @@ def _edit_json(edit: EditRecord, enc: Encoder) -> dict[str, Any]:
     helpers = []
     for helper in edit.helpers:
         form = saved_form(helper)
-        helpers.append(None if form is None else {"name": form[0], "arguments": {k: enc.encode(v) for k, v in
-                                                                                  form[1].items()}})
-    return {"site": edit.site, "kind": edit.kind, "path": enc.encode(edit.path), "helpers": helpers,
-            "text": repr(edit), "func_name": site.func_name, "module": site.module, "in_place": site.in_place}
+        helpers.append(
+            None if form is None else {"name": form[0], "arguments": {k: enc.encode(v) for k, v in form[1].items()}}
+        )
+    return {
+        "site": edit.site,
+        "kind": edit.kind,
+        "path": enc.encode(edit.path),
+        "helpers": helpers,
+        "text": repr(edit),
+        "func_name": site.func_name,
+        "module": site.module,
+        "in_place": site.in_place,
+    }
 
 
 def _encode_call(op: OpRecord, h: Any, backend: str) -> tuple[Any, str | None]:

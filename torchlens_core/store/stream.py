@@ -140,19 +140,23 @@ class Reader:
             # guards. Its size or modification time then differs (an fstat: a microsecond a read).
             now = _stamp(os.fstat(self.fd))
             if now[0] != self.stamp[0]:
-                raise TraceFileError(f"arrays.bin was changed after the trace was opened: it has {now[0]} bytes, "
-                                     f"it had {self.stamp[0]}")
+                raise TraceFileError(
+                    f"arrays.bin was changed after the trace was opened: it has {now[0]} bytes, it had {self.stamp[0]}"
+                )
             if now != self.stamp:
-                raise TraceFileError("arrays.bin was rewritten after the trace was opened (its modification time "
-                                     "changed)")
+                raise TraceFileError(
+                    "arrays.bin was rewritten after the trace was opened (its modification time changed)"
+                )
         buffer = bytearray(nbytes)  # writable: frameworks take NumPy arrays on it without a copy
         view = memoryview(buffer)
         done = 0
         while done < nbytes:
             n = _read_at(self.fd, view[done:], offset + done)
             if not n:
-                raise TraceFileError(f"arrays.bin ended at byte {offset + done}, before the value at {offset} "
-                                     f"({nbytes} bytes): the file was truncated after the trace was opened")
+                raise TraceFileError(
+                    f"arrays.bin ended at byte {offset + done}, before the value at {offset} "
+                    f"({nbytes} bytes): the file was truncated after the trace was opened"
+                )
             done += n
         return buffer
 
@@ -171,7 +175,7 @@ def _read_at(fd: int, into: memoryview, offset: int) -> int:
     with _SEEK:  # (Windows has no positioned read: seek and read, one reader at a time)
         os.lseek(fd, offset, os.SEEK_SET)
         data = os.read(fd, len(into))
-    into[:len(data)] = data
+    into[: len(data)] = data
     return len(data)
 
 
@@ -229,10 +233,12 @@ class StoredValue:
         op = self.record() if self.record is not None else None
         index, label = (op.index, op.label) if op is not None else ("?", "?")
         what = "value" if name == "out" else "value before edits"
-        return TraceFileError(f"op {index} ({label}): its {what} cannot be read from {self.source}: {why}. The "
-                              f"values stay in that folder's arrays.bin, read when read: load the folder again "
-                              f"(tl.load checks it against its manifest), or, if it was changed, save the trace "
-                              f"again (tl.save, or tl.trace(..., save_to=))")
+        return TraceFileError(
+            f"op {index} ({label}): its {what} cannot be read from {self.source}: {why}. The "
+            f"values stay in that folder's arrays.bin, read when read: load the folder again "
+            f"(tl.load checks it against its manifest), or, if it was changed, save the trace "
+            f"again (tl.save, or tl.trace(..., save_to=))"
+        )
 
     def put(self, name: str, value: Any) -> tuple[StoredValue | None, Any]:
         """A value given to ``op.<name>``: ``(where the op's values lie now, what stays in memory)``.
@@ -273,8 +279,12 @@ def _disagreement(backend: str, value: Any, shape: Any, dtype: str | None) -> st
     if found != tuple(shape):
         return f"the value read has shape {found}, its record says {tuple(shape)}"
     info = hook().torchlens_array_info(backend=backend, value=value) if dtype is not None else None
-    if info is not None and isinstance(shape, (list, tuple)) and all(type(d) is int for d in shape) \
-            and info[1] != dtype:
+    if (
+        info is not None
+        and isinstance(shape, (list, tuple))
+        and all(type(d) is int for d in shape)
+        and info[1] != dtype
+    ):
         return f"the value read has dtype {info[1]}, its record says {dtype}"
     return None
 
@@ -291,15 +301,16 @@ class Stream:
         except OSError as exc:
             raise atomic._error(self.folder, exc, f"creating {str(parent)!r}", replacing=False) from None
         atomic._remove_stale(parent, name, TRACE_FILES)
-        self.temp = parent / f".{name[:atomic._NAME_KEEP]}{atomic.TEMP}{os.getpid()}-{secrets.token_hex(4)}"
+        self.temp = parent / f".{name[: atomic._NAME_KEEP]}{atomic.TEMP}{os.getpid()}-{secrets.token_hex(4)}"
         try:
             os.mkdir(self.temp)
             self.file = open(self.temp / ARRAYS, "xb", buffering=0)
             fd = os.open(self.temp / ARRAYS, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except OSError as exc:
             shutil.rmtree(self.temp, ignore_errors=True)
-            raise atomic._error(self.folder, exc, f"creating {str(self.temp)!r} beside it",
-                                os.path.isdir(self.folder)) from None
+            raise atomic._error(
+                self.folder, exc, f"creating {str(self.temp)!r} beside it", os.path.isdir(self.folder)
+            ) from None
         self.digest = hashlib.sha256()
         self.gathered = bytearray()  # small values, written together
         self.writer = _Writer(self.file, self.digest)
@@ -500,11 +511,13 @@ def open_lazy(root: pathlib.Path, entry: Any, records: Any, version: int) -> Tra
     try:
         stamp = _stamp(os.fstat(f.fileno()))  # before hashing: a change from here on is refused at each read
         if actual != size:
-            raise TraceFileError(f"{str(file)!r} has {actual} bytes, the manifest says {size}: "
-                                 "the file is truncated or was changed")
+            raise TraceFileError(
+                f"{str(file)!r} has {actual} bytes, the manifest says {size}: the file is truncated or was changed"
+            )
         if files._hash_streamed(f, size, file, None) != entry["sha256"]:
-            raise TraceFileError(f"{str(file)!r} does not match the SHA-256 in the manifest: it was changed or "
-                                 "corrupted")
+            raise TraceFileError(
+                f"{str(file)!r} does not match the SHA-256 in the manifest: it was changed or corrupted"
+            )
         reader = Reader(os.dup(f.fileno()), size, stamp=stamp)
     finally:
         f.close()
@@ -527,8 +540,9 @@ def open_lazy(root: pathlib.Path, entry: Any, records: Any, version: int) -> Tra
     except Exception as exc:
         raise TraceFileError(f"{str(root)!r} is malformed: {type(exc).__name__}: {exc}") from exc
     info = next((i for i in backend_infos() if i.name == trace.backend), None)
-    source = Opened(root, LazyDecoder(hook(), trace.backend, records["arrays"], reader,
-                                      info is not None and info.available))
+    source = Opened(
+        root, LazyDecoder(hook(), trace.backend, records["arrays"], reader, info is not None and info.available)
+    )
     for i, out, pre_edit in kept:
         op = trace.ops[i]
         if pre_edit is not None and not op.edits:

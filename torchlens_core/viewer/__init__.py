@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["render_html", "show", "view"]
 
 
-def render_html(target: Trace | Comparison, *, side: str = "a", values: bool = True,
-                max_nodes: int = MAX_LAYOUT_NODES) -> str:
+def render_html(
+    target: Trace | Comparison, *, side: str = "a", values: bool = True, max_nodes: int = MAX_LAYOUT_NODES
+) -> str:
     """The viewer's HTML text for a trace, or for one side of a ``tl.compare`` result.
 
     A comparison colours each op by its pair's error (as ``Comparison.draw`` does) and opens on the first
@@ -54,8 +55,13 @@ def _render(target: Trace | Comparison, side: str, values: bool, max_nodes: int)
     modules = module_passes(trace)
     title = f"{trace.model_name or 'function'} ({trace.backend})"
     data: dict[str, Any] = {
-        "graph": op_graph(trace, modules, fills), "modules": modules, "chunk": CHUNK, "focus": None,
-        "comparison": None, "max_nodes": max_nodes, "sizes": depth_sizes(trace),
+        "graph": op_graph(trace, modules, fills),
+        "modules": modules,
+        "chunk": CHUNK,
+        "focus": None,
+        "comparison": None,
+        "max_nodes": max_nodes,
+        "sizes": depth_sizes(trace),
     }
     svgs: list[str | None] = []
     if len(trace.ops) > PAGE_LAYOUT_OPS:  # the page lays out what it shows (docs/viewer.md, "Scale")
@@ -63,8 +69,9 @@ def _render(target: Trace | Comparison, side: str, values: bool, max_nodes: int)
     else:
         laid_out, start = layouts(trace, colors=fills, max_nodes=max_nodes)
         data["start"] = laid_out[start]["depth"]
-        data["layouts"] = [{"depth": item["depth"], "nodes": item["nodes"], "available": item["svg"] is not None}
-                           for item in laid_out]
+        data["layouts"] = [
+            {"depth": item["depth"], "nodes": item["nodes"], "available": item["svg"] is not None} for item in laid_out
+        ]
         svgs = [item["svg"] for item in laid_out]
     if comparison is not None:
         data["comparison"] = _pairs(comparison, side)
@@ -76,21 +83,29 @@ def _render(target: Trace | Comparison, side: str, values: bool, max_nodes: int)
     # The panel's details and the value pictures in blocks of CHUNK ops, each parsed when first needed.
     blocks: dict[str, Any] = {}
     for k in range(0, len(records), CHUNK):
-        blocks[f"tl-ops-{k // CHUNK}"] = table(records[k:k + CHUNK])
+        blocks[f"tl-ops-{k // CHUNK}"] = table(records[k : k + CHUNK])
         blocks[f"tl-pictures-{k // CHUNK}"] = {i: pictures[i] for i in map(str, range(k, k + CHUNK)) if i in pictures}
     return page(title, data, svgs, blocks)
 
 
-def view(target: Trace | Comparison, path: str | os.PathLike[str] | None = None, *, side: str = "a",
-         values: bool = True, max_nodes: int = MAX_LAYOUT_NODES, open_browser: bool = False) -> str:
+def view(
+    target: Trace | Comparison,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    side: str = "a",
+    values: bool = True,
+    max_nodes: int = MAX_LAYOUT_NODES,
+    open_browser: bool = False,
+) -> str:
     """Write the viewer for ``target`` (a trace or a ``tl.compare`` result) to ``path``; returns the path.
 
     ``path`` defaults to ``<model name>.html`` in the working directory (the name made one path component:
     a loaded trace's model name comes from its file); ``open_browser=True`` opens it.
     """
     trace, _ = _trace_of(target, side)
-    path = checked_output(path if path is not None else default_name(trace.model_name or "trace", suffix=".html"),
-                          "the viewer page")
+    path = checked_output(
+        path if path is not None else default_name(trace.model_name or "trace", suffix=".html"), "the viewer page"
+    )
     text = render_html(target, side=side, values=values, max_nodes=max_nodes)
     try:
         with open(path, "w", encoding="utf-8") as f:
@@ -152,8 +167,9 @@ def _trace_of(target: Any, side: str) -> tuple[Trace, Comparison | None]:
         return (target.a if side == "a" else target.b), target
     if isinstance(target, Trace):
         return target, None
-    raise ArgumentTypeError(f"the viewer shows a Trace (tl.trace, tl.load) or a tl.compare result, not "
-                            f"{type(target).__name__}")
+    raise ArgumentTypeError(
+        f"the viewer shows a Trace (tl.trace, tl.load) or a tl.compare result, not {type(target).__name__}"
+    )
 
 
 def _pairs(comparison: Comparison, side: str) -> dict[str, dict[str, Any]]:
@@ -161,15 +177,19 @@ def _pairs(comparison: Comparison, side: str) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for pair in comparison.pairs:
         info = _pair_info(pair, side)
-        for label in (pair.a_group if side == "a" else pair.b_group):
+        for label in pair.a_group if side == "a" else pair.b_group:
             found[label] = info
     return found
 
 
 def _pair_info(pair: AlignedPair, side: str) -> dict[str, Any]:
     g = pair.agreement
-    return {"verdict": pair.verdict, "partner": pair.b if side == "a" else pair.a,
-            "max_abs": None if g is None else g.max_abs, "relative": None if g is None else g.relative}
+    return {
+        "verdict": pair.verdict,
+        "partner": pair.b if side == "a" else pair.a,
+        "max_abs": None if g is None else g.max_abs,
+        "relative": None if g is None else g.relative,
+    }
 
 
 def _name(trace: Trace) -> str:

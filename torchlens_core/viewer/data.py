@@ -62,23 +62,37 @@ def _record(trace: Trace, op: OpRecord, distance: Any, memo: dict[str, dict[Any,
     dtype) across ops: ops of one shape share them (parsing the dtype's name was a tenth of a large export)."""
     params = [trace.params[name] for name in op.params if name in trace.params]
     record: dict[str, Any] = {
-        "index": op.index, "label": op.label, "kind": op.kind, "func": op.func_name,
+        "index": op.index,
+        "label": op.label,
+        "kind": op.kind,
+        "func": op.func_name,
         "shape": _jsonable(op.shape) if memo is None else _cached(memo["json"], op.shape, _jsonable),
-        "dtype": op.dtype, "device": op.device,
+        "dtype": op.dtype,
+        "device": op.device,
         "bytes": op.num_bytes if memo is None else _cached(memo["bytes"], (op.shape, op.dtype), lambda _: op.num_bytes),
         "module_outputs": list(op.module_outputs),
-        "params": [{"name": p.name, "shape": list(p.shape), "numel": p.numel, "buffer": p.is_buffer,
-                    "trainable": p.trainable} for p in params],
-        "parents": list(op.parents), "children": list(op.children),
+        "params": [
+            {"name": p.name, "shape": list(p.shape), "numel": p.numel, "buffer": p.is_buffer, "trainable": p.trainable}
+            for p in params
+        ],
+        "parents": list(op.parents),
+        "children": list(op.children),
         "saved": op.saved,
         "code": [[loc.file, loc.line_number, loc.func_name] for loc in op.code_context[:3]],
-        "distance": [distance.min_from_input, distance.max_from_input,
-                     distance.min_to_output, distance.max_to_output],
+        "distance": [distance.min_from_input, distance.max_from_input, distance.min_to_output, distance.max_to_output],
     }
     if op.kind == "op":
-        record.update({"flops": op.flops, "macs": op.macs, "elapsed": op.elapsed, "source": op.source,
-                       "in_place": op.in_place, "conditions": list(op.conditions),
-                       "config": {str(k): _short(v) for k, v in op.config.items()}})
+        record.update(
+            {
+                "flops": op.flops,
+                "macs": op.macs,
+                "elapsed": op.elapsed,
+                "source": op.source,
+                "in_place": op.in_place,
+                "conditions": list(op.conditions),
+                "config": {str(k): _short(v) for k, v in op.config.items()},
+            }
+        )
     if op.edits:
         record["edits"] = [{"site": e.site, "helpers": [_short(h) for h in e.helpers]} for e in op.edits]
     return record
@@ -95,9 +109,17 @@ def module_passes(trace: Trace) -> list[dict[str, Any]]:
             if found is None:
                 module = trace.modules[path]
                 found = passes[(path, n)] = {
-                    "key": f"{path}:{n}", "path": path, "pass": n, "num_passes": module.num_passes,
-                    "type": module.type_name, "depth": depth, "params": module.num_params,
-                    "parent": parent, "ops": 0, "at": len(passes)}
+                    "key": f"{path}:{n}",
+                    "path": path,
+                    "pass": n,
+                    "num_passes": module.num_passes,
+                    "type": module.type_name,
+                    "depth": depth,
+                    "params": module.num_params,
+                    "parent": parent,
+                    "ops": 0,
+                    "at": len(passes),
+                }
             found["ops"] += 1
             parent = found["at"]
     for found in passes.values():
@@ -111,8 +133,18 @@ def op_graph(trace: Trace, modules: list[dict[str, Any]], colors: dict[str, str]
     parent op indices, shape text, whether a module returned it and whether it has parameters; the fill colour
     of a comparison by op index; the edited ops. Layout, folding and search read only these."""
     at = {(m["path"], m["pass"]): i for i, m in enumerate(modules)}
-    graph: dict[str, Any] = {"label": [], "func": [], "kind": [], "module": [], "parents": [], "shape": [],
-                             "out": [], "params": [], "fill": {}, "edited": []}
+    graph: dict[str, Any] = {
+        "label": [],
+        "func": [],
+        "kind": [],
+        "module": [],
+        "parents": [],
+        "shape": [],
+        "out": [],
+        "params": [],
+        "fill": {},
+        "edited": [],
+    }
     shapes: dict[Any, str] = {}
     for op in trace.ops:
         graph["label"].append(op.label)

@@ -94,14 +94,17 @@ def _depth_sizes_by_depth(trace: Trace, depth: int, single: dict[Any, int]) -> l
 def start_depth(sizes: list[int], max_nodes: int) -> int:
     """The depth the page opens at, as ``collapse="auto"`` draws: the deepest within the drawing's node budget."""
     if sizes[0] > max_nodes:
-        raise TorchLensError(f"even the most collapsed layout has {sizes[0]} nodes, over max_nodes={max_nodes}: "
-                             "raise max_nodes to lay it out")
+        raise TorchLensError(
+            f"even the most collapsed layout has {sizes[0]} nodes, over max_nodes={max_nodes}: "
+            "raise max_nodes to lay it out"
+        )
     within = [d for d, n in enumerate(sizes, start=1) if n <= AUTO_NODE_BUDGET]
     return within[-1] if within else 1
 
 
-def layouts(trace: Trace, colors: dict[str, str] | None = None,
-            max_nodes: int = MAX_LAYOUT_NODES) -> tuple[list[dict[str, Any]], int]:
+def layouts(
+    trace: Trace, colors: dict[str, str] | None = None, max_nodes: int = MAX_LAYOUT_NODES
+) -> tuple[list[dict[str, Any]], int]:
     """(layouts, index of the one to open with), shallowest first; the last is the expanded graph.
 
     Each layout is ``{"depth": d, "nodes": n, "svg": text}``: modules ``d`` deep are boxes (``d`` one more
@@ -113,7 +116,8 @@ def layouts(trace: Trace, colors: dict[str, str] | None = None,
     if dot is None:
         raise GraphvizNotFoundError(
             "the viewer lays the graph out with the Graphviz 'dot' program, which is not on PATH: install "
-            "Graphviz (apt-get install graphviz, brew install graphviz, conda install graphviz)")
+            "Graphviz (apt-get install graphviz, brew install graphviz, conda install graphviz)"
+        )
     depth = max((len(op.module_passes) for op in trace.ops), default=0)
     found: list[dict[str, Any]] = []
     seen: set[frozenset[str]] = set()
@@ -125,16 +129,19 @@ def layouts(trace: Trace, colors: dict[str, str] | None = None,
         seen.add(nodes)
         found.append({"depth": d, "nodes": len(nodes), "dot": to_dot(trace, collapse=collapse, colors=colors)})
     with ThreadPoolExecutor(max_workers=2) as pool:
-        svgs = list(pool.map(lambda item: _svg(dot, item["dot"], item["nodes"]) if item["nodes"] <= max_nodes
-                             else None, found))
+        svgs = list(
+            pool.map(lambda item: _svg(dot, item["dot"], item["nodes"]) if item["nodes"] <= max_nodes else None, found)
+        )
     for item, svg in zip(found, svgs):
         del item["dot"]
         item["svg"] = svg
     within = [i for i, item in enumerate(found) if item["nodes"] <= AUTO_NODE_BUDGET and item["svg"] is not None]
     start = within[-1] if within else 0
     if found[start]["svg"] is None:
-        raise TorchLensError(f"even the most collapsed layout has {found[start]['nodes']} nodes, over "
-                             f"max_nodes={max_nodes}: raise max_nodes to lay it out")
+        raise TorchLensError(
+            f"even the most collapsed layout has {found[start]['nodes']} nodes, over "
+            f"max_nodes={max_nodes}: raise max_nodes to lay it out"
+        )
     return found, start
 
 
@@ -145,5 +152,5 @@ def _svg(dot: str, source: str, nodes: int) -> str:
         raise TorchLensError(f"Graphviz failed to lay the trace out: {result.stderr.decode(errors='replace').strip()}")
     text = result.stdout.decode()
     # The page inlines the <svg> element itself: drop the XML prolog, doctype and comments.
-    text = text[text.index("<svg"):]
+    text = text[text.index("<svg") :]
     return re.sub(r"<!--.*?-->\n?", "", text, flags=re.S)

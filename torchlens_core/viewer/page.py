@@ -18,10 +18,14 @@ from torchlens_core.compare.report import AGREES, DIVERGES, SHAPE, UNKNOWN
 from torchlens_core.ir.errors import TorchLensError
 
 # The colours Comparison.draw() fills ops with, named.
-LEGEND = ('<span class="tl-legend">' + "".join(
-    f'{name}<span style="background:{color}"></span>'
-    for name, color in (("agrees", AGREES), ("diverges", DIVERGES[1]), ("shape", SHAPE), ("not compared", UNKNOWN)))
-    + "</span>")
+LEGEND = (
+    '<span class="tl-legend">'
+    + "".join(
+        f'{name}<span style="background:{color}"></span>'
+        for name, color in (("agrees", AGREES), ("diverges", DIVERGES[1]), ("shape", SHAPE), ("not compared", UNKNOWN))
+    )
+    + "</span>"
+)
 
 
 def page(title: str, data: dict[str, Any], svgs: list[str | None], blocks: dict[str, Any]) -> str:
@@ -29,10 +33,14 @@ def page(title: str, data: dict[str, Any], svgs: list[str | None], blocks: dict[
     by the page when it needs them)."""
     asset = resources.files("torchlens_core.viewer")
     script, style = (asset / "viewer.js").read_text(), (asset / "viewer.css").read_text()
-    layouts = [f'<script id="tl-layout-{i}" type="image/svg+xml">{_raw(svg)}</script>'
-              for i, svg in enumerate(svgs) if svg is not None]
-    json_blocks = [f'<script id="{name}" type="application/json">{_json(value)}</script>'
-                   for name, value in blocks.items()]
+    layouts = [
+        f'<script id="tl-layout-{i}" type="image/svg+xml">{_raw(svg)}</script>'
+        for i, svg in enumerate(svgs)
+        if svg is not None
+    ]
+    json_blocks = [
+        f'<script id="{name}" type="application/json">{_json(value)}</script>' for name, value in blocks.items()
+    ]
     legend = LEGEND if data.get("comparison") else ""
     return f"""<!DOCTYPE html>
 <html lang="en">

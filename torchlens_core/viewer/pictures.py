@@ -56,8 +56,11 @@ def converter(backend: str) -> Callable[[Any], Any]:
     direct = None
     impls = caller.get_hookimpls()
     if not any(getattr(impl, "hookwrapper", False) or getattr(impl, "wrapper", False) for impl in impls):
-        own = [impl.plugin for impl in impls if isinstance(impl.plugin, Backend)
-               and type(impl.plugin).torchlens_to_numpy is Backend.torchlens_to_numpy]
+        own = [
+            impl.plugin
+            for impl in impls
+            if isinstance(impl.plugin, Backend) and type(impl.plugin).torchlens_to_numpy is Backend.torchlens_to_numpy
+        ]
         if len(own) == len(impls):  # no plugin but backends answering for their own name
             mine = [plugin for plugin in own if plugin.name == backend]
             if len(mine) <= 1:
@@ -113,8 +116,12 @@ def picture(array: Any, with_heatmap: bool = True) -> dict[str, Any] | None:
         except ValueError:  # a spread too narrow for 32 bins at this magnitude (1.0 and the next float): one bin
             counts, edges = np.array([finite.size]), np.array([finite.min(), finite.max()])
         out["hist"] = {"counts": counts.tolist(), "lo": float(edges[0]), "hi": float(edges[-1])}
-        out["stats"] = {"min": float(finite.min()), "max": float(finite.max()),
-                        "mean": float(finite.mean()), "std": float(finite.std())}
+        out["stats"] = {
+            "min": float(finite.min()),
+            "max": float(finite.max()),
+            "mean": float(finite.mean()),
+            "std": float(finite.std()),
+        }
     if with_heatmap and values.ndim >= 2 and finite.size:
         out["heatmaps"] = _heatmaps(values)
     return out
@@ -151,12 +158,22 @@ def _heatmaps(values: Any) -> dict[str, Any]:
         small = _shrink(image, HEATMAP_SIDE)
         finite = small[np.isfinite(small)]
         lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
-        scaled = np.zeros(small.shape) if hi == lo else (np.nan_to_num(small, nan=lo, posinf=hi, neginf=lo) - lo) / (
-            hi - lo) * 255
+        scaled = (
+            np.zeros(small.shape)
+            if hi == lo
+            else (np.nan_to_num(small, nan=lo, posinf=hi, neginf=lo) - lo) / (hi - lo) * 255
+        )
         pixels = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
         slices.append({"lo": lo, "hi": hi, "data": base64.b64encode(pixels.tobytes()).decode("ascii")})
-    return {"rows": int(small.shape[0]), "cols": int(small.shape[1]), "of_rows": int(rows), "of_cols": int(cols),
-            "lead_shape": list(values.shape[:-2]), "count": int(stack.shape[0]), "slices": slices}
+    return {
+        "rows": int(small.shape[0]),
+        "cols": int(small.shape[1]),
+        "of_rows": int(rows),
+        "of_cols": int(cols),
+        "lead_shape": list(values.shape[:-2]),
+        "count": int(stack.shape[0]),
+        "slices": slices,
+    }
 
 
 def _shrink(image: Any, side: int) -> Any:
@@ -270,8 +287,9 @@ class _Stacked:
         counts = np.bincount(indices.ravel(), minlength=len(good) * bins).reshape(len(good), bins)
         self.ok = ok.tolist()
         self.hist: dict[int, tuple[list[int], float, float]] = {
-            int(r): (c, e0, e1) for r, c, e0, e1 in zip(good.tolist(), counts.tolist(), edges_ok[:, 0].tolist(),
-                                                         edges_ok[:, -1].tolist())}
+            int(r): (c, e0, e1)
+            for r, c, e0, e1 in zip(good.tolist(), counts.tolist(), edges_ok[:, 0].tolist(), edges_ok[:, -1].tolist())
+        }
         self.stats = list(zip(lo.tolist(), hi.tolist(), mean.tolist(), std.tolist()))
         self.maps: list[Any] | None = None
 
@@ -300,9 +318,17 @@ class _Stacked:
         found = []
         for r, (los, his) in enumerate(zip(lo.tolist(), hi.tolist())):
             data = [base64.b64encode(pixels[r, j].tobytes()).decode("ascii") for j in range(slices)]
-            found.append({"rows": rows, "cols": cols, "of_rows": rows, "of_cols": cols,
-                          "lead_shape": list(self.shape[:-2]), "count": count,
-                          "slices": [{"lo": a, "hi": b, "data": d} for a, b, d in zip(los, his, data)]})
+            found.append(
+                {
+                    "rows": rows,
+                    "cols": cols,
+                    "of_rows": rows,
+                    "of_cols": cols,
+                    "lead_shape": list(self.shape[:-2]),
+                    "count": count,
+                    "slices": [{"lo": a, "hi": b, "data": d} for a, b, d in zip(los, his, data)],
+                }
+            )
         return found
 
 
@@ -317,8 +343,11 @@ class _Row:
     def picture(self, with_heatmap: bool) -> dict[str, Any]:
         counts, lo, hi = self.stack.hist[self.row]
         low, high, mean, std = self.stack.stats[self.row]
-        out: dict[str, Any] = {"nonfinite": 0, "hist": {"counts": counts, "lo": lo, "hi": hi},
-                               "stats": {"min": low, "max": high, "mean": mean, "std": std}}
+        out: dict[str, Any] = {
+            "nonfinite": 0,
+            "hist": {"counts": counts, "lo": lo, "hi": hi},
+            "stats": {"min": low, "max": high, "mean": mean, "std": std},
+        }
         if with_heatmap and len(self.stack.shape) >= 2:
             out["heatmaps"] = self.stack.heatmaps(self.row)
         return out

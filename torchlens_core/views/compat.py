@@ -49,8 +49,12 @@ class CompatReport:
         return [row for row in self.rows if row.status == "known_broken"]
 
     def to_markdown(self) -> str:
-        lines = [f"Compatibility of {self.model_name} with the {self.backend or 'no'} backend", "",
-                 "| area | check | status | reason |", "|---|---|---|---|"]
+        lines = [
+            f"Compatibility of {self.model_name} with the {self.backend or 'no'} backend",
+            "",
+            "| area | check | status | reason |",
+            "|---|---|---|---|",
+        ]
         lines += [f"| {r.area} | {r.check} | {r.status} | {r.reason.replace('|', '/')} |" for r in self.rows]
         return "\n".join(lines)
 
@@ -78,24 +82,50 @@ def report(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) ->
     if backend is None:
         backend = claim_backend(model, args, kwargs)
     if backend is None:
-        return CompatReport(None, name, (CompatRow("framework", "backend", "known_broken",
-                                                   "no installed backend recognises the model or its inputs: "
-                                                   "pass backend= (tl.backends() lists them)"),))
+        return CompatReport(
+            None,
+            name,
+            (
+                CompatRow(
+                    "framework",
+                    "backend",
+                    "known_broken",
+                    "no installed backend recognises the model or its inputs: pass backend= (tl.backends() lists them)",
+                ),
+            ),
+        )
     try:
         info = resolve_backend(backend)
     except BackendNotFoundError as exc:
         return CompatReport(backend, name, (CompatRow("framework", "backend", "known_broken", str(exc)),))
-    rows = [CompatRow("framework", "backend", "pass",
-                      f"{info.name} backend, {info.framework} {info.framework_version}; capabilities: "
-                      f"{', '.join(sorted(info.capabilities))}")]
+    rows = [
+        CompatRow(
+            "framework",
+            "backend",
+            "pass",
+            f"{info.name} backend, {info.framework} {info.framework_version}; capabilities: "
+            f"{', '.join(sorted(info.capabilities))}",
+        )
+    ]
     if not callable(model):
-        rows.append(CompatRow("wrapper", "callable", "known_broken", f"a {type(model).__name__} is not callable: "
-                              f"tl.trace needs a model or function"))
+        rows.append(
+            CompatRow(
+                "wrapper",
+                "callable",
+                "known_broken",
+                f"a {type(model).__name__} is not callable: tl.trace needs a model or function",
+            )
+        )
     found = hook().torchlens_compat(backend=info.name, target=model, args=args, kwargs=kwargs)
     if found is None:
-        rows.append(CompatRow("framework", "backend checks", "not_tested",
-                              f"the {info.name} backend inspects nothing of its own here; LIMITATIONS.md lists what "
-                              f"is known for it"))
+        rows.append(
+            CompatRow(
+                "framework",
+                "backend checks",
+                "not_tested",
+                f"the {info.name} backend inspects nothing of its own here; LIMITATIONS.md lists what is known for it",
+            )
+        )
     else:
         rows += found
     return CompatReport(info.name, name, tuple(rows))

@@ -93,7 +93,8 @@ def view(trace: Trace, vis_mode: str = "unrolled", collapse: Collapse = None, mo
         return _auto(trace, vis_mode, module)
     if isinstance(collapse, str) or (isinstance(collapse, int) and collapse < 1) or isinstance(collapse, bool):
         raise UnsupportedError(
-            f"collapse must be None, 'auto', a depth >= 1 or a predicate on modules, not {collapse!r}")
+            f"collapse must be None, 'auto', a depth >= 1 or a predicate on modules, not {collapse!r}"
+        )
     return _build(trace, vis_mode == "rolled", collapse, module)
 
 
@@ -195,7 +196,7 @@ def _segments(trace: Trace, v: View, module: str | None, budget: int) -> View:
     for op_index, node_id in v.node_of.items():
         ops_of.setdefault(node_id, []).append(op_index)
     for k in range(0, len(groups), size):
-        members = [i for group in groups[k:k + size] for i in group]
+        members = [i for group in groups[k : k + size] for i in group]
         key = f"segment {k // size + 1}"
         indices = sorted(index for i in members for index in ops_of.get(i, ()))
         first, last = trace.ops[indices[0]], trace.ops[indices[-1]]
@@ -231,8 +232,9 @@ def _chain_of(op: OpRecord, module: str | None) -> tuple[tuple[str, int], ...]:
     return ()
 
 
-def _collapsed_at(chain: tuple[tuple[str, int], ...], collapse: Collapse, trace: Trace,
-                  module: str | None) -> int | None:
+def _collapsed_at(
+    chain: tuple[tuple[str, int], ...], collapse: Collapse, trace: Trace, module: str | None
+) -> int | None:
     """Position in ``chain`` of the module pass drawn as one box, if any."""
     start = 1 if module is not None else 0  # the focused module itself is never a box
     for i in range(start, len(chain)):
@@ -247,8 +249,9 @@ def _collapsed_at(chain: tuple[tuple[str, int], ...], collapse: Collapse, trace:
     return None
 
 
-def _placed(trace: Trace, rolled: bool, collapse: Collapse, module: str | None,
-            runs: dict[tuple[str, int], Run] | None) -> Iterator[tuple[OpRecord, str, tuple[Any, ...], int | None]]:
+def _placed(
+    trace: Trace, rolled: bool, collapse: Collapse, module: str | None, runs: dict[tuple[str, int], Run] | None
+) -> Iterator[tuple[OpRecord, str, tuple[Any, ...], int | None]]:
     """Each op drawn, with the key of the node that draws it, its module chain and where that is collapsed."""
     for op in trace.ops:
         chain = _chain_of(op, module)
@@ -264,8 +267,9 @@ def _placed(trace: Trace, rolled: bool, collapse: Collapse, module: str | None,
         yield op, key, chain, at
 
 
-def _node_count(trace: Trace, rolled: bool, collapse: Collapse, module: str | None,
-                runs: dict[tuple[str, int], Run] | None = None) -> int:
+def _node_count(
+    trace: Trace, rolled: bool, collapse: Collapse, module: str | None, runs: dict[tuple[str, int], Run] | None = None
+) -> int:
     """How many nodes ``_build`` would draw, without writing their labels."""
     keys: set[str] = set()
     inside: set[int] = set()
@@ -276,8 +280,9 @@ def _node_count(trace: Trace, rolled: bool, collapse: Collapse, module: str | No
     return len(keys) + len(outside)
 
 
-def _build(trace: Trace, rolled: bool, collapse: Collapse, module: str | None,
-           runs: dict[tuple[str, int], Run] | None = None) -> View:
+def _build(
+    trace: Trace, rolled: bool, collapse: Collapse, module: str | None, runs: dict[tuple[str, int], Run] | None = None
+) -> View:
     """The view at one collapse; with ``runs``, each run of collapsed sibling modules is one box."""
     nodes: dict[str, Node] = {}
     node_of: dict[int, str] = {}
@@ -291,8 +296,14 @@ def _build(trace: Trace, rolled: bool, collapse: Collapse, module: str | None,
             label = _run_label(trace, run) if run is not None else _module_label(trace, path, n, rolled)
             nodes[key] = Node(key, label, "module", _cluster_chain(chain[:at], rolled))
         else:
-            nodes[key] = Node(key, _op_label(op, trace, rolled), op.kind, _cluster_chain(chain, rolled),
-                              module_output=bool(op.module_outputs), has_params=bool(op.params))
+            nodes[key] = Node(
+                key,
+                _op_label(op, trace, rolled),
+                op.kind,
+                _cluster_chain(chain, rolled),
+                module_output=bool(op.module_outputs),
+                has_params=bool(op.params),
+            )
     edges: dict[tuple[str, str], None] = {}
     for op in trace.ops:
         child = node_of.get(op.index)
@@ -308,8 +319,14 @@ def _build(trace: Trace, rolled: bool, collapse: Collapse, module: str | None,
             # own next pass is (a loop edge).
             if parent != child or nodes[child].kind != "module":
                 edges[(parent, child)] = None
-    return View(nodes, list(edges), {p: m.type_name for p, m in trace.modules.items()}, rolled,
-                {p: m.num_passes for p, m in trace.modules.items()}, node_of)
+    return View(
+        nodes,
+        list(edges),
+        {p: m.type_name for p, m in trace.modules.items()},
+        rolled,
+        {p: m.num_passes for p, m in trace.modules.items()},
+        node_of,
+    )
 
 
 def _run_label(trace: Trace, run: Run) -> str:
@@ -322,8 +339,9 @@ def _run_label(trace: Trace, run: Run) -> str:
     shapes = record.passes[n - 1].output_shapes
     if shapes:
         lines.append(" ".join(shape_text(shape) for shape in shapes))
-    names = dict.fromkeys(name for path in dict.fromkeys(p for p, _ in run.members)
-                          for name in trace.modules[path].params)
+    names = dict.fromkeys(
+        name for path in dict.fromkeys(p for p, _ in run.members) for name in trace.modules[path].params
+    )
     params, buffers = params_and_buffers(trace, names)
     if params:
         lines.append(f"params: {_count(sum(p.numel for p in params))}")
@@ -335,8 +353,9 @@ def _run_label(trace: Trace, run: Run) -> str:
 def _module_label(trace: Trace, path: str, n: int, rolled: bool) -> str:
     """A collapsed module: path (and passes), type, output shape, parameters."""
     record = trace.modules[path]
-    passes = f" x{record.num_passes}" if rolled and record.num_passes > 1 else (
-        f":{n}" if record.num_passes > 1 else "")
+    passes = (
+        f" x{record.num_passes}" if rolled and record.num_passes > 1 else (f":{n}" if record.num_passes > 1 else "")
+    )
     lines = [f"{path}{passes}", record.type_name]
     shapes = record.passes[n - 1].output_shapes
     if shapes:
@@ -400,13 +419,22 @@ def nesting(collapse: Collapse, vis_nesting_depth: int | None) -> Collapse:
     if vis_nesting_depth is None:
         return collapse
     if collapse is not None and collapse != vis_nesting_depth:
-        raise ArgumentTypeError(f"vis_nesting_depth= is collapse='s other name: give one of them, not "
-                                f"collapse={collapse!r} and vis_nesting_depth={vis_nesting_depth!r}")
+        raise ArgumentTypeError(
+            f"vis_nesting_depth= is collapse='s other name: give one of them, not "
+            f"collapse={collapse!r} and vis_nesting_depth={vis_nesting_depth!r}"
+        )
     return vis_nesting_depth
 
 
-def to_dot(trace: Trace, vis_mode: str = "unrolled", collapse: Collapse = None, module: str | None = None,
-           colors: dict[str, str] | None = None, *, vis_nesting_depth: int | None = None) -> str:
+def to_dot(
+    trace: Trace,
+    vis_mode: str = "unrolled",
+    collapse: Collapse = None,
+    module: str | None = None,
+    colors: dict[str, str] | None = None,
+    *,
+    vis_nesting_depth: int | None = None,
+) -> str:
     """The DOT source of the drawing (no Graphviz needed).
 
     ``colors`` maps op labels to fill colours (``"#rrggbb"``), for drawings that
@@ -419,8 +447,12 @@ def to_dot(trace: Trace, vis_mode: str = "unrolled", collapse: Collapse = None, 
 
 def _dot(trace: Trace, v: View, module: str | None, colors: dict[str, str] | None) -> str:
     title = f"{trace.model_name or 'function'} ({trace.backend})" + (f", module {module}" if module else "")
-    out = ["digraph trace {", f'  graph [rankdir=TB, fontname="Helvetica", label="{_esc(title)}", labelloc=t];',
-           '  node [fontname="Helvetica", fontsize=10];', '  edge [color="#444444", arrowsize=0.6];']
+    out = [
+        "digraph trace {",
+        f'  graph [rankdir=TB, fontname="Helvetica", label="{_esc(title)}", labelloc=t];',
+        '  node [fontname="Helvetica", fontsize=10];',
+        '  edge [color="#444444", arrowsize=0.6];',
+    ]
     tree: dict[Any, Any] = {}
     for node in v.nodes.values():
         level = tree
@@ -430,8 +462,9 @@ def _dot(trace: Trace, v: View, module: str | None, colors: dict[str, str] | Non
     node_colors = {}
     for op in trace.ops:  # op labels -> the drawing's node ids
         if colors and op.label in colors:
-            node_colors[f"layer {op.layer_label}" if v.rolled and op.kind == "op" else f"op {op.index}"] = \
-                colors[op.label]
+            node_colors[f"layer {op.layer_label}" if v.rolled and op.kind == "op" else f"op {op.index}"] = colors[
+                op.label
+            ]
     out += _emit(tree, v, 1, node_colors)
     out += [f'  "{_esc(a)}" -> "{_esc(b)}";' for a, b in v.edges]
     out.append("}")
@@ -466,8 +499,7 @@ def _emit(level: dict[Any, Any], v: View, indent: int, colors: dict[str, str]) -
             continue
         name = f"cluster {path}" + ("" if n is None else f":{n}")
         lines.append(f'{pad}subgraph "{_esc(name)}" {{')
-        lines.append(f'{pad}  label="{_esc(title)}"; '
-                     'style="rounded,dashed"; color="#7a869a"; fontsize=10;')
+        lines.append(f'{pad}  label="{_esc(title)}"; style="rounded,dashed"; color="#7a869a"; fontsize=10;')
         lines += _emit(inner, v, indent + 1, colors)
         lines.append(f"{pad}}}")
     return lines
@@ -488,10 +520,18 @@ def _esc_label(text: str) -> str:
 
 
 # -- rendering -----------------------------------------------------------------------------
-def draw(trace: Trace, path: str | os.PathLike[str] | None = None, file_format: str = "pdf",
-         vis_mode: str = "unrolled", collapse: Collapse = None, module: str | None = None,
-         colors: dict[str, str] | None = None, max_nodes: int | None = DRAW_MAX_NODES, *,
-         vis_nesting_depth: int | None = None) -> str:
+def draw(
+    trace: Trace,
+    path: str | os.PathLike[str] | None = None,
+    file_format: str = "pdf",
+    vis_mode: str = "unrolled",
+    collapse: Collapse = None,
+    module: str | None = None,
+    colors: dict[str, str] | None = None,
+    max_nodes: int | None = DRAW_MAX_NODES,
+    *,
+    vis_nesting_depth: int | None = None,
+) -> str:
     """Render with Graphviz and return the path written (``vis_nesting_depth``: ``collapse``'s other name).
 
     A drawing of more than ``max_nodes`` nodes is refused (DrawingTooLargeError) before Graphviz starts,
@@ -509,11 +549,16 @@ def draw(trace: Trace, path: str | os.PathLike[str] | None = None, file_format: 
         raise DrawingTooLargeError(
             f"this drawing has {len(v.nodes):,} nodes, over max_nodes={max_nodes:,}: Graphviz would take "
             f"{_duration(seconds)} or more to lay it out. {_instead(trace, vis_mode, module)}, or pass "
-            "max_nodes=None to draw it all the same.")
+            "max_nodes=None to draw it all the same."
+        )
     if seconds > WARN_SECONDS:
-        warnings.warn(LargeDrawingWarning(
-            f"drawing {len(v.nodes):,} nodes: Graphviz will take {_duration(seconds)} to lay them out. "
-            f"{_instead(trace, vis_mode, module)}."), stacklevel=3)
+        warnings.warn(
+            LargeDrawingWarning(
+                f"drawing {len(v.nodes):,} nodes: Graphviz will take {_duration(seconds)} to lay them out. "
+                f"{_instead(trace, vis_mode, module)}."
+            ),
+            stacklevel=3,
+        )
     source = _dot(trace, v, module, colors)
     if path is None:  # named after the trace, which a loaded file chose: one path component, in the working folder
         path = default_name(trace.model_name or "trace", module, vis_mode, suffix=f".{file_format}")
@@ -559,8 +604,10 @@ def _duration(seconds: float) -> str:
 def _instead(trace: Trace, vis_mode: str, module: str | None) -> str:
     """What to draw instead of a huge graph, with the auto drawing's node count."""
     auto = len(view(trace, vis_mode, "auto", module).nodes)
-    return (f'collapse="auto" draws it as {auto} nodes (modules as boxes as deep as fits), collapse=N draws '
-            'modules N levels deep as boxes, module="path" draws one module\'s subgraph')
+    return (
+        f'collapse="auto" draws it as {auto} nodes (modules as boxes as deep as fits), collapse=N draws '
+        'modules N levels deep as boxes, module="path" draws one module\'s subgraph'
+    )
 
 
 def render(source: str, path: str, file_format: str, quick: bool = False) -> None:
@@ -569,24 +616,32 @@ def render(source: str, path: str, file_format: str, quick: bool = False) -> Non
         raise GraphvizNotFoundError(
             "drawing needs the Graphviz 'dot' program, which is not on PATH: install Graphviz "
             "(apt-get install graphviz, brew install graphviz, conda install graphviz). "
-            "trace.to_dot() gives the DOT source without it.")
+            "trace.to_dot() gives the DOT source without it."
+        )
     try:
-        result = subprocess.run([dot, f"-T{file_format}", *(QUICK_LAYOUT if quick else ()), "-o", path],
-                                input=source.encode(), capture_output=True)
+        result = subprocess.run(
+            [dot, f"-T{file_format}", *(QUICK_LAYOUT if quick else ()), "-o", path],
+            input=source.encode(),
+            capture_output=True,
+        )
     except (OSError, ValueError) as exc:  # the path or the DOT text as the system refuses them
         raise write_error(path, "a drawing", exc) from None
     if result.returncode != 0:
         raise TorchLensError(f"Graphviz failed to render {path}: {result.stderr.decode(errors='replace').strip()}")
 
 
-def svg(trace: Trace, vis_mode: str = "unrolled", collapse: Collapse = None, module: str | None = None,
-        colors: dict[str, str] | None = None) -> str | None:
+def svg(
+    trace: Trace,
+    vis_mode: str = "unrolled",
+    collapse: Collapse = None,
+    module: str | None = None,
+    colors: dict[str, str] | None = None,
+) -> str | None:
     """SVG text of the drawing, or None without Graphviz (for notebooks)."""
     dot = shutil.which("dot")
     if dot is None:
         return None
     v = view(trace, vis_mode, collapse, module)
     quick = QUICK_LAYOUT if layout_size(v) > QUICK_LAYOUT_SIZE else ()
-    result = subprocess.run([dot, "-Tsvg", *quick], input=_dot(trace, v, module, colors).encode(),
-                            capture_output=True)
+    result = subprocess.run([dot, "-Tsvg", *quick], input=_dot(trace, v, module, colors).encode(), capture_output=True)
     return result.stdout.decode() if result.returncode == 0 else None

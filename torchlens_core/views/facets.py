@@ -208,13 +208,22 @@ class Facets(Mapping[str, Any]):
             raise ArgumentTypeError("facets.when(name, *helpers) needs at least one helper, e.g. tl.zero_ablate()")
         for helper in helpers:
             if not callable(helper):
-                raise ArgumentTypeError(f"an intervention helper is a callable helper(value, site) -> value, not "
-                                        f"{type(helper).__name__}")
+                raise ArgumentTypeError(
+                    f"an intervention helper is a callable helper(value, site) -> value, not {type(helper).__name__}"
+                )
         spec, index, permutation = self._find(name)
         ref = self._editable(spec, name)
         op = self.trace.ops[ref.index]
-        edit = FacetEdit(module=self.module_pass.label, name=name, path=ref.path, index=index, axis=spec.split,
-                         permutation=permutation, helpers=tuple(helpers), arrays=self.plan.arrays)  # type: ignore
+        edit = FacetEdit(
+            module=self.module_pass.label,
+            name=name,
+            path=ref.path,
+            index=index,
+            axis=spec.split,
+            permutation=permutation,
+            helpers=tuple(helpers),
+            arrays=self.plan.arrays,
+        )  # type: ignore
         selector = label(f"{op.layer_label}:{op.pass_num}")
         if (self.module_pass.path, self.module_pass.pass_num) in op.module_passes:
             # Inside the module: pinned to this call, so a label shared by another call's op cannot match.
@@ -235,8 +244,10 @@ class Facets(Mapping[str, Any]):
         if dot and tail.isdigit() and base in self._specs:
             spec = self._specs[base]
             if spec.split is None:
-                raise LabelNotFoundError(f"facet {base!r} of {self.module_pass.label} has no axis to index "
-                                         f"with {name!r}; read {base!r} whole")
+                raise LabelNotFoundError(
+                    f"facet {base!r} of {self.module_pass.label} has no axis to index "
+                    f"with {name!r}; read {base!r} whole"
+                )
             count = self._split_size(spec)
             if count is not None and int(tail) >= count:
                 raise LabelNotFoundError(self._out_of_range(name, spec, count))
@@ -246,12 +257,16 @@ class Facets(Mapping[str, Any]):
     def _missing(self, name: str) -> str:
         where = self.module_pass.label
         if not self._specs:
-            return (f"{where} has no facet {name!r}: the {self.trace.backend} backend recognised no "
-                    f"facets in it{self._why()}; docs/facets.md lists the modules each backend knows")
+            return (
+                f"{where} has no facet {name!r}: the {self.trace.backend} backend recognised no "
+                f"facets in it{self._why()}; docs/facets.md lists the modules each backend knows"
+            )
         near = closest(name, [*self._specs, *self.aliases])
         hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
-        return (f"{where} ({self.plan.kind}) has no facet {name!r}; its facets are "
-                f"{', '.join(map(repr, self._specs))}{hint}{self._why()}")
+        return (
+            f"{where} ({self.plan.kind}) has no facet {name!r}; its facets are "
+            f"{', '.join(map(repr, self._specs))}{hint}{self._why()}"
+        )
 
     def _out_of_range(self, name: str, spec: FacetSpec, count: int) -> str:
         axis = spec.axes[spec.split] if spec.axes and spec.split is not None else f"axis {spec.split}"
@@ -275,12 +290,16 @@ class Facets(Mapping[str, Any]):
     def _editable(self, spec: FacetSpec, name: str) -> Ref:
         if spec.site is None:
             recorded = ", ".join(n for n, s in self._specs.items() if s.site is not None) or "none here"
-            raise FacetError(f"facet {name!r} of {self.module_pass.label} is {spec.doc}: no op of the trace holds "
-                             f"it, so it cannot be an intervention site. Edit a recorded facet ({recorded}), or "
-                             f"capture a form of the model whose own ops compute it (docs/facets.md)")
+            raise FacetError(
+                f"facet {name!r} of {self.module_pass.label} is {spec.doc}: no op of the trace holds "
+                f"it, so it cannot be an intervention site. Edit a recorded facet ({recorded}), or "
+                f"capture a form of the model whose own ops compute it (docs/facets.md)"
+            )
         if self.trace.ops[spec.site.index].kind != "op":
-            raise FacetError(f"facet {name!r} of {self.module_pass.label} is the model's input "
-                             f"({self.trace.ops[spec.site.index].label}): edit the value you pass instead")
+            raise FacetError(
+                f"facet {name!r} of {self.module_pass.label} is the model's input "
+                f"({self.trace.ops[spec.site.index].label}): edit the value you pass instead"
+            )
         return spec.site
 
     def _value(self, spec: FacetSpec) -> Any:
@@ -288,9 +307,11 @@ class Facets(Mapping[str, Any]):
         unsaved = [trace.ops[r.index] for r in refs_in(spec.source) if not trace.ops[r.index].saved]
         if unsaved:
             labels = list(dict.fromkeys(op.label for op in unsaved))
-            raise FacetError(f"facet {spec.name!r} of {self.module_pass.label} reads {', '.join(labels)}, whose "
-                             f"value save= left out: capture with a save= that also picks "
-                             f"tl.label({', '.join(map(repr, labels))}), or without save=")
+            raise FacetError(
+                f"facet {spec.name!r} of {self.module_pass.label} reads {', '.join(labels)}, whose "
+                f"value save= left out: capture with a save= that also picks "
+                f"tl.label({', '.join(map(repr, labels))}), or without save="
+            )
         values = trace.resolve(spec.source)
         return spec.compute(values) if spec.compute is not None else values
 
@@ -318,8 +339,9 @@ class FacetSite(Site):
         path, _, n = self.facet_module.rpartition(":")
         module = trace.modules.get(path)
         if module is None or int(n) > len(module.passes):
-            raise LabelNotFoundError(f"the other trace has no call {self.facet_module}, so no facet {self.facet!r} "
-                                     f"there")
+            raise LabelNotFoundError(
+                f"the other trace has no call {self.facet_module}, so no facet {self.facet!r} there"
+            )
         return module.passes[int(n) - 1].facets[self.facet]
 
 
@@ -346,8 +368,18 @@ class FacetEdit:
             return value
         whole = value if self.permutation is None else self.arrays.permute(value, self.permutation)
         part = whole if self.index is None else self.arrays.select(whole, self.axis, self.index)  # type: ignore
-        where = FacetSite(site.key, site.kind, site.func_name, site.module, site.path, site.backend, site.ops,
-                          site.in_place, facet=self.name, facet_module=self.module)
+        where = FacetSite(
+            site.key,
+            site.kind,
+            site.func_name,
+            site.module,
+            site.path,
+            site.backend,
+            site.ops,
+            site.in_place,
+            facet=self.name,
+            facet_module=self.module,
+        )
         info = hook().torchlens_array_info
         before = info(backend=site.backend, value=part)
         edited = part
@@ -356,19 +388,23 @@ class FacetEdit:
         after = info(backend=site.backend, value=edited)
         if after != before:
             got = "not an array" if after is None else f"shape {list(after[0])} {after[1]}"
-            raise InterventionError(f"editing facet {self.name!r} of {self.module} (at {site.key}) changed it from "
-                                    f"shape {list(before[0])} {before[1]} to {got}: an edit must keep the shape "
-                                    f"and dtype of what it edits")  # type: ignore[index]
+            raise InterventionError(
+                f"editing facet {self.name!r} of {self.module} (at {site.key}) changed it from "
+                f"shape {list(before[0])} {before[1]} to {got}: an edit must keep the shape "
+                f"and dtype of what it edits"
+            )  # type: ignore[index]
         if self.index is not None:
             edited = self.arrays.put(whole, self.axis, self.index, edited)  # type: ignore[arg-type]
         if self.permutation is not None:
-            edited = self.arrays.permute(edited, tuple(sorted(range(len(self.permutation)),
-                                                              key=self.permutation.__getitem__)))
+            edited = self.arrays.permute(
+                edited, tuple(sorted(range(len(self.permutation)), key=self.permutation.__getitem__))
+            )
         return edited
 
     def __repr__(self) -> str:
-        inner = ", ".join(repr(h) if hasattr(type(h), "__attrs_attrs__") else getattr(h, "__name__", repr(h))
-                          for h in self.helpers)
+        inner = ", ".join(
+            repr(h) if hasattr(type(h), "__attrs_attrs__") else getattr(h, "__name__", repr(h)) for h in self.helpers
+        )
         return f"facet({self.name!r} of {self.module}: {inner})"
 
 
@@ -378,8 +414,9 @@ def facets_of(module_pass: ModulePass) -> Facets:
     trace = module_pass.trace
     plan = hook().torchlens_facets(backend=trace.backend, trace=trace, module_pass=module_pass)
     if plan is not None and not isinstance(plan, FacetPlan):
-        raise TypeError(f"the {trace.backend} backend's torchlens_facets returned {type(plan).__name__}, "
-                        f"not a FacetPlan")
+        raise TypeError(
+            f"the {trace.backend} backend's torchlens_facets returned {type(plan).__name__}, not a FacetPlan"
+        )
     return Facets(module_pass, plan)
 
 
@@ -389,5 +426,7 @@ def module_facets(module: ModuleRecord) -> Facets:
         return module.passes[0].facets
     if not module.passes:
         raise FacetError(f"{module.path} never ran in this forward, so it has no values to view")
-    raise FacetError(f"{module.path} ran {len(module.passes)} times; read one call's facets: "
-                     f"trace.modules[{module.path!r}].passes[i].facets (i from 0 to {len(module.passes) - 1})")
+    raise FacetError(
+        f"{module.path} ran {len(module.passes)} times; read one call's facets: "
+        f"trace.modules[{module.path!r}].passes[i].facets (i from 0 to {len(module.passes) - 1})"
+    )

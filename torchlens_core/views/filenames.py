@@ -22,8 +22,9 @@ from torchlens_core.ir.errors import OutputPathError
 MAX_STEM = 120  # characters of a default name before its suffix (file systems take 255 bytes)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 # Names Windows reserves whatever their extension ("con.html" cannot be created there).
-_RESERVED = frozenset({"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)),
-                       *(f"LPT{i}" for i in range(1, 10))})
+_RESERVED = frozenset(
+    {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+)
 
 
 def default_name(name: str | None, *parts: str | None, suffix: str) -> str:
@@ -42,8 +43,9 @@ def checked_output(path: str | os.PathLike[str], what: str) -> str:
     try:
         text = os.fspath(path)
     except TypeError:
-        raise OutputPathError(f"{what} is written to a path (a str or os.PathLike), not "
-                              f"{type(path).__name__}") from None
+        raise OutputPathError(
+            f"{what} is written to a path (a str or os.PathLike), not {type(path).__name__}"
+        ) from None
     if isinstance(text, bytes):
         text = os.fsdecode(text)
     if "\0" in text:
@@ -52,8 +54,7 @@ def checked_output(path: str | os.PathLike[str], what: str) -> str:
         raise OutputPathError(f"cannot write {what} to {text!r}: it is a folder; give a file name")
     parent = os.path.dirname(os.path.abspath(text))
     if not os.path.isdir(parent):
-        raise OutputPathError(f"cannot write {what} to {text!r}: the folder {parent!r} does not exist; "
-                              f"create it first")
+        raise OutputPathError(f"cannot write {what} to {text!r}: the folder {parent!r} does not exist; create it first")
     return text
 
 

@@ -122,6 +122,7 @@ def formula_for(backend: str, func_name: str) -> Formula | None:
 
 def op_call(trace: Trace, op: OpRecord) -> OpCall:
     """``op`` as a formula sees it: recorded arrays and parameters become ArraySpecs."""
+
     def spec(leaf: Any) -> Any:
         if isinstance(leaf, Ref):
             src = trace.ops[leaf.index]
@@ -241,7 +242,7 @@ def einsum_count(equation: str, shapes: Sequence[Sequence[int]]) -> Count:
     for i, term in enumerate(terms[1:], start=1):
         both = set(current) | set(term)
         macs += math.prod(sizes[c] for c in both)
-        later = set(out).union(*terms[i + 1:])
+        later = set(out).union(*terms[i + 1 :])
         current = "".join(c for c in both if c in later)
     return contraction(macs)
 
@@ -266,10 +267,10 @@ def _broadcast(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
 # counts alike in every framework, and add their own names.
 _ELEMENTWISE_COSTS = {
     1: "add sub subtract mul multiply div divide true_divide floor_divide remainder mod fmod pow maximum minimum "
-       "atan2 copysign lerp rsub neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt square reciprocal "
-       "sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh erf floor ceil round trunc clip clamp relu "
-       "relu6 hardtanh leaky_relu eq ne lt le gt ge and or xor invert logical_and logical_or logical_xor "
-       "logical_not bitwise_and bitwise_or bitwise_xor bitwise_not isnan isinf isfinite",
+    "atan2 copysign lerp rsub neg abs sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt square reciprocal "
+    "sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh erf floor ceil round trunc clip clamp relu "
+    "relu6 hardtanh leaky_relu eq ne lt le gt ge and or xor invert logical_and logical_or logical_xor "
+    "logical_not bitwise_and bitwise_or bitwise_xor bitwise_not isnan isinf isfinite",
     2: "prelu hardshrink softshrink logit",
     3: "hardsigmoid elu celu selu softplus softsign",
     4: "sigmoid hardswish",
@@ -284,4 +285,3 @@ COMMON: dict[str, Formula] = {
     **{name: elementwise(cost) for cost, names in _ELEMENTWISE_COSTS.items() for name in names.split()},
     **{name: reduction(cost) for cost, names in _REDUCTION_COSTS.items() for name in names.split()},
 }
-

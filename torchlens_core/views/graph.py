@@ -25,10 +25,16 @@ def to_networkx(trace: Trace) -> Any:
     # networkx's DiGraph(backend=...) picks a networkx dispatch backend: set the attribute after
     graph.graph.update(framework=trace.backend, model_name=trace.model_name)
     for op in trace.ops:
-        graph.add_node(op.label, index=op.index, kind=op.kind, func_name=op.func_name,
-                       module_passes=tuple(op.module_passes),
-                       module=op.module_passes[-1][0] if op.module_passes else "",
-                       shape=None if op.shape is None else tuple(op.shape), dtype=op.dtype)
+        graph.add_node(
+            op.label,
+            index=op.index,
+            kind=op.kind,
+            func_name=op.func_name,
+            module_passes=tuple(op.module_passes),
+            module=op.module_passes[-1][0] if op.module_passes else "",
+            shape=None if op.shape is None else tuple(op.shape),
+            dtype=op.dtype,
+        )
     for op in trace.ops:
         for parent in op.parent_indices:
             source = trace.ops[parent].label

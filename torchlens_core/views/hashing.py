@@ -29,10 +29,13 @@ def structure(trace: Trace, module_names: bool = False) -> list[str]:
     lines = []
     for op in trace.ops:
         where = "/".join(
-            f"{path if module_names else trace.modules[path].type_name}:{n}" for path, n in op.module_passes)
+            f"{path if module_names else trace.modules[path].type_name}:{n}" for path, n in op.module_passes
+        )
         params = ",".join(str(tuple(trace.params[p].shape)) for p in op.params if p in trace.params)
-        lines.append(f"{op.index} {op.kind} {op.func_name} shape={op.shape} dtype={op.dtype} "
-                     f"reads={list(op.parent_indices)} in={where or '-'} params=[{params}]")
+        lines.append(
+            f"{op.index} {op.kind} {op.func_name} shape={op.shape} dtype={op.dtype} "
+            f"reads={list(op.parent_indices)} in={where or '-'} params=[{params}]"
+        )
     return lines
 
 
@@ -72,13 +75,15 @@ def check(trace: Trace, expected: str | None, module_names: bool = False) -> str
         diff = difflib.unified_diff(known.read_text().splitlines(), lines, "pinned", "now", n=1, lineterm="")
         detail = "\n".join(list(diff)[:60])
     else:
-        detail = f"(the pinned structure is not cached here; the structure now has {len(lines)} ops:)\n" + \
-                 "\n".join(lines[:20])
+        detail = f"(the pinned structure is not cached here; the structure now has {len(lines)} ops:)\n" + "\n".join(
+            lines[:20]
+        )
     raise ArchitectureChanged(f"the architecture changed: pinned {expected}, now {digest}\n{detail}")
 
 
-def assert_unchanged(model: Any, *args: Any, expected: str | None = None, module_names: bool = False,
-                     **kwargs: Any) -> str:
+def assert_unchanged(
+    model: Any, *args: Any, expected: str | None = None, module_names: bool = False, **kwargs: Any
+) -> str:
     """Trace ``model`` and compare its structural hash with ``expected``.
 
     ``expected=None`` prints and returns the hash to pin; a different hash

@@ -43,10 +43,13 @@ def boxed(text: str) -> str:
     if len(borders) < 2:
         return f'<pre style="{STYLE}">{html.escape(text)}</pre>'
     # "| name | shape |": each cell padded by one space each side; a name's indentation (its depth) is kept
-    cells = [[c[1:].rstrip() for c in line[1:-1].split("|")] for line in lines[borders[0] + 1:borders[-1]]
-             if line.startswith("|")]
-    before = "\n".join(lines[:borders[0]])
-    after = lines[borders[-1] + 1:]
+    cells = [
+        [c[1:].rstrip() for c in line[1:-1].split("|")]
+        for line in lines[borders[0] + 1 : borders[-1]]
+        if line.startswith("|")
+    ]
+    before = "\n".join(lines[: borders[0]])
+    after = lines[borders[-1] + 1 :]
     parts = [table(cells[1:], header=cells[0] if cells else None, caption=before)]
     if after:
         parts.append(table([line.partition(": ")[::2] for line in after]))

@@ -45,8 +45,11 @@ def _is_data(value: Any) -> bool:
     if t is dict:
         return any(_is_data(v) for v in value.values())
     # Arrays have a shape and a dtype; a dtype object (NumPy's has a shape) is configuration.
-    return t is Ref or t is ParamRef or (hasattr(value, "shape") and hasattr(value, "dtype")
-                                         and not isinstance(value, type))
+    return (
+        t is Ref
+        or t is ParamRef
+        or (hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type))
+    )
 
 
 def config(op: OpRecord) -> dict[str, Any]:

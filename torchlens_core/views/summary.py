@@ -83,8 +83,9 @@ def summary_rows(trace: Trace, depth: int | None = 1) -> list[SummaryRow]:
     beside their siblings.
     """
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
-        raise ArgumentTypeError(f"summary(depth=) takes a number of module levels >= 1, or None for every level; "
-                                f"got {depth!r}")
+        raise ArgumentTypeError(
+            f"summary(depth=) takes a number of module levels >= 1, or None for every level; got {depth!r}"
+        )
     tree = _ModuleTree(trace)
     shown = tree.shown(depth)
     visible = set(shown)
@@ -133,15 +134,28 @@ def summary(trace: Trace, depth: int | None = 1) -> str:
     total = sum(p.numel for p in params)
     trainable = sum(p.numel for p in params if p.trainable)
     in_buffers = sum(p.numel for p in buffers)
-    return Text("\n".join([
-        f"Model: {trace.model_name or 'function'} ({trace.backend})",
-        rule, line(rows[0]), rule, *map(line, rows[1:]), rule,
-        *(["(a row with modules shown below it counts only the parameters it holds itself)"] if partial else []),
-        f"Params: {total:,} unique; trainable: {trainable:,}" + (f"; buffers: {in_buffers:,}" if buffers else ""),
-        f"Ops: {trace.num_ops} total",
-        f"Edges: {trace.num_edges} total",
-        f"Forward FLOPs: {flops_text(trace)}  MACs: {_si(trace.macs, '')}",
-    ]))
+    return Text(
+        "\n".join(
+            [
+                f"Model: {trace.model_name or 'function'} ({trace.backend})",
+                rule,
+                line(rows[0]),
+                rule,
+                *map(line, rows[1:]),
+                rule,
+                *(
+                    ["(a row with modules shown below it counts only the parameters it holds itself)"]
+                    if partial
+                    else []
+                ),
+                f"Params: {total:,} unique; trainable: {trainable:,}"
+                + (f"; buffers: {in_buffers:,}" if buffers else ""),
+                f"Ops: {trace.num_ops} total",
+                f"Edges: {trace.num_edges} total",
+                f"Forward FLOPs: {flops_text(trace)}  MACs: {_si(trace.macs, '')}",
+            ]
+        )
+    )
 
 
 class _ModuleTree:
@@ -200,8 +214,15 @@ class _ModuleTree:
 
 def _params_cells(params: list[ParamRecord]) -> tuple[str, str]:
     """The Params and Train cells of one summary row."""
-    train = "-" if not params else "yes" if all(p.trainable for p in params) else \
-        "no" if not any(p.trainable for p in params) else "partly"
+    train = (
+        "-"
+        if not params
+        else "yes"
+        if all(p.trainable for p in params)
+        else "no"
+        if not any(p.trainable for p in params)
+        else "partly"
+    )
     return _count(sum(p.numel for p in params)), train
 
 
@@ -215,9 +236,11 @@ def overview(trace: Trace, head: int = 40, tail: int = 20) -> str:
     """``print(trace)``: one line per op (label, call, output shape, module), long traces elided."""
     name = trace.model_name or "function"
     params, _ = params_and_buffers(trace, trace.params)
-    lines = [f"Trace of {name} ({trace.backend}): {trace.num_ops} ops, {trace.num_edges} edges, "
-             f"{len(trace.modules)} modules, {_count(sum(p.numel for p in params))} params; "
-             f"{flops_text(trace)}" + (" [halted]" if trace.halted else "")]
+    lines = [
+        f"Trace of {name} ({trace.backend}): {trace.num_ops} ops, {trace.num_edges} edges, "
+        f"{len(trace.modules)} modules, {_count(sum(p.numel for p in params))} params; "
+        f"{flops_text(trace)}" + (" [halted]" if trace.halted else "")
+    ]
     ops = trace.ops
     shown = ops if len(ops) <= head + tail + 1 else [*ops[:head], None, *ops[-tail:]]
     rows = []
@@ -226,11 +249,16 @@ def overview(trace: Trace, head: int = 40, tail: int = 20) -> str:
             rows.append((f"... {len(ops) - head - tail} more ops ...", "", "", ""))
             continue
         call = op.func_name if op.kind == "input" else f"{op.func_name}({', '.join(op.parents)})"
-        rows.append((op.label, call if len(call) <= 60 else call[:57] + "...", _shape(op.shape),
-                     op.modules[-1] if op.module_passes else ""))
+        rows.append(
+            (
+                op.label,
+                call if len(call) <= 60 else call[:57] + "...",
+                _shape(op.shape),
+                op.modules[-1] if op.module_passes else "",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + ("  " + r[3] if r[3] else "")
-              for r in rows]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + ("  " + r[3] if r[3] else "") for r in rows]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -243,29 +271,44 @@ def describe(op: OpRecord) -> str:
     else:
         head = f"Layer {op.label} ({op.kind}):"
     size = op.num_bytes
-    lines = [head, f"    Output: shape={_tuple(op.shape)}, dtype={op.dtype}, device={op.device}"
-                   + (f", size={_bytes(size)}" if size is not None else "")]
+    lines = [
+        head,
+        f"    Output: shape={_tuple(op.shape)}, dtype={op.dtype}, device={op.device}"
+        + (f", size={_bytes(size)}" if size is not None else ""),
+    ]
     if op.out is not None:
         preview = str(op.out).splitlines() or [""]  # a value that prints as nothing (an empty string)
-        lines.append("        " + (preview[0][:72] + " ..." if len(preview) > 1 or len(preview[0]) > 72
-                                   else preview[0]))
+        lines.append(
+            "        " + (preview[0][:72] + " ..." if len(preview) > 1 or len(preview[0]) > 72 else preview[0])
+        )
     elif not op.saved:
         lines.append("        (value not saved: save= left it out)")
-    lines += ["    Related layers:", f"        - parent layers: {', '.join(op.parents) or 'none'}",
-              f"        - child layers: {', '.join(op.children) or 'none'}"]
+    lines += [
+        "    Related layers:",
+        f"        - parent layers: {', '.join(op.parents) or 'none'}",
+        f"        - child layers: {', '.join(op.children) or 'none'}",
+    ]
     params, buffers = params_and_buffers(trace, op.params) if trace is not None else ([], [])
     if params:
         trainable = sum(p.numel for p in params if p.trainable)
-        lines.append(f"    Params: computed from params with shape {', '.join(_tuple(p.shape) for p in params)}; "
-                     f"{_numel(params):,} params total ({_bytes(_nbytes(params))}), {trainable:,} trainable")
+        lines.append(
+            f"    Params: computed from params with shape {', '.join(_tuple(p.shape) for p in params)}; "
+            f"{_numel(params):,} params total ({_bytes(_nbytes(params))}), {trainable:,} trainable"
+        )
     if buffers:
-        lines.append(f"    Buffers: reads buffers with shape {', '.join(_tuple(p.shape) for p in buffers)}; "
-                     f"{_numel(buffers):,} values ({_bytes(_nbytes(buffers))}), not counted as params")
+        lines.append(
+            f"    Buffers: reads buffers with shape {', '.join(_tuple(p.shape) for p in buffers)}; "
+            f"{_numel(buffers):,} values ({_bytes(_nbytes(buffers))}), not counted as params"
+        )
     if op.kind == "op":
         grad_fn = op.meta.get("grad_fn")  # torch's autograd node name; anything else (a loaded file's) is not shown
         grad_fn = grad_fn if isinstance(grad_fn, str) else None
-        lines.append(f"    Function: {op.func_name}" + (f" (grad_fn_handle: {grad_fn})" if grad_fn else "")
-                     + (f" (source: {op.source})" if op.source else "") + (" (in place)" if op.in_place else ""))
+        lines.append(
+            f"    Function: {op.func_name}"
+            + (f" (grad_fn_handle: {grad_fn})" if grad_fn else "")
+            + (f" (source: {op.source})" if op.source else "")
+            + (" (in place)" if op.in_place else "")
+        )
         lines.append(f"    Computed inside module: {op.modules[-1] if op.module_passes else '(top level)'}")
         if op.module_outputs:
             lines.append(f"    Output of module: {', '.join(op.module_outputs)}")
@@ -276,8 +319,10 @@ def describe(op: OpRecord) -> str:
             lines.append("    Config: " + ", ".join(f"{k}={_short(v)}" for k, v in config.items()))
         if trace is not None:
             macs = op.macs
-            lines.append(f"    FLOPs: {_si(op.flops, 'FLOPs') if op.flops is not None else 'unknown'}"
-                         + (f"  MACs: {_si(macs, '')}" if macs else ""))
+            lines.append(
+                f"    FLOPs: {_si(op.flops, 'FLOPs') if op.flops is not None else 'unknown'}"
+                + (f"  MACs: {_si(macs, '')}" if macs else "")
+            )
         if op.elapsed is not None:
             lines.append(f"    Time elapsed: {_seconds(op.elapsed)}")
         if any("rng" in key for key in op.meta):
@@ -292,8 +337,10 @@ def describe(op: OpRecord) -> str:
             lines.append(f"    Gradient: none ({op.grad_status})")
     if trace is not None:
         d = op.distances
-        lines.append(f"    Distance from input: {_range(d.min_from_input, d.max_from_input)}; "
-                     f"to output: {_range(d.min_to_output, d.max_to_output)}")
+        lines.append(
+            f"    Distance from input: {_range(d.min_from_input, d.max_from_input)}; "
+            f"to output: {_range(d.min_to_output, d.max_to_output)}"
+        )
     for i, loc in enumerate(op.code_context[:3]):
         lines.append(("    Code: " if i == 0 else "          ") + str(loc))
     if trace is not None:
@@ -309,9 +356,10 @@ def describe_pass(module_pass: ModulePass) -> str:
         return repr(module_pass)
     module = trace.modules[module_pass.path]
     ops = module_pass.ops
-    lines = [f"Module pass {module_pass.label} ({module.type_name}), call {module_pass.pass_num} of "
-             f"{module.num_passes}:",
-             f"    Ops: {len(ops)}" + (f" ({ops[0]} .. {ops[-1]})" if len(ops) > 1 else f" ({ops[0]})" if ops else "")]
+    lines = [
+        f"Module pass {module_pass.label} ({module.type_name}), call {module_pass.pass_num} of {module.num_passes}:",
+        f"    Ops: {len(ops)}" + (f" ({ops[0]} .. {ops[-1]})" if len(ops) > 1 else f" ({ops[0]})" if ops else ""),
+    ]
     if module_pass.in_template is not None:
         read = [trace.ops[ref.index].label + _path(ref.path) for ref in refs_in(module_pass.in_template)]
         lines.append(f"    Inputs: {', '.join(read) or 'none from the trace'}")

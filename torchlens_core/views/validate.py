@@ -40,8 +40,9 @@ class Coverage:
 
     def __bool__(self) -> bool:
         if self.reasons:
-            raise PartialCoverage("the trace is partial: " + "; ".join(f"{kind}: {detail}"
-                                                                      for kind, detail in self.reasons))
+            raise PartialCoverage(
+                "the trace is partial: " + "; ".join(f"{kind}: {detail}" for kind, detail in self.reasons)
+            )
         return True
 
     def __str__(self) -> str:
@@ -68,12 +69,22 @@ def validate(trace: Trace, *, audit: bool = False) -> Coverage:
     if escapes:
         kernels = sum(e["count"] for e in escapes)
         first = escapes[0]
-        reasons.append(("escapes", f"{kernels} kernel call(s) ran outside every recorded op, first {first['kernel']} "
-                                   f"after {first['after']}"))
+        reasons.append(
+            (
+                "escapes",
+                f"{kernels} kernel call(s) ran outside every recorded op, first {first['kernel']} "
+                f"after {first['after']}",
+            )
+        )
     unrecorded = trace.notes.get("unrecorded_collectives") or []
     if unrecorded:
-        reasons.append(("collectives", f"{len(unrecorded)} collective call(s) ran unrecorded "
-                                       f"({_examples(unrecorded)}): arm tl.distributed before capturing"))
+        reasons.append(
+            (
+                "collectives",
+                f"{len(unrecorded)} collective call(s) ran unrecorded "
+                f"({_examples(unrecorded)}): arm tl.distributed before capturing",
+            )
+        )
     effects = trace.notes.get("observer_effect") or {}
     if effects:
         reasons.append(("observer_effect", "; ".join(f"{path}: {why}" for path, why in list(effects.items())[:3])))

@@ -57,25 +57,28 @@ NAME = "numpy"
 # ndarray methods recorded as ops named after the method (``x.sum()`` -> "sum").
 # Left out: methods that return no array (tolist, item, tobytes, dump...) and
 # resize/byteswap, which a view (what the function is given) cannot honour alike.
-_METHODS = tuple(name for name in (
-    "all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "choose", "clip", "compress",
-    "conj", "conjugate", "copy", "cumprod", "cumsum", "diagonal", "dot", "fill", "flatten", "getfield",
-    "max", "mean", "min", "nonzero", "partition", "prod", "put", "ravel", "repeat", "reshape", "round",
-    "searchsorted", "setfield", "sort", "squeeze", "std", "sum", "swapaxes", "take", "trace", "transpose",
-    "var", "view",
-) if hasattr(np.ndarray, name))
+_METHODS = tuple(
+    name
+    for name in (
+        "all any argmax argmin argpartition argsort astype choose clip compress conj conjugate copy cumprod "
+        "cumsum diagonal dot fill flatten getfield max mean min nonzero partition prod put ravel repeat "
+        "reshape round searchsorted setfield sort squeeze std sum swapaxes take trace transpose var view"
+    ).split()
+    if hasattr(np.ndarray, name)
+)
 # Methods and functions that write into their first argument.
 _INPLACE_METHODS = frozenset({"fill", "sort", "partition", "put", "setfield"})
 _INPLACE_FUNCS = frozenset({"copyto", "put", "place", "putmask", "fill_diagonal", "put_along_axis", "shuffle"})
 # Legacy np.random functions that are not draws; the rest of np.random.mtrand's are (the global RandomState's).
-_NOT_DRAWS = frozenset({"RandomState", "get_state", "set_state", "seed", "get_bit_generator",
-                        "set_bit_generator"})
-_DRAWS = tuple(name for name in getattr(np.random.mtrand, "__all__", ())
-               if name not in _NOT_DRAWS and hasattr(np.random, name))
+_NOT_DRAWS = frozenset({"RandomState", "get_state", "set_state", "seed", "get_bit_generator", "set_bit_generator"})
+_DRAWS = tuple(
+    name for name in getattr(np.random.mtrand, "__all__", ()) if name not in _NOT_DRAWS and hasattr(np.random, name)
+)
 # Functions whose answer depends on shapes, dtypes or memory only, never on values: not ops. np.shape and
 # np.size are reported as reads of the shape (``len``), as ``x.shape`` is.
-VALUE_FREE = frozenset({"shape", "size", "ndim", "iscomplexobj", "isrealobj", "result_type", "can_cast",
-                        "may_share_memory", "shares_memory", "isfortran"})
+VALUE_FREE = frozenset(
+    "shape size ndim iscomplexobj isrealobj result_type can_cast may_share_memory shares_memory isfortran".split()
+)
 SHAPE_READS = frozenset({"shape", "size"})
 
 
@@ -145,8 +148,10 @@ class Tracked(Conversions, np.ndarray):
 
     @shape.setter
     def shape(self, value: Any) -> None:
-        raise UnsupportedError("torchlens-numpy cannot record `x.shape = ...` (it changes an array in place "
-                               "without a NumPy call): use `x = x.reshape(...)`")
+        raise UnsupportedError(
+            "torchlens-numpy cannot record `x.shape = ...` (it changes an array in place "
+            "without a NumPy call): use `x = x.reshape(...)`"
+        )
 
     # Printing must not record ops, and must look as it does outside a capture.
     def __repr__(self) -> str:
@@ -287,7 +292,8 @@ def _recorded_draw(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
         raise CaptureError(
             "another thread drew from NumPy's global random state while this capture recorded a draw from it, so "
             "the state the draw started from is unknown and replay could not be exact. Trace while no other "
-            "thread draws from np.random's global functions, or give each thread an np.random.Generator")
+            "thread draws from np.random's global functions, or give each thread an np.random.Generator"
+        )
     return {"rng_state": before}, result, elapsed
 
 
@@ -321,8 +327,10 @@ def capture(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Cap
         elif not isinstance(v, np.ndarray):
             return v
         elif isinstance(v, (np.matrix, np.ma.MaskedArray)):
-            raise UnsupportedError(f"torchlens-numpy traces plain ndarrays; {type(v).__name__} inputs change "
-                                   "what operators mean: pass np.asarray(x) or the masked array's .data")
+            raise UnsupportedError(
+                f"torchlens-numpy traces plain ndarrays; {type(v).__name__} inputs change "
+                "what operators mean: pass np.asarray(x) or the masked array's .data"
+            )
         else:
             plain = plain_leaf(v)
         if id(plain) not in inputs:  # the same array passed twice is one input

@@ -30,12 +30,15 @@ def _convolve(call: OpCall) -> Count:  # 1-D: every output element is a dot prod
 
 
 FORMULAS: dict[str, Formula] = {"matmul": _matmul, "dot": _matmul, "einsum": _einsum, "convolve": _convolve}
-for _name in ("add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "absolute", "maximum",
-              "minimum", "exp", "log", "sqrt", "square", "tanh", "sin", "cos", "less", "greater", "equal",
-              "less_equal", "greater_equal", "not_equal", "clip"):
+for _name in (
+    "add subtract multiply divide true_divide power negative absolute maximum minimum exp log sqrt square "
+    "tanh sin cos less greater equal less_equal greater_equal not_equal clip"
+).split():
     FORMULAS[_name] = elementwise(1)
 for _name, _per in (("sum", 1), ("mean", 1), ("max", 1), ("min", 1), ("prod", 1), ("var", 3), ("std", 3)):
     FORMULAS[_name] = reduction(_per)
-for _name in ("getitem", "setitem", "transpose", "reshape", "concatenate", "stack", "vstack", "hstack", "split",
-              "copy", "where", "sliding_window_view", "rand", "randn", "zeros", "ones", "sort", "array"):
+for _name in (
+    "getitem setitem transpose reshape concatenate stack vstack hstack split copy where "
+    "sliding_window_view rand randn zeros ones sort array"
+).split():
     FORMULAS[_name] = zero

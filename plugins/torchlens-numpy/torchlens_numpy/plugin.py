@@ -35,9 +35,15 @@ class NumpyBackend(Backend):
         # NumPy is a dependency of torchlens itself; this plugin is its own distribution.
         # "intervene" at op sites; no "splice": plain functions have no module calls to replace.
         # "new_inputs": every conversion of a Tracked array to a Python value is reported.
-        return BackendInfo(contract=3, name=NAME, framework="numpy", install="pip install torchlens-numpy",
-                           capabilities=frozenset({"functions", "in_place", "random", "control_flow", "save",
-                                                   "halt", "timing", "intervene", "new_inputs"}))
+        return BackendInfo(
+            contract=3,
+            name=NAME,
+            framework="numpy",
+            install="pip install torchlens-numpy",
+            capabilities=frozenset(
+                {"functions", "in_place", "random", "control_flow", "save", "halt", "timing", "intervene", "new_inputs"}
+            ),
+        )
 
     # tl.trace(model, x) without backend= asks claim() (from sys.modules and types only). Never here: every
     # framework's users pass NumPy arrays around, so owning a call because its inputs are ndarrays would steal

@@ -60,10 +60,12 @@ class NumpyCalls(CallNames):
 
 NAMES = NumpyCalls(
     {"numpy": np, "numpy.linalg": np.linalg, "numpy.fft": np.fft, "numpy.lib.stride_tricks": np.lib.stride_tricks},
-    methods=capture._METHODS, operators={"getitem": operator.getitem, "setitem": operator.setitem},
+    methods=capture._METHODS,
+    operators={"getitem": operator.getitem, "setitem": operator.setitem},
     refused=("save", "load", "file", "txt"),  # functions that touch the file system
     # Only functions that dispatch through __array_function__: what a capture can record.
-    accept=lambda fn: hasattr(fn, "_implementation"))
+    accept=lambda fn: hasattr(fn, "_implementation"),
+)
 
 
 def encode_op(op: Any) -> Any:

@@ -155,8 +155,18 @@ def _make_closure() -> Callable[[np.ndarray], np.ndarray]:
 # -- the cases ------------------------------------------------------------------------------------
 def _build_mlp() -> Built:
     rng = _rng()
-    return mlp, (_weights(rng, 4, 8), _weights(rng, 8, 16), _weights(rng, 16), _weights(rng, 16, 16),
-                 _weights(rng, 16), _weights(rng, 16, 3)), {}
+    return (
+        mlp,
+        (
+            _weights(rng, 4, 8),
+            _weights(rng, 8, 16),
+            _weights(rng, 16),
+            _weights(rng, 16, 16),
+            _weights(rng, 16),
+            _weights(rng, 16, 3),
+        ),
+        {},
+    )
 
 
 def _build_conv1d() -> Built:

@@ -16,6 +16,9 @@ __all__ = ["wrap_torch"]
 
 def wrap_torch() -> None:
     """Nothing to do: the torch backend sees detached references already (a DeprecationWarning, once)."""
-    warn_once("wrap_torch", "torchlens.backends.torch.wrappers.wrap_torch() does nothing: the torch backend "
-                            "intercepts through a function mode, which records `from torch import relu` references "
-                            "bound before the capture without wrapping torch")
+    warn_once(
+        "wrap_torch",
+        "torchlens.backends.torch.wrappers.wrap_torch() does nothing: the torch backend "
+        "intercepts through a function mode, which records `from torch import relu` references "
+        "bound before the capture without wrapping torch",
+    )
