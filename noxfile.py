@@ -32,7 +32,7 @@ BACKENDS = {
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff's checks and formatter, and the other pre-commit hooks (.pre-commit-config.yaml), over every tracked file."""
+    """ruff's checks and formatter, and the other pre-commit hooks (.pre-commit-config.yaml), on every file."""
     session.install("ruff", "pre-commit")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
