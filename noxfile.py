@@ -32,11 +32,28 @@ BACKENDS = {
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff's checks and formatter, and the other pre-commit hooks (.pre-commit-config.yaml), on every file."""
-    session.install("ruff", "pre-commit")
+    """ruff's checks and formatter, and the other pre-commit hooks (.pre-commit-config.yaml), on every file; mypy
+    over the core, the package, the backends and the numpy plugin ([tool.mypy] in pyproject.toml)."""
+    session.install("ruff==0.17.6", "pre-commit")  # pinned: another ruff formats and checks otherwise
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("pre-commit", "run", "--all-files", "--show-diff-on-failure")
+    # The core's dependencies (attrs, pluggy, numpy) and pytest (the conformance suite), and no framework: mypy
+    # reads the frameworks' imports as Any
+    session.install("mypy==2.4.1", "pytest", "-e", ".")
+    # A backend installs as torchlens_<fw> from backends/<fw>: mypy sees it under that name through a link of that
+    # name. Given the folder itself it would take backends/torch for the module `torch`. Its errors print under the
+    # link's path (.../mypy_packages/torchlens_<fw>/...), which is the file backends/<fw>/...
+    links = pathlib.Path(session.create_tmp()) / "mypy_packages"
+    shutil.rmtree(links, ignore_errors=True)
+    links.mkdir()
+    root = pathlib.Path(__file__).resolve().parent
+    packages = {f"torchlens_{name}": root / "backends" / name for name in BACKENDS}
+    packages["torchlens_numpy"] = root / "plugins" / "torchlens-numpy" / "torchlens_numpy"
+    for name, folder in packages.items():
+        (links / name).symlink_to(folder, target_is_directory=True)
+    targets = [arg for name in ("torchlens_core", "torchlens", *packages) for arg in ("-p", name)]
+    session.run("mypy", *targets, env={"MYPYPATH": str(links)})
 
 
 @nox.session(python=PYTHON)

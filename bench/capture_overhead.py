@@ -71,9 +71,9 @@ def builders(backend: str, names: list[str]) -> dict[str, Callable[[], Built]]:
         if backend != "torch":
             raise SystemExit(f"name the {backend} zoo cases to measure with --cases")
         return REFERENCE
-    from torchlens_core.backend.manager import hook
+    from torchlens_core.backend.manager import backend_named
 
-    zoo = {case.name: case.build for case in hook().torchlens_conformance_cases(backend=backend) or []}
+    zoo = {case.name: case.build for case in backend_named(backend).conformance_cases() or []}
     missing = [n for n in names if n not in zoo]
     if missing:
         raise SystemExit(f"no {backend} zoo case {missing}; the zoo has: {', '.join(zoo)}")

@@ -1,4 +1,4 @@
-"""array_info_of: the array hook for one backend as a direct call, answering exactly as the pluggy hook does."""
+"""array_info_of: one backend's array_info as a direct call, answering as its own hook does."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_every_backend_answers_as_the_hook_does(value):
 
 
 class _RawPlugin:
-    """A third party's raw hook implementation, answering for a backend no Backend subclass serves."""
+    """A third party's raw hook implementation, answering for the name ``rawdemo``."""
 
     def __init__(self, answer):
         self.answer = answer
@@ -50,22 +50,23 @@ class _ValueOnly:
         return ((len(value),), "uint8", "cpu") if isinstance(value, bytearray) else None
 
 
-def test_raw_hook_plugins_are_asked_in_the_hooks_order():
+def test_only_the_plugin_serving_the_name_is_asked():
+    """The plugin registered under a backend's name answers for it; other plugins are not asked."""
     pm = plugin_manager()
-    first, second, partial = _RawPlugin(((1,), "a", "cpu")), _RawPlugin(((2,), "b", "cpu")), _ValueOnly()
-    pm.register(first, name="raw-first")
-    pm.register(second, name="raw-second")  # registered last: pluggy asks it first, and its answer wins
+    mine, other, partial = _RawPlugin(((1,), "a", "cpu")), _RawPlugin(((2,), "b", "cpu")), _ValueOnly()
+    pm.register(mine, name="rawdemo")
+    pm.register(other, name="raw-other")  # answers for rawdemo's name too, through pluggy only
     pm.register(partial, name="raw-value-only")
     try:
         info = array_info_of("rawdemo")
-        for value in (b"xy", bytearray(b"abc"), np.zeros(2), 7):
-            assert info(value) == hook().torchlens_array_info(backend="rawdemo", value=value)
-        assert info(b"xy") == ((2,), "b", "cpu")
-        assert info(bytearray(b"abc")) == ((3,), "uint8", "cpu")
-        # a raw plugin can answer for a built-in backend's name too, and is asked in its turn
+        assert info(b"xy") == ((1,), "a", "cpu")  # pluggy would have asked raw-other first: ((2,), "b", "cpu")
+        assert hook().torchlens_array_info(backend="rawdemo", value=b"xy") == ((2,), "b", "cpu")
+        assert info(bytearray(b"abc")) is None and info(np.zeros(2)) is None
+        assert array_info_of("raw-value-only")(bytearray(b"abc")) == ((3,), "uint8", "cpu")  # its one argument
+        # a built-in backend answers alone: a raw plugin answering every name is not asked for it
         for backend in [i.name for i in backend_infos() if i.available]:
-            assert array_info_of(backend)(bytearray(b"ab")) == ((2,), "uint8", "cpu")
+            assert array_info_of(backend)(bytearray(b"ab")) is None
     finally:
-        for name in ("raw-first", "raw-second", "raw-value-only"):
+        for name in ("rawdemo", "raw-other", "raw-value-only"):
             pm.unregister(name=name)
     assert array_info_of("rawdemo")(b"xy") is None

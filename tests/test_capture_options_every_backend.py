@@ -8,14 +8,14 @@ import pytest
 
 import torchlens as tl
 from torchlens_core.backend.arrays import max_error
-from torchlens_core.backend.manager import backend_infos, hook
+from torchlens_core.backend.manager import backend_infos, backend_named
 
 BACKENDS = [info.name for info in backend_infos() if info.available]
 
 
 def first_modular_case(backend: str) -> tuple[Any, ...] | None:
     """A zoo case whose trace has a module returning a single array, and that trace."""
-    for case in hook().torchlens_conformance_cases(backend=backend) or []:
+    for case in backend_named(backend).conformance_cases() or []:
         if not case.check_modules:
             continue
         model, args, kwargs = case.build()

@@ -119,14 +119,14 @@ def test_module_at_walks_attributes_indices_and_keys() -> None:
 
 
 class _NoObserver:
-    """The hook relay with the module observer hidden, as for a backend that has none."""
+    """The backend with its module observer hidden, as for a backend that has none."""
 
     def __init__(self, real: Any) -> None:
         self._real = real
 
     def __getattr__(self, name: str) -> Any:
-        if name == "torchlens_observe_module_outputs":
-            return lambda **kwargs: None
+        if name == "observe_module_outputs":
+            return lambda *args, **kwargs: None
         return getattr(self._real, name)
 
 
@@ -138,8 +138,8 @@ def _traced(model: nn.Module, x: torch.Tensor) -> checks.Traced:
 
 
 def test_the_suite_falls_back_to_rerunning_modules_and_catches_a_wrong_module_output(monkeypatch) -> None:
-    real = checks.hook()
-    monkeypatch.setattr(checks, "hook", lambda: _NoObserver(real))
+    real = checks.backend_named
+    monkeypatch.setattr(checks, "backend_named", lambda name: _NoObserver(real(name)))
     torch.manual_seed(0)
     traced = _traced(torchvision.models.resnet18().eval(), torch.randn(1, 3, 64, 64))
     with torch.no_grad():
@@ -152,8 +152,8 @@ def test_the_suite_falls_back_to_rerunning_modules_and_catches_a_wrong_module_ou
 
 
 def test_without_recorded_inputs_or_an_observer_the_check_skips_saying_what_to_implement(monkeypatch) -> None:
-    real = checks.hook()
-    monkeypatch.setattr(checks, "hook", lambda: _NoObserver(real))
+    real = checks.backend_named
+    monkeypatch.setattr(checks, "backend_named", lambda name: _NoObserver(real(name)))
     traced = _traced(nn.Sequential(nn.Linear(2, 2)), torch.randn(1, 2))
     traced.trace.modules["0"].passes[0].in_template = None
     with pytest.raises(pytest.skip.Exception, match="enter_module"):

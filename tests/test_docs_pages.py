@@ -51,6 +51,8 @@ class Page:
 
 TORCHVISION = ("torch", "torchvision")
 PAGES = {
+    "api.md": Page(session="core"),
+    "backends.md": Page(session="core"),
     "backend-paddle.md": Page(("paddle",), ("dot",), session="paddle"),
     "backend-tf.md": Page(("tensorflow", "keras"), ("dot",), session="tf"),
     "backend-tinygrad.md": Page(("tinygrad",), ("dot",), session="tinygrad"),

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 zarr = pytest.importorskip("zarr")
 np = pytest.importorskip("numpy")
 
-from torchlens_core.backend.manager import hook  # noqa: E402
+from torchlens_core.backend.manager import backend_named  # noqa: E402
 from torchlens_core.store import extract  # noqa: E402 - after the skips
 
 LAYERS = ["relu_1", "4"]  # an op label (the first relu) and a module path (the second relu's module)
@@ -360,7 +360,7 @@ def test_progress_bar_with_tqdm(
 
 # -- the hook ---------------------------------------------------------------------------------------
 def test_stack_hook() -> None:
-    batch = hook().torchlens_stack(backend="torch", samples=[torch.ones(2, 3), torch.zeros(2, 3)])
+    batch = backend_named("torch").stack([torch.ones(2, 3), torch.zeros(2, 3)])
     assert batch.shape == (2, 2, 3) and torch.equal(batch[0], torch.ones(2, 3))
 
     from torchlens_core.backend.base import Backend

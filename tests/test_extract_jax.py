@@ -20,7 +20,7 @@ np = pytest.importorskip("numpy")
 
 import jax.numpy as jnp  # noqa: E402 - after the skips
 
-from torchlens_core.backend.manager import hook  # noqa: E402
+from torchlens_core.backend.manager import backend_named  # noqa: E402
 from torchlens_core.store import extract  # noqa: E402
 
 FORWARDS = [0]
@@ -58,7 +58,7 @@ def markers(path: Any) -> list[int]:
 
 
 def test_stack_hook() -> None:
-    batch = hook().torchlens_stack(backend="jax", samples=[jnp.ones((2, 3)), jnp.zeros((2, 3))])
+    batch = backend_named("jax").stack([jnp.ones((2, 3)), jnp.zeros((2, 3))])
     assert isinstance(batch, jax.Array) and batch.shape == (2, 2, 3)
     assert np.array_equal(np.asarray(batch[0]), np.ones((2, 3))) and not np.asarray(batch[1]).any()
 

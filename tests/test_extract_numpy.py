@@ -15,7 +15,7 @@ np = pytest.importorskip("numpy")
 zarr = pytest.importorskip("zarr")
 pytest.importorskip("torchlens_numpy")
 
-from torchlens_core.backend.manager import hook  # noqa: E402 - after the skips
+from torchlens_core.backend.manager import backend_named  # noqa: E402 - after the skips
 from torchlens_core.store import extract  # noqa: E402
 
 WEIGHTS = np.random.default_rng(0).standard_normal((6, 4))
@@ -36,7 +36,7 @@ def stopping(data: list[Any], at: int) -> Iterator[Any]:
 
 
 def test_stack_hook() -> None:
-    batch = hook().torchlens_stack(backend="numpy", samples=[np.ones((2, 3)), np.zeros((2, 3))])
+    batch = backend_named("numpy").stack([np.ones((2, 3)), np.zeros((2, 3))])
     assert batch.shape == (2, 2, 3) and np.array_equal(batch[0], np.ones((2, 3)))
 
 

@@ -16,7 +16,7 @@ np = pytest.importorskip("numpy")
 
 from extract_checks import CountingSamples  # noqa: E402
 
-from torchlens_core.backend.manager import hook  # noqa: E402 - after the skips
+from torchlens_core.backend.manager import backend_named  # noqa: E402 - after the skips
 from torchlens_core.store import extract  # noqa: E402
 
 FORWARDS = [0]
@@ -62,7 +62,7 @@ class Images(CountingSamples, paddle.io.Dataset):
 
 
 def test_stack_hook() -> None:
-    batch = hook().torchlens_stack(backend="paddle", samples=[paddle.ones([2, 3]), paddle.zeros([2, 3])])
+    batch = backend_named("paddle").stack([paddle.ones([2, 3]), paddle.zeros([2, 3])])
     assert batch.shape == [2, 2, 3] and np.array_equal(batch[0].numpy(), np.ones((2, 3)))
 
 

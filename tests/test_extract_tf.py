@@ -18,7 +18,7 @@ np = pytest.importorskip("numpy")
 
 from extract_checks import CountingSamples  # noqa: E402
 
-from torchlens_core.backend.manager import hook  # noqa: E402 - after the skips
+from torchlens_core.backend.manager import backend_named  # noqa: E402 - after the skips
 from torchlens_core.store import extract  # noqa: E402
 
 FORWARDS = [0]
@@ -57,7 +57,7 @@ def Images(data: Any, fail_at: int | None = None) -> CountingSamples:
 
 
 def test_stack_hook() -> None:
-    batch = hook().torchlens_stack(backend="tf", samples=[tf.ones((2, 3)), tf.zeros((2, 3))])
+    batch = backend_named("tf").stack([tf.ones((2, 3)), tf.zeros((2, 3))])
     assert tuple(batch.shape) == (2, 2, 3) and np.array_equal(batch[0].numpy(), np.ones((2, 3)))
 
 

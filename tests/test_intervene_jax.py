@@ -33,7 +33,7 @@ eqx = pytest.importorskip("equinox")
 
 import torchlens as tl  # noqa: E402
 from torchlens_core.backend.array_ops import NumpyArrayOps  # noqa: E402
-from torchlens_core.backend.manager import hook  # noqa: E402
+from torchlens_core.backend.manager import backend_named  # noqa: E402
 from torchlens_jax.arrays import ARRAY_OPS  # noqa: E402
 
 lax = jax.lax
@@ -617,11 +617,11 @@ def test_array_ops_match_the_numpy_reference(dtype: str) -> None:
         (ARRAY_OPS.from_numpy(data, a), ref.from_numpy(data, n)),
         (ARRAY_OPS.copy(a), n),
     ]
-    info = hook().torchlens_array_info
+    info = backend_named("jax").array_info
     for got, want in pairs:
         assert isinstance(got, jax.Array)
         assert str(got.dtype) == str(want.dtype) == dtype and got.shape == want.shape
-        assert info(backend="jax", value=got)[2] == info(backend="jax", value=a)[2]  # same device
+        assert info(got)[2] == info(a)[2]  # same device
         tol = 0.05 if dtype == "bfloat16" else 1e-6
         np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol)
     assert ARRAY_OPS.write_into(a, a + 1) is not a  # nothing is written in place: the edited array comes back
@@ -632,7 +632,7 @@ def test_array_ops_match_the_numpy_reference(dtype: str) -> None:
 def test_backend_declares_intervene_and_splice() -> None:
     listed = {b["name"]: b for b in tl.backends()}["jax"]
     assert {"intervene", "splice"} <= set(listed["capabilities"])
-    assert hook().torchlens_array_ops(backend="jax") is ARRAY_OPS
+    assert backend_named("jax").array_ops() is ARRAY_OPS
 
 
 class KeepsItsOutputForAJit(nnx.Module):

@@ -16,7 +16,7 @@ eqx = pytest.importorskip("equinox")
 
 import torchlens as tl  # noqa: E402
 from torchlens_core.backend.arrays import max_error  # noqa: E402
-from torchlens_core.backend.manager import hook  # noqa: E402
+from torchlens_core.backend.manager import backend_named  # noqa: E402
 from torchlens_jax import zoo  # noqa: E402
 from torchlens_jax.arrays import array_error  # noqa: E402
 
@@ -76,9 +76,7 @@ def test_zoo_case(name: str, traced: Any) -> None:
     assert max_error("jax", trace.replay(), own) <= case.rtol
     if not case.check_modules:
         return
-    seen = _run(
-        case, lambda: hook().torchlens_observe_module_outputs(backend="jax", target=model, args=args, kwargs=kwargs)
-    )
+    seen = _run(case, lambda: backend_named("jax").observe_module_outputs(model, args, kwargs))
     recorded = {mp.label: mp for m in trace.modules.values() for mp in m.passes}
     assert seen and set(seen) == set(recorded)
     for label, value in seen.items():
@@ -89,7 +87,7 @@ def test_zoo_case(name: str, traced: Any) -> None:
 
 def test_functions_report_no_module_outputs(traced: Any) -> None:
     _, model, args, kwargs, _ = traced("jnp_mlp")
-    assert hook().torchlens_observe_module_outputs(backend="jax", target=model, args=args, kwargs=kwargs) == {}
+    assert backend_named("jax").observe_module_outputs(model, args, kwargs) == {}
 
 
 # -- routing and lookup ------------------------------------------------------------------------
@@ -281,7 +279,7 @@ def test_structured_module_outputs_keep_their_structure_and_order() -> None:
     out = trace.modules["a"].passes[0].out
     assert isinstance(out, _Pair) and list(out.extras) == ["zeros", "y", "one"]
     assert trace["a"].out.extras["one"] == 1.0  # a module with several outputs is found as its pass
-    seen = hook().torchlens_observe_module_outputs(backend="jax", target=model, args=(x,), kwargs={})
+    seen = backend_named("jax").observe_module_outputs(model, (x,), {})
     assert set(seen) == {"a:1", "a.lin:1", "b:1", "b.lin:1"}
     for label, value in seen.items():
         path, n = label.rsplit(":", 1)
@@ -342,10 +340,10 @@ def test_backend_info() -> None:
 
 
 def test_to_numpy_copies() -> None:
-    to_numpy = hook().torchlens_to_numpy
-    out = to_numpy(backend="jax", value=jnp.arange(3))
+    to_numpy = backend_named("jax").to_numpy
+    out = to_numpy(jnp.arange(3))
     assert isinstance(out, np.ndarray) and out.tolist() == [0, 1, 2]
-    assert to_numpy(backend="jax", value=jax.random.key(0)).shape == (2,)  # a key's raw data
+    assert to_numpy(jax.random.key(0)).shape == (2,)  # a key's raw data
 
 
 def test_array_error() -> None:
@@ -359,7 +357,7 @@ def test_array_error() -> None:
     assert array_error(jnp.array([0, 1], jnp.uint8), jnp.array([1, 0], jnp.uint8)) == 1.0
     key = jax.random.key(0)
     assert array_error(key, key) == 0.0
-    info = hook().torchlens_array_info
-    assert info(backend="jax", value=jnp.ones((2, 3))) == ((2, 3), "float32", "cpu")
-    assert info(backend="jax", value=np.ones(2, np.int8)) == ((2,), "int8", "cpu")
-    assert info(backend="jax", value=3.0) is None
+    info = backend_named("jax").array_info
+    assert info(jnp.ones((2, 3))) == ((2, 3), "float32", "cpu")
+    assert info(np.ones(2, np.int8)) == ((2,), "int8", "cpu")
+    assert info(3.0) is None

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import ast
-import importlib
 import pathlib
+import re
 import subprocess
 import sys
-import warnings
 
 import pytest
 
@@ -79,52 +78,37 @@ def test_every_layer_imports_on_its_own() -> None:
         subprocess.run([sys.executable, "-c", f"import torchlens_core.{layer}"], check=True)
 
 
-@pytest.mark.parametrize(
-    "old",
-    [
-        "builder",
-        "records",
-        "trace",
-        "tree",
-        "conformance",
-        "plugins",
-        "hookspecs",
-        "flops",
-        "saving",
-        "selectors",
-        "policy",
-        "errors",
-        "arrays",
-        "sites",
-    ],
-)
-def test_old_module_paths_are_the_moved_modules(old: str) -> None:
-    from torchlens_core.old_paths import MOVED
-
-    new = importlib.import_module(f"torchlens_core.{MOVED[old]}")
-    sys.modules.pop(f"torchlens_core.{old}", None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        aliased = importlib.import_module(f"torchlens_core.{old}")
-    assert aliased is new
-    assert aliased.__spec__.name == f"torchlens_core.{MOVED[old]}"  # its own spec, not the alias's
-    assert any(issubclass(w.category, DeprecationWarning) and MOVED[old] in str(w.message) for w in caught)
-
-
-def test_third_party_imports_of_the_old_layout_still_work() -> None:
+def test_the_cores_old_top_level_names_warn_and_name_their_public_home() -> None:
+    """torchlens_core is private: a name it exported before torchlens.backend existed still loads, for a version,
+    with a DeprecationWarning that says where to import it from."""
     code = (
-        "import warnings; warnings.simplefilter('ignore')\n"
-        "from torchlens_core.backend import Backend, lazy\n"
-        "from torchlens_core.conformance import Case\n"
-        "from torchlens_core.builder import TraceBuilder\n"
-        "from torchlens_core.replay import Observe, interpret\n"
-        "from torchlens_core import tree\n"
-        "from torchlens_core.records import Ref\n"
-        "import torchlens_core, torchlens_core.capture\n"
-        "assert TraceBuilder is torchlens_core.capture.TraceBuilder is torchlens_core.TraceBuilder\n"
-        "assert Backend is torchlens_core.Backend and tree.map_leaves and Ref(0).index == 0\n"
+        "import warnings\n"
+        "import torchlens as tl, torchlens.backend as backend, torchlens_core\n"
+        "for name, home in (('TraceBuilder', backend), ('Backend', backend), ('load', tl), ('Trace', backend)):\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        "        value = getattr(torchlens_core, name)\n"
+        "    assert value is getattr(home, name), name\n"
+        "    [w] = caught\n"
+        "    assert w.category is DeprecationWarning and f'import {name} from {home.__name__}' in str(w.message)\n"
+        "assert not hasattr(torchlens_core, 'old_paths')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_plugin_needs_only_the_plugin_author_namespace() -> None:
+    """The numpy example plugin, written as a third party would, imports TorchLens only through torchlens.backend
+    (and torchlens for the errors users catch): the core's module paths are private."""
+    plugin = CORE.parent / "plugins" / "torchlens-numpy" / "torchlens_numpy"
+    imports = re.compile(r"^\s*(?:from|import)\s+(torchlens[\w.]*)", re.MULTILINE)
+    used = {m for path in plugin.glob("*.py") for m in imports.findall(path.read_text())}
+    used = {m for m in used if not m.startswith("torchlens_numpy")}  # the plugin's own modules
+    assert used, "no TorchLens import found: the pattern is wrong"
+    assert used <= {"torchlens", "torchlens.backend"}, f"private paths used by the plugin: {sorted(used)}"
+    import torchlens.backend
+
+    for name in torchlens.backend.__all__:
+        assert getattr(torchlens.backend, name) is not None
 
 
 def test_every_package_is_installed() -> None:
@@ -147,3 +131,24 @@ def test_every_package_is_installed() -> None:
         }
     missing = sorted(found - listed)
     assert not missing, f"add these packages to [tool.setuptools] packages in pyproject.toml: {missing}"
+
+
+def test_the_architecture_map_names_every_layer_and_module() -> None:
+    """docs/concepts.md's map of torchlens_core is the one map: every layer, in import order, and every module."""
+    text = (CORE.parent / "docs" / "concepts.md").read_text()
+    tree = text.split("```\ntorchlens_core/\n", 1)[1].split("```", 1)[0]
+    listed: dict[str, set[str]] = {}
+    layer = None
+    for line in tree.splitlines():
+        found = re.match(r"  (\w+)/ ", line)
+        if found:
+            layer = found.group(1)
+            listed[layer] = set()
+        if layer is not None:
+            listed[layer] |= set(re.findall(r"\b(\w+)\.py\b", line))
+    assert list(listed) == LAYERS, "the map lists the layers bottom to top, as LAYERS does"
+    for name in LAYERS:
+        modules = {p.stem for p in (CORE / name).glob("*.py") if p.stem != "__init__"}
+        missing, gone = sorted(modules - listed[name]), sorted(listed[name] - modules)
+        assert not missing, f"docs/concepts.md's map misses torchlens_core/{name}/: {missing}"
+        assert not gone, f"docs/concepts.md names modules torchlens_core/{name}/ lacks: {gone}"

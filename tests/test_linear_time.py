@@ -211,3 +211,59 @@ def test_early_divergence_builds_no_matrix_over_every_pair_of_ops(monkeypatch):
     # linear at most: the old code's grew with the square (about (large / small) ** 2 = 8.7 times here)
     assert area_large <= area_small * large / small
     assert area_large <= align.BLOCK + large
+
+
+class SharedTable(nn.Module):
+    """``Deep``'s blocks, each scaling its output by one table computed from no weight (as a decoder's rotary
+    tables and masks): the table pairs by value however the weights differ, and every block's ``mul`` reads it."""
+
+    def __init__(self, blocks: int, width: int = 8) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(blocks))
+
+    def forward(self, x):
+        table = torch.cos(torch.arange(x.shape[-1], dtype=x.dtype) / 3)
+        for block in self.blocks:
+            x = x + block(x) * table
+        return x
+
+
+def test_a_table_every_layer_reads_keeps_structural_candidates_per_op_bounded():
+    """Past an early divergence the table is every op's paired input, on both sides: each ``mul`` of ``a`` had
+    every ``mul`` of ``b`` as a candidate (cells growing with the square of the blocks); now the ones nearest its
+    place. The cells kept are cells of the dense matrix, score for score, and the blocks still align in order."""
+    blocks = 150
+    torch.manual_seed(0)
+    one, other = SharedTable(blocks).eval(), SharedTable(blocks).eval()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a, b = tl.trace(one, x), tl.trace(other, x)
+    aligner = align.Aligner(a, b, points(a), points(b), None, None)
+    aligner._value_pairs()
+    table = next(k for k, p in enumerate(aligner.pa) if a.ops[p.index].func_name == "cos")
+    assert aligner.matches[table].basis == "values"  # the table pairs by value: on every later op's frontier
+    left_a, left_b = _left(aligner)
+    fb = {c: aligner._canon(aligner._mapped(aligner._frontier_b(aligner.pb[c].index))) for c in left_b}
+    cells = aligner._candidates(left_a, left_b, {}, fb)
+    muls = [x for x, k in enumerate(left_a) if aligner.pa[k].func == "mul"]
+    assert len(muls) == blocks
+    # the old code's mul rows held every mul of b (150 here): bounded by CANDIDATES now, and never empty
+    assert max(len(cells.row(x)[0]) for x in range(cells.n)) <= align.CANDIDATES
+    assert all(len(cells.row(x)[0]) == align.CANDIDATES for x in muls[align.CANDIDATES :])
+    # the reference: the dense score matrix of the whole sides; every cell kept is a live cell with its score
+    sa, sb = [aligner.pa[k] for k in left_a], [aligner.pb[c] for c in left_b]
+    dense = evidence.scores(sa, sb, evidence.fingerprint_gaps(sa, sb), aligner._keys)
+    for x in range(cells.n):
+        ys, values = cells.row(x)
+        assert np.array_equal(values, dense[x, ys]), x
+    # the mul of block i keeps the muls of the blocks around block i (the same architecture: the same positions)
+    mul_b = [y for y, c in enumerate(left_b) if aligner.pb[c].func == "mul"]
+    for n, x in enumerate(muls):
+        ys = set(cells.row(x)[0].tolist())
+        assert mul_b[n] in ys
+    cmp = tl.compare(a, b)
+    first_linear = next(op.label for op in a.ops if op.func_name == "linear")
+    assert cmp.first_divergence is not None and cmp.first_divergence.a == first_linear
+    # every pair the structure aligns is an op with its own counterpart: the op of the same label
+    assert [p.a for p in cmp.pairs if p.a != p.b] == []
+    assert {p.a for p in cmp.pairs} >= {a.ops[aligner.pa[left_a[x]].index].label for x in muls[:60]}

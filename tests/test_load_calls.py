@@ -16,11 +16,11 @@ import pytest
 from saving_checks import rehash
 
 import torchlens as tl
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 
 
 def decode(backend: str, data: Any) -> Any:
-    return hook().torchlens_decode_call(backend=backend, data=data)
+    return backend_named(backend).decode_call(data)
 
 
 def swap_call(path: pathlib.Path, index: int, call: Any, **fields: Any) -> None:

@@ -21,14 +21,14 @@ from fuzz_saving import SEEDS
 from saving_checks import rehash, views
 
 import torchlens as tl
-from torchlens_core.backend.manager import backend_infos, hook
+from torchlens_core.backend.manager import backend_infos, backend_named
 
 BACKENDS = [i.name for i in backend_infos() if i.available and i.name in SEEDS]
 pytestmark = pytest.mark.skipif(not BACKENDS, reason="no backend with a zoo is installed")
 
 
 def _saved(backend: str, folder: pathlib.Path) -> tuple[tl.Trace, pathlib.Path]:
-    case = next(c for c in hook().torchlens_conformance_cases(backend=backend) if c.name == SEEDS[backend][0])
+    case = next(c for c in backend_named(backend).conformance_cases() if c.name == SEEDS[backend][0])
     model, args, kwargs = case.build()
     trace = tl.trace(model, *args, backend=backend, **kwargs)
     return trace, tl.save(trace, folder)
@@ -89,8 +89,8 @@ def peak_growth_mb(backend: str, path: pathlib.Path) -> tuple[float, str]:
     code = textwrap.dedent(f"""
         import resource, sys
         import torchlens as tl
-        from torchlens_core.backend.manager import hook
-        cases = hook().torchlens_conformance_cases(backend={backend!r})
+        from torchlens_core.backend.manager import backend_named
+        cases = backend_named({backend!r}).conformance_cases()
         case = next(c for c in cases if c.name == {SEEDS[backend][0]!r})
         model, args, kwargs = case.build()
         tl.trace(model, *args, backend={backend!r}, **kwargs)  # import and warm the framework first

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 from torchlens_core.backend.arrays import max_error  # noqa: E402
-from torchlens_core.backend.manager import hook  # noqa: E402
+from torchlens_core.backend.manager import backend_named  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras runs on another backend")
 
@@ -85,7 +85,7 @@ def test_a_layer_returning_its_variables_has_the_outputs_the_hooks_see() -> None
     x = _x()
     trace = tl.trace(model, x, backend="tf")
     recorded = trace.modules["table"].passes[0].out
-    seen = hook().torchlens_observe_module_outputs(backend="tf", target=model, args=(x,), kwargs={})["table:1"]
+    seen = backend_named("tf").observe_module_outputs(model, (x,), {})["table:1"]
     assert max_error("tf", recorded, seen) == 0.0  # was inf: the hooks' Keras variables were no arrays
     for value, reference in zip(recorded, (COS, SIN), strict=True):
         np.testing.assert_array_equal(np.asarray(value), reference)
@@ -97,7 +97,7 @@ def test_the_module_outputs_are_the_values_returned_not_the_variables_written_la
     x = _x()
     trace = tl.trace(model, x, backend="tf")
     model.table.cos.assign(COS)
-    seen = hook().torchlens_observe_module_outputs(backend="tf", target=model, args=(x,), kwargs={})["table:1"]
+    seen = backend_named("tf").observe_module_outputs(model, (x,), {})["table:1"]
     assert np.allclose(model.table.cos.numpy(), COS + 1)  # the forward wrote the table after the layer returned it
     np.testing.assert_array_equal(np.asarray(seen[0]), COS)  # the hooks keep the value returned
     np.testing.assert_array_equal(np.asarray(trace.modules["table"].passes[0].out[0]), COS)

@@ -13,7 +13,7 @@ pytest.importorskip("torchlens_numpy")
 import numpy as np
 
 import torchlens as tl
-from torchlens_core.backend.manager import claim_backend, hook
+from torchlens_core.backend.manager import backend_named, claim_backend
 from torchlens_numpy import zoo
 from torchlens_numpy.arrays import array_error, array_info
 
@@ -56,10 +56,21 @@ def test_never_claims_a_call_on_its_own() -> None:
     assert claim_backend(np.tanh, (x,), {}) != "numpy"
 
 
-def test_plugin_module_imports_no_numpy() -> None:
-    code = "import sys, torchlens_numpy.plugin\nprint('numpy' in sys.modules)"
+def test_plugin_module_loads_none_of_its_framework_code() -> None:
+    """tl.backends() loads every plugin module: this one adds only itself to what `import torchlens` loads.
+
+    NumPy is TorchLens's own dependency, so the framework's import is no measure here; the plugin's NumPy code
+    (capture, replay, arrays, saving) loads when a method first needs it (``lazy``)."""
+    code = (
+        "import sys, torchlens\n"
+        "before = set(sys.modules)\n"
+        "import torchlens_numpy.plugin\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "False"
+    added = set(eval(result.stdout))
+    assert {"torchlens_numpy", "torchlens_numpy.plugin"} <= added
+    assert added <= {"torchlens_numpy", "torchlens_numpy.plugin", "torchlens.backend"}, sorted(added)
 
 
 # -- the zoo ------------------------------------------------------------------------------------
@@ -308,7 +319,7 @@ def test_array_info_and_error() -> None:
     assert array_error(np.zeros(2, np.float32), np.zeros(2)) == math.inf
     assert array_error(np.array([np.nan, 1.0]), np.array([1.0, np.nan])) == math.inf
     assert array_error(np.array([1, 2]), np.array([1, 3])) == math.inf
-    assert hook().torchlens_to_numpy(backend="numpy", value=a) is not a
+    assert backend_named("numpy").to_numpy(a) is not a
 
 
 def test_save_and_halt() -> None:

@@ -16,7 +16,6 @@ pytest.importorskip("torchlens_numpy")
 
 import torchlens as tl
 import torchlens_numpy.capture as numpy_capture
-from torchlens_core.backend.manager import hook
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.ir.records import CodeLocation, ParamRecord, ParamRef, Ref
 from torchlens_core.ir.schema import shape_problem
@@ -104,9 +103,9 @@ def test_the_builder_takes_a_shape_exactly_when_its_saved_form_loads(shape, good
     except tl.CaptureError as exc:
         assert "shape" in str(exc)
         taken = False
-    enc = Encoder(hook(), "numpy")
+    enc = Encoder("numpy")
     data = json.loads(json.dumps(enc.encode(shape)))
-    decoded = Decoder(hook(), "numpy", enc.arrays, bytearray(b"".join(enc.chunks)), framework=True).decode(data)
+    decoded = Decoder("numpy", enc.arrays, bytearray(b"".join(enc.chunks)), framework=True).decode(data)
     assert taken == (shape_problem(decoded) is None)
     assert taken == good
 

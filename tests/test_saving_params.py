@@ -13,7 +13,7 @@ from fuzz_saving import SEEDS
 from saving_checks import same_values, views
 
 import torchlens as tl
-from torchlens_core.backend.manager import backend_infos, hook
+from torchlens_core.backend.manager import backend_infos, backend_named
 from torchlens_core.ir.records import ParamRef
 from torchlens_core.ir.tree import leaves
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not BACKENDS, reason="no backend with a zoo is i
 
 def _trace(backend: str, **options: object) -> tl.Trace:
     """The first seed model of the backend that has parameters (the last one if none has)."""
-    cases = {c.name: c for c in hook().torchlens_conformance_cases(backend=backend)}
+    cases = {c.name: c for c in backend_named(backend).conformance_cases()}
     for name in SEEDS[backend]:
         model, args, kwargs = cases[name].build()
         trace = tl.trace(model, *args, backend=backend, **kwargs, **options)

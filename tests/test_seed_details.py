@@ -13,6 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
+from saving_checks import rehash  # noqa: E402
+
 import torchlens as tl  # noqa: E402
 from torchlens_core.ir.errors import ArgumentTypeError  # noqa: E402
 
@@ -190,6 +192,39 @@ def test_module_configuration_is_read_when_first_asked_for(monkeypatch: pytest.M
     assert [type(m).__name__ for m in read] == ["Conv2d"]  # the one module asked for, once
     str(log["conv2d_3_7"])
     assert len(read) == 1
+
+
+def test_the_module_configuration_is_saved_and_loaded(alexnet: tuple[Any, Any, tl.Trace], tmp_path: Any) -> None:
+    """A loaded trace prints the Config line the live one did, its tuples tuples again (format version 6)."""
+    model, _, log = alexnet
+    loaded = tl.load(tl.save(log, tmp_path / "alexnet"))
+    conv = model.features[6]
+    assert loaded.modules["features.6"].config == {
+        "out_channels": conv.out_channels,
+        "in_channels": conv.in_channels,
+        "kernel_size": conv.kernel_size,
+        "padding": conv.padding,
+    }
+    assert type(loaded.modules["features.6"].config["kernel_size"]) is tuple
+    assert "    Config: out_channels=384, in_channels=192, kernel_size=(3, 3), padding=(1, 1)\n" in str(
+        loaded["conv2d_3_7"]
+    )
+    assert {path: m.config for path, m in loaded.modules.items()} == {path: m.config for path, m in log.modules.items()}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [["kernel_size"], {"kernel_size": {"nested": 1}}, {"k": list(range(100))}, {"k" * 2000: 1}, {"k": "x" * 2000}],
+)
+def test_a_hostile_module_configuration_is_refused(alexnet: tuple[Any, Any, tl.Trace], tmp_path: Any, config) -> None:
+    _, _, log = alexnet
+    folder = tl.save(log, tmp_path / "alexnet")
+    records = json.loads((folder / "trace.json").read_text())
+    records["modules"][1]["config"] = config
+    (folder / "trace.json").write_text(json.dumps(records))
+    rehash(folder)  # the manifest agrees with the edited file: what is refused is the configuration itself
+    with pytest.raises(tl.TraceFileError, match="module 1: config"):
+        tl.load(folder)
 
 
 # -- 6. draw(vis_nesting_depth=) is collapse= (seed 002, section 4) -------------------------------------------------

@@ -15,7 +15,7 @@ keras = pytest.importorskip("keras")
 import numpy as np  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core import ParamRef  # noqa: E402
+from torchlens.backend import ParamRef  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras runs on another backend")
 

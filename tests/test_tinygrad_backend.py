@@ -512,14 +512,14 @@ def test_nested_captures_are_refused() -> None:
 
 
 def test_observer_sees_the_same_calls() -> None:
-    from torchlens_core.backend.manager import hook
+    from torchlens_core.backend.manager import backend_named
 
     model, x = SimpleRecurrent(), _randn(2, 5)
-    seen = hook().torchlens_observe_module_outputs(backend="tinygrad", target=model, args=(x,), kwargs={})
+    seen = backend_named("tinygrad").observe_module_outputs(model, (x,), {})
     trace = tl.trace(model, x)
     assert sorted(seen) == ["fc:1", "fc:2", "fc:3", "fc:4"]
     assert np.allclose(_np(seen["fc:3"]), _np(trace["fc:3"].out), atol=1e-6)
-    assert hook().torchlens_observe_module_outputs(backend="tinygrad", target=lambda t: t, args=(x,), kwargs={}) == {}
+    assert backend_named("tinygrad").observe_module_outputs(lambda t: t, (x,), {}) == {}
 
 
 def test_empty_replays_the_bytes_it_held() -> None:

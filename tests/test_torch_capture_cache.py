@@ -3,7 +3,7 @@
 Code sites are cached per code object and instruction offset (torchlens_core.capture.sites):
 a repeat capture must report the same user lines as the first, follow a function whose code
 was replaced, and never trust an entry left by a freed code object whose id was reused.
-Expected lines come from the model's own frame (``f_lineno`` read on the op's line).
+Expected lines come from the model's own frame (``f_lineno`` read on the line after the op's).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ class TwoLines(torch.nn.Module):
 
     def forward(self, x):
         y = torch.relu(x)
-        self.relu_line = sys._getframe().f_lineno
+        self.relu_line = sys._getframe().f_lineno - 1  # the line above
         z = torch.sigmoid(y)
-        self.sigmoid_line = sys._getframe().f_lineno
+        self.sigmoid_line = sys._getframe().f_lineno - 1
         for _ in range(3):
             z = torch.tanh(z)
-            self.tanh_line = sys._getframe().f_lineno
+            self.tanh_line = sys._getframe().f_lineno - 1
         return z
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 from typing import Any
 
 import pytest
@@ -194,6 +193,59 @@ def test_the_panel_reads_an_ops_value_only_when_it_is_shown(big: Any, page: Page
     page.clean()
 
 
+def test_every_ops_details_and_picture_read_back_from_the_columns_as_the_trace_has_them(big: Any, page: Page) -> None:
+    """The blocks are columns (repeated strings and ops by position, the pictures' numbers as base64 arrays):
+    the page's record() and picture() of every op must give back what the trace and picture() say of it."""
+    from torchlens_core.viewer.pictures import first_array, picture
+
+    _, trace, _, _ = big
+    every = "(n, what) => Array.from({length: n}, (_, i) => window.torchlensViewer[what](i) ?? null)"
+    records = page.page.evaluate(every, [len(trace.ops), "record"])
+    shown = page.page.evaluate(every, [len(trace.ops), "picture"])
+    distances = trace.distances()
+    short = lambda v: repr(v) if len(repr(v)) <= 60 else repr(v)[:57] + "..."
+    for op, got, pic in zip(trace.ops, records, shown):
+        d = distances[op.index]
+        expected = {
+            "index": op.index,
+            "label": op.label,
+            "kind": op.kind,
+            "shape": list(op.shape),
+            "dtype": str(op.dtype),
+            "device": op.device,
+            "bytes": op.num_bytes,
+            "module_outputs": op.module_outputs,
+            "parents": op.parents,
+            "children": op.children,
+            "saved": op.saved,
+            "code": [[c.file, c.line_number, c.func_name] for c in op.code_context[:3]],
+            "distance": [d.min_from_input, d.max_from_input, d.min_to_output, d.max_to_output],
+            "params": [
+                {"name": p.name, "shape": list(p.shape), "numel": p.numel, "buffer": p.is_buffer}
+                | {"trainable": p.trainable}
+                for p in map(trace.params.get, op.params)
+            ],
+        }
+        if op.kind == "op":
+            expected |= {"func": op.func_name, "flops": op.flops, "macs": op.macs, "elapsed": op.elapsed}
+            expected |= {"source": op.source, "in_place": op.in_place, "conditions": op.conditions}
+            expected["config"] = {str(k): short(v) for k, v in op.config.items()}
+        assert {key: got[key] for key in expected} == expected, op.label
+        _, array = first_array(op.out, trace.backend)
+        assert pic == json.loads(json.dumps(picture(array))), op.label
+    assert sum(bool(op.params) for op in trace.ops) == GROUPS * STAGES * BLOCKS  # the fields checked are not all empty
+    assert all(pic is not None and "heatmaps" in pic for pic in shown)
+    page.clean()
+
+
+def test_the_file_holds_under_450_bytes_an_op(big: Any) -> None:
+    """The blocks' columns (375 bytes an op here) are near half of what a JSON row per op and a JSON object per
+    picture took (694 bytes an op; 725 on a 50,000-op trace): the browser reads the whole file before it shows
+    anything, and JSON's floats and dicts were most of the export's writing."""
+    _, trace, _, path = big
+    assert pathlib.Path(path).stat().st_size < 450 * len(trace.ops)
+
+
 def test_expand_all_and_a_layout_over_max_nodes(big: Any, chromium: Any, tmp_path: pathlib.Path) -> None:
     _, trace, _, _ = big
     page = Page(chromium, big[3])
@@ -217,7 +269,9 @@ def test_expand_all_and_a_layout_over_max_nodes(big: Any, chromium: Any, tmp_pat
         tl.view(trace, tmp_path / "none.html", values=False, max_nodes=3)
 
 
-def test_exporting_does_work_per_stack_of_values_not_per_op(big: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exporting_does_work_per_stack_of_values_not_per_op(
+    big: Any, page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Linear export, checked by counting, not timing: the 5,002 values (all 2 x 8) are pictured stacked (one
     NumPy call per step for all of them), none by the per-value histogram, whose NumPy calls were most of a
     large export; and the cycle collector, which walks every object of the trace at each collection, does not
@@ -254,9 +308,9 @@ def test_exporting_does_work_per_stack_of_values_not_per_op(big: Any, monkeypatc
     assert calls["histogram"] == 0 and calls["collections"] <= 1 and set(generations) <= {0}
     assert gc.isenabled()  # on again
     op = trace["groups.3.stages.7.2.fc"]
-    found = re.search(f'<script id="tl-pictures-{op.index // 1000}" type="application/json">(.*?)</script>', text)
+    assert f'<script id="tl-pictures-{op.index // 1000}" type="application/json">' in text
     expected = pictures.picture(op.out.detach().numpy())
-    assert json.loads(found.group(1))[str(op.index)] == json.loads(json.dumps(expected))
+    assert page.page.evaluate("i => window.torchlensViewer.picture(i)", op.index) == json.loads(json.dumps(expected))
     calls["histogram"] = 0
     values = [np.array([[1.0, np.nan], [2.0, 5.0]]), *(np.full((2, 2), float(i)) for i in range(3))]
     found = pictures.pictures(((str(i), None, v) for i, v in enumerate(values)), 1 << 20)

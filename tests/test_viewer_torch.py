@@ -5,6 +5,7 @@ Values are checked against forward hooks on an untraced run, counts against the 
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -256,3 +257,47 @@ def test_a_layout_left_out_by_max_nodes_is_refused_in_the_page(
         page.close()
     with pytest.raises(tl.TorchLensError, match="raise max_nodes"):
         tl.view(trace, tmp_path / "none.html", max_nodes=3)
+
+
+class Mixed(torch.nn.Module):
+    """Values of every kind a picture takes: large with shrunk heatmaps, NaN, several outputs, integers, one
+    value repeated, infinity, and small ones stacked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: Any) -> Any:
+        y = self.conv(x)  # 1 x 4 x 68 x 68: pictured alone, heatmaps averaged down to 23 x 23
+        z = torch.log(y)  # NaN where y < 0
+        a, b = torch.split(y[0, 0], 34)
+        i = y.flatten().argmax()
+        s = torch.full((2, 2), 3.0) * y.mean()
+        t = torch.tensor([1.0, float("inf")]) * y.mean()
+        small = [y.mean(dim=(2, 3)) * k for k in range(20)]  # 1 x 4 each: stacked
+        return z.nansum() + a.sum() + b.sum() + i + s.sum() + t.sum() + sum(v.sum() for v in small)
+
+
+def test_every_picture_reads_back_from_the_columns_as_pictures_made_it(chromium: Any, tmp_path: pathlib.Path) -> None:
+    """The pictures' numbers travel as base64 arrays and the heatmaps' pixels as one run of bytes a block: the
+    page's picture() of every op must be what pictures() made of its value (itself checked against picture()
+    value by value), whichever path the value took (stacked, alone, NaN, infinite, several outputs)."""
+    from torchlens_core.viewer.data import HEATMAP_BUDGET
+    from torchlens_core.viewer.pictures import first_array, pictures
+
+    torch.manual_seed(0)
+    trace = tl.trace(Mixed().eval(), torch.randn(1, 3, 70, 70))
+    found = ((str(op.index), *first_array(op.out, "torch")) for op in trace.ops if op.out is not None)
+    expected = pictures(((k, p, a) for k, p, a in found if a is not None), HEATMAP_BUDGET)
+    assert any("path" in e for e in expected.values()) and any(e["nonfinite"] for e in expected.values())
+    assert any(h["rows"] < h["of_rows"] for h in (e.get("heatmaps") for e in expected.values()) if h)
+    page = Page(chromium, tl.view(trace, tmp_path / "mixed.html"))
+    try:
+        every = "n => Array.from({length: n}, (_, i) => window.torchlensViewer.picture(i) ?? null)"
+        shown = page.page.evaluate(every, len(trace.ops))
+        for op, got in zip(trace.ops, shown):
+            made = expected.get(str(op.index))
+            assert got == (None if made is None else json.loads(json.dumps(made))), op.label
+        page.clean()
+    finally:
+        page.close()

@@ -14,7 +14,7 @@ import pytest
 from viewer_checks import Page, browser
 
 import torchlens as tl
-from torchlens_core.backend.manager import backend_infos, hook
+from torchlens_core.backend.manager import backend_infos, backend_named
 
 
 def _cases() -> list[Any]:
@@ -22,7 +22,7 @@ def _cases() -> list[Any]:
     for info in backend_infos():
         if not info.available:
             continue
-        for case in hook().torchlens_conformance_cases(backend=info.name) or []:
+        for case in backend_named(info.name).conformance_cases() or []:
             if not case.slow:
                 found.append(pytest.param(info.name, case, id=f"{info.name}-{case.name}"))
     return found

@@ -49,7 +49,7 @@ from torchlens_core.ir.errors import (
 from torchlens_core.ir.records import CodeLocation, ModulePass, ModuleRecord, OpRecord, ParamRecord
 from torchlens_core.ir.trace import Trace
 from torchlens_core.ranks import MergeReport, RankFinding, RankMergeError, merge_ranks, merge_report
-from torchlens_core.replay.audit import AuditReport
+from torchlens_core.replay.audit import AuditReport, Finding
 from torchlens_core.steer.helpers import (
     clamp,
     mean_ablate,
@@ -70,10 +70,9 @@ from torchlens_core.store.saving import load, save
 from torchlens_core.viewer import view
 from torchlens_core.views.facets import FacetError, Facets
 from torchlens_core.views.flops import register_flops
-from torchlens_core.views.hashing import assert_unchanged, structural_hash
+from torchlens_core.views.hashing import assert_unchanged
+from torchlens_core.views.hashing import structural_hash as hash  # tl.hash(trace): the structural hash of a trace
 from torchlens_core.views.validate import Coverage, validate
-
-hash = structural_hash  # tl.hash(trace): the structural hash of a trace
 
 __version__ = "0.1.0"
 
@@ -89,6 +88,7 @@ __all__ = [
     "compare",
     "register_equivalence",
     "AuditReport",
+    "Finding",
     "BackendNotFoundError",
     "Bundle",
     "CaptureError",

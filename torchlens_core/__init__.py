@@ -1,28 +1,23 @@
 """torchlens_core: the framework-neutral heart of TorchLens. It never imports a framework.
 
-Layered bottom to top; each layer imports only the ones below it:
+Layered bottom to top (ir, backend, capture, replay, steer, grads, fields,
+views, compare, ranks, store, viewer); each layer imports only the ones
+below it. docs/concepts.md, "Where things live", is the map of every module.
 
-    ir/        the data a trace is: records, Trace, tree helpers, typed errors
-    backend/   the contract with framework plugins: hook specs, plugin manager, Backend base class
-    capture/   tl.trace / tl.record / tl.pluck, the TraceBuilder, save= / halt= policy, selectors
-    replay/    the evaluator and the audit
-    views/     summary, drawing, tables, metadata, FLOPs, hashing: read-only views of a trace
-    store/     tl.save / tl.load and dataset extraction
-
-The names below load their layer on first use, so that importing one layer
-(``import torchlens_core.ir``) loads nothing above it. Users import
-``torchlens``; plugin authors import from ``torchlens_core.backend`` and
-``torchlens_core.capture``.
+This package is private: its module paths may move between versions. Users
+import ``torchlens``; plugin authors import ``torchlens.backend``. The names
+below are the ones this package exported before that namespace existed: each
+still loads (its layer on first use) with a ``DeprecationWarning`` naming its
+public home, and goes in 0.2 (CHANGELOG.md, "For plugin authors").
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
-from torchlens_core import old_paths
-
-# public name -> the module that defines it
+# name this package exported -> the module that defines it
 _EXPORTS = {
     **dict.fromkeys(
         (
@@ -61,9 +56,7 @@ _EXPORTS = {
     **dict.fromkeys(("Activations", "extract_dataset"), "torchlens_core.store.extract"),
 }
 
-__all__ = sorted(_EXPORTS)
-
-old_paths.install()
+__all__: list[str] = []  # private: nothing is exported for `from torchlens_core import *`
 
 
 def __getattr__(name: str) -> Any:
@@ -71,9 +64,12 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'torchlens_core' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # found once; later lookups are plain attribute reads
+    public = importlib.import_module("torchlens.backend")
+    home = "torchlens.backend" if getattr(public, name, None) is value else "torchlens"
+    # warned on every access (not cached in globals): each old import site is told once per warnings filter
+    warnings.warn(
+        f"torchlens_core.{name} is private and goes in TorchLens 0.2: import {name} from {home}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))

@@ -156,9 +156,13 @@ def _frozen_model_part(wrapper: Any) -> tuple[str, Any, list[Any], int] | None:
     if part is not None and part[0] not in ("equinox", "function"):
         part = None
     wrapper_id = id(wrapper)
+
+    # (the table bound as a default: at interpreter exit the module's globals may be gone before the wrapper)
+    def forget(_: Any, at: int = wrapper_id, parts: dict[int, Any] = _FROZEN_PARTS) -> None:
+        parts.pop(at, None)
+
     try:
-        # (the table bound as a default: at interpreter exit the module's globals may be gone before the wrapper)
-        ref = weakref.ref(wrapper, lambda _, at=wrapper_id, parts=_FROZEN_PARTS: parts.pop(at, None))
+        ref = weakref.ref(wrapper, forget)
     except TypeError:
         return part
     with _FROZEN_LOCK:

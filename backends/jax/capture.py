@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.builder import Recording, TraceBuilder
 from torchlens_core.capture.policy import CaptureOptions, HaltCapture
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import ParamRecord, ParamRef, Ref
@@ -60,14 +60,16 @@ from torchlens_jax.walk import Val, Walker
 _TRACING = threading.Lock()
 
 
-def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
+def capture(
+    target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None
+) -> Trace | Recording:
     import jax
 
     options = options or CaptureOptions()
     # A jitted target captured before with the same key: its records again, values from one compiled call.
     cache_probe = cache_keys.probe(target, args, kwargs, options) if capture_cache.CAPTURE_CACHE else None
     skeleton = capture_cache.lookup(cache_probe)
-    answered = None if skeleton is None else capture_cache.answer(cache_probe, skeleton)  # type: ignore[arg-type]
+    answered = None if skeleton is None or cache_probe is None else capture_cache.answer(cache_probe, skeleton)
     if answered is not None:
         return answered
     view = view_model(target, args)
@@ -142,7 +144,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
     param_vals = [Val(p.value, ParamRef(p.name)) for p in view.params]
     input_vals = []
     for value in input_values:
-        shape, dtype, device = array_info(value)
+        shape, dtype, device = _array_info(value)
         input_vals.append(Val(value, Ref(builder.add_input(value, shape, dtype, device).index)))
     keep = cache_probe is not None and isinstance(walker, DeferredWalker)  # kept for the capture cache if it can be
     try:
@@ -157,10 +159,12 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
                 builder.notes["compiled"] = ran
             if sources is not None:  # finished here (tl.trace would finish it alike), to be kept
                 halted = builder.finish(halted=True)
-                capture_cache.store(cache_probe, halted, walker, sources, None, view.params, input_values)
+                if cache_probe is not None and isinstance(halted, Trace):  # (both: `keep` said so)
+                    capture_cache.store(cache_probe, halted, walker, sources, None, view.params, input_values)
                 return halted
         raise
-    sources = capture_cache.value_sources(walker, outs) if keep else None  # read before execute fills them
+    # read before execute fills them
+    sources = capture_cache.value_sources(walker, outs) if keep and isinstance(walker, DeferredWalker) else None
     ran = execute(walker, outs) if isinstance(walker, DeferredWalker) else None
     if ran is not None:
         # One executable computed every kept value and the outputs: those are the model's output (no second,
@@ -193,9 +197,18 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         }
     )
     trace = builder.finish()
-    if sources is not None:
+    # (sources are read only when `keep`: a probe, a deferred walker, and so no tl.record)
+    if sources is not None and cache_probe is not None and isinstance(walker, DeferredWalker):
+        assert isinstance(trace, Trace)
         capture_cache.store(cache_probe, trace, walker, sources, out_structure["template"], view.params, input_values)
     return trace
+
+
+def _array_info(value: Any) -> tuple[tuple[int, ...], str, str]:
+    """:func:`array_info` of an input or parameter: an array leaf."""
+    info = array_info(value)
+    assert info is not None
+    return info
 
 
 def _splicer(builder: TraceBuilder) -> Splicer | None:
@@ -224,7 +237,7 @@ def _declare(builder: TraceBuilder, view: Any, scopes: CallScopes) -> None:
     for path, type_name in types.items():
         builder.add_module(path, type_name, params=[p.name for p in view.params if p.name.startswith(path + ".")])
     for p in view.params:
-        shape, dtype, _ = array_info(p.value)
+        shape, dtype, _ = _array_info(p.value)
         builder.add_param(
             ParamRecord(
                 name=p.name,

@@ -126,8 +126,12 @@ class CaptureCache:
 
     def put(self, probe: Probe, skeleton: Skeleton) -> None:
         owner_id = id(probe.owner)
+
+        def forget(_: Any, at: int = owner_id) -> None:
+            self._forget(at)
+
         try:
-            ref = weakref.ref(probe.owner, lambda _, at=owner_id: self._forget(at))
+            ref = weakref.ref(probe.owner, forget)
         except TypeError:  # a target without weak references: its entries could never be freed
             return
         with self.lock:
@@ -174,7 +178,8 @@ def value_sources(walker: DeferredWalker, outs: list[Val]) -> tuple[list[Any], l
     ops = walker.builder.ops
     try:
         op_sources = [_source(op.out, op.index, walker) for op in ops]
-        return op_sources, [_source(x.value, x.ref.index if not x.ref.path else None, walker) for x in outs]
+        out_indices = [x.ref.index if isinstance(x.ref, Ref) and not x.ref.path else None for x in outs]
+        return op_sources, [_source(x.value, index, walker) for x, index in zip(outs, out_indices)]
     except Uncacheable:
         return None
 
@@ -254,10 +259,11 @@ def _store(
         found = probe.params[rest[0]] if kind == _PARAM else probe.inputs[rest[0]] if kind == _INPUT else value
         if found is not value:
             return False
-    op_sources += [None] * (len(trace.ops) - len(op_sources))  # the output nodes, added after the walk
+    # the output nodes, added after the walk
+    by_op: list[tuple[Any, ...] | None] = [*op_sources, *[None] * (len(trace.ops) - len(op_sources))]
     for path, ref in tree.leaves(trace.output_template, lambda x: isinstance(x, Ref)):
-        op_sources[ref.index] = (_OUTPUT, path)
-    if len(op_sources) != len(trace.ops) or any(s is None for s in op_sources):
+        by_op[ref.index] = (_OUTPUT, path)
+    if len(by_op) != len(trace.ops) or any(s is None for s in by_op):
         return False
     elapsed_free = {"elapsed": None}  # the compiled path times no op
     notes = fresh({k: v for k, v in trace.notes.items() if k not in ("compiled", "capture")})
@@ -265,7 +271,7 @@ def _store(
         backend=trace.backend,
         model_name=trace.model_name,
         ops=[template(op, **elapsed_free) for op in trace.ops],
-        sources=op_sources,
+        sources=[s for s in by_op if s is not None],  # (every one: checked above)
         modules=[(template(m), [template(mp) for mp in m.passes]) for m in trace.modules.values()],
         params=[template(trace.params[name]) for name in param_names],
         output_template=fresh_template(trace.output_template),
@@ -374,8 +380,8 @@ def answer(probe: Probe, skeleton: Skeleton) -> Trace | None:
         skeleton.halted,
     )
     ref = weakref.ref(trace)
-    for op in ops:
-        op.trace_ref = ref
+    for made_op in ops:
+        made_op.trace_ref = ref
     for module in modules.values():
         for mp in module.passes:
             mp.trace_ref = ref

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchlens_core.fields.geometry import (
+    AxisRule,
     Geometry,
     Link,
     Window,
@@ -111,10 +112,13 @@ def geometry(trace: Trace, op: OpRecord) -> Geometry | None:
         perm = op.kwargs.get("permutation")
         return permute(parent[0], tuple(perm)) if parent and perm is not None else None
     if name == "concatenate":
-        parents = [(a, _ints(_shape(trace, a))) for a in op.args]
-        if any(not isinstance(a, Ref) or s is None for a, s in parents):
-            return None  # a constant operand's stretch would be unaccounted for
-        return concat(parents, op.kwargs["dimension"])  # type: ignore[arg-type]
+        operands = []
+        for a in op.args:
+            s = _ints(_shape(trace, a))
+            if not isinstance(a, Ref) or s is None:
+                return None  # a constant operand's stretch would be unaccounted for
+            operands.append((a, s))
+        return concat(operands, op.kwargs["dimension"])
     if name in _REDUCE:
         parent = _first(trace, op)
         axes = op.kwargs.get("axes")
@@ -156,7 +160,7 @@ def _conv(trace: Trace, op: OpRecord) -> Geometry | None:
     rhs = _ints(_shape(trace, op.args[1] if len(op.args) > 1 else None))
     numbers = op.kwargs.get("dimension_numbers")
     padding = op.kwargs.get("padding")
-    if parent is None or rhs is None or numbers is None or isinstance(padding, str):
+    if parent is None or rhs is None or numbers is None or padding is None or isinstance(padding, str):
         return None
     lhs_spec, rhs_spec, out_spec = numbers.lhs_spec, numbers.rhs_spec, numbers.out_spec
     n = len(lhs_spec) - 2
@@ -168,7 +172,7 @@ def _conv(trace: Trace, op: OpRecord) -> Geometry | None:
         for i in range(n)
     }
     dim_map = {lhs_spec[2 + i]: out_spec[2 + i] for i in range(n)}
-    keep = ()
+    keep: tuple[int, ...] = ()
     if op.kwargs.get("batch_group_count", 1) == 1:
         dim_map[lhs_spec[0]] = out_spec[0]
         keep = (lhs_spec[0],)
@@ -229,7 +233,7 @@ def _dot(trace: Trace, op: OpRecord) -> Geometry | None:
     ):
         if not isinstance(ref, Ref):
             continue
-        dims = {i: (d, Window()) for i, d in enumerate(batch)}
+        dims: dict[int, tuple[int, AxisRule]] = {i: (d, Window()) for i, d in enumerate(batch)}
         dims.update({offset + i: (d, Window()) for i, d in enumerate(free)})
         links.append(Link(ref, dims))
     return Geometry("dense", tuple(links))
@@ -241,7 +245,9 @@ def _pad(trace: Trace, op: OpRecord) -> Geometry | None:
     config = op.kwargs.get("padding_config")
     if parent is None or config is None:
         return None
-    dims = {d: (d, Window(padding=lo, lhs_dilation=interior + 1)) for d, (lo, _, interior) in enumerate(config)}
+    dims: dict[int, tuple[int, AxisRule]] = {
+        d: (d, Window(padding=lo, lhs_dilation=interior + 1)) for d, (lo, _, interior) in enumerate(config)
+    }
     return Geometry("pad", (Link(parent[0], dims),))
 
 
@@ -251,5 +257,7 @@ def _slice(trace: Trace, op: OpRecord) -> Geometry | None:
     if parent is None or starts is None:
         return None
     strides = op.kwargs.get("strides") or (1,) * len(starts)
-    dims = {d: (d, Window(stride=strides[d], padding=-starts[d])) for d in range(len(starts))}
+    dims: dict[int, tuple[int, AxisRule]] = {
+        d: (d, Window(stride=strides[d], padding=-starts[d])) for d in range(len(starts))
+    }
     return Geometry("slice", (Link(parent[0], dims),))

@@ -152,7 +152,10 @@ class FunctionScopes(CallScopes):
         self.sites.append((top, sub))
         self._open.append(top)
         try:
-            return self.scoped(self._path(top, sub, self._multi_while_tracing), type_name, forward, args, kwargs)
+            # the path is None for a lone top-level module's own call (see the class): CallScopes types its
+            # paths as str, and takes None through (calls_in never reports that call)
+            path = self._path(top, sub, self._multi_while_tracing)
+            return self.scoped(path, type_name, forward, args, kwargs)  # type: ignore[arg-type]
         finally:
             self._open.pop()
 
@@ -244,12 +247,14 @@ class FunctionScopes(CallScopes):
             if multi:
                 self.types[self.tops[top].name] = self.tops[top].type_name
             for sub, type_name in self.tops[top].submodules:
-                self.types.setdefault(self._path(top, sub, multi), type_name)
+                sub_path = self._path(top, sub, multi)
+                if sub_path is not None:  # (always: a submodule's path inside its top-level module is not "")
+                    self.types.setdefault(sub_path, type_name)
         for k, (top, sub) in enumerate(self.sites):
             path = self._path(top, sub, multi)
-            self.calls[k] = path
+            self.calls[k] = path  # type: ignore[assignment]  # None, as in scoped_at
             if path is not None:
-                self.types.setdefault(path, before[self._path(top, sub, provisional)])
+                self.types.setdefault(path, before[self._path(top, sub, provisional)])  # type: ignore[index]  # same
 
 
 # -- what the function names -----------------------------------------------------------------
@@ -267,6 +272,7 @@ def named_modules(fn: Any) -> list[tuple[str, Any]]:
             fn = fn.func
             continue
         owner = None
+        code_of: Any
         if inspect.ismethod(fn):
             owner, code_of = fn.__self__, fn.__func__
         elif inspect.isfunction(fn) or framework_of(fn) is not None or not callable(fn):

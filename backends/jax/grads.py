@@ -30,6 +30,7 @@ that is read off the graph instead (:func:`_reached`), so that such ops get
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import attrs
@@ -152,7 +153,7 @@ def _replay(trace: Trace, regions: list[CustomRule]) -> list[Any]:
         if rule is None:
             args = tree.map_leaves(resolve, op.args)
         else:  # the rule, not the inner ops, carries the gradient to the call's operands
-            args = tree.map_leaves(lambda leaf, start=rule.start: _outside_stopped(resolve, leaf, start), op.args)
+            args = tree.map_leaves(functools.partial(_outside_stopped, resolve, start=rule.start), op.args)
         if op.kind == "output" or op.meta.get("identity"):
             value = args[0]
         else:
@@ -244,7 +245,8 @@ def _float_outputs(op: OpRecord) -> list[tuple[Path, tuple[int, ...], Any]]:
 
 def _first_output(op: OpRecord) -> list[Path]:
     """The first output only: the one whose dtype the record gives."""
-    return [(0,)] if isinstance(op.shape[0], tuple) and op.dtype and _float_dtype(op.dtype) else []
+    shape = op.shape
+    return [(0,)] if shape and isinstance(shape[0], tuple) and op.dtype and _float_dtype(op.dtype) else []
 
 
 def _by_op(trace: Trace, grads: dict[tuple[int, Path], Any]) -> dict[int, Any]:
@@ -255,6 +257,7 @@ def _by_op(trace: Trace, grads: dict[tuple[int, Path], Any]) -> dict[int, Any]:
             found[index] = grad
             continue
         shape = trace.ops[index].shape
+        assert shape is not None  # a gradient at a path: an op of several outputs, whose shapes it records
         current = list(found.get(index, (None,) * len(shape)))
         current[path[0]] = grad
         found[index] = tuple(current)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import functools
 import inspect
 import sys
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -252,8 +253,8 @@ def submodules(model: Any) -> list[tuple[str, Any]]:
     if kind == "nnx":
         from flax import nnx
 
-        found = [(_dotted(p), m) for p, m in nnx.iter_modules(model) if p]
-        return sorted(found, key=lambda pm: _sort_key(pm[0]))
+        nnx_found = [(_dotted(p), m) for p, m in nnx.iter_modules(model) if p]
+        return sorted(nnx_found, key=lambda pm: _sort_key(pm[0]))
     if kind != "equinox":
         return []
     import equinox as eqx
@@ -273,7 +274,13 @@ def submodules(model: Any) -> list[tuple[str, Any]]:
 _NNX_PATHS: OrderedDict[Any, tuple[tuple[Any, ...], ...] | None] = OrderedDict()
 _NNX_PATHS_SIZE = 64
 _NNX_LOCK = threading.Lock()
-_MISSING = object()
+
+
+class _Missing(enum.Enum):
+    MISSING = 0  # an enum member, Final: a type checker tells it from a cached value
+
+
+_MISSING: Final = _Missing.MISSING
 
 
 def _nnx_submodules(model: Any, graphdef: Any) -> tuple[tuple[tuple[Any, ...], ...] | None, list[tuple[str, Any]]]:
@@ -326,7 +333,7 @@ def _at_paths(model: Any, paths: tuple[tuple[Any, ...], ...]) -> list[tuple[str,
 
 
 def _walk_equinox(
-    obj: Any, path: tuple[Any, ...], module_type: type, found: list[tuple[str, Any]], seen: set[int]
+    obj: Any, path: tuple[Any, ...], module_type: Any, found: list[tuple[str, Any]], seen: set[int]
 ) -> None:
     """Equinox modules under ``obj`` into ``found`` (a module-level function: a closure calling itself is a
     reference cycle, left for the cyclic GC at every capture)."""

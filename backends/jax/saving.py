@@ -128,7 +128,7 @@ def _prngs() -> dict[str, Any]:
     try:
         from jax._src.random import prng
     except ImportError:  # older JAX
-        from jax._src import prng  # type: ignore[no-redef]
+        from jax._src import prng
     return prng.prngs
 
 
@@ -166,9 +166,12 @@ def _encode(v: Any) -> Any:
     if _classes().get(name) is t:
         if isinstance(v, enum.Enum):
             return {"enum": [name, v.name]}
-        return {"struct": [name, [[f, _encode(getattr(v, f))] for f in _fields(t)]]}
-    if name == "PRNGImpl" and _prngs().get(getattr(v, "name", None)) is v:
-        return {"prng": v.name}
+        fields = _fields(t)
+        if fields is not None:  # (_classes holds enums and classes with fields: always)
+            return {"struct": [name, [[f, _encode(getattr(v, f))] for f in fields]]}
+    prng_name = getattr(v, "name", None)
+    if name == "PRNGImpl" and isinstance(prng_name, str) and _prngs().get(prng_name) is v:
+        return {"prng": prng_name}
     if name in ("Jaxpr", "ClosedJaxpr"):
         raise UnsupportedError("it holds a jaxpr, a program that the format does not save")
     raise UnsupportedError(f"a {name} ({_short(v)}) has no saved form")
@@ -214,7 +217,8 @@ def _decode(data: Any, depth: int = 0) -> Any:
             cls is not None
             and not issubclass(cls, enum.Enum)
             and all(_pair(f, str) for f in v[1])
-            and [f[0] for f in v[1]] == list(_fields(cls))
+            and (fields := _fields(cls)) is not None
+            and [f[0] for f in v[1]] == list(fields)
         ):
             return cls(**{f: _decode(x, depth + 1) for f, x in v[1]})
     if tag == "prng" and isinstance(v, str) and v in _prngs():

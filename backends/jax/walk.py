@@ -258,7 +258,9 @@ class Walker(ModulePasses):
         return Val(edited, ref)
 
     def describe(self, value: Any) -> tuple[tuple[int, ...], str, str]:
-        return array_info(value)
+        info = array_info(value)
+        assert info is not None  # the recorder describes arrays only (is_array)
+        return info
 
     def outputs(self, slots: Any, outs: list[Val]) -> tuple[Any, list[Val]]:
         """The model returned ``outs`` (the array leaves of ``slots``): its template of Refs, and the values it
@@ -289,6 +291,8 @@ class Walker(ModulePasses):
             x if isinstance(x.ref, Ref) and x.ref.index >= start else self.pass_through(x, self.producer(x))[1]
             for x in outs
         ]
+        out_refs = tuple(x.ref for x in outs if isinstance(x.ref, Ref))
+        assert len(out_refs) == len(outs)  # each an output of an op inside the call, made so above
         info = getattr(closed.jaxpr, "debug_info", None)
         name = str(getattr(info, "func_name", "") or eqn.params.get("name", "") or eqn.primitive.name)
         keep(
@@ -297,7 +301,7 @@ class Walker(ModulePasses):
                 name,
                 (eqn.primitive, eqn.params),
                 tuple(x.arg for x in ins),
-                tuple(x.ref for x in outs),
+                out_refs,
                 start,
                 len(self.builder.ops),
             ),
@@ -313,6 +317,8 @@ class Walker(ModulePasses):
 
     def _align(self, chain: tuple[int, ...]) -> None:
         """Make the open module calls those of ``chain``: end the others, begin the new ones."""
+        if self.scopes is None:  # no call is scoped: none is ever open
+            return
         n = 0
         while n < len(self.active) and n < len(chain) and self.active[n] == chain[n]:
             n += 1
@@ -334,6 +340,7 @@ class Walker(ModulePasses):
         """
         path, n = self.builder.module_stack[-1]
         wanted = self.splice(path) is not None
+        assert self.scopes is not None  # (called for a scoped call)
         if wanted != (k in self.scopes.spliced):
             what = (
                 "names call {c}, whose code was traced as it is"
@@ -351,8 +358,9 @@ class Walker(ModulePasses):
         """Call ``k``'s output marker: the call returned ``ins``, and its pass closes here. The marker's
         outputs are what every later equation reads of the call, so handing them what ``intervene=`` made of
         the call's output edits it for all of them, as a forward hook returning a new value would."""
-        k = self.scopes.call_of_marker(eqn.params) if self.scopes else None
-        if k is None or not self.active or self.active[-1] != k:
+        scopes = self.scopes
+        k = scopes.call_of_marker(eqn.params) if scopes else None
+        if scopes is None or k is None or not self.active or self.active[-1] != k:
             return ins  # another capture's marker (from a jit cache): a plain pass-through
         here = self.builder.module_stack[-1]
         for x in ins:  # later reads of the marker's input, computed in the call, are where the module kept it
@@ -360,8 +368,8 @@ class Walker(ModulePasses):
             if ref is not None and self.computed_in(ref, here):
                 self.pass_throughs.kept(x, ref.index)
         self.active.pop()
-        slots = self.scopes.templates[k]
-        outs = unfill(slots, self.exit_pass(self.scopes.calls[k], fill(slots, ins)), len(ins))
+        slots = scopes.templates[k]
+        outs = unfill(slots, self.exit_pass(scopes.calls[k], fill(slots, ins)), len(ins))
         # what the call computed and returned as it is gets a Val of its own: reads of it are the caller's
         return [Val(y.value, y.ref) if y is x else y for x, y in zip(ins, outs)]
 

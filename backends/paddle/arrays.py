@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 import paddle
+from paddle import Tensor
 
 from torchlens_core.backend.array_ops import ArrayOps
 from torchlens_core.backend.arrays import numpy_error
 from torchlens_core.ir import tree
 
-Tensor = paddle.Tensor
 # The C methods, as they were before any capture replaced them: detaching and copying never record an op.
 _detach = getattr(Tensor.__dict__["detach"], "__wrapped__", Tensor.__dict__["detach"])
 _clone = getattr(Tensor.__dict__["clone"], "__wrapped__", Tensor.__dict__["clone"])

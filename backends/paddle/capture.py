@@ -39,9 +39,10 @@ from typing import Any
 
 import numpy as np
 import paddle
+from paddle import Tensor
 
 from torchlens_core.capture.branches import BranchTracker
-from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.builder import Recording, TraceBuilder
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.recorder import Recorder as BaseRecorder
 from torchlens_core.capture.sites import CallSites, PassSites
@@ -55,7 +56,6 @@ from torchlens_paddle.intercept import STATE, OpInfo, Patches, amp_casting, amp_
 from torchlens_paddle.layer_calls import LayerCalls
 from torchlens_paddle.splice import spliced
 
-Tensor = paddle.Tensor
 _version = Tensor.__dict__["_inplace_version"]
 _clone = Tensor.__dict__["clone"]
 # The copy a conversion reads when the value was written since its op ran (see Recorder._read_now).
@@ -474,7 +474,9 @@ def _defining_modules(model: Any, layers: list[tuple[str, Any]]) -> list[Any]:
 _ONE_AT_A_TIME = OneCaptureAtATime("paddle")
 
 
-def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
+def capture(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None
+) -> Trace | Recording:
     """Run ``model(*args, **kwargs)`` once with every Paddle op recorded; return its Trace."""
     is_layer = isinstance(model, paddle.nn.Layer)
     layers = [("", model), *model.named_sublayers()] if is_layer else []
@@ -490,7 +492,7 @@ def _capture(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     options: CaptureOptions | None,
-) -> Trace:
+) -> Trace | Recording:
     builder = TraceBuilder(
         "paddle", type(model).__name__ if is_layer else getattr(model, "__name__", "function"), options
     )

@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 import paddle
+from paddle import Tensor
 
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
@@ -41,7 +42,6 @@ from torchlens_core.replay.evaluator import replay_values
 from torchlens_paddle.arrays import allocation, snapshot
 from torchlens_paddle.replay import AUTOGRAD
 
-Tensor = paddle.Tensor
 # What Paddle raises when its backward cannot run (its C++ errors arrive as these, by kind).
 _BACKWARD_ERRORS = (RuntimeError, ValueError, NotImplementedError)
 

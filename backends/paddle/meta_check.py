@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import paddle
+from paddle import Tensor
 from paddle.base import core, framework
 
 from torchlens_core.ir import tree
@@ -48,8 +49,6 @@ from torchlens_core.ir.records import OpRecord
 from torchlens_core.replay.checked import PassedChecks, from_file, refused, wrong_shape
 from torchlens_paddle.capture import drop_scratch
 from torchlens_paddle.intercept import TENSOR_DUNDERS
-
-Tensor = paddle.Tensor
 
 
 def check_loaded(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

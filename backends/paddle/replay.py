@@ -51,14 +51,14 @@ def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     meta_check.check_loaded(op, args, kwargs)  # a loaded file's call goes through Paddle's static InferMeta first
     writes = op.meta.get("writes", ())
     if writes:
-        args, kwargs = list(args), dict(kwargs)
+        copied, kwargs = list(args), dict(kwargs)
         for where in writes:  # never write into a parameter, a buffer or a constant
             if isinstance(where, int):
                 if not isinstance(op.args[where], Ref):
-                    args[where] = _copy_tensors(args[where])
+                    copied[where] = _copy_tensors(copied[where])
             elif not isinstance(op.kwargs.get(where), Ref):
                 kwargs[where] = _copy_tensors(kwargs[where])
-        args = tuple(args)
+        args = tuple(copied)
     state = op.meta.get("rng_state")
     if state is None:
         out = op.call(*args, **kwargs)

@@ -74,11 +74,11 @@ from tensorflow.python.framework.ops import _EagerTensorBase
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from torchlens_core.capture.branches import BranchTracker
-from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.builder import Recording, TraceBuilder
 from torchlens_core.capture.policy import CaptureOptions, HaltCapture
 from torchlens_core.capture.recorder import Recorder as BaseRecorder
 from torchlens_core.capture.sites import CallSites, PassSites
-from torchlens_core.capture.threads import SharedPatch, shared_patch
+from torchlens_core.capture.threads import SharedPatchUse, shared_patch
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import CaptureError, InterventionError, UnsupportedError
 from torchlens_core.ir.records import OpRecord, ParamRecord, ParamRef, Ref
@@ -331,9 +331,9 @@ def _call_sites() -> CallSites:
 
     files = [__file__, torchlens.__file__]
     for name in ("tensorflow", "keras", "tf_keras", "tensorflow_probability"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            files.append(module.__file__)
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            files.append(path)
     key = tuple(files)
     sites = _SITES.get(key)
     if sites is None:
@@ -506,10 +506,10 @@ class Recorder(BaseRecorder):
 
     def _implicit_read(self, t: Any) -> _VarState | None:
         """The variable whose current value ``t`` is, read where no callback saw it; or None."""
-        for var, value in list(self.unaddressed.values()):  # unwritten: still the buffer read before the forward
-            self._remember_buffer(var, value)
+        for held, value in list(self.unaddressed.values()):  # unwritten: still the buffer read before the forward
+            self._remember_buffer(held, value)
         address = _buffer_address(t)
-        var = self.buffers.get(address)  # type: ignore[arg-type]
+        var = self.buffers.get(address) if address is not None else None
         if var is None or var.info is None:
             return None
         now = gen_resource_variable_ops.read_variable_op(var.handle, var.dtype)  # not recorded: inside the op callback
@@ -595,6 +595,7 @@ class Recorder(BaseRecorder):
             args.append(t)  # a constant: tensors are immutable, so this is its value as it ran
         attrs_t, kwargs = _call_attrs(op_type, raw_attrs)
         n_out = len(outputs)
+        writes: tuple[int, ...]
         if op_type == "ReadVariableOp" and var_args:
             kind, writes = "read", ()
         elif var_args:
@@ -611,6 +612,7 @@ class Recorder(BaseRecorder):
         if not values:
             return  # nothing computed, nothing written (an op without outputs on a non-variable)
         out = values[0] if len(values) == 1 else tuple(values)
+        shape: tuple[Any, ...]  # one output's, or a tuple of each output's
         if len(values) == 1:
             shape, dtype, device = _info(out)
         else:
@@ -775,7 +777,7 @@ def _keep_masks(output: Any, edited: Any) -> None:
             leaf._keras_mask = mask
 
 
-def _patches() -> list[SharedPatch]:
+def _patches() -> list[SharedPatchUse]:
     """The process-wide replacements a capture uses besides Layer.__call__ and tf.function's __call__.
 
     The value reads (:mod:`torchlens_tf.conversions`) serve the Recorder of the calling thread, if it is
@@ -811,7 +813,7 @@ def _eager_function_call(original: Any, names_by_thread: dict[int, list[str]]) -
         names = find(get_ident())
         if names is None:
             return original(fn, *args, **kwargs)
-        names.append(getattr(fn, "_name", None) or getattr(fn, "__name__", "function"))
+        names.append(str(getattr(fn, "_name", None) or getattr(fn, "__name__", "function")))
         return fn._python_function(*args, **kwargs)  # what TensorFlow's __call__ does when run eagerly
 
     __call__.__wrapped__ = original  # type: ignore[attr-defined]
@@ -979,7 +981,9 @@ def _add_notes(builder: TraceBuilder, recorder: Recorder) -> None:
         notes["untracked_variables"] = list(recorder.untracked)
 
 
-def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
+def capture(
+    target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None
+) -> Trace | Recording:
     """Run ``target(*args, **kwargs)`` once, eagerly, under the recorder; return its Trace."""
     thread = get_ident()
     if thread in _CAPTURING:  # the outer capture would record the inner one's own work
@@ -994,7 +998,9 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         _CAPTURING.discard(thread)
 
 
-def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None) -> Trace:
+def _capture(
+    target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None
+) -> Trace | Recording:
     _refuse(target)
     fn, args, kwargs, redirect = _call_plan(target, args, kwargs)
     run_target, owner, _ = unwrap(fn)

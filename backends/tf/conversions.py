@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tensorflow.python.framework import ops
 
-from torchlens_core.capture.threads import SharedPatch, shared_patch
+from torchlens_core.capture.threads import SharedPatchUse, shared_patch
 from torchlens_core.ir.records import Ref
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ def _report_whole(recorder: Recorder, ref: Ref, t: Any) -> None:
         to_python(index, (*path, at), how, convert(value[at]))
 
 
-def patches() -> list[SharedPatch]:
+def patches() -> list[SharedPatchUse]:
     """The process-wide replacements that report value reads to the capturing thread's Recorder."""
     cls = ops._EagerTensorBase
     found = [shared_patch(cls, name, make) for name, make in _MAKERS.items() if hasattr(cls, name)]

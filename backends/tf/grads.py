@@ -211,6 +211,7 @@ def _float_outputs(trace: Trace, op: OpRecord) -> list[tuple[Path, Any]]:
 
 
 def _negative_zero(op: OpRecord, path: Path, dtype: Any) -> Any:
+    assert op.shape is not None  # one of its floating-point outputs, recorded with their shapes
     shape = op.shape if not path else op.shape[path[0]]
     device = op.device or "cpu"
     with tf.device("/CPU:0" if device == "cpu" else device.upper()):

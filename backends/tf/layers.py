@@ -240,7 +240,7 @@ def _reporting_call(original: Callable[..., Any], handlers: dict[int, LayerCalls
     def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:
         calls = find(get_ident())
         path = calls.paths.get(id(layer)) if calls is not None else None
-        if path is None:  # another thread, or a layer the capture does not know
+        if calls is None or path is None:  # another thread, or a layer the capture does not know
             return original(layer, *args, **kwargs)
         if calls.enter is not None:
             calls.enter(path)

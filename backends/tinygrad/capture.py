@@ -61,7 +61,7 @@ from tinygrad import Tensor
 from tinygrad.helpers import TRAINING
 
 from torchlens_core.capture.branches import BranchTracker
-from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.builder import Recording, TraceBuilder
 from torchlens_core.capture.policy import HaltCapture
 from torchlens_core.capture.recorder import Recorder as BaseRecorder
 from torchlens_core.capture.sites import CallSites
@@ -626,7 +626,7 @@ def _public_method(target: Any) -> Any:
     return target
 
 
-def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any = None) -> Trace:
+def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any = None) -> Trace | Recording:
     """Run ``target(*args, **kwargs)`` once with every Tensor method recorded; return its Trace.
 
     ``options`` (save=, halt=) are applied by the TraceBuilder; a HaltCapture it
@@ -636,7 +636,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options:
         return _capture(target, args, kwargs, options)
 
 
-def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Trace:
+def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any) -> Trace | Recording:
     _check_supported(target, args, kwargs)
     root = model_object(target)
     name = type(root).__name__ if root is not None else getattr(target, "__name__", "function")

@@ -13,6 +13,7 @@ backend's (backends/torch/flops.py), so that one model counts alike on both.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from torchlens_core.views.flops import (
     COMMON,
@@ -67,7 +68,7 @@ def _linear(call: OpCall) -> Count:
 
 
 def _einsum(call: OpCall) -> Count:  # Tensor.einsum(formula, *operands), operands possibly one list
-    operands = call.args[1:]
+    operands: tuple[Any, ...] | list[Any] = call.args[1:]
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = operands[0]
     return einsum_count(call.arg(0, "formula"), [a.shape for a in operands])

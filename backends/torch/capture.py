@@ -31,11 +31,12 @@ from time import perf_counter
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from torchlens_core.backend.keras_layers import is_keras_object, layer_paths
 from torchlens_core.capture.branches import BranchTracker
-from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.builder import Recording, TraceBuilder
 from torchlens_core.capture.policy import CaptureOptions
 from torchlens_core.capture.recorder import Recorder as BaseRecorder
 from torchlens_core.capture.sites import CallSites, PassSites
@@ -61,8 +62,6 @@ from torchlens_torch.replay import GENERATOR_STATE, WRITTEN_KEYWORD
 from torchlens_torch.restore import function_mode
 from torchlens_torch.splice import spliced
 from torchlens_torch.transforms import module_in_transform, recorded_transforms, unrecorded_transform
-
-Tensor = torch.Tensor
 
 # Random only while training: the position and default of the flag (dropout in eval mode draws nothing, and its
 # generator state need not be kept). torch.* builtins have no signature to read it from.
@@ -451,7 +450,9 @@ class _Recorder(BaseRecorder, TorchFunctionMode):
             random = info.random and _draws(info, args, kwargs)
             meta = _rng_states() if random else None
             drawn_from = kwargs.get("generator") if random else None
-            if isinstance(drawn_from, torch.Generator):  # its own generator, not the global one: keep its state
+            if meta is not None and isinstance(
+                drawn_from, torch.Generator
+            ):  # its own generator, not the global one: keep its state
                 meta[GENERATOR_STATE] = {"device": drawn_from.device.type, "state": drawn_from.get_state()}
             start = perf_counter()
             out = func(*args, **kwargs)
@@ -680,7 +681,9 @@ class _ShadowedRecorder(_Recorder):
             self.depth -= 1
 
 
-def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
+def capture(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None
+) -> Trace | Recording:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace."""
     is_module = isinstance(model, torch.nn.Module)
     refuse_unrunnable(model)
@@ -733,7 +736,7 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
         kept += [*model.parameters(), *model.buffers()]
     recorder.unalias(kept)
     trace = builder.finish()
-    if shadow:
+    if isinstance(watching, ShadowMode):
         watching.report(trace)
     return trace
 
@@ -787,7 +790,8 @@ def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[in
             builder.add_module(path, type(module).__name__, under.get(path, []))
             # print(op)'s Config, read when first asked for: reading it costs microseconds a module every capture
             # would pay. The record holds the module until then, as ParamRecords hold its parameters.
-            builder.modules[path].config = Deferred(functools.partial(module_config, module))
+            deferred = Deferred(functools.partial(module_config, module))
+            builder.modules[path].config = deferred  # type: ignore[assignment]  # the slot's property computes it
     for path, layer in _keras_layers(model, {id(module) for _, module in modules}):
         paths[id(layer)] = path
         builder.add_module(path, type(layer).__name__, under.get(path, []))

@@ -330,6 +330,7 @@ def _record_call(spec: Spec, original: Any, recorder: Any, args: tuple[Any, ...]
         entry["sent"] = access.template(sent)
         notes["collectives"].append(entry)
     else:
+        assert written is not None  # the targets are its tensors
         with torch.no_grad(), torch._C.DisableTorchFunction():
             received = (
                 written.detach().clone() if isinstance(written, torch.Tensor) else [t.detach().clone() for t in written]
@@ -444,8 +445,12 @@ def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: 
         _rank_notes(halt.builder.notes)["refused"][:0] = refused
         raise
     # tl.record returns a Recording that has not built its Trace yet: its builder holds the notes
-    builder = getattr(result, "_builder", None)
-    ops, notes = (result.ops, result.notes) if isinstance(result, Trace) else (builder.ops, builder.notes)
+    if isinstance(result, Trace):
+        ops, notes = result.ops, result.notes
+    else:
+        builder = result._builder
+        assert builder is not None  # a Recording fresh from the capture: to_trace() has not taken it
+        ops, notes = builder.ops, builder.notes
     refused += _dtensor_values(ops)
     _rank_notes(notes)["refused"][:0] = refused
     return result

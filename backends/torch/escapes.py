@@ -59,7 +59,7 @@ class ShadowMode(TorchDispatchMode):
             first = escapes[0]
             where = f" in {first['module']}" if first["module"] else ""
             warnings.warn(
-                f"escape_detector: {sum(e['count'] for e in escapes)} kernel call(s) ran outside every "
+                f"escape_detector: {sum(self.found.values())} kernel call(s) ran outside every "
                 f"recorded op, first {first['kernel']}{where} after {first['after']}; the trace does not "
                 f"explain their effect (trace.notes['escapes'] lists them)",
                 RuntimeWarning,

@@ -200,7 +200,7 @@ def _recurrent(call: _Call, notes: list[str]) -> FacetPlan | None:
     # return is read from the kernel's own outputs.
     hidden = template[1] if isinstance(template, tuple) and len(template) == 2 else None
     if len(names) == 3 and isinstance(hidden, tuple) and len(hidden) == 2:
-        sources = (template[0], hidden[0], hidden[1])
+        sources: tuple[Any, ...] = (template[0], hidden[0], hidden[1])
     elif len(names) == 2 and isinstance(hidden, Ref):
         sources = (template[0], hidden)
     else:
@@ -535,7 +535,8 @@ def _fused_projection(call: _Call, q: Ref, k: Ref, v: Ref) -> list[FacetSpec]:
 
 def _chain(call: _Call, ref: Ref) -> list[int]:
     """The ops ``ref`` comes from through one-input ops inside the call (reshapes, splits), nearest first."""
-    found, op = [], call.op(ref)
+    found: list[int] = []
+    op = call.op(ref)
     while op.index in call.inside and len(found) < 16:
         found.append(op.index)
         parent = call.parent(op)
@@ -616,20 +617,22 @@ def _residual_block(call: _Call, notes: list[str]) -> FacetPlan | None:
     if last.func_name != "add" or last.index not in call.inside or len(refs_in(last.args)) != 2:
         return None
     shape = last.shape
-    mid_ref, mlp_ref = _residual_and_branch(call, last, shape)
-    if mid_ref is None:
+    pair = _residual_and_branch(call, last, shape)
+    if pair is None:
         return None
+    mid_ref, mlp_ref = pair
     mid = call.trace.ops[_same_value_origin(call, mid_ref)]
     if mid.func_name != "add" or mid.index not in call.inside or mid.module_passes[-1] != call.key:
         return None
-    pre_ref, attn_ref = _residual_and_branch(call, mid, shape)
-    if pre_ref is None or _same_value_origin(call, pre_ref) >= call.start:
+    pair = _residual_and_branch(call, mid, shape)
+    if pair is None or _same_value_origin(call, pair[0]) >= call.start:
         return None  # the residual must be what entered the block, not a third sub-layer's sum
+    pre_ref, attn_ref = pair
     kernels = {op.func_name for op in call.ops if pre_ref.index < op.index < mid.index}
     later = {op.func_name for op in call.ops if mid.index < op.index < last.index}
     if not kernels & set(ATTENTION_FUNCS) or later & set(ATTENTION_FUNCS):
         return None  # attention, then an MLP: otherwise "attn_out" and "mlp_out" would name the wrong things
-    axes = STREAM if len(shape) == 3 else None
+    axes = STREAM if shape is not None and len(shape) == 3 else None
     specs = (
         _spec("resid_pre", f"the residual stream entering the block ({call.op(pre_ref).label})", pre_ref, axes),
         _spec("attn_out", f"what the attention sub-layer adds ({call.op(attn_ref).label})", attn_ref, axes),
@@ -640,11 +643,11 @@ def _residual_block(call: _Call, notes: list[str]) -> FacetPlan | None:
     return FacetPlan("residual block", specs, ARRAYS, tuple(notes))
 
 
-def _residual_and_branch(call: _Call, add: OpRecord, shape: Any) -> tuple[Ref | None, Ref | None]:
+def _residual_and_branch(call: _Call, add: OpRecord, shape: Any) -> tuple[Ref, Ref] | None:
     """An add's two inputs as (residual, branch): the residual is the one computed first."""
     refs = refs_in(add.args)
     if len(refs) != 2 or any(call.shape(r) != shape for r in refs):
-        return None, None
+        return None
     first, second = sorted(refs, key=lambda r: r.index)
     return first, second
 

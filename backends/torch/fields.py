@@ -341,6 +341,8 @@ def _permute(trace: Trace, op: OpRecord) -> Geometry | None:
             else (op.args[1] if len(op.args) > 1 else op.kwargs.get("dims"))
         )
         return permute(ref, tuple(dims)) if dims is not None and len(dims) == n else None
+    a: object
+    b: object
     if op.func_name.strip("_") == "t":
         a, b = 0, n - 1
     else:

@@ -180,9 +180,9 @@ def _replayed(trace: Trace, loss: Any, wanted: list[int]) -> dict[str, Any]:
                 f"with nothing requiring gradients may have taken kernels without a derivative "
                 f"(fused attention); trace it with the inputs requiring grad"
             ) from exc
-    for index, record in holder.items():
-        if record.grad is not None:
-            found[index] = record.grad
+    for index, held in holder.items():
+        if held.grad is not None:
+            found[index] = held.grad
     for op in graph.ops:
         leaf = op.out if op.kind == "input" and op.index in wanted_set else None
         if isinstance(leaf, torch.Tensor) and leaf.grad is not None:

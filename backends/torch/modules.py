@@ -45,7 +45,8 @@ def _signature(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     known = _SIGNATURES.get(cls)
     if known is None:
         try:
-            params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # self
+            # (mypy: __init__ read off a class is the class's own, which is what is wanted here)
+            params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # type: ignore[misc]  # self
         except (TypeError, ValueError):  # a constructor written in C, or one inspect cannot read
             params = []
         named = [

@@ -224,9 +224,10 @@ def _decode_dispatcher_op(library: str, name: str, overload: Any) -> Any:
         or not (overload is None or (isinstance(overload, str) and overload.isidentifier()))
     ):
         raise TraceFileError(f"torch.ops.{library}.{name} is not an operator a trace can replay")
-    if OP_LIBRARIES[library] is not None:
+    registers = OP_LIBRARIES[library]
+    if registers is not None:
         try:
-            importlib.import_module(OP_LIBRARIES[library])  # registers the library's operators
+            importlib.import_module(registers)  # registers the library's operators
         except ImportError:
             return None  # not installed here: the op loads unreplayable
     try:

@@ -56,6 +56,7 @@ from typing import Any
 
 import attrs
 import torch
+from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
@@ -63,7 +64,6 @@ from torchlens_core.capture.threads import shared_patch
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_torch.restore import until_done
 
-Tensor = torch.Tensor
 # The op's keyword that holds the tensors the transform read from outside (replay swaps them in).
 FREE = "torchlens_outside_tensors"
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor

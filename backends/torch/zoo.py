@@ -375,7 +375,9 @@ def _tv(name: str, size: int = 64, batch: int = 1, train: bool = False, **kwargs
     return build
 
 
-def _hand(cls_name: str, make_inputs: Callable[[], Built], train: bool = False) -> Callable[[], Built]:
+def _hand(
+    cls_name: str, make_inputs: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]], train: bool = False
+) -> Callable[[], Built]:
     """A hand-written model from :func:`_models` with inputs from ``make_inputs``."""
 
     def build() -> Built:

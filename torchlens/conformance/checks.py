@@ -24,7 +24,7 @@ from torchlens.conformance.support import other_inputs as _other_inputs
 from torchlens.conformance.support import run as _run
 from torchlens_core.backend.arrays import max_error
 from torchlens_core.backend.cases import Case
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.capture.edits import replay_refusal
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import GraphDoesNotHold
@@ -110,9 +110,7 @@ def test_module_outputs(traced: Traced) -> None:
         pytest.skip("case has no modules to observe")
     seen = _run(
         traced.case,
-        lambda: hook().torchlens_observe_module_outputs(
-            backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs
-        ),
+        lambda: backend_named(traced.backend).observe_module_outputs(traced.model, traced.args, traced.kwargs),
     )
     recorded = {mp.label: mp for m in traced.trace.modules.values() for mp in m.passes}
     if seen is None:  # no observer: each module run alone on the inputs its pass recorded

@@ -33,7 +33,7 @@ from torchlens.conformance.support import (
 )
 from torchlens_core.backend.array_ops import NumpyArrayOps
 from torchlens_core.backend.arrays import is_array_of, max_error
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import GraphDoesNotHold
 from torchlens_core.ir.records import OpRecord, refs_in
@@ -74,7 +74,9 @@ def _helper_steps(trace: tl.Trace, site: OpRecord, reference: Any, dtype: Any) -
     NumPy's promotion would change the site's dtype, which an edit may not."""
     import numpy as np
 
-    shape, n = site.shape, site.shape[-1]
+    shape = site.shape
+    assert shape is not None, f"the site {site.label} is not one array"
+    n = shape[-1]
     vector = np.linspace(-1.0, 1.0, n).astype(dtype)
     off, onto = np.cos(np.arange(n) + 0.5), np.linspace(0.5, 2.0, n)
     picks = np.random.default_rng(3).permutation(reference.shape[0])[: shape[0]]
@@ -178,9 +180,7 @@ def test_a_module_call_edit_is_what_its_caller_gets(traced: Traced) -> None:
     )
     observed = run(
         traced.case,
-        lambda: hook().torchlens_observe_module_outputs(
-            backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs
-        ),
+        lambda: backend_named(traced.backend).observe_module_outputs(traced.model, traced.args, traced.kwargs),
     )
     seen = (observed or {}).get(mp.label)
     before = _array_leaves(backend, seen if seen is not None else mp.out)  # the framework's view, where it has one
@@ -247,7 +247,7 @@ def test_splice_module_runs_the_replacement_instead(traced: Traced) -> None:
             f"spliced at {mp.label}, the output is off the clean graph replayed with the "
             f"module's output edited by {error:.3g}"
         )
-    ops, is_array = hook().torchlens_array_ops(backend=traced.backend), is_array_of(traced.backend)
+    ops, is_array = backend_named(traced.backend).array_ops(), is_array_of(traced.backend)
     returned = tree.map_leaves(lambda v: ops.copy(v) if ops is not None and is_array(v) else v, mp.out)
     instead = _capture(traced, intervene=tl.when(where, tl.splice_module(lambda *args, **kwargs: returned)))
     ran = [
@@ -282,6 +282,7 @@ def test_refused_and_failing_edits_leave_the_model_as_it_was(traced: Traced) -> 
     first = next((op for op in traced.trace.ops if op.kind == "op" and single_array(op) and op.saved), None)
     if first is None:
         pytest.skip("no op returning one array")
+    assert first.shape is not None  # single_array(first)
     key, shape = _key(first), list(first.shape)
 
     def grows(value: Any, site: Any) -> Any:
@@ -326,16 +327,16 @@ def _capabilities(backend: str) -> frozenset[str]:
 
 def _another_dtype(backend: str, op: OpRecord) -> tuple[Any, str] | None:
     """``op``'s value as another floating-point dtype, and that dtype's name; None if the backend cannot make it."""
-    h = hook()
-    info = h.torchlens_array_info(backend=backend, value=op.out)
+    h = backend_named(backend)
+    info = h.array_info(op.out)
+    if info is None:
+        return None
     other = "float32" if info[1] == "float64" else "float64"
     try:
-        made = h.torchlens_from_numpy(
-            backend=backend, array=to_numpy(backend, op.out).astype(other), dtype=other, device=info[2]
-        )
+        made = h.from_numpy(to_numpy(backend, op.out).astype(other), other, info[2])
     except Exception:  # noqa: BLE001 - a backend without that dtype: the shape refusal stands alone
         return None
-    found = h.torchlens_array_info(backend=backend, value=made) if made is not None else None
+    found = h.array_info(made) if made is not None else None
     return (made, other) if found is not None and found[1] != info[1] and other in found[1] else None
 
 
@@ -346,16 +347,16 @@ def _samples(traced: Traced) -> list[Any]:
     dtype and shape: nothing is converted but the samples)."""
     import math
 
-    info = hook().torchlens_array_info
+    info = backend_named(traced.backend).array_info
     found: dict[str, tuple[int, Any]] = {}
-    candidates = [
-        (leaf, *info(backend=traced.backend, value=leaf)[:2])
-        for _, leaf in tree.leaves((traced.args, traced.kwargs), is_array_of(traced.backend))
+    described = [
+        (leaf, info(leaf)) for _, leaf in tree.leaves((traced.args, traced.kwargs), is_array_of(traced.backend))
     ]
+    candidates: list[tuple[Any, tuple[int, ...], str]] = [(leaf, d[0], d[1]) for leaf, d in described if d is not None]
     candidates += [
         (op.out, op.shape, op.dtype)
         for op in traced.trace.ops
-        if op.saved and op.kind in ("input", "op") and single_array(op) and op.dtype
+        if op.saved and op.kind in ("input", "op") and single_array(op) and op.dtype and op.shape is not None
     ]
     for value, shape, dtype in candidates:
         size = math.prod(shape)
@@ -376,12 +377,15 @@ def test_array_ops_agree_with_numpy(traced: Traced) -> None:
     import numpy as np
 
     needs(traced, "intervene")
-    backend, h = traced.backend, hook()
-    ops, reference = h.torchlens_array_ops(backend=backend), NumpyArrayOps()
+    backend = traced.backend
+    h = backend_named(backend)
+    ops, reference = h.array_ops(), NumpyArrayOps()
     assert ops is not None, "a backend declaring 'intervene' answers torchlens_array_ops"
     for x in _samples(traced):
         data = to_numpy(backend, x)
-        dtype = h.torchlens_array_info(backend=backend, value=x)[1]
+        described = h.array_info(x)
+        assert described is not None, f"array_info does not describe the array {type(x).__name__} it gave"
+        dtype = described[1]
         last = data.ndim - 1
         low, high = (float(q) for q in np.quantile(data.astype(np.float64), [0.25, 0.75]))
         if data.dtype.kind in "iu":
@@ -404,7 +408,7 @@ def test_array_ops_agree_with_numpy(traced: Traced) -> None:
         ]
         tol = tolerance(dtype, 0.0) if data.dtype.kind == "f" else 0.0
         for name, got, want in pairs:
-            found = h.torchlens_array_info(backend=backend, value=got)
+            found = h.array_info(got)
             assert found is not None and found[1] == dtype, f"{name} of a {dtype} array gave {found}"
             error = numpy_error(to_numpy(backend, got), want)
             assert error <= tol, f"{name} of a {dtype} array is off NumPy's by {error:.3g}"

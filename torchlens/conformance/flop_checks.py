@@ -54,9 +54,10 @@ def test_flops_are_known(traced: Traced) -> None:
         if op_class(op) not in CONTRACTIONS:
             continue
         assert op.flops is not None, f"{op.label} ({op.func_name}) is a contraction with unknown FLOPs"
+        assert op.macs is not None, f"{op.label} ({op.func_name}) is a contraction with FLOPs but unknown MACs"
         assert op.flops >= 2 * op.macs, f"{op.label}: {op.flops} FLOPs for {op.macs} MACs"
         arrays = [a for a in op_call(trace, op).inputs if a is not None]
-        if op_class(op) == "matmul" and len(arrays) == 2 and _fits_a_product(*arrays, op.shape):
+        if op_class(op) == "matmul" and len(arrays) == 2 and _fits_a_product(arrays[0], arrays[1], op.shape):
             expected = matmul_macs(arrays[0].shape, arrays[1].shape)
             assert op.macs == expected, (
                 f"{op.label}: {op.macs} MACs for {arrays[0].shape} @ {arrays[1].shape}, not {expected}"

@@ -29,7 +29,7 @@ from torchlens.conformance.support import (
     to_numpy,
 )
 from torchlens_core.backend.arrays import is_array_of, max_error
-from torchlens_core.backend.manager import hook, resolve_backend
+from torchlens_core.backend.manager import backend_named, resolve_backend
 from torchlens_core.grads.backward import total
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
@@ -59,9 +59,7 @@ def grads_of(traced: Traced) -> Graded:
     try:
         reference = run(
             traced.case,
-            lambda: hook().torchlens_reference_grads(
-                backend=traced.backend, target=traced.model, args=traced.args, kwargs=traced.kwargs
-            ),
+            lambda: backend_named(traced.backend).reference_grads(traced.model, traced.args, traced.kwargs),
         )
     except tl.UnsupportedError as exc:
         pytest.skip(str(exc))
@@ -95,6 +93,7 @@ def test_a_loaded_trace_gives_the_same_gradients(traced: Traced, graded: Graded,
     small_only(traced)
     graded.reference()
     live = graded.trace
+    assert live is not None  # reference() raised what the capture did otherwise
     loaded = tl.load(tl.save(live, tmp_path / "grads"))
     assert [op.grad_status for op in loaded.ops] == [op.grad_status for op in live.ops], (
         "the loaded trace's gradient statuses differ from the saved trace's"
@@ -153,6 +152,7 @@ def test_gradients_of_a_selected_op_and_through_an_edit(traced: Traced, graded: 
     small_only(traced)
     reference = graded.reference()
     full, backend = graded.trace, traced.backend
+    assert full is not None  # reference() raised what the capture did otherwise
     outs = [
         (path, ref)
         for path, ref in tree.leaves(full.output_template, lambda v: isinstance(v, Ref))
@@ -203,7 +203,8 @@ def test_gradients_of_a_selected_op_and_through_an_edit(traced: Traced, graded: 
         assert error <= tol, f"the gradient at input {op.label} is off {factor:g} times the framework's by {error:.3g}"
     if first is None:
         return
-    ops = hook().torchlens_array_ops(backend=backend)
+    ops = backend_named(backend).array_ops()
+    assert ops is not None, f"the {backend} backend declares 'gradients' but answers no array_ops to take a loss with"
     run(traced.case, lambda: narrow.log_backward(lambda out: ops.total(tree.get(out, first[0]))))
     for op in [picked, *(op for op in narrow.ops if op.kind == "input" and is_floating(op))]:
         if op.index not in needed:  # (one it is computed from may still not matter: a path through integers)
@@ -224,18 +225,17 @@ def _scaled_error(backend: str, got: Any, expected: Any, factor: float) -> float
 
 
 def _float_leaves(backend: str, value: Any) -> list[Any]:
-    info = hook().torchlens_array_info
-    return [
-        leaf
-        for _, leaf in tree.leaves(value, is_array_of(backend))
-        if info(backend=backend, value=leaf)[1].startswith(("float", "bfloat"))
-    ]
+    info = backend_named(backend).array_info
+    described = [(leaf, info(leaf)) for _, leaf in tree.leaves(value, is_array_of(backend))]
+    return [leaf for leaf, d in described if d is not None and d[1].startswith(("float", "bfloat"))]
 
 
 def _numel(backend: str, value: Any) -> int:
     import math
 
-    return math.prod(hook().torchlens_array_info(backend=backend, value=value)[0])
+    described = backend_named(backend).array_info(value)
+    assert described is not None, f"array_info does not describe a {type(value).__name__} it told apart as an array"
+    return math.prod(described[0])
 
 
 @since_contract(3)

@@ -172,11 +172,11 @@ def _backends(settings: SuiteSettings) -> list[str]:
 
 
 def _zoo(config: pytest.Config, backend: str) -> list[Any]:
-    from torchlens_core.backend.manager import hook
+    from torchlens_core.backend.manager import backend_named
 
     zoos = config.stash.setdefault(_ZOOS, {})
     if backend not in zoos:
-        zoos[backend] = list(hook().torchlens_conformance_cases(backend=backend) or [])
+        zoos[backend] = list(backend_named(backend).conformance_cases() or [])
         if not zoos[backend]:
             raise pytest.UsageError(
                 f"the {backend} backend has no conformance cases: implement "

@@ -24,14 +24,14 @@ from torchlens.conformance.support import (
     to_numpy,
 )
 from torchlens_core.backend.arrays import is_array_of, max_error
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import ArgumentTypeError, GraphDoesNotHold
 from torchlens_core.ir.records import Ref
 
 
 def _as_backend(backend: str, array: Any, dtype: str, device: str) -> Any:
-    made = hook().torchlens_from_numpy(backend=backend, array=array, dtype=dtype, device=device)
+    made = backend_named(backend).from_numpy(array, dtype, device)
     return array if made is None else made  # None: the backend's arrays are NumPy's
 
 
@@ -47,7 +47,9 @@ def test_replay_refuses_inputs_it_cannot_take(traced: Traced) -> None:
     if not arrays:
         pytest.skip("the model takes no array")
     path, x = arrays[0]
-    shape, dtype, device = hook().torchlens_array_info(backend=backend, value=x)
+    described = backend_named(backend).array_info(x)
+    assert described is not None, f"array_info does not describe an array it told apart: {type(x).__name__}"
+    shape, dtype, device = described
     if not shape:
         pytest.skip("the first array the model takes has no axes to grow")
     data = to_numpy(backend, x)
@@ -66,7 +68,7 @@ def test_replay_refuses_inputs_it_cannot_take(traced: Traced) -> None:
         retyped = _as_backend(backend, data.astype(other), other, device)
     except Exception:  # noqa: BLE001 - a backend without that dtype: the other refusals stand alone
         retyped = None
-    info = hook().torchlens_array_info(backend=backend, value=retyped) if retyped is not None else None
+    info = backend_named(backend).array_info(retyped) if retyped is not None else None
     if info is not None and info[1] != dtype:
         with pytest.raises(ArgumentTypeError, match=info[1]):
             replay_with(retyped)
@@ -80,12 +82,14 @@ def _listed(shape: Any) -> str:
 
 def _negated(backend: str, values: list[Any]) -> list[Any]:
     """Every floating-point array of ``values`` negated: a branch on a sign takes the other way."""
-    h = hook()
+    h = backend_named(backend)
 
     def flip(value: Any) -> Any:
-        info = h.torchlens_array_info(backend=backend, value=value)
+        info = h.array_info(value)
         data = to_numpy(backend, value) if info is not None else None
-        return _as_backend(backend, -data, info[1], info[2]) if data is not None and data.dtype.kind == "f" else value
+        if info is None or data is None or data.dtype.kind != "f":
+            return value
+        return _as_backend(backend, -data, info[1], info[2])
 
     return [flip(v) for v in values]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.trace import Trace
 
@@ -76,19 +76,19 @@ def rerun_module_outputs(backend: str, model: Any, trace: Trace, reset: Any = No
 
 def _copier(backend: str) -> Any:
     """A copy of an array leaf (other leaves as they are), so that a rerun cannot write into the trace."""
-    h = hook()
-    ops = h.torchlens_array_ops(backend=backend)
+    h = backend_named(backend)
+    ops = h.array_ops()
 
     def copy(leaf: Any) -> Any:
-        info = h.torchlens_array_info(backend=backend, value=leaf)
+        info = h.array_info(leaf)
         if info is None:
             return leaf
         if ops is not None:
             return ops.copy(leaf)
         import numpy as np
 
-        array = np.array(h.torchlens_to_numpy(backend=backend, value=leaf), copy=True)
-        converted = h.torchlens_from_numpy(backend=backend, array=array, dtype=info[1], device=info[2])
+        array = np.array(h.to_numpy(leaf), copy=True)
+        converted = h.from_numpy(array, info[1], info[2])
         return array if converted is None else converted
 
     return copy

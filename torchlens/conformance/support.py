@@ -16,7 +16,7 @@ import pytest
 
 import torchlens as tl
 from torchlens_core.backend.cases import Case
-from torchlens_core.backend.manager import contract_of, hook, resolve_backend
+from torchlens_core.backend.manager import backend_named, contract_of, resolve_backend
 from torchlens_core.capture.edits import Intervention, judged_on_trace, replay_refusal
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import PluginContractWarning, TorchLensError
@@ -98,7 +98,8 @@ def other_inputs(traced: Traced) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
     if traced.case.other_inputs is not None:
         return traced.case.other_inputs(traced.args, traced.kwargs)
-    h, backend = hook(), traced.backend
+    backend = traced.backend
+    h = backend_named(backend)
     rng = np.random.default_rng(0)
     made: dict[int, Any] = {}
 
@@ -108,10 +109,10 @@ def other_inputs(traced: Traced) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return made[id(value)]
 
     def other(value: Any) -> Any:
-        info = h.torchlens_array_info(backend=backend, value=value)
+        info = h.array_info(value)
         if info is None:
             return value
-        array = np.asarray(h.torchlens_to_numpy(backend=backend, value=value))
+        array = np.asarray(h.to_numpy(value))
         if array.dtype.kind == "f" and array.size:
             scale = float(np.std(array)) or 1.0
             array = (array + 0.05 * scale * rng.standard_normal(array.shape)).astype(array.dtype)
@@ -119,7 +120,7 @@ def other_inputs(traced: Traced) -> tuple[tuple[Any, ...], dict[str, Any]]:
             array = rng.permutation(array.ravel()).reshape(array.shape)
         else:
             return value
-        converted = h.torchlens_from_numpy(backend=backend, array=array, dtype=info[1], device=info[2])
+        converted = h.from_numpy(array, info[1], info[2])
         return array if converted is None else converted  # None: the backend's arrays are NumPy's
 
     return tree.map_leaves(other_once, traced.args), tree.map_leaves(other_once, traced.kwargs)
@@ -164,7 +165,7 @@ def numbers_recorded(trace: tl.Trace) -> int:
 def to_numpy(backend: str, value: Any) -> Any:
     import numpy as np
 
-    return np.asarray(hook().torchlens_to_numpy(backend=backend, value=value))
+    return np.asarray(backend_named(backend).to_numpy(value))
 
 
 def numpy_error(actual: Any, expected: Any) -> float:
@@ -187,7 +188,8 @@ def tolerance(dtype: str | None, rtol: float) -> float:
 
 
 def is_floating(op: OpRecord) -> bool:
-    return bool(op.dtype) and any(k in op.dtype for k in FLOATING)
+    dtype = op.dtype
+    return dtype is not None and any(k in dtype for k in FLOATING)
 
 
 def single_array(op: OpRecord) -> bool:

@@ -1,4 +1,4 @@
-"""Comparing values of any backend, through its array hooks."""
+"""Comparing values of any backend, through its array methods."""
 
 from __future__ import annotations
 
@@ -6,53 +6,19 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
+from torchlens_core.ir.errors import UnsupportedError
 
 
 def array_info_of(backend: str) -> Callable[[Any], Any]:
-    """``torchlens_array_info(backend=backend, value=...)`` as a one-argument function, for calls over many leaves.
+    """``backend``'s ``array_info`` as a one-argument function, for calls over many leaves.
 
-    The hook call walks every plugin through pluggy, a few microseconds a value, which a capture pays on every
-    leaf of the model's arguments (a linen model's variables are hundreds). The function calls the same
-    implementations in the hook's order, first answer wins, but leaves out the built-in-style plugins that
-    answer for another backend only (a :class:`~torchlens_core.backend.base.Backend` of another name, with the
-    base class's hook) and calls a matching one's ``array_info`` directly. A hook wrapper, if any plugin
-    registered one, gets the plain hook call.
+    The backend's own method (:func:`~torchlens_core.backend.manager.backend_named`), called directly: a
+    capture pays it on every leaf of the model's arguments (a linen model's variables are hundreds). A name
+    no plugin serves answers None, as the hook did.
     """
-    from torchlens_core.backend.base import Backend
-
-    caller = hook().torchlens_array_info
-    impls = list(reversed(caller.get_hookimpls()))  # pluggy calls the last registered first
-    if any(getattr(impl, "hookwrapper", False) or getattr(impl, "wrapper", False) for impl in impls):
-        return lambda value: caller(backend=backend, value=value)
-    answering: list[Callable[[Any], Any]] = []
-    for impl in impls:
-        plugin = impl.plugin
-        if isinstance(plugin, Backend) and type(plugin).torchlens_array_info is Backend.torchlens_array_info:
-            if plugin.name == backend:
-                answering.append(plugin.array_info)
-            continue
-        answering.append(_keyword_call(impl.function, impl.argnames, backend))
-    if len(answering) == 1:
-        return answering[0]
-
-    def first(value: Any) -> Any:
-        for answer in answering:
-            found = answer(value)
-            if found is not None:
-                return found
-        return None
-
-    return first
-
-
-def _keyword_call(function: Callable[..., Any], argnames: tuple[str, ...], backend: str) -> Callable[[Any], Any]:
-    """A raw hook implementation called as pluggy would, with the arguments it declares."""
-    fixed = {"backend": backend} if "backend" in argnames else {}
-    if "value" in argnames:
-        return lambda value: function(value=value, **fixed)
-    return lambda value: function(**fixed)
+    return backend_named(backend, missing_ok=True).array_info
 
 
 def is_array_of(backend: str) -> Callable[[Any], bool]:
@@ -68,8 +34,14 @@ def max_error(backend: str, actual: Any, expected: Any) -> float:
     e = [v for _, v in tree.leaves(expected, is_array)]
     if len(a) != len(e):
         return math.inf
-    error = hook().torchlens_array_error
-    return max((error(backend=backend, actual=x, expected=y) for x, y in zip(a, e)), default=0.0)
+    error = backend_named(backend, missing_ok=True).array_error
+    worst = 0.0
+    for x, y in zip(a, e):
+        found = error(x, y)
+        if found is None:
+            raise UnsupportedError(f"the {backend} backend cannot compare its arrays (it has no array_error)")
+        worst = max(worst, found)
+    return worst
 
 
 def numpy_error(a: Any, e: Any, exact_integers: bool = True) -> float:

@@ -11,14 +11,22 @@ Methods whose code imports the framework are best declared with :func:`lazy`.
 An entry point may name the plugin module instead (``"my_package.plugin"``),
 which then exports the instance's hooks: :func:`hooks_of`.
 
-Each hook then answers for this backend's name only, so the methods never see
-another backend's requests. Import the framework inside the methods, never at
-module level.
+How the core calls a backend: the hooks that ask every plugin (``info``,
+``claim``, ``batched_loader``) go through pluggy; for everything else the core
+looks the chosen backend up by name
+(:func:`torchlens_core.backend.manager.backend_named`) and calls its methods
+directly, so a backend's methods never see another backend's requests. A
+plugin written as raw pluggy hooks is called through an adapter with the same
+methods (:class:`torchlens_core.backend.adapter.HookBackend`). The per-backend
+hooks below, which answer for this backend's name only, stay for code that
+calls the pluggy hook itself (``hook().torchlens_to_numpy(backend=...)``).
+Import the framework inside the methods, never at module level.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.backend.hookspecs import hookimpl
@@ -28,6 +36,7 @@ if TYPE_CHECKING:
     from torchlens_core.backend.array_ops import ArrayOps
     from torchlens_core.backend.cases import Case
     from torchlens_core.backend.manager import BackendInfo
+    from torchlens_core.capture.builder import Recording
     from torchlens_core.capture.policy import CaptureOptions
     from torchlens_core.ir.records import OpRecord
     from torchlens_core.ir.trace import Trace
@@ -58,6 +67,13 @@ def lazy(target: str) -> Any:
 
 
 class Backend:
+    """A backend's typed interface: what the core calls on the backend it works with.
+
+    Subclass it and implement the methods (docs/writing-a-backend.md lists them);
+    a method returning None means what a hook answering None means (see
+    :mod:`torchlens_core.backend.hookspecs`).
+    """
+
     name: str = ""
 
     # -- what a backend implements ------------------------------------------------------
@@ -69,7 +85,10 @@ class Backend:
         """Does this framework own ``target`` or its inputs? Decide from ``sys.modules`` and types."""
         return False
 
-    def capture(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions) -> Trace:
+    def capture(
+        self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions
+    ) -> Trace | Recording | None:
+        """Run the target once, recording every op; the finished trace, or a Recording under ``tl.record``."""
         raise NotImplementedError
 
     def replay_graph(self, trace: Trace, observe: Observe | None) -> list[Any] | None:
@@ -77,15 +96,19 @@ class Backend:
         return None
 
     def replay_op(self, op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One recorded op run on resolved arguments; its output."""
         raise NotImplementedError
 
     def array_info(self, value: Any) -> tuple[tuple[int, ...], str, str] | None:
+        """``(shape, dtype name, device name)`` of this backend's array; None for anything else."""
         raise NotImplementedError
 
     def to_numpy(self, value: Any) -> Any:
+        """A NumPy copy of one of this backend's arrays."""
         raise NotImplementedError
 
-    def array_error(self, actual: Any, expected: Any) -> float:
+    def array_error(self, actual: Any, expected: Any) -> float | None:
+        """``max |a - e| / (1 + |e|)`` of two of this backend's arrays (inf if they differ in form)."""
         raise NotImplementedError
 
     def stack(self, samples: list[Any]) -> Any:
@@ -102,7 +125,7 @@ class Backend:
         """``value`` cut from any autograd graph (frameworks without one: as it is)."""
         return value
 
-    def encode_array(self, value: Any) -> tuple[Any, str]:
+    def encode_array(self, value: Any) -> tuple[Any, str] | None:
         """``(numpy_array, dtype_name)`` for ``tl.save``; dtypes NumPy lacks as raw unsigned-int bits."""
         info = self.array_info(value)
         return self.to_numpy(value), info[1] if info else str(getattr(value, "dtype", ""))
@@ -139,7 +162,7 @@ class Backend:
         """The framework's own input gradients of the summed float outputs (conformance)."""
         return None
 
-    def flop_formulas(self) -> dict[str, Any]:
+    def flop_formulas(self) -> dict[str, Any] | None:
         """``{func_name: formula}`` for this backend's ops (see :mod:`torchlens_core.views.flops`)."""
         return {}
 
@@ -147,7 +170,7 @@ class Backend:
         """The op's :class:`~torchlens_core.fields.geometry.Geometry` (see ``torchlens_geometry``); None: no rule."""
         return None
 
-    def op_classes(self) -> dict[str, list[str]]:
+    def op_classes(self) -> dict[str, list[str]] | None:
         """``{class: [func_name, ...]}`` for tl.compare's equivalence table (see ``torchlens_op_classes``)."""
         return {}
 
@@ -159,13 +182,30 @@ class Backend:
         """Rows for tl.compat.report (see ``torchlens_compat``); None: no checks of this backend's own."""
         return None
 
-    def conformance_cases(self) -> list[Case]:
+    def conformance_cases(self) -> list[Case] | None:
+        """The model zoo the conformance suite runs."""
         return []
 
-    def observe_module_outputs(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    def observe_module_outputs(
+        self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """``{"path:pass": output}`` from the framework's own module hooks; None: it has none."""
         return {}
 
-    # -- the hooks, answering for this backend only --------------------------------------
+    # -- the pluggy hooks: the broadcast ones, and the per-backend ones (answering for this backend's name
+    # only) for code that calls the pluggy hook itself; the core calls the methods above directly -------
+    def _answers(self, backend: str, method: str) -> bool:
+        """A per-backend hook called through pluggy: deprecated (CHANGELOG.md), answered for this name only."""
+        if backend != self.name:
+            return False
+        warnings.warn(
+            f"asking backend {backend!r} through the pluggy hook torchlens_{method} is deprecated and stops "
+            f"working in TorchLens 0.2: call torchlens.backend.backend_named({backend!r}).{method}(...)",
+            DeprecationWarning,
+            stacklevel=4,  # past pluggy's caller frames, to the code that called the hook
+        )
+        return True
+
     @hookimpl
     def torchlens_backend_info(self) -> BackendInfo:
         return self.info()
@@ -178,27 +218,27 @@ class Backend:
     def torchlens_capture(
         self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any
     ) -> Any:
-        return self.capture(target, args, kwargs, options) if backend == self.name else None
+        return self.capture(target, args, kwargs, options) if self._answers(backend, "capture") else None
 
     @hookimpl
     def torchlens_replay_graph(self, backend: str, trace: Any, observe: Any) -> list[Any] | None:
-        return self.replay_graph(trace, observe) if backend == self.name else None
+        return self.replay_graph(trace, observe) if self._answers(backend, "replay_graph") else None
 
     @hookimpl
     def torchlens_replay_op(self, backend: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self.replay_op(op, args, kwargs) if backend == self.name else None
+        return self.replay_op(op, args, kwargs) if self._answers(backend, "replay_op") else None
 
     @hookimpl
     def torchlens_array_info(self, backend: str, value: Any) -> Any:
-        return self.array_info(value) if backend == self.name else None
+        return self.array_info(value) if self._answers(backend, "array_info") else None
 
     @hookimpl
     def torchlens_to_numpy(self, backend: str, value: Any) -> Any:
-        return self.to_numpy(value) if backend == self.name else None
+        return self.to_numpy(value) if self._answers(backend, "to_numpy") else None
 
     @hookimpl
     def torchlens_stack(self, backend: str, samples: list[Any]) -> Any:
-        return self.stack(samples) if backend == self.name else None
+        return self.stack(samples) if self._answers(backend, "stack") else None
 
     @hookimpl
     def torchlens_batched_loader(self, dataset: Any) -> str | None:
@@ -206,79 +246,83 @@ class Backend:
 
     @hookimpl
     def torchlens_detach(self, backend: str, value: Any) -> Any:
-        return self.detach(value) if backend == self.name else None
+        return self.detach(value) if self._answers(backend, "detach") else None
 
     @hookimpl
     def torchlens_array_error(self, backend: str, actual: Any, expected: Any) -> float | None:
-        return self.array_error(actual, expected) if backend == self.name else None
+        return self.array_error(actual, expected) if self._answers(backend, "array_error") else None
 
     @hookimpl
     def torchlens_encode_array(self, backend: str, value: Any) -> Any:
-        return self.encode_array(value) if backend == self.name else None
+        return self.encode_array(value) if self._answers(backend, "encode_array") else None
 
     @hookimpl
     def torchlens_from_numpy(self, backend: str, array: Any, dtype: str, device: str) -> Any:
-        return self.from_numpy(array, dtype, device) if backend == self.name else None
+        return self.from_numpy(array, dtype, device) if self._answers(backend, "from_numpy") else None
 
     @hookimpl
     def torchlens_encode_value(self, backend: str, value: Any) -> Any:
-        return self.encode_value(value) if backend == self.name else None
+        return self.encode_value(value) if self._answers(backend, "encode_value") else None
 
     @hookimpl
     def torchlens_decode_value(self, backend: str, data: Any) -> Any:
-        return self.decode_value(data) if backend == self.name else None
+        return self.decode_value(data) if self._answers(backend, "decode_value") else None
 
     @hookimpl
     def torchlens_encode_call(self, backend: str, op: Any) -> Any:
-        return self.encode_call(op) if backend == self.name else None
+        return self.encode_call(op) if self._answers(backend, "encode_call") else None
 
     @hookimpl
     def torchlens_decode_call(self, backend: str, data: Any) -> Any:
-        return self.decode_call(data) if backend == self.name else None
+        return self.decode_call(data) if self._answers(backend, "decode_call") else None
 
     @hookimpl
     def torchlens_array_ops(self, backend: str) -> Any:
-        return self.array_ops() if backend == self.name else None
+        return self.array_ops() if self._answers(backend, "array_ops") else None
 
     @hookimpl
     def torchlens_backward(self, backend: str, trace: Any, loss: Any, wanted: list[int]) -> Any:
-        return self.backward(trace, loss, wanted) if backend == self.name else None
+        return self.backward(trace, loss, wanted) if self._answers(backend, "backward") else None
 
     @hookimpl
     def torchlens_reference_grads(
         self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        return self.reference_grads(target, args, kwargs) if backend == self.name else None
+        return self.reference_grads(target, args, kwargs) if self._answers(backend, "reference_grads") else None
 
     @hookimpl
     def torchlens_flop_formulas(self, backend: str) -> dict[str, Any] | None:
-        return self.flop_formulas() if backend == self.name else None
+        return self.flop_formulas() if self._answers(backend, "flop_formulas") else None
 
     @hookimpl
     def torchlens_geometry(self, backend: str, trace: Any, op: Any) -> Any:
-        return self.geometry(trace, op) if backend == self.name else None
+        return self.geometry(trace, op) if self._answers(backend, "geometry") else None
 
     @hookimpl
     def torchlens_op_classes(self, backend: str) -> dict[str, list[str]] | None:
-        return self.op_classes() if backend == self.name else None
+        return self.op_classes() if self._answers(backend, "op_classes") else None
 
     @hookimpl
     def torchlens_facets(self, backend: str, trace: Any, module_pass: Any) -> Any:
-        return self.facets(trace, module_pass) if backend == self.name else None
+        return self.facets(trace, module_pass) if self._answers(backend, "facets") else None
 
     @hookimpl
     def torchlens_compat(self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self.compat(target, args, kwargs) if backend == self.name else None
+        return self.compat(target, args, kwargs) if self._answers(backend, "compat") else None
 
     @hookimpl
     def torchlens_conformance_cases(self, backend: str) -> list[Any] | None:
-        return self.conformance_cases() if backend == self.name else None
+        return self.conformance_cases() if self._answers(backend, "conformance_cases") else None
 
     @hookimpl
     def torchlens_observe_module_outputs(
         self, backend: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> dict[str, Any] | None:
-        return self.observe_module_outputs(target, args, kwargs) if backend == self.name else None
+        return (
+            self.observe_module_outputs(target, args, kwargs)
+            if self._answers(backend, "observe_module_outputs")
+            else None
+        )
 
 
 def hooks_of(backend: Backend) -> dict[str, Any]:

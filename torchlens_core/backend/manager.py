@@ -2,6 +2,18 @@
 
 Backends, the built-in ones included, are found through the entry-point group
 ``torchlens.backends``; nothing here knows any framework by name.
+
+Dispatch: pluggy keeps discovery, registration and the hooks that ask every
+plugin (``torchlens_backend_info``, ``torchlens_claim``,
+``torchlens_batched_loader``). A request to one backend (every hook taking
+``backend=``) goes to :func:`backend_named`, which finds the plugin that
+serves that name and returns it as a typed
+:class:`~torchlens_core.backend.base.Backend`: the plugin itself when it is a
+``Backend`` instance (or a module exporting one's hooks, ``hooks_of``), else a
+:class:`~torchlens_core.backend.adapter.HookBackend` calling that plugin's own
+raw hook implementations. Nothing is required of plugin authors: the hook
+specs, raw-hook plugins and ``Backend`` subclasses work as before; what
+changes is that only the plugin serving a name is asked, never every plugin.
 """
 
 from __future__ import annotations
@@ -15,9 +27,19 @@ import attrs
 import pluggy
 
 from torchlens_core.backend import hookspecs
+from torchlens_core.backend.adapter import HookBackend
+from torchlens_core.backend.base import Backend
 from torchlens_core.ir.errors import BackendNotFoundError
 
 ENTRY_POINT_GROUP = "torchlens.backends"
+
+# The hooks that act on one backend (they take its name as ``backend=``): the core calls them through
+# backend_named, never through pluggy. The others ask every plugin.
+PER_BACKEND_HOOKS = frozenset(
+    name
+    for name in dir(hookspecs)
+    if name.startswith("torchlens_") and "backend" in getattr(hookspecs, name).__code__.co_varnames
+)
 
 # Capability names a backend may declare (BackendInfo.capabilities):
 #   "modules"      module containment and passes are recorded
@@ -109,10 +131,26 @@ def contract_of(name: str) -> int:
     return next((info.contract for info in backend_infos() if info.name == name), 1)
 
 
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager, forgetting the backends found by name whenever a plugin comes or goes."""
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        try:
+            return super().register(plugin, name)
+        finally:
+            _forget_backends()
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any | None:
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            _forget_backends()
+
+
 @functools.lru_cache(maxsize=1)
 def plugin_manager() -> pluggy.PluginManager:
     """The process-wide plugin manager, with every installed backend loaded."""
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm = _PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if pm.get_plugin(ep.name) is not None:
@@ -190,6 +228,105 @@ def resolve_backend(name: str) -> BackendInfo:
         f"no backend named {name!r}. Registered backends: {listed}. A third-party backend "
         f"registers itself under the entry-point group {ENTRY_POINT_GROUP!r}."
     )
+
+
+# Backends found by name (aliases included), cleared when a plugin is registered or unregistered: a backend is
+# looked up for every value some paths touch, and finding one asks every plugin who it is.
+_BY_NAME: dict[str, Backend] = {}
+_BY_PLUGIN: dict[int, Backend] = {}  # the same object for a backend's name and its aliases
+_MISSING: dict[str, Backend] = {}  # backend_named(..., missing_ok=True) of names no plugin serves
+
+
+def _forget_backends() -> None:
+    _BY_NAME.clear()
+    _BY_PLUGIN.clear()
+    _MISSING.clear()
+
+
+def backend_named(name: str, missing_ok: bool = False) -> Backend:
+    """The backend called ``name`` (or one of its aliases), as a typed :class:`Backend`, installed framework or not.
+
+    The plugin whose ``torchlens_backend_info`` names it, else the plugin registered under ``name``.
+    A ``Backend`` instance is returned as it is; a plugin of raw hook implementations through a
+    :class:`HookBackend`. ``missing_ok``: for a name no plugin serves (a trace loaded from a file
+    written where another backend was installed), a backend answering None to everything, as the
+    pluggy hooks did, instead of BackendNotFoundError.
+    """
+    found = _BY_NAME.get(name)
+    if found is None:
+        plugin = _plugins_by_name().get(name)
+        if plugin is None:
+            plugin = plugin_manager().get_plugin(name)
+        if plugin is None:
+            if not missing_ok:
+                resolve_backend(name)  # raises, saying what is installed
+                raise BackendNotFoundError(f"no backend plugin serves the name {name!r}")
+            missing = _MISSING.get(name)
+            if missing is None:
+                missing = _MISSING[name] = HookBackend(name, {})
+            return missing
+        found = _BY_PLUGIN.get(id(plugin))
+        if found is None:
+            found = _BY_PLUGIN[id(plugin)] = _as_backend(name, plugin)
+        _BY_NAME[name] = found
+    return found
+
+
+def _plugins_by_name() -> dict[str, object]:
+    """Each backend name and alias, to the plugin that said so (a name said twice: the plugin pluggy asks first)."""
+    found: dict[str, object] = {}
+    # get_hookimpls lists the implementations in the reverse of the order pluggy calls them
+    for impl in reversed(plugin_manager().hook.torchlens_backend_info.get_hookimpls()):
+        if impl.hookwrapper or impl.wrapper:
+            continue
+        info = impl.function()
+        if isinstance(info, BackendInfo):
+            for key in (info.name, *info.aliases):
+                found.setdefault(key, impl.plugin)
+    return found
+
+
+def _as_backend(name: str, plugin: object) -> Backend:
+    instance = _instance_of(plugin)
+    own = _impls_of(plugin)
+    name = next((info.name for info in backend_infos() if name in (info.name, *info.aliases)), name)
+    # A per-backend hook that is not the base class's (a subclass's override, or a module's own function beside
+    # an instance's hooks) keeps answering: such a plugin is called through the adapter, hook by hook.
+    if instance is not None and all(_is_base_hook(own[h], instance) for h in own if h in PER_BACKEND_HOOKS):
+        return instance
+    if instance is not None:  # the base class's hooks only call the method: call it directly (no deprecated shim)
+        own = {h: impl for h, impl in own.items() if not _is_base_hook(impl, instance)}
+    return HookBackend(name, own, plugin_manager().hook, fallback=instance)
+
+
+def _is_base_hook(impl: pluggy.HookImpl, instance: Backend) -> bool:
+    """Is ``impl`` the base class's hook of ``instance``, which only calls the method of the same name?"""
+    function = impl.function
+    return getattr(function, "__self__", None) is instance and getattr(function, "__func__", None) is getattr(
+        Backend, function.__name__, None
+    )
+
+
+def _instance_of(plugin: object) -> Backend | None:
+    """The Backend behind a plugin: the plugin itself, or the instance whose bound hooks a module exports."""
+    if isinstance(plugin, Backend):
+        return plugin
+    bound = getattr(getattr(plugin, "torchlens_backend_info", None), "__self__", None)
+    return bound if isinstance(bound, Backend) else None
+
+
+def _impls_of(plugin: object) -> dict[str, pluggy.HookImpl]:
+    """``plugin``'s own implementation of each hook, by hook name."""
+    relay = plugin_manager().hook
+    found: dict[str, pluggy.HookImpl] = {}
+    for hook_name in dir(relay):
+        caller = getattr(relay, hook_name)
+        if not hook_name.startswith("torchlens_") or not isinstance(caller, pluggy.HookCaller):
+            continue
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin:
+                found[hook_name] = impl
+    return found
 
 
 def claim_backend(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.backend.manager import backends, claim_backend, hook, resolve_backend
+from torchlens_core.backend.manager import backend_named, backends, claim_backend, resolve_backend
 from torchlens_core.capture.builder import Recording
 from torchlens_core.capture.edits import Intervention
 from torchlens_core.capture.keywords import (
@@ -201,7 +201,7 @@ def _capture(
     # Process-wide, so counted: overlapping captures in other threads switch it back on once.
     pause_gc()
     try:
-        result = hook().torchlens_capture(backend=info.name, target=model, args=args, kwargs=kwargs, options=options)
+        result: Trace | Recording | None = backend_named(info.name).capture(model, args, kwargs, options)
     except HaltCapture as halt_signal:  # the backend has already taken its interception down
         # pluggy's frame holds the exception while its traceback holds that frame: a cycle that
         # would keep the model's frames, and the values they held, alive until the cyclic GC.
@@ -216,7 +216,10 @@ def _capture(
         resume_gc()
     if result is None:
         raise CaptureError(f"backend {info.name!r} registered no capture hook")
-    _refuse_lazy(result.model_output if isinstance(result, Trace) else result._builder._model_output)
+    if isinstance(result, Trace):
+        _refuse_lazy(result.model_output)
+    elif result._builder is not None:  # a Recording the backend just made: it holds its builder until to_trace()
+        _refuse_lazy(result._builder._model_output)
     if isinstance(result, Trace):
         # for audit(untraced=True) and fork().rerun; tl.record keeps none
         result.call = remember(model, args, kwargs, result, options.intervene, options)

@@ -58,7 +58,7 @@ class BranchTracker:
 
         Returns True if that opened a branch (the conversion is in the test of an ``if``, ``while``...).
         """
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename.startswith(self.internal):
             frame = frame.f_back
         if frame is None:
@@ -73,7 +73,7 @@ class BranchTracker:
         if not self.open:
             return ()
         live: dict[int, FrameType] = {}
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             live[id(frame)] = frame
             frame = frame.f_back

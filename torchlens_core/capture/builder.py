@@ -436,7 +436,9 @@ class Recording:
 
     @property
     def num_ops(self) -> int:
-        return sum(op.kind == "op" for op in (self._trace or self._builder).ops)  # type: ignore[union-attr]
+        held = self._trace if self._trace is not None else self._builder  # to_trace() swaps one for the other
+        assert held is not None
+        return sum(op.kind == "op" for op in held.ops)
 
     def to_trace(self) -> Trace:
         if self._trace is None:

@@ -93,10 +93,10 @@ class CallNames:
                 return {"operator": name}
         if isinstance(call, MethodCall) and call.name in self.methods:
             return {"method": call.name}
-        name = getattr(call, "__name__", None)
+        fn_name = getattr(call, "__name__", None)
         for ns, module in self.namespaces.items():
-            if isinstance(name, str) and getattr(module, name, None) is call:
-                return {"function": f"{ns}:{name}"}
+            if isinstance(fn_name, str) and getattr(module, fn_name, None) is call:
+                return {"function": f"{ns}:{fn_name}"}
         return None
 
     def decode(self, data: Any) -> Any:
@@ -166,5 +166,7 @@ def _copy_unless_ref(template: Any, value: Any, copy: Callable[[Any], Any]) -> A
     kids = tree.children(template)
     if kids is None:
         return copy(value)
-    values = [v for _, v in tree.children(value)]
+    value_kids = tree.children(value)
+    assert value_kids is not None  # the arguments are the recorded template with its Refs resolved: same containers
+    values = [v for _, v in value_kids]
     return tree.rebuild(value, [_copy_unless_ref(t, v, copy) for (_, t), v in zip(kids, values, strict=True)])

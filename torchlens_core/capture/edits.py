@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.capture.selectors import (
     AllOf,
     AnyOf,
@@ -227,9 +227,9 @@ def judged_on_trace(item: Intervention, trace: Trace) -> list[tuple[OpRecord, st
                 for path in _leaf_paths(op.shape):
                     found.append((op, "op", f"{op.layer_label}:{op.pass_num}", path, module))
     for selector in modules:
-        for path, module in trace.modules.items():
-            for mp in module.passes:
-                if not _names(selector, path, mp.pass_num):
+        for module_path, record in trace.modules.items():
+            for mp in record.passes:
+                if not _names(selector, module_path, mp.pass_num):
                     continue
                 inside = {trace[label].index for label in mp.ops}
                 for ref in refs_in(mp.out_template):
@@ -456,20 +456,20 @@ class Site:
 
     def run(self, helpers: tuple[Helper, ...], value: Any) -> Any:
         """``value`` after ``helpers``, checked to keep its shape, dtype and device."""
-        h = hook()
-        before = h.torchlens_array_info(backend=self.backend, value=value)
+        h = backend_named(self.backend, missing_ok=True)
+        before = h.array_info(value)
         edited = value
         for helper in helpers:
             edited = helper(edited, self)
-        after = h.torchlens_array_info(backend=self.backend, value=edited)
+        after = h.array_info(edited)
         if after != before:
             name = ", ".join(map(_name, helpers))
             got = "not an array" if after is None else f"shape {list(after[0])} {after[1]} on {after[2]}"
+            was = "not an array" if before is None else f"shape {list(before[0])} {before[1]} on {before[2]}"
             raise InterventionError(
-                f"{name} at {self.key}{list(self.path) or ''} changed the value from shape "
-                f"{list(before[0])} {before[1]} on {before[2]} to {got}: an edit must keep the "
-                f"shape, dtype and device of what it edits"
-            )  # type: ignore[index]
+                f"{name} at {self.key}{list(self.path) or ''} changed the value from {was} to {got}: an edit "
+                f"must keep the shape, dtype and device of what it edits"
+            )
         return self.ops.write_into(value, edited) if self.in_place else edited
 
 
@@ -489,7 +489,7 @@ class Editor:
     def __init__(self, items: tuple[Intervention, ...], builder: TraceBuilder) -> None:
         self._builder = weakref.ref(builder)  # the builder holds this editor: no cycle (see Policy)
         self.backend = builder.backend
-        array_ops = hook().torchlens_array_ops(backend=self.backend)
+        array_ops = backend_named(self.backend, missing_ok=True).array_ops()
         if array_ops is None:
             raise UnsupportedError(
                 f"the {self.backend} backend gives no array operations (torchlens_array_ops), so it cannot intervene"
@@ -624,14 +624,12 @@ class Editor:
         op.edits = (*op.edits, record)
 
     def _copy(self, value: Any) -> Any:
-        is_array = hook().torchlens_array_info
-        return tree.map_leaves(
-            lambda v: self.array_ops.copy(v) if is_array(backend=self.backend, value=v) else v, value
-        )
+        info = backend_named(self.backend, missing_ok=True).array_info
+        return tree.map_leaves(lambda v: self.array_ops.copy(v) if info(v) is not None else v, value)
 
     def _array_paths(self, value: Any) -> list[tuple[Any, ...]]:
-        info = hook().torchlens_array_info
-        return [path for path, _ in tree.leaves(value, lambda v: info(backend=self.backend, value=v) is not None)]
+        info = backend_named(self.backend, missing_ok=True).array_info
+        return [path for path, _ in tree.leaves(value, lambda v: info(v) is not None)]
 
     # -- at the end ---------------------------------------------------------------------------
     def check(self, trace: Trace) -> None:

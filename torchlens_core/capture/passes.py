@@ -172,7 +172,8 @@ class ModulePasses:
     def _edit_output(self, path: str, template: Any, output: Any) -> tuple[Any, Any]:
         """What the innermost call of ``path`` returns after ``intervene=``, and its template."""
         builder = self.builder
-        if builder.editor.wants_module(*builder.module_stack[-1]):  # type: ignore[union-attr]
+        editor = builder.editor
+        if editor is not None and editor.wants_module(*builder.module_stack[-1]):
             self.settle()  # the helpers edit the values that ran
         with self.own_work():  # the helpers' own framework calls are not the model's ops
             values = self.values_of(output)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.capture.edits import Intervention, interventions
 from torchlens_core.capture.selectors import (
     AllOf,
@@ -261,7 +261,7 @@ class Policy:
         earlier.meta["lookback"] = True
         if earlier.index in self.held:
             self.held.discard(earlier.index)
-            earlier.out = hook().torchlens_detach(backend=self.builder.backend, value=earlier.out)
+            earlier.out = backend_named(self.builder.backend, missing_ok=True).detach(earlier.out)
 
     def _look_back(self, op: OpRecord, verdict: bool | None) -> None:
         window = list(self.recent)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from torchlens_core.backend.arrays import is_array_of
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import ParamRef, Ref
@@ -158,7 +158,7 @@ def remember(
         args_t, kwargs_t = match.template(args), match.template(kwargs)
 
     name = getattr(model, "__name__", None) or type(model).__name__
-    given = {}
+    given: dict[int, Callable[[], Any]] = {}
     for key, ref in found.items():
         if isinstance(ref, Ref):
             leaf = unmatched.get(key)
@@ -222,10 +222,10 @@ def _fits(backend: str, op: Any, leaf: Any, same_value: bool) -> bool:
         return False
     if not same_value:
         return True
-    h = hook()
+    h = backend_named(backend, missing_ok=True)
     try:
-        recorded = np.asarray(h.torchlens_to_numpy(backend=backend, value=op.out))
-        given = leaf if isinstance(leaf, np.ndarray) else h.torchlens_to_numpy(backend=backend, value=leaf)
+        recorded = np.asarray(h.to_numpy(op.out))
+        given = leaf if isinstance(leaf, np.ndarray) else h.to_numpy(leaf)
         given = np.asarray(given).astype(recorded.dtype, copy=False)
         return bool(np.array_equal(recorded, given, equal_nan=np.issubdtype(recorded.dtype, np.inexact)))
     except Exception:  # noqa: BLE001 - a value the hooks cannot read as NumPy: left to the match by shape
@@ -248,11 +248,11 @@ def _weakly(model: Any) -> Callable[[], Any]:
 
 def _copy(backend: str, value: Any) -> Any:
     """A copy of a recorded array on its own device, through the backend's NumPy hooks."""
-    h = hook()
-    info = h.torchlens_array_info(backend=backend, value=value)
+    h = backend_named(backend, missing_ok=True)
+    info = h.array_info(value)
     if info is None:
         return value
-    encoded = h.torchlens_encode_array(backend=backend, value=value)
-    array, dtype = encoded if encoded is not None else (h.torchlens_to_numpy(backend=backend, value=value), info[1])
-    copy = h.torchlens_from_numpy(backend=backend, array=array, dtype=dtype, device=info[2])
+    encoded = h.encode_array(value)
+    array, dtype = encoded if encoded is not None else (h.to_numpy(value), info[1])
+    copy = h.from_numpy(array, dtype, info[2])
     return value if copy is None else copy

@@ -96,7 +96,7 @@ class Func(Selector):
                 ) from None
         object.__setattr__(self, "_regex", regex)
 
-    def test(self, op: OpRecord, trace: Trace) -> bool:
+    def test(self, op: OpRecord, trace: Trace | TraceBuilder | None) -> bool:  # reads the op alone
         if self._regex is None:
             name = op.func_name
             return name == self.pattern or (name[-1:] == "_" and name[:-1] == self.pattern)
@@ -119,7 +119,7 @@ class Module(Selector):
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "path_pass", split_pass(_name(self.path, "tl.module", "layer3")))
 
-    def test(self, op: OpRecord, trace: Trace) -> bool:
+    def test(self, op: OpRecord, trace: Trace | TraceBuilder | None) -> bool:  # reads the op alone
         base, n = self.path_pass
         for returned in op.module_outputs:
             path, k = split_pass(returned)
@@ -131,7 +131,7 @@ class Module(Selector):
         base, n = self.path_pass
         inside = [(p, k) for p, k in op.module_passes if p == base and (n is None or k == n)]
         if not inside:  # outside the module: picked only if some pass of it returned this op's value
-            return bool(op.module_outputs) and self.test(op, None)  # type: ignore[arg-type]
+            return bool(op.module_outputs) and self.test(op, None)
         if all(entry in builder.closed_passes for entry in inside):
             return self.test(op, builder)
         return None  # its module is still running: it may yet be returned
@@ -150,7 +150,7 @@ class InModule(Selector):
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "path_pass", split_pass(_name(self.path, "tl.in_module", "layer2")))
 
-    def test(self, op: OpRecord, trace: Trace) -> bool:
+    def test(self, op: OpRecord, trace: Trace | TraceBuilder | None) -> bool:  # reads the op alone
         base, n = self.path_pass
         return any(p == base and (n is None or k == n) for p, k in op.module_passes)
 
@@ -168,7 +168,7 @@ class Label(Selector):
     def __repr__(self) -> str:
         return f"tl.label({', '.join(map(repr, self.keys))})"
 
-    def test(self, op: OpRecord, trace: Trace) -> bool:
+    def test(self, op: OpRecord, trace: Trace | TraceBuilder | None) -> bool:  # reads the op alone
         keys = op_keys(op)
         return any(key in keys for key in self.keys)
 
@@ -346,7 +346,7 @@ def near_names(trace: Trace, *selectors: Selector) -> str:
 def _words(selector: Any) -> list[str]:
     """The names a selector mentions, for "did you mean" hints."""
     if isinstance(selector, (Func, Module, InModule)):
-        return [getattr(selector, "pattern", None) or getattr(selector, "path", "")]
+        return [selector.pattern if isinstance(selector, Func) else selector.path]
     if isinstance(selector, Label):
         return list(selector.keys)
     if isinstance(selector, (AllOf, AnyOf)):

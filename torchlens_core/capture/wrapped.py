@@ -26,7 +26,7 @@ plugin (``plugins/torchlens-numpy``) is the example.
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from torchlens_core.capture.calls import MethodCall, constant
 from torchlens_core.capture.conversions import CONVERSIONS, Conversions, PythonValue, python_conversion
@@ -36,6 +36,9 @@ from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, UnsupportedError
 from torchlens_core.ir.records import Ref
 from torchlens_core.ir.trace import Trace
+
+if TYPE_CHECKING:
+    from torchlens_core.capture.builder import Recording
 
 
 class Link(NamedTuple):
@@ -298,8 +301,9 @@ class WrappedRecorder(Recorder):
         seen = self._record("constant", constant, (stored,), {}, [], [], value)
         return Ref(self.builder.ops[-1].index), (None if seen is value else seen)
 
-    def finish(self, output: Any) -> Trace:
-        """After the forward returned ``output`` (mark the capture over first: ``depth += 1``): the Trace."""
+    def finish(self, output: Any) -> Trace | Recording:
+        """After the forward returned ``output`` (mark the capture over first: ``depth += 1``): the Trace
+        (a Recording for ``tl.record``)."""
         self.raise_remembered()  # a recorded call raised, and the model caught it and went on
         template, output = self.returned(output, None)
         self.builder.add_outputs(template, plain(output))  # the caller gets plain values (an edited constant's)
@@ -320,4 +324,5 @@ class WrappedRecorder(Recorder):
         if values and not tracked._tl.scalar and self.written_since(tracked, ref.index):
             tracked = self.call("copy", MethodCall("copy"), (tracked,), {}, [])
             ref = self.producer(tracked)
-        return tracked, ref  # type: ignore[return-value]
+            assert ref is not None  # the copy just recorded
+        return tracked, ref

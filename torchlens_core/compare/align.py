@@ -18,7 +18,9 @@ divergence):
 2. **Structural pairs.** The ops left over on both sides — where values stop
    agreeing — are aligned in order by class, module and shape (a
    Needleman-Wunsch alignment with free gaps), and only between ops computed
-   from counterpart inputs.
+   from counterpart inputs, each op against the ``CANDIDATES`` such ops of
+   ``b`` nearest its place there (a table every layer reads would otherwise
+   make every layer's op of its class a candidate).
 3. **Honest verdicts.** A structural pair whose values disagree while every
    input agrees is the start of a divergence only when the structure singles it
    out: the output of the same module, or the same op class, or nearly equal
@@ -48,6 +50,10 @@ from torchlens_core.ir.trace import Trace
 CHECKED = 6  # value candidates checked element for element per op
 BLOCK = 4096  # cells of the structural scores worked out in one call (a few rows' candidates)
 FRONTIER_WALK = 256  # ops visited looking for the nearest paired ones upstream
+# Structural candidates of one op of a, besides the outputs of its own modules: the ones nearest its place in b.
+# Past an early divergence the paired points every layer reads (rotary tables, masks) are on every op's
+# frontier, so an op's class would otherwise make every same-class op of every layer a candidate (_near).
+CANDIDATES = 64
 HEALING_HOPS = 24  # how far downstream an agreeing pair shows a disagreement was no divergence (Aligner._healed)
 # Classes of ops that are layers of a model, not steps of arithmetic inside one (Aligner._healed).
 LAYERS = frozenset(
@@ -304,13 +310,16 @@ class Aligner:
             for x, k in enumerate(bar.each(left_a)):
                 p = self.pa[k]
                 frontier = self._canon(self._frontier_a(p.index, fa))
-                found = set(self._of_class(frontier, p.cls, by_class, of_class))
+                place = x * len(left_b) / len(left_a)  # where the op would sit in b if the two ran alike
+                found = set(_near(self._of_class(frontier, p.cls, by_class, of_class), place))
                 near, _ = self.gaps.within(k, NEAR)
-                others = {y for key in p.module_outputs for y in by_output.get(key, ())}
-                others.update(position[c] for c in near.tolist() if c in position)
+                outputs = {y for key in p.module_outputs for y in by_output.get(key, ())}
+                others = outputs | {position[c] for c in near.tolist() if c in position}
                 found.update(y for y in others - found if frontier & fb[left_b[y]])
                 if self.a.ops[p.index].kind == "input":
-                    found.update(inputs_b)
+                    found.update(_near(inputs_b, place))
+                if len(found) > CANDIDATES:  # the nearest; its own modules' outputs whatever their place
+                    found = set(_near(sorted(found - outputs), place)) | (found & outputs)
                 if found:
                     wanted.append((x, np.array(sorted(found), dtype=np.int64)))
         cells = Cells(len(left_a), len(left_b))
@@ -528,7 +537,8 @@ class Aligner:
 
     def _ancestors_b(self, index: int, stop_at: int) -> set[int]:
         """Ops of ``b`` upstream of op ``index``, no earlier than op ``stop_at`` (a bounded walk)."""
-        found, stack = set(), list(self.b.ops[index].parent_indices)
+        found: set[int] = set()
+        stack = list(self.b.ops[index].parent_indices)
         while stack and len(found) < FRONTIER_WALK:
             op = stack.pop()
             if op in found or op < stop_at:
@@ -598,7 +608,7 @@ class Aligner:
     def _carried(self, index: int) -> list[tuple[Layout, str]]:
         """Permuted layouts of the pairs upstream of op ``index`` of ``a``, nearest first (bounded)."""
         found: list[tuple[Layout, str]] = []
-        frontier, seen = list(self.a.ops[index].parent_indices), set()
+        frontier, seen = list(self.a.ops[index].parent_indices), set[int]()
         while frontier and len(seen) < 64:
             k = frontier.pop(0)
             if k in seen:
@@ -636,7 +646,7 @@ class Aligner:
 
     def _frontier_b(self, index: int) -> frozenset[int]:
         """Points of ``b``: the nearest paired ones upstream of op ``index`` (a bounded walk)."""
-        found, stack, seen = set(), list(self.b.ops[index].parent_indices), set()
+        found, stack, seen = set[int](), list(self.b.ops[index].parent_indices), set[int]()
         while stack and len(seen) < FRONTIER_WALK:
             k = stack.pop()
             if k in seen:
@@ -719,7 +729,7 @@ def _swap_prefix(path: str, old: tuple[str, ...], new: tuple[str, ...]) -> str:
 
 def _depth(trace: Trace, index: int, paired: dict[int, list[int]]) -> int:
     """How many ops op ``index`` sits past the nearest paired op upstream (a bounded breadth-first walk)."""
-    frontier, seen, depth = list(trace.ops[index].parent_indices), set(), 1
+    frontier, seen, depth = list(trace.ops[index].parent_indices), set[int](), 1
     while frontier and len(seen) < FRONTIER_WALK:
         if any(k in paired for k in frontier):
             return depth
@@ -729,10 +739,10 @@ def _depth(trace: Trace, index: int, paired: dict[int, list[int]]) -> int:
     return depth
 
 
-def _chained(trace: Trace, one: int, other: int, paired: dict[int, int]) -> bool:
+def _chained(trace: Trace, one: int, other: int, paired: dict[int, list[int]]) -> bool:
     """Whether one op feeds the other through unpaired ops only: the two ends of one group, a benign tie."""
     low, high = min(one, other), max(one, other)
-    stack, seen = list(trace.ops[high].parent_indices), set()
+    stack, seen = list(trace.ops[high].parent_indices), set[int]()
     while stack and len(seen) < 64:
         k = stack.pop()
         if k == low:
@@ -742,6 +752,23 @@ def _chained(trace: Trace, one: int, other: int, paired: dict[int, int]) -> bool
         seen.add(k)
         stack.extend(trace.ops[k].parent_indices)
     return False
+
+
+def _near(ys: list[int], place: float) -> list[int]:
+    """The ``CANDIDATES`` positions of ``ys`` (ascending) nearest ``place``, the earlier of two as near; all of
+    them when there are no more. Read from a window of the list, so as cheap for a list of every layer's ops.
+
+    Structure aligns in order, and a counterpart sits near the op's place in ``b``: the same class forty layers
+    away is no candidate. Longer lists come from a paired table every layer of a deep trace reads; the ports
+    and the comparison menagerie have none.
+    """
+    import bisect
+
+    if len(ys) <= CANDIDATES:
+        return ys
+    at = bisect.bisect_left(ys, place)
+    window = ys[max(0, at - CANDIDATES) : at + CANDIDATES]
+    return sorted(sorted(window, key=lambda y: (abs(y - place), y))[:CANDIDATES])
 
 
 def _kin(p: Point, q: Point) -> bool:

@@ -64,8 +64,8 @@ class SiteComparison:
         return table(body, header=header, caption=f"Site {self.site}, against the baseline:")
 
     def _rows(self) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-        header = ("run", "max |diff|", "rel L2", "cosine", "norm", "")
-        body = []
+        header: tuple[str, ...] = ("run", "max |diff|", "rel L2", "cosine", "norm", "")
+        body: list[tuple[str, ...]] = []
         for r in self.rows:
             d = r.difference
             marks = ", ".join(m for m, on in (("baseline", r.baseline), ("edited", r.edited)) if on)
@@ -90,14 +90,14 @@ class SiteComparison:
 
 def _row(r: RunAtSite) -> dict[str, Any]:
     d = r.difference
-    usable = d is not None and not d.shape_mismatch
+    usable = d if d is not None and not d.shape_mismatch else None
     return {
         "run": r.run,
         "baseline": r.baseline,
         "edited": r.edited,
-        "max_abs_diff": d.max_abs if usable else None,
-        "rel_l2_diff": d.rel_l2 if usable else None,
-        "cosine": d.cosine if usable else None,
+        "max_abs_diff": usable.max_abs if usable else None,
+        "rel_l2_diff": usable.rel_l2 if usable else None,
+        "cosine": usable.cosine if usable else None,
         "norm": d.norm if d is not None else None,
         "note": r.note,
     }

@@ -39,12 +39,13 @@ def fingerprint_gaps(a: list[Point], b: list[Point]) -> Any:
     ib = [j for j, p in enumerate(b) if p.fingerprint is not None]
     if not ia or not ib:
         return gap
-    shapes_a = sorted({a[i].shape for i in ia if a[i].shape is not None})
-    shapes_b = sorted({b[j].shape for j in ib if b[j].shape is not None})
+    shapes_a = sorted({s for i in ia if (s := a[i].shape) is not None})
+    shapes_b = sorted({s for j in ib if (s := b[j].shape) is not None})
     fits = np.array(
-        [[math.prod(sa) == math.prod(sb) or broadcasts(sa, sb) for sb in shapes_b] for sa in shapes_a], dtype=bool
+        [[math.prod(sa) == math.prod(sb) or broadcasts(sa, sb) for sb in shapes_b] for sa in shapes_a], dtype=np.bool_
     ).reshape(len(shapes_a), len(shapes_b))
-    id_a, id_b = {s: k for k, s in enumerate(shapes_a)}, {s: k for k, s in enumerate(shapes_b)}
+    id_a: dict[tuple[int, ...] | None, int] = {s: k for k, s in enumerate(shapes_a)}
+    id_b: dict[tuple[int, ...] | None, int] = {s: k for k, s in enumerate(shapes_b)}
     fa = np.stack([a[i].fingerprint for i in ia])
     fb = np.stack([b[j].fingerprint for j in ib])
     scale = np.maximum(np.array([a[i].scale for i in ia])[:, None], np.array([b[j].scale for j in ib])[None, :])
@@ -58,7 +59,10 @@ def fingerprint_gaps(a: list[Point], b: list[Point]) -> Any:
     sa = np.array([id_a.get(a[i].shape, -1) for i in ia])
     sb = np.array([id_b.get(b[j].shape, -1) for j in ib])
     fit = (sa[:, None] >= 0) & (sb[None, :] >= 0)
-    fit &= fits[np.ix_(np.maximum(sa, 0), np.maximum(sb, 0))] if fits.size else False
+    if fits.size:
+        fit &= fits[np.ix_(np.maximum(sa, 0), np.maximum(sb, 0))]
+    else:  # no shape of one side fits any of the other's
+        fit[...] = False
     found[~fit | (ka[:, None] != kb[None, :])] = np.inf
     gap[np.ix_(ia, ib)] = found
     return gap
@@ -184,7 +188,7 @@ def scores(a: list[Point], b: list[Point], gap: Any = None, keys: tuple[set[str]
 
     n, m = len(a), len(b)
     score = np.zeros((n, m))
-    classes = {c: k for k, c in enumerate({p.cls for p in a + b if p.cls is not None})}
+    classes: dict[str | None, int] = {c: k for k, c in enumerate({p.cls for p in a + b if p.cls is not None})}
     ca = np.array([classes.get(p.cls, -1) for p in a])
     cb = np.array([classes.get(p.cls, -1) for p in b])
     known = (ca[:, None] >= 0) & (cb[None, :] >= 0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.compare.metrics import agreement, as_numpy, tolerance_for
 from torchlens_core.compare.points import array_value
 from torchlens_core.ir import tree
@@ -51,7 +51,7 @@ def force(
     values: its own (basis ``values`` or ``inputs``: every input agreed), or
     the forced run's (``a``'s values through ``b``'s group agree with ``a``).
     """
-    h = hook()
+    h = backend_named(b.backend, missing_ok=True)
     _check_replayable(b)
     pair_of_b = {(index, pair.b_path): n for n, (index, pair) in enumerate(zip(b_anchor, pairs))}
     a_values: dict[int, Any] = {}  # pair -> a's value in b's layout (NumPy), for the pairs compared
@@ -77,16 +77,17 @@ def force(
             pair.note = f"{pair.note}; {note}" if pair.note else note
             continue
         assert pair.agreement is not None
+        agreed = pair.agreement  # a pair with values to force was compared
         tolerance = (
-            pair.agreement.tolerance
+            agreed.tolerance
             if rtol is None and atol is None
             else tolerance_for(a.ops[a_anchor[n]].dtype, b.ops[b_anchor[n]].dtype, rtol=rtol, atol=atol)
         )
         pair.local = agreement(a_values[n], out, tolerance)
         pair.forced = forced
-        inherited = [pairs[u].agreement.relative for u in upstream[n] if pairs[u].agreement is not None]
+        inherited = [g.relative for u in upstream[n] if (g := pairs[u].agreement) is not None]
         pair.inherited = max(inherited, default=0.0)
-        total = pair.agreement.relative
+        total = agreed.relative
         pair.amplification = total / pair.inherited if pair.inherited > 0 else (math.inf if total > 0 else 1.0)
         if pair.diverges and (pair.basis != "structure" or pair.local.ok):
             pair.origin = "introduced" if not pair.local.ok else "inherited"
@@ -126,7 +127,7 @@ def _run_group(
             continue
         kwargs = tree.map_leaves(resolve, op.kwargs)
         try:
-            values[k] = h.torchlens_replay_op(backend=b.backend, op=op, args=args, kwargs=kwargs)
+            values[k] = h.replay_op(op, args, kwargs)
         except Exception as exc:
             raise ReplayError(
                 f"teacher forcing: running {op.label} ({op.func_name}) of b on a's values failed: {exc}"
@@ -137,7 +138,7 @@ def _run_group(
 
 
 def _leaf_dtype(h: Any, trace: Trace, value: Any) -> Any:
-    info = h.torchlens_array_info(backend=trace.backend, value=value)
+    info = h.array_info(value)
     return None if info is None else info[1]
 
 
@@ -159,20 +160,18 @@ def _check_replayable(b: Trace) -> None:
 
 
 def _copy(h: Any, trace: Trace, value: Any) -> Any:
-    info = h.torchlens_array_info(backend=trace.backend, value=value)
+    info = h.array_info(value)
     if info is None:
         return value
     _, dtype, device = info
     import numpy as np
 
-    return _to_backend(
-        h, trace.backend, np.array(h.torchlens_to_numpy(backend=trace.backend, value=value)), dtype, device
-    )
+    return _to_backend(h, trace.backend, np.array(h.to_numpy(value)), dtype, device)
 
 
 def _to_backend(h: Any, backend: str, array: Any, dtype: Any, device: Any) -> Any:
     """A NumPy array as the backend's array; a backend without ``torchlens_from_numpy`` computes on NumPy."""
-    made = h.torchlens_from_numpy(backend=backend, array=array, dtype=str(dtype), device=str(device))
+    made = h.from_numpy(array, str(dtype), str(device))
     return array if made is None else made
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir.errors import UnsupportedError
 
 
@@ -45,8 +45,8 @@ def as_numpy(value: Any, backend: str | None) -> Any:
 
     if isinstance(value, np.ndarray) or np.isscalar(value):
         array = np.asarray(value)
-    elif backend is not None and hook().torchlens_array_info(backend=backend, value=value) is not None:
-        array = np.asarray(hook().torchlens_to_numpy(backend=backend, value=value))
+    elif backend is not None and backend_named(backend, missing_ok=True).array_info(value) is not None:
+        array = np.asarray(backend_named(backend, missing_ok=True).to_numpy(value))
     else:
         raise UnsupportedError(f"cannot compare a {type(value).__name__}: it is not an array of the {backend} backend")
     if array.dtype.kind == "c":

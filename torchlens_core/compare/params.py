@@ -100,7 +100,8 @@ def _read(trace: Trace, group: list[int]) -> list[str]:
 
 def _match(a: Trace, b: Trace, names_a: list[str], names_b: list[str]) -> list[tuple[str, str]]:
     """Same role and size first, then same size, each in order of first read."""
-    pairs, left_b = [], list(names_b)
+    pairs: list[tuple[str, str]] = []
+    left_b = list(names_b)
     for strict in (True, False):
         for name_a in names_a:
             if any(name_a == p[0] for p in pairs):

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.compare.classes import module_class, normalized, op_class
 from torchlens_core.compare.metrics import mask_fills
 from torchlens_core.ir import tree
@@ -92,7 +92,7 @@ def _add_points(trace: Trace, op: OpRecord, match: dict[str, str] | None, found:
         shape = (
             tuple(int(d) for d in value.shape)
             if value is not None
-            else (tuple(int(d) for d in op.shape) if is_shape(op.shape) else None)
+            else (tuple(int(d) for d in op.shape) if op.shape is not None and is_shape(op.shape) else None)
         )
         point = Point(
             op.index,
@@ -161,7 +161,7 @@ def read_value(trace: Trace, op: OpRecord, path: tuple[Any, ...] = ()) -> tuple[
     if array is None:
         return None, "none"
     kind = {"f": "float", "i": "int", "u": "int", "b": "int"}.get(array.dtype.kind, "none")
-    if kind == "none" or (not path and is_shape(op.shape) and array.shape != tuple(op.shape)):
+    if kind == "none" or (not path and op.shape is not None and is_shape(op.shape) and array.shape != tuple(op.shape)):
         return None, "none"
     return array.astype(np.float64), kind
 
@@ -174,11 +174,11 @@ def _numpy(trace: Trace, value: Any) -> Any:
         return np.asarray(value)
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
         return None  # a leaf beside the arrays (Paddle's batch_norm returns Nones), not an array
-    h = hook()
+    h = backend_named(trace.backend, missing_ok=True)
     try:
-        if h.torchlens_array_info(backend=trace.backend, value=value) is None:
+        if h.array_info(value) is None:
             return None
-        return np.asarray(h.torchlens_to_numpy(backend=trace.backend, value=value))
+        return np.asarray(h.to_numpy(value))
     except Exception:  # noqa: BLE001 - an object the backend does not count as an array, or a framework not installed here
         return None
 
@@ -197,7 +197,7 @@ def _kind(trace: Trace, value: Any) -> str:
     elif value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
         return "none"
     else:
-        info = hook().torchlens_array_info(backend=trace.backend, value=value)
+        info = backend_named(trace.backend, missing_ok=True).array_info(value)
         if info is None:
             return "none"
         text = str(info[1]).lower()

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.compare.align import Aligner, Match, Unaligned, groups
 from torchlens_core.compare.classes import TABLE_VERSION, register_equivalence
 from torchlens_core.compare.layout import NONE, Layout
@@ -292,7 +292,7 @@ class Comparison:
             if len(roots) > 1:
                 head += f"; {len(roots)} independent starts ({', '.join(r.a for r in roots[:5])})"
             shown = list(range(max(0, at - CONTEXT), min(len(self.pairs), at + CONTEXT + 1)))
-        rows = [("a", "b", "layout", "max |diff|", "max rel", "cosine", "verdict")]
+        rows: list[tuple[str, ...]] = [("a", "b", "layout", "max |diff|", "max rel", "cosine", "verdict")]
         for k in shown:
             p = self.pairs[k]
             g = p.agreement
@@ -353,7 +353,7 @@ def compare(
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             raise ArgumentTypeError(f"{name}= is a non-negative number, not {value!r}")
     for backend in {a.backend, b.backend}:  # the backends' own names for the equivalence table
-        for cls, funcs in (hook().torchlens_op_classes(backend=backend) or {}).items():
+        for cls, funcs in (backend_named(backend, missing_ok=True).op_classes() or {}).items():
             register_equivalence(cls, funcs=tuple(funcs))
     pa, pb = points(a, match), points(b)
     aligner = Aligner(a, b, pa, pb, rtol, atol)

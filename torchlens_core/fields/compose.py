@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.fields.geometry import Geometry, Intervals, Link, Window, identity_link
 from torchlens_core.fields.records import BOUNDED, NOT_WINDOWED, FieldStatus
 from torchlens_core.ir.records import OpRecord, Ref, refs_in, shape_at
@@ -89,7 +89,7 @@ class Graph:
             refs = refs_in(op.args)
             shape = self.shape((op.index, ()))
             return Geometry("output", (identity_link(refs[0], len(shape)),)) if len(refs) == 1 and shape else None
-        return hook().torchlens_geometry(backend=self.trace.backend, trace=self.trace, op=op)
+        return backend_named(self.trace.backend, missing_ok=True).geometry(self.trace, op)
 
     def shape(self, key: Key) -> tuple[int, ...] | None:
         shape = shape_at(self.trace.ops[key[0]].shape, key[1])
@@ -235,7 +235,7 @@ def _back_rule(rule: Window | Intervals, span: Span, size: int) -> Span | None:
         lo, hi = max(span.lo, 0), min(span.hi, len(rule.starts) - 1)
         if lo > hi:
             return None
-        hits = set()
+        hits: set[int] = set()
         for o in span.positions():
             if lo <= o <= hi:
                 hits.update(range(rule.starts[o], rule.stops[o]))

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.fields.compose import Graph, Span, backward, forward
 from torchlens_core.fields.records import AxisBox, Box, FieldCheck
 from torchlens_core.fields.support import unit_gradient
@@ -36,6 +36,13 @@ def as_op(trace: Trace, target: OpRecord | ModulePass | str | int) -> OpRecord:
     if not (isinstance(shape, tuple) and all(isinstance(d, int) for d in shape)):
         raise FieldError(f"{found.label} has no single array output (its shape is {shape}); a field needs one")
     return found
+
+
+def _shape(op: OpRecord) -> tuple[int, ...]:
+    """``op``'s shape: a field reads ops with one array output (:func:`as_op` checks the ones it is given)."""
+    if op.shape is None:
+        raise FieldError(f"{op.label} has no single array output; a field needs one")
+    return op.shape
 
 
 def _ancestors(trace: Trace, op: OpRecord) -> set[int]:
@@ -69,7 +76,7 @@ class _Field:
             raise FieldError(
                 f"a position is one int per spatial dim of {self.op.label} {self.axes}, got {position!r}"
             ) from None
-        shape = self.op.shape
+        shape = _shape(self.op)
         if len(position) != len(self.axes) or any(not 0 <= p < shape[d] for p, d in zip(position, self.axes)):
             sizes = tuple(shape[d] for d in self.axes)
             raise FieldError(
@@ -87,7 +94,7 @@ class _Field:
         every channel, and a fixed choice makes the unit independent of the
         values. Dim 0 is the batch unless it is spatial.
         """
-        shape = self.op.shape
+        shape = _shape(self.op)
         unit = [shape[d] // 2 if d in self.axes else 0 for d in range(len(shape))]
         if shape and 0 not in self.axes:
             if not 0 <= operator.index(batch_index) < shape[0]:
@@ -123,14 +130,14 @@ class ReceptiveField(_Field):
                 )
         self.input_axes = tuple(self._graph.spatial((self.input.index, ())))
         if not self.input_axes and self.axes:  # an op with no rule hides the input's layout: every dim but the batch
-            self.input_axes = tuple(range(1, len(self.input.shape)))
+            self.input_axes = tuple(range(1, len(_shape(self.input))))
 
     def at(self, position: Any) -> Box:
         """The box of input positions that ``position`` (of ``op``'s spatial grid) reads."""
         position, spans = self._spans(position)
         regions = backward(self._graph, (self.op.index, ()), spans)
         region = regions.get((self.input.index, ()))
-        shape = self.input.shape
+        shape = _shape(self.input)
         if region is None:
             return Box(
                 self.input.label,
@@ -157,13 +164,13 @@ class ReceptiveField(_Field):
             raise FieldError(
                 f"a unit is one int per dim of {self.op.label}'s shape {self.op.shape}, got {unit!r}"
             ) from None
-        if len(unit) != len(self.op.shape):
+        if len(unit) != len(_shape(self.op)):
             raise FieldError(f"a unit is one int per dim of {self.op.label}'s shape {self.op.shape}, got {unit}")
         box = self.at(tuple(unit[d] for d in self.axes))
         grad = unit_gradient(self.trace, self.op, unit, self.input)
         support = None
         if grad is not None:
-            values = np.asarray(hook().torchlens_to_numpy(backend=self.trace.backend, value=grad))
+            values = np.asarray(backend_named(self.trace.backend, missing_ok=True).to_numpy(grad))
             where = np.nonzero(values != 0)
             if where[0].size:
                 support = tuple((int(where[d].min()), int(where[d].max()) + 1) for d in self.input_axes)
@@ -179,7 +186,7 @@ class ReceptiveField(_Field):
 
         if self.input.out is None:
             raise FieldError(f"the trace did not keep {self.input.label}'s value to draw")
-        image = np.asarray(hook().torchlens_to_numpy(backend=self.trace.backend, value=self.input.out))
+        image = np.asarray(backend_named(self.trace.backend, missing_ok=True).to_numpy(self.input.out))
         return overlay(image, self.at(position), path, batch_index=batch_index)
 
     def __repr__(self) -> str:
@@ -212,11 +219,11 @@ class ProjectiveField(_Field):
                 tuple(AxisBox(d, 0, 0) for d in target_axes),
                 regions[(self.op.index, ())].status,
             )
+        shape = _shape(target_op)
+        reached = [region.spans[d] for d in target_axes]
         axes = tuple(
-            AxisBox(d, 0, target_op.shape[d])
-            if region.spans[d] is None
-            else AxisBox(d, region.spans[d].lo, region.spans[d].hi + 1)
-            for d in target_axes
+            AxisBox(d, 0, shape[d]) if span is None else AxisBox(d, span.lo, span.hi + 1)
+            for d, span in zip(target_axes, reached)
         )
         return Box(target_op.label, position, axes, region.status)
 

@@ -31,6 +31,7 @@ backend classifies its ops and leaves the dimension bookkeeping here.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -230,7 +231,9 @@ def concat(parents: list[tuple[Ref, tuple[int, ...]]], axis: int) -> Geometry:
         if not shape:  # torch.cat skips empty 1-d tensors
             continue
         ax = axis % len(shape)
-        dims = {d: (d, IDENTITY if d != ax else Window(padding=offset)) for d in range(len(shape))}
+        dims: dict[int, tuple[int, AxisRule]] = {
+            d: (d, IDENTITY if d != ax else Window(padding=offset)) for d in range(len(shape))
+        }
         links.append(Link(ref, dims))
         offset += shape[ax]
     return Geometry("concat", tuple(links))
@@ -242,7 +245,7 @@ def stack(parents: list[Ref], ndim: int, axis: int) -> Geometry:
     ax = axis % out_ndim
     links = []
     for k, ref in enumerate(parents):
-        dims = {(d if d < ax else d + 1): (d, IDENTITY) for d in range(ndim)}
+        dims: dict[int, tuple[int, AxisRule]] = {(d if d < ax else d + 1): (d, IDENTITY) for d in range(ndim)}
         links.append(Link(ref, dims, out_fixed={ax: (k, k)}))
     return Geometry("stack", tuple(links))
 
@@ -256,7 +259,9 @@ def split(
     offset = 0
     for k, out_shape in enumerate(out_shapes):
         if keep_axis:
-            dims = {d: (d, IDENTITY if d != ax else Window(padding=-offset)) for d in range(len(shape))}
+            dims: dict[int, tuple[int, AxisRule]] = {
+                d: (d, IDENTITY if d != ax else Window(padding=-offset)) for d in range(len(shape))
+            }
             links.append(Link(parent, dims, out_path=(k,)))
             offset += out_shape[ax]
         else:
@@ -267,7 +272,7 @@ def split(
 
 def windowed(
     parent: Ref,
-    windows: dict[int, AxisRule],
+    windows: Mapping[int, AxisRule],
     kind: str = "window",
     dim_map: dict[int, int] | None = None,
     keep: tuple[int, ...] = (),

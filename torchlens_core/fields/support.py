@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlens_core.backend.manager import hook, resolve_backend
+from torchlens_core.backend.manager import backend_named, resolve_backend
 from torchlens_core.ir.errors import FieldError, UnsupportedError
 from torchlens_core.ir.records import OpRecord, Ref
 from torchlens_core.ir.trace import Trace
@@ -50,7 +50,7 @@ def unit_gradient(trace: Trace, op: OpRecord, unit: tuple[int, ...], wrt: OpReco
         notes=dict(trace.notes),
     )
     index = tuple(int(u) for u in unit)
-    found = hook().torchlens_backward(backend=trace.backend, trace=cut, loss=lambda out: out[index], wanted=[wrt.index])
+    found = backend_named(trace.backend, missing_ok=True).backward(cut, lambda out: out[index], [wrt.index])
     if found is None:
         raise UnsupportedError(f"the {trace.backend} backend cannot compute gradients here")
     return found.get("ops", {}).get(wrt.index)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import (
     GRAD_NO_DEPENDENCE,
@@ -21,6 +21,8 @@ from torchlens_core.ir.trace import Trace
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from torchlens_core.backend.base import Backend
+
 _FLOATING = ("float", "bfloat", "half", "double", "complex")
 
 
@@ -34,7 +36,7 @@ def log_backward(trace: Trace, loss: Any) -> Trace:
             "this trace keeps no gradients: capture it with tl.trace(..., save_grads=True) or "
             "save_grads=<selector> first"
         )
-    found = hook().torchlens_backward(backend=trace.backend, trace=trace, loss=loss, wanted=[op.index for op in wanted])
+    found = backend_named(trace.backend, missing_ok=True).backward(trace, loss, [op.index for op in wanted])
     if found is None:
         raise UnsupportedError(f"the {trace.backend} backend cannot compute gradients here")
     grads, params = found.get("ops", {}), found.get("params", {})
@@ -102,13 +104,13 @@ def total(backend: str) -> Callable[[Any], Any]:
     """A loss for checks: the sum of every element of every floating-point array in an output."""
     from torchlens_core.ir import tree
 
-    h = hook()
+    h = backend_named(backend, missing_ok=True)
 
     def loss(output: Any) -> Any:
-        parts = [
-            h.torchlens_array_ops(backend=backend).total(leaf)
-            for _, leaf in tree.leaves(output, lambda v: _is_float(h, backend, v))
-        ]
+        ops = h.array_ops()
+        if ops is None:
+            raise UnsupportedError(f"the {backend} backend has no array operations (array_ops) to take a loss with")
+        parts = [ops.total(leaf) for _, leaf in tree.leaves(output, lambda v: _is_float(h, backend, v))]
         if not parts:
             raise UnsupportedError("the output holds no floating-point array to take a loss of")
         result = parts[0]
@@ -119,6 +121,6 @@ def total(backend: str) -> Callable[[Any], Any]:
     return loss
 
 
-def _is_float(h: Any, backend: str, value: Any) -> bool:
-    info = h.torchlens_array_info(backend=backend, value=value)
+def _is_float(h: Backend, backend: str, value: Any) -> bool:
+    info = h.array_info(value)
     return info is not None and info[1].startswith(_FLOATING)

@@ -243,6 +243,148 @@ class OpRecord:
     def is_source(self) -> bool:
         return self.kind == "op" and not self.parents
 
+    # -- derived from the graph: read from trace.graph_index(), built once per trace (docs/metadata.md) --------
+    @property
+    def num_parents(self) -> int:
+        """How many distinct values this op took from earlier ops (``len(op.parents)``)."""
+        return len(self.parents)
+
+    @property
+    def num_children(self) -> int:
+        """How many later ops (and output nodes) took this op's value."""
+        return len(self.children)
+
+    @property
+    def has_parents(self) -> bool:
+        return bool(self.parents)
+
+    @property
+    def has_children(self) -> bool:
+        return bool(self.children)
+
+    @property
+    def is_input(self) -> bool:
+        """True for an input node (one array the model was called with)."""
+        return self.kind == "input"
+
+    @property
+    def is_output(self) -> bool:
+        """True for an output node (one array the model returned)."""
+        return self.kind == "output"
+
+    @property
+    def is_output_parent(self) -> bool:
+        """True for an op whose value an output node holds: an op the model returned."""
+        ops = self.trace.ops
+        return any(ops[c].kind == "output" for c in self.trace.graph_index().children[self.index])
+
+    @property
+    def is_final_output(self) -> bool:
+        """True for a value the model returned: an output node, or the op it holds."""
+        return self.is_output or self.is_output_parent
+
+    @property
+    def input_ancestors(self) -> tuple[str, ...]:
+        """Labels of the input nodes some path leads from to this op (an input node: itself), in order."""
+        return self.trace.graph_index().input_ancestors(self.index)
+
+    @property
+    def has_input_ancestor(self) -> bool:
+        """False for an op computed from parameters and constants alone (and for nothing it feeds)."""
+        return bool(self.trace.graph_index().input_bits[self.index])
+
+    @property
+    def root_ancestors(self) -> tuple[str, ...]:
+        """Labels of the ops with no parents (inputs, constants, random draws...) this op descends from."""
+        return self.trace.graph_index().root_ancestors(self.index)
+
+    @property
+    def output_descendants(self) -> tuple[str, ...]:
+        """Labels of the output nodes some path leads to from this op (an output node: itself), in order."""
+        return self.trace.graph_index().output_descendants(self.index)
+
+    @property
+    def has_output_descendant(self) -> bool:
+        """False for an op whose value nothing the model returned depends on (a dead end)."""
+        return bool(self.trace.graph_index().output_bits[self.index])
+
+    @property
+    def siblings(self) -> tuple[str, ...]:
+        """Labels of the other ops that took a value this op took too (ops sharing a parent), in order."""
+        return self.trace.graph_index().siblings(self.index)
+
+    @property
+    def co_parents(self) -> tuple[str, ...]:
+        """Labels of the other ops whose values went into an op this op's value went into, in order."""
+        return self.trace.graph_index().co_parents(self.index)
+
+    @property
+    def lookup_keys(self) -> tuple[int | str, ...]:
+        """Every key ``trace[key]`` finds this op by: its two positions, then labels and module paths, sorted
+        (what ``print(op)`` lists as Lookup keys)."""
+        trace = self.trace
+        return (self.index - len(trace.ops), self.index, *sorted(trace.keys_of(self)))
+
+    # -- parameters: op.params names parameters and buffers alike; these count the parameters, as print(op) --
+    def _param_records(self) -> list[ParamRecord]:
+        table = self.trace.params
+        return [table[n] for n in self.params if n in table and not table[n].is_buffer]
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        """Names of the parameters (not buffers) this op used; ``op.params`` has the buffers too."""
+        return tuple(p.name for p in self._param_records())
+
+    @property
+    def buffer_names(self) -> tuple[str, ...]:
+        """Names of the buffers (batch norm's running statistics...) this op read."""
+        table = self.trace.params
+        return tuple(n for n in self.params if n in table and table[n].is_buffer)
+
+    @property
+    def param_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Shapes of :attr:`param_names`, in the same order."""
+        return tuple(p.shape for p in self._param_records())
+
+    @property
+    def num_params(self) -> int:
+        """Elements of the parameters this op used (buffers not counted)."""
+        return sum(p.numel for p in self._param_records())
+
+    @property
+    def num_params_trainable(self) -> int:
+        return sum(p.numel for p in self._param_records() if p.trainable)
+
+    @property
+    def num_params_frozen(self) -> int:
+        return sum(p.numel for p in self._param_records() if not p.trainable)
+
+    @property
+    def module_call_depth(self) -> int:
+        """How many module calls this op ran inside (0: at the top level of the forward)."""
+        return len(self.module_passes)
+
+    @property
+    def is_module_output(self) -> bool:
+        """True if some module call returned this op's value (``op.module_outputs`` says which)."""
+        return bool(self.module_outputs)
+
+    # Other releases' names for fields recorded here under another one.
+    @property
+    def is_inplace(self) -> bool:
+        """:attr:`in_place`: True if the op wrote its result into one of its arguments."""
+        return self.in_place
+
+    @property
+    def flops_forward(self) -> float | None:
+        """:attr:`flops`."""
+        return self.flops
+
+    @property
+    def macs_forward(self) -> float | None:
+        """:attr:`macs`."""
+        return self.macs
+
     def __repr__(self) -> str:
         where = f" in {self.modules[-1]}" if self.module_passes else ""
         return f"<OpRecord {self.label} {self.func_name} shape={self.shape}{where}>"
@@ -285,8 +427,9 @@ def _on_disk(name: str) -> property:
     return property(get, put, doc=slot.__doc__)
 
 
-OpRecord.out = _on_disk("out")  # type: ignore[assignment]
-OpRecord.pre_edit = _on_disk("pre_edit")  # type: ignore[assignment]
+# properties over the slots: type checkers take them for class variables clashing with the slots
+OpRecord.out = _on_disk("out")  # type: ignore[misc]
+OpRecord.pre_edit = _on_disk("pre_edit")  # type: ignore[misc]
 
 
 # Other names frameworks give a dtype (tinygrad's are C types): the name a trace records for it.
@@ -334,7 +477,7 @@ class DType(str):
         if isinstance(other, str):
             return str.__eq__(self, other)
         names = dtype_names_of(other)
-        return str(self) in names if names else NotImplemented  # type: ignore[return-value]
+        return str(self) in names if names else NotImplemented
 
     def __ne__(self, other: object) -> bool:
         equal = self.__eq__(other)
@@ -361,7 +504,7 @@ def _named_dtype(cls: type, name: str = "dtype") -> property:
     return property(get, put, doc=slot.__doc__)
 
 
-OpRecord.dtype = _named_dtype(OpRecord)  # type: ignore[assignment]
+OpRecord.dtype = _named_dtype(OpRecord)  # type: ignore[assignment,misc]  # a property over the slot
 
 
 @attrs.define(slots=True, eq=False, repr=False)
@@ -417,6 +560,20 @@ class ModulePass:
         return [self.trace.ops[r.index] for r in refs_in(self.out_template)]
 
     @property
+    def num_ops(self) -> int:
+        """How many ops ran inside this call (those of the modules it called included)."""
+        return len(self.ops)
+
+    @property
+    def module_call_depth(self) -> int | None:
+        """How many module calls this one ran inside, itself included (1: a module the model called itself);
+        None for a call in which no op ran."""
+        if not self.ops:
+            return None
+        key = (self.path, self.pass_num)
+        return self.trace[self.ops[0]].module_passes.index(key) + 1
+
+    @property
     def receptive_field(self) -> Any:
         """The receptive field of the pass's one output op (docs/fields.md)."""
         from torchlens_core.fields import receptive_field
@@ -469,7 +626,7 @@ class ModuleRecord:
     num_params: int = 0  # parameters (not buffers) below it, counted when the trace is finished
     # The module's configuration (torch: the constructor's arguments the module keeps, ``out_channels=384,
     # kernel_size=(3, 3)``, those at their defaults left out), read from the module when first asked for
-    # (:class:`Deferred`); None where the backend records none (and in a loaded trace). print(op) shows it as Config.
+    # (:class:`Deferred`); None where the backend records none. Saved (format 6). print(op) shows it as Config.
     config: dict[str, Any] | None = None
 
     @property
@@ -506,7 +663,7 @@ class ParamRecord:
         return f"<ParamRecord {kind} {self.name} {self.shape}>"
 
 
-ParamRecord.dtype = _named_dtype(ParamRecord)  # type: ignore[assignment]
+ParamRecord.dtype = _named_dtype(ParamRecord)  # type: ignore[assignment,misc]  # a property over the slot
 
 
 class Deferred:
@@ -534,7 +691,7 @@ def _deferred(cls: type, name: str) -> property:
     return property(get, set_slot, doc=slot.__doc__)
 
 
-ModuleRecord.config = _deferred(ModuleRecord, "config")  # type: ignore[assignment]
+ModuleRecord.config = _deferred(ModuleRecord, "config")  # type: ignore[assignment,misc]  # a property over the slot
 
 
 class ParamTable(dict[str, ParamRecord]):
@@ -593,8 +750,12 @@ def num_bytes(shape: Any, dtype: str | None) -> int | None:
         for d in shape:
             n *= d
         return n * size
-    parts = [num_bytes(s, dtype) for s in shape]
-    return None if any(p is None for p in parts) else sum(parts)  # type: ignore[misc]
+    total = 0
+    for part in (num_bytes(s, dtype) for s in shape):
+        if part is None:
+            return None
+        total += part
+    return total
 
 
 def shape_at(shape: Any, path: tuple[Any, ...]) -> Any:

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.ir import tree
+from torchlens_core.ir import graph_index, tree
 from torchlens_core.ir.errors import ArgumentTypeError, LabelNotFoundError, closest, shown
 from torchlens_core.ir.records import (
     Distances,
@@ -27,6 +27,7 @@ from torchlens_core.ir.records import (
 DRAW_MAX_NODES = 10_000
 
 if TYPE_CHECKING:
+    from torchlens_core.ir.graph_index import GraphIndex
     from torchlens_core.replay.audit import AuditReport
 
 
@@ -82,6 +83,7 @@ class Trace:
         self._squashed: dict[str, OpRecord | ModulePass | None] | None = None  # label aliases (see _alias)
         self._op_numbers: list[int] | None = None  # by position: the op's number among ops (print(op))
         self._distances: list[Distances] | None = None
+        self._graph: GraphIndex | None = None
 
     # -- the graph ------------------------------------------------------------------
     @property
@@ -118,6 +120,27 @@ class Trace:
 
             self._distances = distances(self)
         return self._distances
+
+    def graph_index(self) -> GraphIndex:
+        """Children, ancestry and descent of every op (``op.input_ancestors``, ``op.siblings``...); built once."""
+        if self._graph is None:
+            self._graph = graph_index.build(self)
+        return self._graph
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count of the model, each parameter once (buffers not counted), as ``summary()`` gives it."""
+        return sum(p.numel for p in self.params.values() if not p.is_buffer)
+
+    @property
+    def num_params_trainable(self) -> int:
+        """The part of :attr:`num_params` that training updates (torch: ``requires_grad``)."""
+        return sum(p.numel for p in self.params.values() if not p.is_buffer and p.trainable)
+
+    @property
+    def num_params_frozen(self) -> int:
+        """The part of :attr:`num_params` that is not trainable."""
+        return self.num_params - self.num_params_trainable
 
     @property
     def flops(self) -> float:

@@ -58,8 +58,9 @@ def schedule(ranks: dict[int, RankTrace]) -> tuple[list[tuple[int, int]], str | 
             if call is None:
                 continue
             members = {m: waiting(m) if m in ranks else None for m in call.group}
-            if all(c is not None and c.key == call.key and position[m] == c.at for m, c in members.items()):
-                for m, c in members.items():  # in group order
+            ready = {m: c for m, c in members.items() if c is not None and c.key == call.key and position[m] == c.at}
+            if len(ready) == len(members):
+                for m, c in ready.items():  # in group order
                     if c.index is not None:
                         order.append((m, c.index))
                         position[m] = c.index + 1
@@ -67,9 +68,9 @@ def schedule(ranks: dict[int, RankTrace]) -> tuple[list[tuple[int, int]], str | 
                 moved = True
         if not moved:
             break
-    stuck = [(rank, waiting(rank)) for rank in sorted(ranks) if waiting(rank) is not None]
+    stuck = [(rank, call) for rank in sorted(ranks) if (call := waiting(rank)) is not None]
     if stuck:
-        shown = "; ".join(f"rank {rank} waits in {call.describe()}" for rank, call in stuck[:4])  # type: ignore
+        shown = "; ".join(f"rank {rank} waits in {call.describe()}" for rank, call in stuck[:4])
         return order, f"the ranks' collectives cannot all meet: {shown}"
     order += [(rank, op.index) for rank in sorted(ranks) for op in ranks[rank].trace.ops if op.kind == "output"]
     return order, None

@@ -73,16 +73,16 @@ def diagnose(traces: Sequence[Any]) -> Diagnosis:
         return Diagnosis(report)
     ranks = {r.rank: r for r in read_ranks}
     findings += _graphs(ranks)
-    found = joins(ranks)
-    report.joins = len(found)
-    findings += [f for calls in found.values() for f in _paired(ranks, calls)]
+    joined = joins(ranks)
+    report.joins = len(joined)
+    findings += [f for calls in joined.values() for f in _paired(ranks, calls)]
     if any(f.blocking for f in findings):
         return Diagnosis(report, ranks)
     order, stuck = schedule(ranks)
     if stuck is not None:
         findings.append(RankFinding("order", stuck))
         return Diagnosis(report, ranks)
-    for calls in found.values():
+    for calls in joined.values():
         message, rank, label, compared = check(ranks, calls)
         if message is not None:
             findings.append(RankFinding("values", message, rank, label))

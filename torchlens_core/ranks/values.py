@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ranks.notes import RECEIVED, Call, RankTrace
 
@@ -84,7 +84,7 @@ def _numpy(rank: RankTrace, value: Any) -> Any:
     def convert(v: Any) -> Any:
         if isinstance(v, np.ndarray):
             return v
-        found = hook().torchlens_to_numpy(backend=rank.trace.backend, value=v)
+        found = backend_named(rank.trace.backend, missing_ok=True).to_numpy(v)
         return np.asarray(v) if found is None else found
 
     if isinstance(value, (list, tuple)):
@@ -112,8 +112,9 @@ def _expected(call: Call, members: list[int], me: int, sent: dict[int, list[Any]
     first = [sent[m][0] for m in members if sent[m]]  # each rank's value sent (the one, for these collectives)
     if name in ("all_reduce", "reduce"):
         return _reduced(call, first, np)
+    root = call.root
     if name == "broadcast":
-        return (sent[call.root][0], None) if sent.get(call.root) else (None, None)
+        return (sent[root][0], None) if root is not None and sent.get(root) else (None, None)
     if name in ("all_gather", "gather"):
         return first, None
     if name in ("all_gather_into_tensor", "all_gather_single", "gather_into_tensor", "gather_single"):
@@ -130,7 +131,7 @@ def _expected(call: Call, members: list[int], me: int, sent: dict[int, list[Any]
         rows = slice(me * size, (me + 1) * size)
         return total[rows], (None if terms is None else terms[:, rows])
     if name == "scatter":
-        return (sent[call.root][me], None) if len(sent.get(call.root, ())) == n else (None, None)
+        return (sent[root][me], None) if root is not None and len(sent.get(root, ())) == n else (None, None)
     if name == "all_to_all":
         return ([sent[m][me] for m in members], None) if all(len(sent[m]) == n for m in members) else (None, None)
     return None, None  # all_to_all_single (splits), point-to-point: not compared

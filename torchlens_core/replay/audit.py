@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from torchlens_core.backend.arrays import is_array_of, max_error
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
 from torchlens_core.ir.records import SOURCE_KINDS, ParamRef, refs_in
@@ -139,7 +139,7 @@ def _metadata_sane(trace: Trace) -> Iterator[Finding]:
             yield Finding(name, False, f"FLOPs {flops} / MACs {macs}: negative, or fewer FLOPs than 2 x MACs", op.label)
         d = distances[op.index]
         for lo, hi in ((d.min_from_input, d.max_from_input), (d.min_to_output, d.max_to_output)):
-            if (lo is None) != (hi is None) or (lo is not None and not 0 <= lo <= hi):  # type: ignore[operator]
+            if (lo is None) != (hi is None) or (lo is not None and hi is not None and not 0 <= lo <= hi):
                 yield Finding(name, False, f"distances out of order: {d}", op.label)
 
 
@@ -238,10 +238,10 @@ def _module_outputs_inside(trace: Trace) -> Iterator[Finding]:
 
 def _shapes_match(trace: Trace) -> Iterator[Finding]:
     """Recorded shapes are the values' shapes (a structured output: one entry per element, None for non-arrays)."""
-    info = hook().torchlens_array_info
+    info = backend_named(trace.backend, missing_ok=True).array_info
 
     def shape(value: Any) -> tuple[int, ...] | None:
-        found = info(backend=trace.backend, value=value)
+        found = info(value)
         return None if found is None else tuple(found[0])
 
     for op in trace.ops:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import ReplayError
 
@@ -45,7 +45,8 @@ def refused(op: OpRecord, reason: str) -> ReplayError:
 
 def wrong_shape(op: OpRecord, got: Any, what: str) -> ReplayError:
     """:func:`refused` for a call whose ``what`` (its recorded arguments, parameters...) give shape ``got``."""
-    return refused(op, f"with its recorded {what} it gives shape {got}, its record says {tuple(op.shape)}")
+    recorded = None if op.shape is None else tuple(op.shape)
+    return refused(op, f"with its recorded {what} it gives shape {got}, its record says {recorded}")
 
 
 class PassedChecks:
@@ -70,10 +71,10 @@ class PassedChecks:
 
 def value_shape(backend: str, value: Any) -> Any:
     """The shape an op records for ``value``: an array's shape, or one entry per element of a structure."""
-    info = hook().torchlens_array_info
+    info = backend_named(backend, missing_ok=True).array_info
 
     def shape(v: Any) -> tuple[int, ...] | None:
-        found = info(backend=backend, value=v)
+        found = info(v)
         return None if found is None else tuple(found[0])
 
     kids = tree.children(value)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import ReplayError, UnsupportedError
 from torchlens_core.ir.progress import progress
@@ -124,12 +124,12 @@ def replay_values(
         from torchlens_core.replay.checked import agreeing
 
         observe = agreeing(trace, observe)
-    h = hook()
-    values = h.torchlens_replay_graph(backend=trace.backend, trace=trace, observe=observe)
+    h = backend_named(trace.backend, missing_ok=True)
+    values = h.replay_graph(trace, observe)
     if values is None:
 
         def run_op(op: OpRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            return h.torchlens_replay_op(backend=trace.backend, op=op, args=args, kwargs=kwargs)
+            return h.replay_op(op, args, kwargs)
 
         values = interpret(trace, run_op, observe)
     return values

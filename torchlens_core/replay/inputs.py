@@ -13,9 +13,9 @@ conversions were too large to keep, are refused when they hold any.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from torchlens_core.backend.manager import backend_infos, hook
+from torchlens_core.backend.manager import backend_infos, backend_named
 from torchlens_core.capture.conversions import CONVERSIONS
 from torchlens_core.capture.rerun import RecordedCall
 from torchlens_core.ir import tree
@@ -25,6 +25,8 @@ from torchlens_core.ir.trace import Trace
 
 if TYPE_CHECKING:
     from torchlens_core.replay.evaluator import Observe
+
+_Record = TypeVar("_Record", OpRecord, ParamRecord)
 
 # CONVERSIONS (how a value was turned into a Python one -> the same conversion, on a replayed value) lives in
 # the capture layer, whose wrapper arrays report by it; imported here, where replay applies it.
@@ -40,9 +42,9 @@ def with_inputs(trace: Trace, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     """
     inputs = [op for op in trace.ops if op.kind == "input"]
     values, params = _matched(trace, inputs, args, kwargs)
-    info = hook().torchlens_array_info
+    info = backend_named(trace.backend, missing_ok=True).array_info
     for op in inputs:
-        found = info(backend=trace.backend, value=values[op.index])
+        found = info(values[op.index])
         want = (tuple(op.shape or ()), op.dtype)
         if found is None or (tuple(found[0]), found[1]) != want:
             got = "not an array" if found is None else f"shape {list(found[0])} {found[1]}"
@@ -68,10 +70,10 @@ def with_inputs(trace: Trace, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return copy
 
 
-def _evolve(op: OpRecord, **changes: Any) -> OpRecord:
+def _evolve(record: _Record, **changes: Any) -> _Record:
     import attrs
 
-    return attrs.evolve(op, **changes)
+    return attrs.evolve(record, **changes)
 
 
 def _matched(
@@ -115,8 +117,8 @@ def _matched(
         if missing:
             raise UnsupportedError(f"replay cannot tell which new argument is {', '.join(missing)}")
         return values, _passed_params(trace, template, given)
-    is_array = hook().torchlens_array_info
-    arrays = [v for _, v in tree.leaves((args, kwargs), lambda v: is_array(backend=trace.backend, value=v) is not None)]
+    is_array = backend_named(trace.backend, missing_ok=True).array_info
+    arrays = [v for _, v in tree.leaves((args, kwargs), lambda v: is_array(v) is not None)]
     if len(arrays) != len(inputs):
         raise ArgumentTypeError(
             f"replay on new inputs takes one array per input node ({len(inputs)}: "
@@ -142,12 +144,12 @@ def _same(a: Any, b: Any) -> bool:
 
 def _passed_params(trace: Trace, template: Any, given: Any) -> dict[str, ParamRecord]:
     """Parameters the model took as arguments (``model.apply(variables, x)``): the new ones replay uses."""
-    info = hook().torchlens_array_info
+    info = backend_named(trace.backend, missing_ok=True).array_info
     new: dict[str, ParamRecord] = {}
     for path, ref in tree.leaves(template, lambda v: isinstance(v, ParamRef)):
         record = trace.params[ref.name]
         value = tree.get(given, path)
-        found = info(backend=trace.backend, value=value)
+        found = info(value)
         if found is None or (tuple(found[0]), found[1]) != (tuple(record.shape), record.dtype):
             got = "not an array" if found is None else f"shape {list(found[0])} {found[1]}"
             raise ArgumentTypeError(
@@ -187,12 +189,12 @@ def checking_conversions(trace: Trace, observe: Observe | None) -> Observe:
     arrays of other shapes into ops recorded for the old ones.
     """
     converted = {op.index: op.meta["to_python"] for op in trace.ops if op.meta.get("to_python")}
-    info = hook().torchlens_array_info
+    info = backend_named(trace.backend, missing_ok=True).array_info
 
     def check(op: OpRecord, value: Any) -> None:
         for path, recorded in _recorded_shapes(op.shape):
             try:
-                found = info(backend=trace.backend, value=tree.get(value, path))
+                found = info(tree.get(value, path))
             except (IndexError, KeyError, TypeError, AttributeError):
                 found = None
             if found is not None and tuple(found[0]) != recorded:

@@ -37,7 +37,7 @@ import hashlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.records import ParamRef, Ref
 
@@ -57,12 +57,12 @@ def _is_placeholder(value: Any) -> bool:
 
 def array_constants(trace: Trace, op: OpRecord) -> list[tuple[tuple[Any, ...], Any, tuple[tuple[int, ...], str]]]:
     """The array constants among ``op``'s arguments: ``(path in (args, kwargs), value, (shape, dtype))``."""
-    info = hook().torchlens_array_info
+    info = backend_named(trace.backend, missing_ok=True).array_info
     found = []
     for path, leaf in tree.leaves((op.args, op.kwargs), lambda v: _is_placeholder(v) or tree.children(v) is None):
         if _is_placeholder(leaf):
             continue
-        described = info(backend=trace.backend, value=leaf)
+        described = info(leaf)
         if described is not None:
             found.append((path, leaf, (tuple(described[0]), str(described[1]))))
     return found
@@ -77,7 +77,7 @@ def where_in_call(path: tuple[Any, ...]) -> str:
 def _numpy(trace: Trace, value: Any) -> Any:
     import numpy as np  # not at import: the core loads NumPy only when it reads values
 
-    return np.ascontiguousarray(np.asarray(hook().torchlens_to_numpy(backend=trace.backend, value=value)))
+    return np.ascontiguousarray(np.asarray(backend_named(trace.backend, missing_ok=True).to_numpy(value)))
 
 
 def _digest(array: Any) -> bytes:
@@ -120,13 +120,14 @@ def constants_equal_to_outputs(trace: Trace) -> Iterator[Finding]:
         return
     # Only values that could match are read and hashed: those of a telling constant's shape and dtype.
     wanted = {key for _, _, key, _ in readers}
-    info = hook().torchlens_array_info
+    info = backend_named(trace.backend, missing_ok=True).array_info
     produced: dict[tuple[Any, ...], list[tuple[int, str]]] = {}
     for op in ops:
         if op.out is None:
             continue
-        for path, leaf in tree.leaves(op.out, lambda v: info(backend=trace.backend, value=v) is not None):
-            described = info(backend=trace.backend, value=leaf)
+        for path, leaf in tree.leaves(op.out, lambda v: info(v) is not None):
+            described = info(leaf)
+            assert described is not None  # a leaf info answered for, just above
             key = (tuple(described[0]), str(described[1]))
             if key in wanted:
                 at = op.label + "".join(f"[{k!r}]" for k in path)
@@ -190,7 +191,7 @@ def constants_that_moved(trace: Trace, other: Trace, again: Trace | None = None)
             if before.shape == after.shape and before.dtype == after.dtype and _digest(before) == _digest(after):
                 continue
             same_op = repeat.get(op.label)
-            if same_op is not None:
+            if same_op is not None and again is not None:  # `repeat` is empty without `again`
                 replayed = {p: v for p, v, _ in array_constants(again, same_op)}.get(path)
                 if replayed is None or _digest(_numpy(again, replayed)) != _digest(before):
                     continue  # not even the same inputs give it back: not a function of them

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.backend.arrays import is_array_of
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.capture.rerun import RecordedCall
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
@@ -109,10 +109,12 @@ def _worst(backend: str, actual: list[Any], expected: list[Any]) -> tuple[float,
     """The largest error between two lists of output arrays, and the position of the output it is at."""
     if len(actual) != len(expected):
         return float("inf"), None
-    error = hook().torchlens_array_error
+    error = backend_named(backend, missing_ok=True).array_error
     worst, at = 0.0, None
     for i, (a, e) in enumerate(zip(actual, expected)):
-        value = error(backend=backend, actual=a, expected=e)
+        value = error(a, e)
+        if value is None:
+            raise UnsupportedError(f"the {backend} backend cannot compare its arrays (it has no array_error)")
         if not value <= worst:  # NaN counts as worst
             worst, at = value, i
     return worst, at

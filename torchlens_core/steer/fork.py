@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.capture.edits import Intervention, Site, judged_on_trace, replay_refusal
 from torchlens_core.capture.selectors import Selector
 from torchlens_core.ir import tree
@@ -50,7 +50,7 @@ class Fork:
                 f"{shown(selector, 120)} picks no site in this trace: nothing would be "
                 f"edited{_near(self.trace, selector)}"
             )
-        array_ops = hook().torchlens_array_ops(backend=self.trace.backend)
+        array_ops = backend_named(self.trace.backend, missing_ok=True).array_ops()
         if array_ops is None:
             raise UnsupportedError(f"the {self.trace.backend} backend cannot intervene (no torchlens_array_ops)")
         for op, kind, key, path, module in found:

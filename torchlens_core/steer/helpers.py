@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.capture.edits import Intervention, ModuleSplice, Site
 from torchlens_core.capture.selectors import Selector
 from torchlens_core.ir.errors import ArgumentTypeError, InterventionError, shown
@@ -42,7 +42,7 @@ def when(selector: Selector, *helpers: Callable[[Any, Site], Any]) -> Interventi
 
 
 def _shape(site: Site, value: Any) -> tuple[int, ...]:
-    info = hook().torchlens_array_info(backend=site.backend, value=value)
+    info = backend_named(site.backend, missing_ok=True).array_info(value)
     if info is None:
         raise InterventionError(f"the value at {site.key} is not a {site.backend} array")
     return tuple(info[0])
@@ -50,7 +50,7 @@ def _shape(site: Site, value: Any) -> tuple[int, ...]:
 
 def _as_array(site: Site, data: Any, like: Any) -> Any:
     """``data`` as an array of the site's framework: used as it is if it is one, else converted from NumPy."""
-    if hook().torchlens_array_info(backend=site.backend, value=data) is not None:
+    if backend_named(site.backend, missing_ok=True).array_info(data) is not None:
         return data
     import numpy as np
 
@@ -60,8 +60,8 @@ def _as_array(site: Site, data: Any, like: Any) -> Any:
 def _numpy(site: Site, data: Any) -> Any:
     import numpy as np
 
-    if hook().torchlens_array_info(backend=site.backend, value=data) is not None:
-        return np.asarray(hook().torchlens_to_numpy(backend=site.backend, value=data), dtype=np.float64)
+    if backend_named(site.backend, missing_ok=True).array_info(data) is not None:
+        return np.asarray(backend_named(site.backend, missing_ok=True).to_numpy(data), dtype=np.float64)
     return np.asarray(data, dtype=np.float64)
 
 
@@ -96,7 +96,7 @@ class _Helper:
 
     def __repr__(self) -> str:
         shown_args = []
-        for a in attrs.fields(type(self)):
+        for a in attrs.fields(type(self)):  # type: ignore[arg-type]  # every helper subclass is an attrs class
             value = getattr(self, a.name)
             if a.default is attrs.NOTHING:  # required: as written positionally
                 shown_args.append(_short(value))
@@ -380,7 +380,7 @@ def saved_form(helper: Any) -> tuple[str, dict[str, Any]] | None:
     name = _NAMES.get(type(helper))
     if name not in _SAVED or (isinstance(helper, MeanAblate) and helper.reference is not None):
         return None
-    return name, {field: getattr(helper, field) for field in _SAVED[name][1]}  # type: ignore[index]
+    return name, {field: getattr(helper, field) for field in _SAVED[name][1]}
 
 
 def from_saved(name: str, arguments: dict[str, Any]) -> Any:

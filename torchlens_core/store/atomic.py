@@ -117,7 +117,7 @@ _EXCHANGE: list[Callable[[bytes, bytes], int] | None] = []
 def _exchange_call() -> Callable[[bytes, bytes], int] | None:
     """The C library's atomic exchange of two paths, or None where it has none (looked up once)."""
     if not _EXCHANGE:
-        call = None
+        call: Callable[[bytes, bytes], int] | None = None
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             if sys.platform.startswith("linux") and hasattr(libc, "renameat2"):
@@ -125,14 +125,18 @@ def _exchange_call() -> Callable[[bytes, bytes], int] | None:
                 fn = libc.renameat2
                 fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
 
-                def call(a: bytes, b: bytes) -> int:
+                def renameat2(a: bytes, b: bytes) -> int:
                     return fn(at_cwd, a, at_cwd, b, exchange)
+
+                call = renameat2
             elif sys.platform == "darwin" and hasattr(libc, "renamex_np"):
                 fn = libc.renamex_np
                 fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint]
 
-                def call(a: bytes, b: bytes) -> int:
+                def renamex_np(a: bytes, b: bytes) -> int:
                     return fn(a, b, 2)  # RENAME_SWAP
+
+                call = renamex_np
         except (OSError, AttributeError, TypeError):  # no C library to load (Windows): two renames
             call = None
         _EXCHANGE.append(call)

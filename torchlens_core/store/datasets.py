@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named, hook
 from torchlens_core.ir.errors import UnsupportedError
 
 
@@ -34,9 +34,9 @@ def to_backend(sample: Any, backend: str) -> Any:
     """The sample with its NumPy arrays made the backend's (torchlens_from_numpy); other values as they are."""
 
     def convert(value: Any) -> Any:
-        if not isinstance(value, np.ndarray) or hook().torchlens_array_info(backend=backend, value=value) is not None:
+        if not isinstance(value, np.ndarray) or backend_named(backend, missing_ok=True).array_info(value) is not None:
             return value  # the backend's own array (the numpy backend's are ndarrays), or not an array at all
-        converted = hook().torchlens_from_numpy(backend=backend, array=value, dtype=str(value.dtype), device="cpu")
+        converted = backend_named(backend, missing_ok=True).from_numpy(value, str(value.dtype), "cpu")
         return value if converted is None else converted  # no conversion: the signature check names the type
 
     if isinstance(sample, Mapping):

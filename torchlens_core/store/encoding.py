@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir.errors import TraceFileError
 from torchlens_core.ir.records import ParamRef, Ref
 
@@ -103,13 +104,12 @@ def is_json(data: Any, depth: int = 0) -> bool:
 class Encoder:
     """Turns values into JSON, collecting their arrays into one blob.
 
-    ``hook`` is the plugin manager's hook relay and ``backend`` the trace's backend:
-    its ``torchlens_array_info`` tells framework arrays apart, ``torchlens_encode_array``
-    gives their bytes and ``torchlens_encode_value`` encodes its constants.
+    ``backend`` is the trace's backend: its ``array_info`` tells framework arrays
+    apart, ``encode_array`` gives their bytes and ``encode_value`` encodes its constants.
     """
 
-    def __init__(self, hook: Any, backend: str) -> None:
-        self.hook = hook
+    def __init__(self, backend: str) -> None:
+        self.impl = backend_named(backend, missing_ok=True)
         self.backend = backend
         self.arrays: list[dict[str, Any]] = []
         self.chunks: list[bytes] = []
@@ -149,9 +149,9 @@ class Encoder:
             return {"numpy_type": np.dtype(x).str}
         if isinstance(x, (Unsaved, FrameworkValue)):  # loaded earlier, saved again
             return {"unsaved": x.text} if isinstance(x, Unsaved) else {"value": x.data, "repr": x.text}
-        if self.hook.torchlens_array_info(backend=self.backend, value=x) is not None:
+        if self.impl.array_info(x) is not None:
             return self._array(x, "framework")
-        data = self.hook.torchlens_encode_value(backend=self.backend, value=x)
+        data = self.impl.encode_value(x)
         if data is not None and is_json(data):
             return {"value": data, "repr": repr(x)}
         if isinstance(x, (bool, int, float)):  # subclasses (IntEnum...) as the plain number
@@ -172,12 +172,14 @@ class Encoder:
             return {"array": found[1]}
         if kind == "framework":
             try:
-                encoded = self.hook.torchlens_encode_array(backend=self.backend, value=x)
+                info = self.impl.array_info(x)
+                if info is None:  # told a framework array by the same method: a backend that changed its mind
+                    raise TypeError(f"the {self.backend} backend does not describe this array")
+                encoded = self.impl.encode_array(x)
                 if encoded is None:  # a plugin without the hook: its to_numpy and array_info
-                    info = self.hook.torchlens_array_info(backend=self.backend, value=x)
-                    encoded = (self.hook.torchlens_to_numpy(backend=self.backend, value=x), info[1])
+                    encoded = (self.impl.to_numpy(x), info[1])
                 data, dtype = encoded
-                device = self.hook.torchlens_array_info(backend=self.backend, value=x)[2]
+                device = info[2]
             except Exception:  # noqa: BLE001 - a sparse or meta tensor, say: kept as unsaved, not fatal
                 self.unsaved += 1
                 return {"unsaved": _short_repr(x)}
@@ -226,13 +228,13 @@ def _short_repr(x: Any) -> str:
 class Decoder:
     """Turns JSON back into values, reading arrays from the blob.
 
-    Framework arrays become the backend's arrays through ``torchlens_from_numpy``
+    Framework arrays become the backend's arrays through its ``from_numpy``
     when its framework imports here, else NumPy arrays (``bfloat16`` upcast to
     ``float32``, other dtypes NumPy lacks as their raw unsigned-int bits).
     """
 
-    def __init__(self, hook: Any, backend: str, table: Any, blob: bytearray, framework: bool) -> None:
-        self.hook = hook
+    def __init__(self, backend: str, table: Any, blob: bytearray, framework: bool) -> None:
+        self.impl = backend_named(backend, missing_ok=True)
         self.backend = backend
         self.table = check_table(table, len(blob))
         self.blob = blob
@@ -299,7 +301,7 @@ class Decoder:
             value = None
             if self.framework:
                 try:
-                    value = self.hook.torchlens_decode_value(backend=self.backend, data=v)
+                    value = self.impl.decode_value(v)
                 except ImportError:
                     self.framework = False
                     self.why = f"{self.backend} is not importable here, so values loaded as NumPy arrays"
@@ -339,7 +341,7 @@ class Decoder:
     def _framework_array(self, array: np.ndarray, dtype: str, device: str) -> Any:
         if self.framework:
             try:
-                value = self.hook.torchlens_from_numpy(backend=self.backend, array=array, dtype=dtype, device=device)
+                value = self.impl.from_numpy(array, dtype, device)
             except ImportError:
                 value, self.framework = None, False
                 self.why = f"{self.backend} is not importable here, so values loaded as NumPy arrays"

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from torchlens_core.backend.manager import claim_backend, hook, resolve_backend
+from torchlens_core.backend.manager import backend_named, claim_backend, resolve_backend
 from torchlens_core.capture.api import trace
 from torchlens_core.capture.selectors import key_selector
 from torchlens_core.ir.errors import LabelNotFoundError, UnsupportedError
@@ -219,10 +219,10 @@ def extract_dataset(
 
 # -- what a batch needs ----------------------------------------------------------------------
 def _signature(sample: Any, position: int, backend: str) -> tuple[tuple[Any, tuple[int, ...], str], ...]:
-    info = hook().torchlens_array_info
+    info = backend_named(backend, missing_ok=True).array_info
     signature = []
     for slot, value in fields(sample):
-        described = info(backend=backend, value=value)
+        described = info(value)
         if described is None:
             where = "" if slot is None else f" (its input {slot!r})"
             raise UnsupportedError(
@@ -257,10 +257,10 @@ def _describe(signature: tuple[tuple[Any, tuple[int, ...], str], ...]) -> str:
 
 def _collate(samples: list[Any], backend: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The model's batched inputs: each input slot stacked by the backend's torchlens_stack hook."""
-    stack = hook().torchlens_stack
+    stack = backend_named(backend, missing_ok=True).stack
 
     def batch(slot: Any) -> Any:
-        stacked = stack(backend=backend, samples=[s if slot is None else s[slot] for s in samples])
+        stacked = stack([s if slot is None else s[slot] for s in samples])
         if stacked is None:
             raise UnsupportedError(
                 f"the {backend} backend implements no torchlens_stack hook, "
@@ -297,11 +297,13 @@ def _capture(model: Any, samples: list[Any], start: int, plan: Plan) -> tuple[Pl
             unknown.append(f"{key!r} ({exc})")
     if unknown:
         raise LabelNotFoundError(f"layers= names what this model does not have: {'; '.join(unknown)}")
-    info, to_numpy = hook().torchlens_array_info, hook().torchlens_to_numpy
+    impl = backend_named(plan.backend, missing_ok=True)
+    info, to_numpy = impl.array_info, impl.to_numpy
     values, shapes, dtypes, layouts = [], [], [], []
     for i, (key, path, axis) in enumerate(zip(plan.keys, plan.paths, plan.batch_axes)):
         value = _leaf(captured[path[0]].out, path, info, plan.backend)
-        described = info(backend=plan.backend, value=value)
+        described = info(value)
+        assert described is not None  # _leaf returns an array or raises
         shape = tuple(described[0])
         if not -len(shape) <= axis < len(shape) or shape[axis] != len(samples):
             where = "first axis" if axis == 0 else f"axis {axis} (batch_axis=)"
@@ -310,10 +312,14 @@ def _capture(model: Any, samples: list[Any], start: int, plan: Plan) -> tuple[Pl
                 f"{where} is not the batch, so it cannot be stored per sample; pass batch_axis= "
                 f"(e.g. {{{key!r}: 1}} for a time-major output) naming the axis that is"
             )
-        array, dtype = stored_form(to_numpy(backend=plan.backend, value=value), described[1], key)
+        array, dtype = stored_form(to_numpy(value), described[1], key)
         if axis != 0:  # stored batch-first; the index records the axis it came from
             array = np.ascontiguousarray(np.moveaxis(array, axis, 0))
-        if plan.shapes is not None and (array.shape[1:] != plan.shapes[i] or dtype != plan.dtypes[i]):
+        if (
+            plan.shapes is not None
+            and plan.dtypes is not None  # set with the shapes
+            and (array.shape[1:] != plan.shapes[i] or dtype != plan.dtypes[i])
+        ):
             raise ExtractError(
                 f"layer {key!r} gave {list(array.shape[1:])} {dtype} per sample in the batch from "
                 f"sample {start}, but {list(plan.shapes[i])} {plan.dtypes[i]} before"
@@ -363,7 +369,7 @@ def _leaf(value: Any, path: tuple[Any, ...], info: Any, backend: str) -> Any:
                 f"layer {key_name(path[: depth + 1])!r}: the output of {key_name(path[:depth])!r} "
                 f"is {_structure(value)}, which has no {step!r}"
             )
-    if info(backend=backend, value=value) is None:
+    if info(value) is None:
         hint = (
             f"name one of its leaves, e.g. {key_name((*path, _first_step(value)))!r}"
             if _first_step(value) is not None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.fields.geometry import IDENTITY
 from torchlens_core.ir.records import OpRecord, Ref
 
@@ -28,7 +28,7 @@ def output_op(trace: Any, target: Any, path: tuple[Any, ...]) -> OpRecord | None
     """The op whose value is the layer ``path`` names: an op itself, or the Ref at the leaf of a module's output."""
     if isinstance(target, OpRecord):
         return target if len(path) == 1 else None
-    template = getattr(target, "out_template", None)
+    template: Any = getattr(target, "out_template", None)  # None: indexing it fails below, as it should
     for step in path[1:]:
         try:
             template = template[step]
@@ -39,11 +39,11 @@ def output_op(trace: Any, target: Any, path: tuple[Any, ...]) -> OpRecord | None
 
 def spatial_axes(trace: Any, op: OpRecord, backend: str, ndim: int) -> tuple[int, ...] | None:
     """The axes of ``op``'s output that a convolution or pooling computed as spatial; None if not known."""
-    geometry_of = hook().torchlens_geometry
+    geometry_of = backend_named(backend, missing_ok=True).geometry
     tracked = {d: d for d in range(ndim)}  # the output's axis -> that axis in the current op's output
     for _ in range(MAX_STEPS):
         try:
-            geometry = geometry_of(backend=backend, trace=trace, op=op)
+            geometry = geometry_of(trace, op)
         except Exception:  # noqa: BLE001 - a rule that cannot read this op: the layout is unknown, not an error
             return None
         if geometry is None:

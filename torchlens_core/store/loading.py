@@ -16,7 +16,8 @@ import math
 import weakref
 from typing import Any
 
-from torchlens_core.backend.manager import backend_infos, hook
+from torchlens_core.backend.base import Backend
+from torchlens_core.backend.manager import backend_infos, backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TraceFileError
 from torchlens_core.ir.progress import progress
@@ -59,6 +60,9 @@ TRACE_KEYS = frozenset(
 PARAM_KEYS = frozenset({"name", "shape", "dtype", "numel", "trainable", "module", "is_buffer", "value"})
 MODULE_KEYS = frozenset({"path", "type_name", "params", "passes"})
 INPUTS_MODULE_KEYS = MODULE_KEYS | {"inputs"}  # format version 5 on
+CONFIG_MODULE_KEYS = INPUTS_MODULE_KEYS | {"config"}  # format version 6 on
+# a module's configuration is a handful of settings: bounds well above any real module's
+CONFIG_ENTRIES, CONFIG_ITEMS, CONFIG_TEXT = 256, 64, 1_000
 OP_KEYS = frozenset(
     {
         "kind",
@@ -117,8 +121,8 @@ def build(records: Any, blob: bytearray, version: int, decoder: type[Decoder] = 
     backend = _get(records, "backend", str, "trace")
     _opt(records, "framework_version", str, "trace")
     info = next((i for i in backend_infos() if i.name == backend), None)
-    h = hook()
-    dec = decoder(h, backend, records["arrays"], blob, framework=info is not None and info.available)
+    h = backend_named(backend, missing_ok=True)
+    dec = decoder(backend, records["arrays"], blob, framework=info is not None and info.available)
     params, unsaved = _params(records, dec)
     modules = _modules(records, dec, params, version)
     ops: list[OpRecord] = []
@@ -203,7 +207,7 @@ def _modules(
     modules: dict[str, ModuleRecord] = {}
     for i, m in enumerate(_get(records, "modules", list, "trace")):
         where = f"module {i}"
-        _fields(m, INPUTS_MODULE_KEYS if version >= 5 else MODULE_KEYS, where)
+        _fields(m, CONFIG_MODULE_KEYS if version >= 6 else INPUTS_MODULE_KEYS if version >= 5 else MODULE_KEYS, where)
         path = _get(m, "path", str, where)
         if path in modules:
             raise TraceFileError(f"{where}: module {path!r} is listed twice")
@@ -211,6 +215,7 @@ def _modules(
             path=path,
             type_name=_get(m, "type_name", str, where),
             params=[_known(n, params, "parameter", where) for n in _get(m, "params", list, where)],
+            config=_config(m.get("config"), where),
         )
         _schema(module_problem(rec.path, rec.type_name, rec.params, params), where)
         passes = _get(m, "passes", list, where)
@@ -225,12 +230,34 @@ def _modules(
     return modules
 
 
+def _config(config: Any, where: str) -> dict[str, Any] | None:
+    """A module's saved configuration: names to plain settings (lists come back as the tuples they were)."""
+    if config is None:
+        return None
+    if not isinstance(config, dict) or len(config) > CONFIG_ENTRIES:
+        raise TraceFileError(f"{where}: config should be an object of at most {CONFIG_ENTRIES} settings")
+    found: dict[str, Any] = {}
+    for name, value in config.items():
+        items = value if isinstance(value, list) else [value]
+        if (
+            len(name) > CONFIG_TEXT
+            or len(items) > CONFIG_ITEMS
+            or not all(isinstance(v, (bool, int, float, str, type(None))) for v in items)
+            or any(isinstance(v, str) and len(v) > CONFIG_TEXT for v in items)
+        ):
+            raise TraceFileError(
+                f"{where}: config setting {name[:80]!r} should be a number, flag, name or a list of them"
+            )
+        found[name] = tuple(value) if isinstance(value, list) else value
+    return found
+
+
 def _op(
     i: int,
     o: Any,
     ops: list[OpRecord],
     dec: Decoder,
-    h: Any,
+    h: Backend,
     backend: str,
     modules: dict[str, ModuleRecord],
     params: dict[str, ParamRecord],
@@ -353,7 +380,7 @@ def _op(
     data = o["call"]
     if why is None and data is not None and dec.framework:
         try:
-            op.call = h.torchlens_decode_call(backend=backend, data=data)
+            op.call = h.decode_call(data)
         except ImportError:
             dec.framework = False
             dec.why = f"{backend} is not importable here"
@@ -364,7 +391,7 @@ def _op(
     return op, why
 
 
-def _edits(op: OpRecord, o: dict[str, Any], dec: Decoder, h: Any, backend: str, where: str) -> str | None:
+def _edits(op: OpRecord, o: dict[str, Any], dec: Decoder, h: Backend, backend: str, where: str) -> str | None:
     """Fill ``op.edits`` and ``op.pre_edit``; why the op cannot be replayed with its edits, if it cannot."""
     from torchlens_core.capture.edits import Site
     from torchlens_core.steer.helpers import from_saved
@@ -375,7 +402,7 @@ def _edits(op: OpRecord, o: dict[str, Any], dec: Decoder, h: Any, backend: str, 
         raise TraceFileError(f"{where}: a value before edits is stored for an op that is not saved and edited")
     if entries and op.kind != "op":
         raise TraceFileError(f"{where}: only ops are edited, not {op.kind} nodes")
-    array_ops = h.torchlens_array_ops(backend=backend) if dec.framework and entries else None
+    array_ops = h.array_ops() if dec.framework and entries else None
     records, why = [], None
     for e in entries:
         _fields(e, EDIT_KEYS, f"{where} edit")
@@ -385,7 +412,7 @@ def _edits(op: OpRecord, o: dict[str, Any], dec: Decoder, h: Any, backend: str, 
         path = dec.decode(e["path"])
         if not (isinstance(path, tuple) and all(isinstance(k, (int, str)) for k in path)):
             raise TraceFileError(f"{where}: an edit's path should be a list of keys")
-        helpers = []
+        helpers: list[Any] = []
         for data in _get(e, "helpers", list, where):
             if data is None:
                 helpers.append(None)

@@ -29,7 +29,8 @@ import os
 import pathlib
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.backend.manager import backend_infos, hook
+from torchlens_core.backend.base import Backend
+from torchlens_core.backend.manager import backend_infos, backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, TraceFileError
 from torchlens_core.ir.progress import progress
@@ -45,10 +46,12 @@ if TYPE_CHECKING:
 FORMAT = "torchlens-trace"
 # Bump on any change a reader of the old version would misread. 2: a parameter's value may be null (not saved).
 # 3: ops carry the edits intervene= made (``edits``, ``pre_edit``). 4: ops carry save_grads= (``grad_status``,
-# ``grad``), so that a loaded trace runs log_backward as the one saved did.
-FORMAT_VERSION = 5
-# 1: every parameter value present; 1 and 2: no op edited; 1 to 3: no gradients; 1 to 4: no module inputs
-READS_VERSIONS = (1, 2, 3, 4, 5)
+# ``grad``), so that a loaded trace runs log_backward as the one saved did. 5: modules carry each pass's inputs.
+# 6: modules carry their configuration (``config``: print(op)'s Config line).
+FORMAT_VERSION = 6
+# 1: every parameter value present; 1 and 2: no op edited; 1 to 3: no gradients; 1 to 4: no module inputs;
+# 1 to 5: no module configuration
+READS_VERSIONS = (1, 2, 3, 4, 5, 6)
 MANIFEST, RECORDS, ARRAYS = "manifest.json", "trace.json", "arrays.bin"
 TRACE_FILES = frozenset({MANIFEST, RECORDS, ARRAYS})
 NOT_REPLAYABLE = "not_replayable"  # trace.notes key: {op label: why it cannot be replayed}
@@ -87,8 +90,8 @@ def save(trace: Any, path: str | os.PathLike[str], *, params: bool = True) -> pa
     target = _target(folder)
     from torchlens_core.store.encoding import Encoder
 
-    h = hook()
-    enc = Encoder(h, trace.backend)
+    h = backend_named(trace.backend, missing_ok=True)
+    enc = Encoder(trace.backend)
     read = _params_read(trace) if params else set()
     if any(op.stored is not None for op in trace.ops):  # values in a folder (save_to=, lazy=True): one at a time
         from torchlens_core.store.stream import save_stored
@@ -318,10 +321,33 @@ def _module_json(m: ModuleRecord, enc: Encoder) -> dict[str, Any]:
         "params": list(m.params),
         "passes": [enc.encode(mp.out_template) for mp in m.passes],
         "inputs": [enc.encode(mp.in_template) for mp in m.passes],
+        "config": _config_json(m),
     }
 
 
-def _op_json(op: OpRecord, enc: Encoder, h: Any, backend: str) -> dict[str, Any]:
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _config_json(m: ModuleRecord) -> dict[str, Any] | None:
+    """The module's configuration as JSON: its plain settings (numbers, flags, names, and tuples of them)."""
+    try:
+        config = m.config  # worked out now if the backend deferred it
+    except Exception:  # noqa: BLE001 - a module that cannot say its configuration must not fail the save
+        return None
+    if not isinstance(config, dict):
+        return None
+    kept: dict[str, Any] = {}
+    for name, value in config.items():
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        if isinstance(name, str) and all(type(v) in _PLAIN and v == v and v not in (_INF, -_INF) for v in items):
+            kept[name] = list(value) if isinstance(value, (tuple, list)) else value
+    return kept
+
+
+_INF = float("inf")
+
+
+def _op_json(op: OpRecord, enc: Encoder, h: Backend, backend: str) -> dict[str, Any]:
     call, why = None, None
     if op.kind == "op" and not op.meta.get("identity"):
         call, why = _encode_call(op, h, backend)
@@ -396,11 +422,11 @@ def _edit_json(edit: EditRecord, enc: Encoder) -> dict[str, Any]:
     }
 
 
-def _encode_call(op: OpRecord, h: Any, backend: str) -> tuple[Any, str | None]:
+def _encode_call(op: OpRecord, h: Backend, backend: str) -> tuple[Any, str | None]:
     from torchlens_core.store.encoding import is_json
 
     try:
-        data = h.torchlens_encode_call(backend=backend, op=op)
+        data = h.encode_call(op)
     except Exception as exc:  # noqa: BLE001 - recorded as the reason, never fatal
         return None, f"encoding its call failed: {exc}"
     if data is None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchlens_core.backend.manager import backend_infos, hook
+from torchlens_core.backend.manager import backend_infos, backend_named
 from torchlens_core.capture.policy import SAVE_TO_OPENERS
 from torchlens_core.ir.errors import TorchLensError, TraceFileError
 from torchlens_core.ir.schema import UNSAVEABLE
@@ -185,8 +185,8 @@ _SEEK = threading.Lock()
 class LazyDecoder(Decoder):
     """A :class:`Decoder` that reads each array's bytes from the file when it is decoded, and keeps none."""
 
-    def __init__(self, hook: Any, backend: str, table: Any, blob: Reader, framework: bool) -> None:
-        super().__init__(hook, backend, table, blob, framework)  # type: ignore[arg-type] # (len(blob) is its size)
+    def __init__(self, backend: str, table: Any, blob: Reader, framework: bool) -> None:
+        super().__init__(backend, table, blob, framework)  # type: ignore[arg-type] # (len(blob) is its size)
 
     def raw(self, entry: dict[str, Any], storage: np.dtype) -> np.ndarray:
         return np.frombuffer(self.blob.read(entry["offset"], entry["nbytes"]), dtype=storage)  # type: ignore[attr-defined]
@@ -278,7 +278,7 @@ def _disagreement(backend: str, value: Any, shape: Any, dtype: str | None) -> st
     found = value_shape(backend, value)
     if found != tuple(shape):
         return f"the value read has shape {found}, its record says {tuple(shape)}"
-    info = hook().torchlens_array_info(backend=backend, value=value) if dtype is not None else None
+    info = backend_named(backend, missing_ok=True).array_info(value) if dtype is not None else None
     if (
         info is not None
         and isinstance(shape, (list, tuple))
@@ -325,11 +325,10 @@ class Stream:
     # -- while the forward runs -------------------------------------------------------------------
     def begin(self, backend: str) -> None:
         """The capture's backend is known: its hooks encode the values."""
-        h = hook()
-        self.enc = Encoder(h, backend)
+        self.enc = Encoder(backend)
         self.enc.chunks = _Sink(self)  # type: ignore[assignment] # chunks go to the file, not to a list
         info = next((i for i in backend_infos() if i.name == backend), None)
-        self.dec = LazyDecoder(h, backend, self.enc.arrays, self.reader, info is not None and info.available)
+        self.dec = LazyDecoder(backend, self.enc.arrays, self.reader, info is not None and info.available)
 
     def store(self, op: OpRecord, last: bool = False) -> None:
         """Write ``op``'s value (and its value before edits) now; the op keeps only where they lie.
@@ -406,7 +405,7 @@ class Stream:
         for op in trace.ops:  # values kept until the end (held for save=, or recorded without the builder)
             if op.kind == "op" and op.stored is None:
                 self.store(op, last=True)
-        h = hook()
+        h = backend_named(trace.backend, missing_ok=True)
         read = _params_read(trace)
         ops = []
         try:
@@ -540,9 +539,7 @@ def open_lazy(root: pathlib.Path, entry: Any, records: Any, version: int) -> Tra
     except Exception as exc:
         raise TraceFileError(f"{str(root)!r} is malformed: {type(exc).__name__}: {exc}") from exc
     info = next((i for i in backend_infos() if i.name == trace.backend), None)
-    source = Opened(
-        root, LazyDecoder(hook(), trace.backend, records["arrays"], reader, info is not None and info.available)
-    )
+    source = Opened(root, LazyDecoder(trace.backend, records["arrays"], reader, info is not None and info.available))
     for i, out, pre_edit in kept:
         op = trace.ops[i]
         if pre_edit is not None and not op.edits:
@@ -563,7 +560,7 @@ def save_stored(trace: Trace, path: str | os.PathLike[str], read: set[str]) -> N
         stream.begin(trace.backend)
         enc = stream.enc
         assert enc is not None
-        h = hook()
+        h = backend_named(trace.backend, missing_ok=True)
         ops = []
         with progress("tl.save", total=len(trace.ops)) as bar:  # shown only past a few seconds
             for op in bar.each(trace.ops):

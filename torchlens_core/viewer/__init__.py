@@ -23,9 +23,10 @@ from torchlens_core.capture.threads import pause_gc, resume_gc
 from torchlens_core.compare.report import Comparison, colors
 from torchlens_core.ir.errors import ArgumentTypeError
 from torchlens_core.ir.trace import Trace
-from torchlens_core.viewer.data import CHUNK, module_passes, op_graph, op_records, table
+from torchlens_core.viewer.data import CHUNK, module_passes, op_blocks, op_graph, op_pictures
 from torchlens_core.viewer.layouts import MAX_LAYOUT_NODES, PAGE_LAYOUT_OPS, depth_sizes, layouts, start_depth
 from torchlens_core.viewer.page import page
+from torchlens_core.viewer.pictures import picture_block
 from torchlens_core.views.filenames import checked_output, default_name, write_error
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def render_html(
 def _render(target: Trace | Comparison, side: str, values: bool, max_nodes: int) -> str:
     trace, comparison = _trace_of(target, side)
     fills = colors(comparison, side) if comparison is not None else None
-    records, pictures = op_records(trace, with_values=values)
+    pictures = op_pictures(trace, with_values=values)  # stacked values' pictures as rows of their stacks
     modules = module_passes(trace)
     title = f"{trace.model_name or 'function'} ({trace.backend})"
     data: dict[str, Any] = {
@@ -82,9 +83,9 @@ def _render(target: Trace | Comparison, side: str, values: bool, max_nodes: int)
         data["focus"] = next(op.label for op in trace.ops if op.edits)
     # The panel's details and the value pictures in blocks of CHUNK ops, each parsed when first needed.
     blocks: dict[str, Any] = {}
-    for k in range(0, len(records), CHUNK):
-        blocks[f"tl-ops-{k // CHUNK}"] = table(records[k : k + CHUNK])
-        blocks[f"tl-pictures-{k // CHUNK}"] = {i: pictures[i] for i in map(str, range(k, k + CHUNK)) if i in pictures}
+    for k, details in enumerate(op_blocks(trace)):
+        blocks[f"tl-ops-{k}"] = details
+        blocks[f"tl-pictures-{k}"] = picture_block(pictures, k * CHUNK, min((k + 1) * CHUNK, len(trace.ops)))
     return page(title, data, svgs, blocks)
 
 

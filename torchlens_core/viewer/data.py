@@ -1,4 +1,4 @@
-"""What the page knows about a trace: one plain record per op and per module pass, as JSON-ready dicts.
+"""What the page knows about a trace: the ops' details as columns, one record per module pass, JSON-ready.
 
 Everything ``print(op)`` shows is here (shape, dtype, device, module pass,
 parameters, FLOPs, time, code context, parents and children), plus a picture
@@ -8,10 +8,10 @@ needs a framework beyond the backend's ``torchlens_to_numpy`` hook.
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.viewer.pictures import converter, first_array, pictures
+from torchlens_core.viewer.pictures import converter, first_array, pictured
 from torchlens_core.views.draw import shape_text
 
 if TYPE_CHECKING:
@@ -27,75 +27,142 @@ HEATMAP_BUDGET = 6 * 1024 * 1024
 CHUNK = 1000
 
 
-def op_records(trace: Trace, with_values: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(one record per op, in execution order, for the panel; pictures by op index as a string)."""
+def op_blocks(trace: Trace) -> list[dict[str, Any]]:
+    """The panel's details of every op, as one block per CHUNK ops (:func:`op_block`)."""
     distances = trace.distances()
-    memo: dict[str, dict[Any, Any]] = {"json": {}, "bytes": {}}
-    records = [_record(trace, op, distances[op.index], memo) for op in trace.ops]
+    index_of = {op.label: op.index for op in trace.ops}
+    memo: dict[str, dict[Any, Any]] = {"bytes": {}}
+    return [
+        op_block(trace, trace.ops[k : k + CHUNK], distances, index_of, memo) for k in range(0, len(trace.ops), CHUNK)
+    ]
+
+
+def op_pictures(trace: Trace, with_values: bool = True) -> dict[str, Any]:
+    """Pictures of the ops' values by op index as a string (:func:`~torchlens_core.viewer.pictures.pictured`)."""
     if not with_values:
-        return records, {}
+        return {}
     convert = converter(trace.backend)
     found = ((str(op.index), *first_array(op.out, trace.backend, convert)) for op in trace.ops if op.out is not None)
-    return records, pictures(((key, path, array) for key, path, array in found if array is not None), HEATMAP_BUDGET)
+    return pictured(((key, path, array) for key, path, array in found if array is not None), HEATMAP_BUDGET)
 
 
-def table(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Records as one block: the keys once, then one row of values per record, and the code context's file
-    names once each (``code`` entries hold a position in ``files``): a third of the bytes of a list of dicts,
-    which the page reads back as dicts (a key a record lacks reads as null)."""
-    keys = list(dict.fromkeys(itertools.chain.from_iterable(records)))
-    every = tuple(keys)
-    files: dict[str, int] = {}
-    rows = []
-    at = keys.index("code") if "code" in keys else -1
-    for record in records:
-        # (most records have every key, in this order: their values are the row as they are)
-        row = list(record.values()) if tuple(record) == every else [record.get(key) for key in keys]
-        if at >= 0 and row[at]:
-            row[at] = [[files.setdefault(file, len(files)), line, func] for file, line, func in row[at]]
-        rows.append(row)
-    return {"keys": keys, "files": list(files), "rows": rows}
+def op_block(
+    trace: Trace,
+    ops: list[OpRecord],
+    distances: list[Any],
+    index_of: dict[str, int],
+    memo: dict[str, dict[Any, Any]],
+) -> dict[str, Any]:
+    """The panel's details of consecutive ops as columns, one list per field with one entry per op (JSON of
+    lists of numbers and short lists is several times faster to write, and to parse, than of a dict per op).
 
-
-def _record(trace: Trace, op: OpRecord, distance: Any, memo: dict[str, dict[Any, Any]] | None = None) -> dict[str, Any]:
-    """The panel's record of one op; ``memo`` remembers the shape's JSON form and ``num_bytes`` (by shape and
-    dtype) across ops: ops of one shape share them (parsing the dtype's name was a tenth of a large export)."""
-    params = [trace.params[name] for name in op.params if name in trace.params]
-    record: dict[str, Any] = {
-        "index": op.index,
-        "label": op.label,
-        "kind": op.kind,
-        "func": op.func_name,
-        "shape": _jsonable(op.shape) if memo is None else _cached(memo["json"], op.shape, _jsonable),
-        "dtype": op.dtype,
-        "device": op.device,
-        "bytes": op.num_bytes if memo is None else _cached(memo["bytes"], (op.shape, op.dtype), lambda _: op.num_bytes),
-        "module_outputs": list(op.module_outputs),
-        "params": [
-            {"name": p.name, "shape": list(p.shape), "numel": p.numel, "buffer": p.is_buffer, "trainable": p.trainable}
-            for p in params
-        ],
-        "parents": list(op.parents),
-        "children": list(op.children),
-        "saved": op.saved,
-        "code": [[loc.file, loc.line_number, loc.func_name] for loc in op.code_context[:3]],
-        "distance": [distance.min_from_input, distance.max_from_input, distance.min_to_output, distance.max_to_output],
-    }
-    if op.kind == "op":
-        record.update(
-            {
-                "flops": op.flops,
-                "macs": op.macs,
-                "elapsed": op.elapsed,
-                "source": op.source,
-                "in_place": op.in_place,
-                "conditions": list(op.conditions),
-                "config": {str(k): _short(v) for k, v in op.config.items()},
-            }
+    What the page already has of every op (index, label, kind, function) is not repeated. Strings that repeat
+    (dtypes, devices, module pass keys, code files and functions, sources) are positions in ``strings``; an
+    op's code context (its first three frames, [file, line, function]) is a position in ``contexts``, which
+    ops of one line share; parents, children and conditions are op indices (a label no op has stays a
+    string); shapes are positions in ``shapes``; ``distance`` is four numbers an op, one after the other.
+    Fields most ops leave empty (parameters, configuration, edits) map the op's position in the block to the
+    value. The page's ``record()`` reads an op back as the dict it shows.
+    """
+    strings: dict[Any, int] = {}
+    intern = strings.setdefault
+    contexts: dict[Any, int] = {}
+    shapes: dict[Any, int] = {}
+    shape_list: list[Any] = []
+    sizes = memo["bytes"]
+    ops_of = index_of.get
+    columns: dict[str, list[Any]] = {
+        key: []
+        for key in (
+            "shape",
+            "dtype",
+            "device",
+            "bytes",
+            "module_outputs",
+            "parents",
+            "children",
+            "saved",
+            "code",
+            "distance",
+            "flops",
+            "macs",
+            "elapsed",
+            "source",
+            "in_place",
+            "conditions",
         )
-    if op.edits:
-        record["edits"] = [{"site": e.site, "helpers": [_short(h) for h in e.helpers]} for e in op.edits]
-    return record
+    }
+    sparse: dict[str, dict[int, Any]] = {"params": {}, "config": {}, "edits": {}}
+    (shape, dtype, device, size, outputs, parents, children, saved, code, distance, flops, macs, elapsed, source,
+     in_place, conditions) = columns.values()  # fmt: skip
+    for at, op in enumerate(ops):
+        try:
+            found = shapes.get(op.shape)
+        except TypeError:  # not hashable
+            found = None
+        if found is None:
+            found = len(shape_list)
+            shape_list.append(_jsonable(op.shape))
+            with contextlib.suppress(TypeError):
+                shapes[op.shape] = found
+        shape.append(found)
+        kind = op.dtype  # a DType made at each read, and compared by a method of its own: read once, as a str
+        kind = None if kind is None else str(kind)
+        dtype.append(None if kind is None else intern(kind, len(strings)))
+        device.append(None if op.device is None else intern(op.device, len(strings)))
+        try:
+            size.append(sizes[op.shape, kind])
+        except KeyError:
+            size.append(sizes.setdefault((op.shape, kind), op.num_bytes))
+        except TypeError:  # not hashable
+            size.append(op.num_bytes)
+        outputs.append([intern(key, len(strings)) for key in op.module_outputs] if op.module_outputs else ())
+        parents.append([ops_of(label, label) for label in op.parents])
+        children.append([ops_of(label, label) for label in op.children])
+        saved.append(1 if op.saved else 0)
+        where = contexts.get(op.code_context)
+        if where is None:
+            where = contexts[op.code_context] = len(contexts)
+        code.append(where)
+        d = distances[op.index]
+        distance += (d.min_from_input, d.max_from_input, d.min_to_output, d.max_to_output)
+        if op.params:
+            read = [trace.params[name] for name in op.params if name in trace.params]
+            if read:
+                sparse["params"][at] = [
+                    {
+                        "name": p.name,
+                        "shape": list(p.shape),
+                        "numel": p.numel,
+                        "buffer": p.is_buffer,
+                        "trainable": p.trainable,
+                    }
+                    for p in read
+                ]
+        if op.kind == "op":
+            flops.append(op.flops)
+            macs.append(op.macs)
+            elapsed.append(op.elapsed)
+            source.append(None if op.source is None else intern(op.source, len(strings)))
+            in_place.append(1 if op.in_place else 0)
+            conditions.append([ops_of(label, label) for label in op.conditions] if op.conditions else ())
+            config = op.config
+            if config:
+                sparse["config"][at] = {str(k): _short(v) for k, v in config.items()}
+        else:  # the panel shows these for ops only
+            flops.append(None)
+            macs.append(None)
+            elapsed.append(None)
+            source.append(None)
+            in_place.append(0)
+            conditions.append([])
+        if op.edits:
+            sparse["edits"][at] = [{"site": e.site, "helpers": [_short(h) for h in e.helpers]} for e in op.edits]
+    frames = [
+        [[intern(loc.file, len(strings)), loc.line_number, intern(loc.func_name, len(strings))] for loc in found[:3]]
+        for found in contexts
+    ]
+    return {"strings": list(strings), "contexts": frames, "shapes": shape_list, "columns": columns, **sparse}
 
 
 def module_passes(trace: Trace) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 Data travels in ``<script type="application/json">`` blocks and each layout's
 SVG in its own ``<script type="image/svg+xml">`` block, so the browser parses
 only the layout it shows, and the panel's details and value pictures of a
-block of ops only when one of them is first shown in the panel.
+block of ops only when one of them is first shown in the panel. Those blocks, most of a large file, come
+after the script: the browser runs it, and draws the graph, before it has read them.
 """
 
 from __future__ import annotations
@@ -69,10 +70,10 @@ style-src 'unsafe-inline'; img-src data:">
   frame or title to fold it. Drag to pan, wheel to zoom.</p></aside>
 </main>
 <script id="tl-data" type="application/json">{_json(data)}</script>
-{chr(10).join(json_blocks)}
 {chr(10).join(layouts)}
 <script>
 {script}</script>
+{chr(10).join(json_blocks)}
 </body>
 </html>
 """

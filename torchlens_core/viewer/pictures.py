@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from torchlens_core.backend.arrays import array_info_of
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 
 HISTOGRAM_BINS = 32
@@ -42,30 +42,13 @@ def as_array(value: Any, backend: str) -> Any:
 def converter(backend: str) -> Callable[[Any], Any]:
     """:func:`as_array` for one backend as a one-argument function, for the many values of a trace.
 
-    Each hook call walks every plugin through pluggy, twice a value (is it an array, its NumPy copy): most of
-    a small value's cost. As :func:`torchlens_core.backend.arrays.array_info_of` does, the function calls the
-    backend's own ``to_numpy`` directly when it is the only plugin that can answer (built-in-style backends of
-    other names answer for their own only), else the hook.
+    The backend's own ``array_info`` and ``to_numpy``
+    (:func:`torchlens_core.backend.manager.backend_named`), called directly for the many values of a trace.
     """
     import numpy as np
 
-    from torchlens_core.backend.base import Backend
-
     info = array_info_of(backend)
-    caller = hook().torchlens_to_numpy
-    direct = None
-    impls = caller.get_hookimpls()
-    if not any(getattr(impl, "hookwrapper", False) or getattr(impl, "wrapper", False) for impl in impls):
-        own = [
-            impl.plugin
-            for impl in impls
-            if isinstance(impl.plugin, Backend) and type(impl.plugin).torchlens_to_numpy is Backend.torchlens_to_numpy
-        ]
-        if len(own) == len(impls):  # no plugin but backends answering for their own name
-            mine = [plugin for plugin in own if plugin.name == backend]
-            if len(mine) <= 1:
-                direct = mine[0].to_numpy if mine else (lambda value: None)
-    to_numpy = direct or (lambda value: caller(backend=backend, value=value))
+    to_numpy = backend_named(backend, missing_ok=True).to_numpy
 
     def convert(value: Any) -> Any:
         if isinstance(value, (np.ndarray, np.generic)):
@@ -203,7 +186,13 @@ def pictures(found: Iterable[tuple[Any, Any, Any]], heatmap_budget: int) -> dict
     step for a whole stack rather than per value. ``found`` is read as it goes: at most STACK_ELEMENTS
     elements of small values, or one large value, are held at once.
     """
-    out: dict[Any, dict[str, Any]] = {}
+    return {key: _dict(made) for key, made in pictured(found, heatmap_budget).items()}
+
+
+def pictured(found: Iterable[tuple[Any, Any, Any]], heatmap_budget: int) -> dict[Any, Any]:
+    """:func:`pictures`, a stacked value's picture left as its row of the stack (a :class:`_Row`):
+    :func:`picture_block` reads the numbers of a block's rows from their stacks' arrays, no dict per value."""
+    out: dict[Any, Any] = {}
     spent, window, held = 0, [], 0
     for key, path, array in found:
         if array.dtype.kind in "biuf" and 0 < array.size <= STACK_MAX_SIZE:
@@ -218,33 +207,43 @@ def pictures(found: Iterable[tuple[Any, Any, Any]], heatmap_budget: int) -> dict
     return out
 
 
-def _pictured(window: list[tuple[Any, Any, Any]], out: dict[Any, dict[str, Any]], spent: int, budget: int) -> int:
+def _pictured(window: list[tuple[Any, Any, Any]], out: dict[Any, Any], spent: int, budget: int) -> int:
     """Picture small values, stacked by shape and dtype, into ``out`` in order; returns the heatmap bytes spent."""
     import numpy as np
 
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (_, _, array) in enumerate(window):
         groups.setdefault((array.shape, array.dtype.str), []).append(i)
-    rows: dict[int, _Row] = {}
+    rows: dict[int, tuple[_Stacked, int]] = {}
     for members in groups.values():
         stack = _Stacked(np.stack([window[i][2] for i in members]))
         for row, i in enumerate(members):
             if stack.ok[row]:
-                rows[i] = _Row(stack, row)
+                rows[i] = (stack, row)
     for i, (key, path, array) in enumerate(window):
-        row = rows.get(i)
-        made = row.picture(spent < budget) if row is not None else picture(array, spent < budget)
-        spent = _kept(out, key, path, made, spent)
+        found = rows.get(i)
+        if found is None:
+            spent = _kept(out, key, path, picture(array, spent < budget), spent)
+            continue
+        stack, row = found
+        heat = spent < budget and stack.heat_bytes > 0
+        if heat:
+            spent += stack.heat_bytes
+        out[key] = _Row(stack, row, heat, list(map(str, path)) if path else None)
     return spent
 
 
-def _kept(out: dict[Any, dict[str, Any]], key: Any, path: Any, made: dict[str, Any] | None, spent: int) -> int:
+def _kept(out: dict[Any, Any], key: Any, path: Any, made: dict[str, Any] | None, spent: int) -> int:
     if made is not None:
         if path:
             made["path"] = list(map(str, path))
         spent += sum(len(s["data"]) for s in made.get("heatmaps", {}).get("slices", []))
         out[key] = made
     return spent
+
+
+def _b64_length(size: int) -> int:
+    return 4 * -(-size // 3)
 
 
 class _Stacked:
@@ -254,10 +253,11 @@ class _Stacked:
     Each step is :func:`picture`'s for one value, by the same NumPy operations along the stack's rows (a
     reduction along a contiguous row adds in the order one over the row alone does), so every number is the
     same. A row that takes a path :func:`picture` handles apart (a non-finite value, a spread too narrow for
-    the bins, a denormal bin width) is not ``ok`` and is pictured on its own.
+    the bins, a denormal bin width) is not ``ok`` and is pictured on its own. The numbers stay in arrays
+    (``counts``, ``numbers``: lo, hi, min, max, mean, std; ``at``: a row's place in them, -1 when not ok).
     """
 
-    __slots__ = ("values", "shape", "ok", "hist", "stats", "maps")
+    __slots__ = ("values", "shape", "ok", "at", "counts", "numbers", "heat_bytes", "head", "maps")
 
     def __init__(self, stack: Any) -> None:
         import numpy as np
@@ -267,7 +267,8 @@ class _Stacked:
         bins = HISTOGRAM_BINS
         ok = np.isfinite(flat).all(axis=1)
         lo, hi = flat.min(axis=1), flat.max(axis=1)
-        mean, std = flat.mean(axis=1), flat.std(axis=1)
+        with np.errstate(invalid="ignore", over="ignore"):  # rows with inf or NaN: not ok, pictured apart
+            mean, std = flat.mean(axis=1), flat.std(axis=1)
         # histogram(): equal lo and hi widened by a half, edges as np.linspace(lo, hi, bins + 1) makes them.
         same = lo == hi
         left, right = np.where(same, lo - 0.5, lo), np.where(same, hi + 0.5, hi)
@@ -284,70 +285,242 @@ class _Stacked:
         indices[flat_ok < np.take_along_axis(edges_ok, indices, axis=1)] -= 1
         indices[(flat_ok >= np.take_along_axis(edges_ok, indices + 1, axis=1)) & (indices != bins - 1)] += 1
         indices += (np.arange(len(good)) * bins)[:, None]
-        counts = np.bincount(indices.ravel(), minlength=len(good) * bins).reshape(len(good), bins)
+        self.counts = np.bincount(indices.ravel(), minlength=len(good) * bins).reshape(len(good), bins)
+        self.numbers = np.stack([edges_ok[:, 0], edges_ok[:, -1], lo[good], hi[good], mean[good], std[good]], axis=1)
         self.ok = ok.tolist()
-        self.hist: dict[int, tuple[list[int], float, float]] = {
-            int(r): (c, e0, e1)
-            for r, c, e0, e1 in zip(good.tolist(), counts.tolist(), edges_ok[:, 0].tolist(), edges_ok[:, -1].tolist())
-        }
-        self.stats = list(zip(lo.tolist(), hi.tolist(), mean.tolist(), std.tolist()))
+        self.at = np.full(len(stack), -1)
+        self.at[good] = np.arange(len(good))
         self.maps: list[Any] | None = None
+        # The heatmaps' header (rows, cols, of_rows, of_cols, count, lead_shape, slices) and base64 bytes, which
+        # depend on the shape only: _heatmaps() shrinks each side to at most HEATMAP_SIDE.
+        self.head: list[Any] | None = None
+        self.heat_bytes = 0
+        if len(self.shape) >= 2:
+            rows, cols = self.shape[-2:]
+            small = [-(-n // -(-n // HEATMAP_SIDE)) for n in (rows, cols)]
+            count = int(np.prod(self.shape[:-2], dtype=np.int64))
+            slices = min(count, MAX_SLICES)
+            self.head = [*small, int(rows), int(cols), count, list(self.shape[:-2]), slices]
+            self.heat_bytes = slices * _b64_length(small[0] * small[1])
 
-    def heatmaps(self, row: int) -> dict[str, Any]:
-        if self.maps is None:
-            self.maps = self._heatmaps()
-        if self.maps[row] is None:  # blocks to average (a side over HEATMAP_SIDE): on its own, as picture() does
-            return _heatmaps(self.values[row].reshape(self.shape))
-        return self.maps[row]
+    @property
+    def shrinks(self) -> bool:
+        """Whether the heatmaps average blocks (a side over HEATMAP_SIDE): made one value at a time then."""
+        return self.head is not None and (self.head[0] < self.head[2] or self.head[1] < self.head[3])
 
-    def _heatmaps(self) -> list[Any]:
-        """_heatmaps() of every row at once when no side needs shrinking (else a list of None)."""
+    def pixels(self) -> tuple[Any, Any]:
+        """(the heatmaps' ends, rows x slices x 2; their pixels, rows x slices x rows x cols, uint8) of every
+        row at once, worked out when first asked (rows not ok hold garbage, unused)."""
         import numpy as np
 
-        rows, cols = self.shape[-2:]
-        if rows > HEATMAP_SIDE or cols > HEATMAP_SIDE:
-            return [None] * len(self.values)
-        count = len(self.values[0]) // (rows * cols)
-        images = self.values.reshape(len(self.values), count, rows, cols)[:, :MAX_SLICES]
-        lo, hi = images.min(axis=(2, 3)), images.max(axis=(2, 3))  # every value finite: rows not ok are apart
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # rows not ok: unused here
-            scaled = (images - lo[:, :, None, None]) / (hi - lo)[:, :, None, None] * 255
-            scaled[lo == hi] = 0
-            pixels = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
-        slices = len(images[0])
-        found = []
-        for r, (los, his) in enumerate(zip(lo.tolist(), hi.tolist())):
-            data = [base64.b64encode(pixels[r, j].tobytes()).decode("ascii") for j in range(slices)]
-            found.append(
-                {
-                    "rows": rows,
-                    "cols": cols,
-                    "of_rows": rows,
-                    "of_cols": cols,
-                    "lead_shape": list(self.shape[:-2]),
-                    "count": count,
-                    "slices": [{"lo": a, "hi": b, "data": d} for a, b, d in zip(los, his, data)],
-                }
-            )
-        return found
+        if self.maps is None:
+            rows, cols = self.shape[-2:]
+            count = len(self.values[0]) // (rows * cols)
+            images = self.values.reshape(len(self.values), count, rows, cols)[:, :MAX_SLICES]
+            lo, hi = images.min(axis=(2, 3)), images.max(axis=(2, 3))  # every value finite: rows not ok are apart
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # rows not ok: unused here
+                scaled = (images - lo[:, :, None, None]) / (hi - lo)[:, :, None, None] * 255
+                scaled[lo == hi] = 0
+                pixels = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+            self.maps = [np.stack([lo, hi], axis=2), pixels]
+        return self.maps[0], self.maps[1]
+
+    def heatmaps(self, row: int) -> dict[str, Any]:
+        """_heatmaps() of one row, as :func:`picture` gives it."""
+        if self.shrinks:
+            return _heatmaps(self.values[row].reshape(self.shape))
+        ends, pixels = self.pixels()
+        rows, cols, of_rows, of_cols, count, lead, slices = self.head  # type: ignore[misc]
+        return {
+            "rows": rows,
+            "cols": cols,
+            "of_rows": of_rows,
+            "of_cols": of_cols,
+            "lead_shape": list(lead),
+            "count": count,
+            "slices": [
+                {"lo": lo, "hi": hi, "data": base64.b64encode(pixels[row, j].tobytes()).decode("ascii")}
+                for j, (lo, hi) in enumerate(ends[row].tolist())
+            ],
+        }
 
 
 class _Row:
-    """One value of a stack."""
+    """One value of a stack: its row, whether its picture has heatmaps, the leaf's path (None: the output)."""
 
-    __slots__ = ("stack", "row")
+    __slots__ = ("stack", "row", "heat", "path")
 
-    def __init__(self, stack: _Stacked, row: int) -> None:
-        self.stack, self.row = stack, row
+    def __init__(self, stack: _Stacked, row: int, heat: bool, path: list[str] | None) -> None:
+        self.stack, self.row, self.heat, self.path = stack, row, heat, path
 
-    def picture(self, with_heatmap: bool) -> dict[str, Any]:
-        counts, lo, hi = self.stack.hist[self.row]
-        low, high, mean, std = self.stack.stats[self.row]
+    def picture(self) -> dict[str, Any]:
+        at = self.stack.at[self.row]
+        lo, hi, low, high, mean, std = self.stack.numbers[at].tolist()
         out: dict[str, Any] = {
             "nonfinite": 0,
-            "hist": {"counts": counts, "lo": lo, "hi": hi},
+            "hist": {"counts": self.stack.counts[at].tolist(), "lo": lo, "hi": hi},
             "stats": {"min": low, "max": high, "mean": mean, "std": std},
         }
-        if with_heatmap and len(self.stack.shape) >= 2:
+        if self.heat:
             out["heatmaps"] = self.stack.heatmaps(self.row)
+        if self.path:
+            out["path"] = self.path
         return out
+
+
+def picture_block(found: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+    """The pictures of ops ``start`` to ``stop - 1`` (``found`` as :func:`pictured` gives it, by op index as a
+    string) as one block of columns, which the page's ``pictureOf()`` reads back as :func:`picture`'s dicts,
+    only for the op shown.
+
+    A picture of the usual form (HISTOGRAM_BINS counts, finite numbers) is a row: ``at`` (the op's position
+    in the block) and ``nonfinite``; its counts in ``counts`` (``bits`` wide) and its histogram's ends and
+    statistics (lo, hi, min, max, mean, std) in ``numbers``, little-endian arrays in base64. Rows with
+    heatmaps are listed in ``heat`` as (row, position of its header in ``heads``: rows, cols, of_rows,
+    of_cols, count, lead_shape, slices); their slices' ends are in ``ranges`` (float64) and pixels in
+    ``pixels`` (bytes), in order. Leaf paths are in ``paths`` by row. Any other picture (no finite value, one
+    bin, a number out of range) is in ``other`` by position, as :func:`picture` made it. Base64 and short
+    lists of integers are many times faster to write (and to read) than every picture's floats and dicts.
+    """
+    import numpy as np
+
+    at: list[int] = []
+    nonfinite: list[int] = []
+    stacked: dict[int, tuple[_Stacked, list[int], list[int]]] = {}  # id -> (stack, its rows, their block rows)
+    made_rows: list[int] = []  # block rows of pictures made as dicts
+    made: list[dict[str, Any]] = []
+    heat: list[list[int]] = []
+    heads: dict[str, int] = {}
+    head_list: list[list[Any]] = []
+    sources: dict[int, Any] = {}  # id -> (stack, its rows, their heatmaps, [its header's position])
+    made_maps: list[tuple[int, dict[str, Any]]] = []  # (heatmap, heatmaps dict) of pictures made as dicts
+    paths: dict[int, list[str]] = {}
+    other: dict[int, dict[str, Any]] = {}
+    get = found.get
+    for index in range(start, stop):
+        entry = get(str(index))
+        if entry is None:
+            continue
+        if isinstance(entry, _Row) and entry.heat and entry.stack.shrinks:
+            entry = entry.picture()
+        if isinstance(entry, _Row):
+            row = len(at)
+            at.append(index - start)
+            nonfinite.append(0)
+            group = stacked.get(id(entry.stack))
+            if group is None:
+                group = stacked[id(entry.stack)] = (entry.stack, [], [])
+            group[1].append(entry.row)
+            group[2].append(row)
+            if entry.heat:
+                source = sources.get(id(entry.stack))
+                if source is None:
+                    begun: tuple[_Stacked, list[int], list[int], list[int]] = (entry.stack, [], [], [])
+                    source = sources[id(entry.stack)] = begun
+                    source[3].append(_head(heads, head_list, entry.stack.head))  # one header a stack
+                source[1].append(entry.row)
+                source[2].append(len(heat))
+                heat.append([row, source[3][0]])
+            if entry.path:
+                paths[row] = entry.path
+            continue
+        hist, stats = entry.get("hist"), entry.get("stats")
+        if (
+            hist is None
+            or stats is None
+            or len(hist["counts"]) != HISTOGRAM_BINS
+            or not all(map(np.isfinite, (hist["lo"], hist["hi"], *stats.values())))
+        ):
+            other[index - start] = entry
+            continue
+        row = len(at)
+        at.append(index - start)
+        nonfinite.append(entry["nonfinite"])
+        made_rows.append(row)
+        made.append(entry)
+        maps = entry.get("heatmaps")
+        if maps is not None:
+            head = [maps[k] for k in ("rows", "cols", "of_rows", "of_cols", "count", "lead_shape")]
+            made_maps.append((len(heat), maps))
+            heat.append([row, _head(heads, head_list, [*head, len(maps["slices"])])])
+        if "path" in entry:
+            paths[row] = entry["path"]
+    counts = np.zeros((len(at), HISTOGRAM_BINS), dtype=np.int64)
+    numbers = np.zeros((len(at), 6), dtype=np.float64)
+    for stack, rows, places in stacked.values():
+        where = stack.at[rows]
+        counts[places] = stack.counts[where]
+        numbers[places] = stack.numbers[where]
+    for row, entry in zip(made_rows, made):
+        hist, stats = entry["hist"], entry["stats"]
+        counts[row] = hist["counts"]
+        numbers[row] = (hist["lo"], hist["hi"], stats["min"], stats["max"], stats["mean"], stats["std"])
+    ranges, pixels = _heat_columns(heat, head_list, sources, made_maps)
+    top = int(counts.max()) if counts.size else 0
+    if top >= 1 << 32:  # four billion values in one bin: every picture as a dict
+        entries = ((i - start, found.get(str(i))) for i in range(start, stop))
+        return {"at": [], "other": {at: _dict(entry) for at, entry in entries if entry is not None}}
+    width = 8 if top < 1 << 8 else 16 if top < 1 << 16 else 32
+    return {
+        "at": at,
+        "nonfinite": nonfinite,
+        "bits": width,
+        "counts": _b64(counts.astype(f"<u{width // 8}")),
+        "numbers": _b64(numbers.astype("<f8")),
+        "heat": heat,
+        "heads": head_list,
+        "ranges": _b64(ranges.astype("<f8")),
+        "pixels": _b64(pixels),
+        "paths": paths,
+        "other": other,
+    }
+
+
+def _head(heads: dict[str, int], head_list: list[list[Any]], head: Any) -> int:
+    """The position of a heatmap header in the block's list of them (most of a block's share one)."""
+    key = repr(head)
+    found = heads.get(key)
+    if found is None:
+        found = heads[key] = len(head_list)
+        head_list.append(list(head))
+    return found
+
+
+def _heat_columns(
+    heat: list[list[int]],
+    head_list: list[list[Any]],
+    sources: dict[int, Any],
+    made_maps: list[tuple[int, dict[str, Any]]],
+) -> tuple[Any, Any]:
+    """(every slice's lo and hi, every slice's pixels), heatmap after heatmap in ``heat``'s order, copied from
+    the stacks' arrays a stack at a time."""
+    import numpy as np
+
+    slices = np.array([head_list[h][6] for _, h in heat], dtype=np.int64)
+    sizes = slices * np.array([head_list[h][0] * head_list[h][1] for _, h in heat], dtype=np.int64)
+    first_slice = np.concatenate([[0], np.cumsum(slices)]).astype(np.int64)
+    first_pixel = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    ranges = np.zeros(2 * int(first_slice[-1]), dtype=np.float64)
+    pixels = np.zeros(int(first_pixel[-1]), dtype=np.uint8)
+    for stack, rows, maps, _ in sources.values():
+        ends, images = stack.pixels()
+        maps_at = np.array(maps, dtype=np.int64)
+        span = ends.shape[1] * 2
+        ranges[(2 * first_slice[maps_at])[:, None] + np.arange(span)] = ends[rows].reshape(len(rows), span)
+        span = images[0].size
+        pixels[first_pixel[maps_at][:, None] + np.arange(span)] = images[rows].reshape(len(rows), span)
+    for k, maps in made_maps:
+        for j, s in enumerate(maps["slices"]):
+            ranges[2 * (first_slice[k] + j) : 2 * (first_slice[k] + j) + 2] = (s["lo"], s["hi"])
+            data = np.frombuffer(base64.b64decode(s["data"]), dtype=np.uint8)
+            at = first_pixel[k] + j * data.size
+            pixels[at : at + data.size] = data
+    return ranges, pixels
+
+
+def _dict(entry: Any) -> dict[str, Any]:
+    return entry if isinstance(entry, dict) else entry.picture()
+
+
+def _b64(array: Any) -> str:
+    return base64.b64encode(array.tobytes()).decode("ascii")

@@ -2,7 +2,7 @@
 // Data: #tl-data (every op's label, function, module and parents, as parallel lists; the module passes),
 // #tl-layout-N (Graphviz's SVG of layout N, parsed when first shown; small traces only: larger ones are laid
 // out here, only the part shown), #tl-ops-K and #tl-pictures-K (the panel's details and value pictures of
-// ops K*chunk to (K+1)*chunk - 1, parsed when one of them is first shown in the panel).
+// ops K*chunk to (K+1)*chunk - 1, as columns, parsed when one of them is first shown in the panel).
 "use strict";
 (function () {
   const t0 = performance.now();
@@ -34,15 +34,74 @@
     if (!blocks.has(id)) { blocks.set(id, JSON.parse(document.getElementById(id).textContent)); parsed.add(id); }
     return blocks.get(id);
   }
-  function record(index) { // the panel's details of one op, from its block's keys and row (data.table)
+  // An op's details from its block's columns (data.op_block): strings by position in the block's table, ops
+  // by index (a label no op has is a string), the fields most ops leave empty by position in the block.
+  function record(index) {
     const found = block("tl-ops-" + Math.floor(index / DATA.chunk));
-    const row = found.rows[index % DATA.chunk];
-    const op = {};
-    found.keys.forEach((key, n) => { op[key] = row[n]; });
-    op.code = (op.code || []).map(([file, line, func]) => [found.files[file], line, func]);
+    const at = index % DATA.chunk;
+    const c = found.columns;
+    const s = found.strings;
+    const text = (i) => i === null ? null : s[i];
+    const label = (x) => typeof x === "number" ? G.label[x] : x;
+    const op = {
+      index, label: G.label[index], kind: G.kind[index], func: G.func[index], shape: found.shapes[c.shape[at]],
+      dtype: text(c.dtype[at]), device: text(c.device[at]), bytes: c.bytes[at],
+      module_outputs: c.module_outputs[at].map((i) => s[i]), params: found.params[at] || [],
+      parents: c.parents[at].map(label), children: c.children[at].map(label), saved: c.saved[at] === 1,
+      code: found.contexts[c.code[at]].map(([file, line, func]) => [s[file], line, s[func]]), distance: c.distance.slice(4 * at, 4 * at + 4),
+      flops: c.flops[at], macs: c.macs[at], elapsed: c.elapsed[at], source: text(c.source[at]),
+      in_place: c.in_place[at] === 1, conditions: c.conditions[at].map(label), config: found.config[at] || {},
+    };
+    if (found.edits[at]) op.edits = found.edits[at];
     return op;
   }
-  function pictureOf(index) { return block("tl-pictures-" + Math.floor(index / DATA.chunk))[index]; }
+  // An op's value picture from its block's columns (pictures.picture_block), the arrays decoded once a block.
+  function pictureOf(index) {
+    const found = block("tl-pictures-" + Math.floor(index / DATA.chunk));
+    const at = index % DATA.chunk;
+    if (found.other[at]) return found.other[at];
+    if (!found.rows) decodePictures(found);
+    const r = found.rows.get(at);
+    if (r === undefined) return undefined;
+    const n = found.numbers.subarray(r * 6, r * 6 + 6);
+    const pic = {
+      nonfinite: found.nonfinite[r],
+      hist: { counts: Array.from(found.counts.subarray(r * found.bins, (r + 1) * found.bins)), lo: n[0], hi: n[1] },
+      stats: { min: n[2], max: n[3], mean: n[4], std: n[5] },
+    };
+    const m = found.maps.get(r);
+    if (m) {
+      const [rows, cols, ofRows, ofCols, count, lead, slices] = found.heads[m.head];
+      pic.heatmaps = { rows, cols, of_rows: ofRows, of_cols: ofCols, lead_shape: lead, count, slices: [] };
+      for (let k = 0; k < slices; k++) {
+        const from = m.pixel + k * rows * cols;
+        const data = btoa(String.fromCharCode.apply(null, found.pixels.subarray(from, from + rows * cols)));
+        pic.heatmaps.slices.push({ lo: found.ranges[2 * (m.slice + k)], hi: found.ranges[2 * (m.slice + k) + 1], data });
+      }
+    }
+    if (found.paths[r]) pic.path = found.paths[r];
+    return pic;
+  }
+  function decodePictures(found) {
+    const bytes = (b64) => Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
+    found.rows = new Map(found.at.map((at, r) => [at, r]));
+    if (!found.at.length) return;
+    const Counts = found.bits === 8 ? Uint8Array : found.bits === 16 ? Uint16Array : Uint32Array;
+    found.counts = new Counts(bytes(found.counts).buffer);
+    found.bins = found.counts.length / found.at.length;
+    found.numbers = new Float64Array(bytes(found.numbers).buffer);
+    found.ranges = new Float64Array(bytes(found.ranges).buffer);
+    found.pixels = bytes(found.pixels);
+    found.maps = new Map(); // row -> its heatmap's header, first slice and first pixel
+    let slice = 0;
+    let pixel = 0;
+    for (const [row, head] of found.heat) {
+      const [rows, cols, , , , , slices] = found.heads[head];
+      found.maps.set(row, { head, slice, pixel });
+      slice += slices;
+      pixel += slices * rows * cols;
+    }
+  }
 
   const chains = new Array(moduleList.length); // module position -> keys of it and its ancestors, outermost first
   function moduleChain(at) {
@@ -598,7 +657,13 @@
     selected = index;
     highlightSelection();
     if (center) { const el = elementOf(index); if (el) centerOn(el); }
-    showOp(record(index));
+    // The blocks come after this script in the file, so that the graph is drawn before the browser has read
+    // them: an op chosen before then is shown once they are in.
+    if (document.readyState === "loading") {
+      document.addEventListener("DOMContentLoaded", () => { if (selected === index) showOp(record(index)); });
+    } else {
+      showOp(record(index));
+    }
   }
 
   function el(tag, text, cls) {
@@ -780,10 +845,14 @@
   openToDepth(DATA.start);
   const renderedAt = performance.now();
   if (DATA.focus !== null && byLabel.has(DATA.focus)) select(byLabel.get(DATA.focus), true);
-  window.torchlensViewer = {
+  const api = {
     startedAt: t0, renderedAt, inPage, parsed: () => [...parsed].sort(), timings: () => timings,
     layout: () => inPage ? neededDepth() : DATA.layouts[layoutIndex].depth,
     open: (key) => openModule(key), fold: (key) => foldModule(key), openToDepth,
     center: (index) => { const found = elementOf(index); if (found) centerOn(found); },
+    record, picture: pictureOf,
   };
+  // Ready once the blocks are in the document too (the panel reads them).
+  const ready = () => { window.torchlensViewer = api; };
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", ready); else ready();
 })();

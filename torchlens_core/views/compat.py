@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from torchlens_core.backend.manager import claim_backend, hook, resolve_backend
+from torchlens_core.backend.manager import backend_named, claim_backend, resolve_backend
 from torchlens_core.ir.errors import ArgumentTypeError, BackendNotFoundError, UnsupportedError
 
 STATUSES = ("pass", "known_broken", "scope", "not_tested")
@@ -116,7 +116,7 @@ def report(model: Any, *args: Any, backend: str | None = None, **kwargs: Any) ->
                 f"a {type(model).__name__} is not callable: tl.trace needs a model or function",
             )
         )
-    found = hook().torchlens_compat(backend=info.name, target=model, args=args, kwargs=kwargs)
+    found = backend_named(info.name).compat(model, args, kwargs)
     if found is None:
         rows.append(
             CompatRow(

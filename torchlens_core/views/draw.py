@@ -111,7 +111,8 @@ def _auto(trace: Trace, vis_mode: str, module: str | None) -> View:
     runs: dict[tuple[str, int], Run] | None = None
     best: tuple[Collapse, dict[tuple[str, int], Run] | None] | None = None
     for depth in range(1, deepest + 2):
-        collapse = depth if depth <= deepest else None  # one deeper than the deepest module: nothing collapsed
+        # one deeper than the deepest module: nothing collapsed
+        collapse: Collapse = depth if depth <= deepest else None
         merged = None
         if _node_count(trace, rolled, collapse, module) > AUTO_NODE_BUDGET:
             merged = runs = _runs(trace) if runs is None else runs

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from torchlens_core.backend.manager import hook
+from torchlens_core.backend.manager import backend_named
 from torchlens_core.capture.edits import Intervention, Site
 from torchlens_core.capture.selectors import in_module, label
 from torchlens_core.ir.errors import ArgumentTypeError, InterventionError, LabelNotFoundError, TorchLensError, closest
@@ -167,11 +167,12 @@ class Facets(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         spec, index, permutation = self._find(name)
         value = self._value(spec)
-        arrays = self.plan.arrays  # type: ignore[union-attr]
+        assert self.plan is not None  # a facet was found: without a plan there are none
+        arrays = self.plan.arrays
         if permutation is not None:
             value = arrays.permute(value, permutation)
         if index is not None:
-            info = hook().torchlens_array_info(backend=self.trace.backend, value=value)
+            info = backend_named(self.trace.backend, missing_ok=True).array_info(value)
             count = info[0][spec.split] if info is not None else None  # type: ignore[index]
             if count is not None and index >= count:  # a recomputed facet's size is known only now
                 raise LabelNotFoundError(self._out_of_range(name, spec, count))
@@ -214,6 +215,7 @@ class Facets(Mapping[str, Any]):
         spec, index, permutation = self._find(name)
         ref = self._editable(spec, name)
         op = self.trace.ops[ref.index]
+        assert self.plan is not None  # a facet was found: without a plan there are none
         edit = FacetEdit(
             module=self.module_pass.label,
             name=name,
@@ -223,7 +225,7 @@ class Facets(Mapping[str, Any]):
             permutation=permutation,
             helpers=tuple(helpers),
             arrays=self.plan.arrays,
-        )  # type: ignore
+        )
         selector = label(f"{op.layer_label}:{op.pass_num}")
         if (self.module_pass.path, self.module_pass.pass_num) in op.module_passes:
             # Inside the module: pinned to this call, so a label shared by another call's op cannot match.
@@ -264,7 +266,7 @@ class Facets(Mapping[str, Any]):
         near = closest(name, [*self._specs, *self.aliases])
         hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
         return (
-            f"{where} ({self.plan.kind}) has no facet {name!r}; its facets are "
+            f"{where} ({self.kind}) has no facet {name!r}; its facets are "
             f"{', '.join(map(repr, self._specs))}{hint}{self._why()}"
         )
 
@@ -318,7 +320,7 @@ class Facets(Mapping[str, Any]):
     def __repr__(self) -> str:
         if not self._specs:
             return f"<Facets of {self.module_pass.label}: none{self._why()}>"
-        rows = [f"<Facets of {self.module_pass.label} ({self.plan.kind})"]
+        rows = [f"<Facets of {self.module_pass.label} ({self.kind})"]
         for name, spec in self._specs.items():
             axes = f"({', '.join(spec.axes)})" if spec.axes else ""
             rows.append(f"  {name:<11} {axes:<36} {spec.how:<10} {spec.doc}")
@@ -380,19 +382,20 @@ class FacetEdit:
             facet=self.name,
             facet_module=self.module,
         )
-        info = hook().torchlens_array_info
-        before = info(backend=site.backend, value=part)
+        info = backend_named(site.backend, missing_ok=True).array_info
+        before = info(part)
         edited = part
         for helper in self.helpers:
             edited = helper(edited, where)
-        after = info(backend=site.backend, value=edited)
+        after = info(edited)
         if after != before:
             got = "not an array" if after is None else f"shape {list(after[0])} {after[1]}"
+            was = "not an array" if before is None else f"shape {list(before[0])} {before[1]}"
             raise InterventionError(
                 f"editing facet {self.name!r} of {self.module} (at {site.key}) changed it from "
-                f"shape {list(before[0])} {before[1]} to {got}: an edit must keep the shape "
+                f"{was} to {got}: an edit must keep the shape "
                 f"and dtype of what it edits"
-            )  # type: ignore[index]
+            )
         if self.index is not None:
             edited = self.arrays.put(whole, self.axis, self.index, edited)  # type: ignore[arg-type]
         if self.permutation is not None:
@@ -412,7 +415,7 @@ class FacetEdit:
 def facets_of(module_pass: ModulePass) -> Facets:
     """``module_pass.facets``: the backend's plan for this pass, as a :class:`Facets` mapping."""
     trace = module_pass.trace
-    plan = hook().torchlens_facets(backend=trace.backend, trace=trace, module_pass=module_pass)
+    plan = backend_named(trace.backend, missing_ok=True).facets(trace, module_pass)
     if plan is not None and not isinstance(plan, FacetPlan):
         raise TypeError(
             f"the {trace.backend} backend's torchlens_facets returned {type(plan).__name__}, not a FacetPlan"

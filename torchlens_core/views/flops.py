@@ -114,9 +114,9 @@ def formula_for(backend: str, func_name: str) -> Formula | None:
         return found
     table = _BACKEND_TABLES.get(backend)
     if table is None:
-        from torchlens_core.backend.manager import hook
+        from torchlens_core.backend.manager import backend_named
 
-        table = _BACKEND_TABLES[backend] = hook().torchlens_flop_formulas(backend=backend) or {}
+        table = _BACKEND_TABLES[backend] = backend_named(backend, missing_ok=True).flop_formulas() or {}
     return table.get(func_name)
 
 
@@ -221,7 +221,8 @@ def conv_macs(out_shape: Sequence[int], kernel_numel: int, out_channels: int) ->
 def einsum_count(equation: str, shapes: Sequence[Sequence[int]]) -> Count:
     """Contracting operands pairwise, left to right; one operand is a sum (FLOPs, no MACs)."""
     lhs, arrow, rhs = equation.replace(" ", "").partition("->")
-    terms, sizes = [], {}
+    terms: list[str] = []
+    sizes: dict[str, int] = {}
     for term, shape in zip(lhs.split(","), shapes, strict=True):
         if "..." in term:  # the ellipsis' dims, named by their distance from the right so that they broadcast
             head, tail = term.split("...")
@@ -249,7 +250,7 @@ def einsum_count(equation: str, shapes: Sequence[Sequence[int]]) -> Count:
 
 def pool(kernel: int | Sequence[int]) -> Formula:
     """``prod(kernel)`` FLOPs for each output element (max / average pooling)."""
-    k = math.prod(kernel) if isinstance(kernel, (tuple, list)) else kernel
+    k = math.prod(kernel) if isinstance(kernel, Sequence) else kernel
     return lambda call: (k * call.out_numel, 0)
 
 

@@ -93,7 +93,7 @@ def assert_unchanged(
     positional arguments: ``tl.assert_unchanged(model, x, pinned)``.
     """
     if expected is None and args and isinstance(args[-1], str) and args[-1].startswith(PREFIX):
-        *args, expected = args  # tl.assert_unchanged(model, x, pinned), as the README writes it
+        args, expected = args[:-1], args[-1]  # tl.assert_unchanged(model, x, pinned), as the README writes it
     from torchlens_core.capture.api import trace
 
     return check(trace(model, *args, **kwargs), expected, module_names)

@@ -75,21 +75,23 @@ def distances(trace: Trace) -> list[Distances]:
         if op.kind == "input":
             min_in[op.index] = max_in[op.index] = 0
             continue
-        reached = [i for i in op.parent_indices if min_in[i] is not None]
-        if reached:
-            min_in[op.index] = min(min_in[i] for i in reached) + 1  # type: ignore[operator]
-            max_in[op.index] = max(max_in[i] for i in reached) + 1  # type: ignore[operator]
+        lows = [low for i in op.parent_indices if (low := min_in[i]) is not None]
+        highs = [high for i in op.parent_indices if (high := max_in[i]) is not None]  # set with min_in
+        if lows:
+            min_in[op.index] = min(lows) + 1
+            max_in[op.index] = max(highs) + 1
     min_out: list[int | None] = [None] * n
     max_out: list[int | None] = [None] * n
     for op in reversed(ops):
         if op.kind == "output":
             min_out[op.index] = max_out[op.index] = 0
         d_min, d_max = min_out[op.index], max_out[op.index]
-        if d_min is None:
+        if d_min is None or d_max is None:  # both or neither: they are set together
             continue
         for i in op.parent_indices:
-            if min_out[i] is None or d_min + 1 < min_out[i]:  # type: ignore[operator]
+            low, high = min_out[i], max_out[i]
+            if low is None or d_min + 1 < low:
                 min_out[i] = d_min + 1
-            if max_out[i] is None or d_max + 1 > max_out[i]:  # type: ignore[operator]
-                max_out[i] = d_max + 1  # type: ignore[operator]
+            if high is None or d_max + 1 > high:
+                max_out[i] = d_max + 1
     return [Distances(min_in[i], max_in[i], min_out[i], max_out[i]) for i in range(n)]

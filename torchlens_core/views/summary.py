@@ -31,6 +31,7 @@ class Count(float):
     """
 
     __slots__ = ("unit",)
+    unit: str
 
     def __new__(cls, value: float, unit: str) -> Count:
         count = super().__new__(cls, value)

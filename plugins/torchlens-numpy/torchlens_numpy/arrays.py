@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from torchlens_core.backend.array_ops import NumpyArrayOps
-from torchlens_core.backend.arrays import numpy_error
+from torchlens.backend import NumpyArrayOps, numpy_error
 from torchlens_numpy.capture import plain_leaf
 
 

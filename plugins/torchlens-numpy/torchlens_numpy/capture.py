@@ -12,14 +12,14 @@ enter the graph as constants, copied, where a recorded op reads them.
 What recording means (which value is which op's, copy-before-write, edits of
 ``intervene=``, conversions into Python values reported once, what the
 function returned) is the core's: a wrapper array mixes in
-:class:`~torchlens_core.capture.conversions.Conversions` and hands its calls
-to :func:`~torchlens_core.capture.wrapped.dispatch`, recorded by a
-:class:`~torchlens_core.capture.wrapped.WrappedRecorder`. This module says
+:class:`~torchlens.backend.Conversions` and hands its calls
+to :func:`~torchlens.backend.dispatch`, recorded by a
+:class:`~torchlens.backend.WrappedRecorder`. This module says
 how NumPy calls are intercepted and what a NumPy array is: its memory is the
 object ``.base`` leads to, shared by every view.
 
 The legacy global-RNG functions (``np.random.rand``...) are replaced while
-captures run (the core's :class:`~torchlens_core.capture.routed.Routed`: the
+captures run (the core's :class:`~torchlens.backend.Routed`: the
 first capture installs them, the last puts them back), so each draw is a
 random source op holding ``np.random.get_state()`` from just before it:
 replay is exact. A capture
@@ -41,16 +41,21 @@ from typing import Any
 
 import numpy as np
 
-from torchlens_core.capture.builder import TraceBuilder
-from torchlens_core.capture.calls import MethodCall
-from torchlens_core.capture.conversions import Conversions
-from torchlens_core.capture.policy import CaptureOptions
-from torchlens_core.capture.routed import Routed
-from torchlens_core.capture.sites import CallSites
-from torchlens_core.capture.wrapped import WrappedRecorder, dispatch, plain_leaf
-from torchlens_core.ir import tree
-from torchlens_core.ir.errors import CaptureError, UnsupportedError
-from torchlens_core.ir.trace import Trace
+from torchlens import CaptureError, UnsupportedError
+from torchlens.backend import (
+    CallSites,
+    CaptureOptions,
+    Conversions,
+    MethodCall,
+    Recording,
+    Routed,
+    Trace,
+    TraceBuilder,
+    WrappedRecorder,
+    dispatch,
+    plain_leaf,
+    tree,
+)
 
 NAME = "numpy"
 
@@ -82,7 +87,9 @@ VALUE_FREE = frozenset(
 SHAPE_READS = frozenset({"shape", "size"})
 
 
-class Tracked(Conversions, np.ndarray):
+# Ignored for mypy: NumPy's stub makes ndarray unhashable and types tobytes' order as a Literal, where
+# Conversions (one for every framework) hashes what the framework gave as a scalar and takes any order string
+class Tracked(Conversions, np.ndarray):  # type: ignore[misc]
     """An ndarray whose NumPy calls, and conversions into Python values, are recorded while its capture runs.
 
     After the capture (or for an array the capture did not produce) calls run
@@ -100,7 +107,10 @@ class Tracked(Conversions, np.ndarray):
         targets = [inputs[0]] if method == "at" else [o for o in outs if isinstance(o, np.ndarray)]
         return dispatch(name, fn, inputs, kwargs, targets)
 
-    def __array_function__(self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # NumPy passes a tuple and a dict (NEP 18); its stub declares them as any iterable and mapping
+    def __array_function__(  # type: ignore[override]
+        self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         if not all(issubclass(t, np.ndarray) for t in types):
             return NotImplemented  # another array library's override: let it decide
         name = func.__name__
@@ -134,11 +144,12 @@ class Tracked(Conversions, np.ndarray):
     def mT(self) -> Any:
         return self.swapaxes(-1, -2)
 
-    @property
+    # No setters: ``x.real = v`` on a tracked array raises AttributeError (an ndarray would write the real part)
+    @property  # type: ignore[misc]
     def real(self) -> Any:
         return np.real(self)
 
-    @property
+    @property  # type: ignore[misc]
     def imag(self) -> Any:
         return np.imag(self)
 
@@ -282,12 +293,12 @@ def _recorded_draw(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tu
         start = time.perf_counter()
         result = fn(*args, **kwargs)
         elapsed = time.perf_counter() - start
-        after = np.random.get_state()
+        after: Any = np.random.get_state()  # the legacy tuple, as below
     check = np.random.RandomState()
     check.set_state(before)
     copied = tree.map_leaves(lambda v: np.array(v, copy=True) if isinstance(v, np.ndarray) else v, (args, kwargs))
     getattr(check, fn.__name__)(*copied[0], **copied[1])
-    again = check.get_state()
+    again: Any = check.get_state()  # the legacy tuple (MT19937): NumPy's stub says the dict form
     if again[2:] != after[2:] or not np.array_equal(again[1], after[1]):  # position, cached gaussian, keys
         raise CaptureError(
             "another thread drew from NumPy's global random state while this capture recorded a draw from it, so "
@@ -313,11 +324,13 @@ _RANDOM = Routed(np.random, _DRAWS, _draw, _unrecorded_draw)
 
 
 # -- the capture ----------------------------------------------------------------------------------
-def capture(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None) -> Trace:
+def capture(
+    fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: CaptureOptions | None = None
+) -> Trace | Recording:
     """Run ``fn(*args, **kwargs)`` once with its input arrays tracked and return its Trace."""
     builder = TraceBuilder(NAME, getattr(fn, "__name__", type(fn).__name__), options)
     recorder = Recorder(builder)
-    inputs: dict[int, Tracked] = {}
+    inputs: dict[int, Conversions] = {}
 
     def track(v: Any) -> Any:
         # A NumPy number passed in (``eps=np.float32(1e-5)``) is an input too: replay on new inputs takes a

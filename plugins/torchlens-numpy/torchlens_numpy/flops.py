@@ -1,8 +1,8 @@
-"""FLOP formulas for the NumPy functions this plugin records, built on torchlens_core.views.flops."""
+"""FLOP formulas for the NumPy functions this plugin records, built on the formula builders of torchlens.backend."""
 
 from __future__ import annotations
 
-from torchlens_core.views.flops import (
+from torchlens.backend import (
     Count,
     Formula,
     OpCall,

@@ -6,12 +6,12 @@ exactly as any third-party backend is; it uses only TorchLens's public core.
 This plugin is the template for a new backend (docs/writing-a-backend.md):
 copy the distribution, rename the package and ``NAME`` (here and in
 capture.py), and replace the NumPy parts. The hooks are the methods of a
-:class:`~torchlens_core.backend.base.Backend`, each answering for ``NAME``
+:class:`~torchlens.backend.Backend`, each answering for ``NAME``
 only (the guide's table lists every method, and what it needs); the methods
 not written here keep the base's defaults (no modules to observe, no
 autograd, NumPy arrays need no conversion for a file). TorchLens imports this
 module for every listing of backends, with or without the framework, so code
-that imports it is declared with :func:`~torchlens_core.backend.base.lazy`:
+that imports it is declared with :func:`~torchlens.backend.lazy`:
 its module is imported on first use.
 """
 
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlens_core.backend.base import Backend, hooks_of, lazy
-from torchlens_core.backend.manager import BackendInfo
+from torchlens.backend import Backend, BackendInfo, hooks_of, lazy
 
 NAME = "numpy"  # the name users pass as backend= (rename it in capture.py too)
 

@@ -14,11 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from torchlens_core.capture.calls import replay_written
-from torchlens_core.ir import tree
-from torchlens_core.ir.records import OpRecord
-from torchlens_core.ir.trace import Trace
-from torchlens_core.replay.evaluator import Observe, interpret
+from torchlens.backend import Observe, OpRecord, Trace, interpret, replay_written, tree
 
 
 def _copy(value: Any) -> Any:

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from torchlens_core.capture.calls import CallNames, identifier
-from torchlens_core.ir.errors import TraceFileError
+from torchlens import TraceFileError
+from torchlens.backend import CallNames, identifier
 from torchlens_numpy import capture
 
 _UFUNC_METHODS = frozenset({"reduce", "accumulate", "reduceat", "outer", "at"})
@@ -53,7 +53,11 @@ class NumpyCalls(CallNames):
                 raise TraceFileError(f"{method!r} is not a ufunc method")
             return getattr(fn, method)
         value = data.get("random") if isinstance(data, dict) and len(data) == 1 else None
-        if value in getattr(np.random.mtrand, "__all__", ()) and value not in capture._NOT_DRAWS:
+        if (
+            isinstance(value, str)
+            and value in getattr(np.random.mtrand, "__all__", ())
+            and value not in capture._NOT_DRAWS
+        ):
             return getattr(np.random.mtrand._rand, value)
         return super().decode(data)
 

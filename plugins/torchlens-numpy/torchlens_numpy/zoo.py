@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from torchlens_core.backend.cases import Case
+from torchlens.backend import Case
 
 __all__ = ["cases"]
 
