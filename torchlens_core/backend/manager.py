@@ -175,24 +175,19 @@ def hook() -> Any:
     return plugin_manager().hook
 
 
-# The registered plugins and what they said: every tl.trace resolves a backend, and asking each plugin again
-# cost about 20 µs of a small jitted model's capture. A plugin registered or unregistered later is a new list.
-_INFOS: tuple[list[tuple[str, Any]], tuple[BackendInfo, ...]] | None = None
+# What the registered plugins said: every tl.trace resolves a backend, and asking each plugin again cost about
+# 20 µs of a small jitted model's capture. Forgotten when a plugin is registered or unregistered (_forget_backends).
+_INFOS: tuple[BackendInfo, ...] | None = None
 
 
 def backend_infos() -> list[BackendInfo]:
     """Every registered backend, available or not, sorted by name."""
     global _INFOS
-    pm = plugin_manager()
-    registered = pm.list_name_plugin()
     known = _INFOS
-    if known is None or not _same_plugins(known[0], registered):
-        known = _INFOS = (registered, tuple(sorted(pm.hook.torchlens_backend_info(), key=lambda info: info.name)))
-    return list(known[1])
-
-
-def _same_plugins(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> bool:
-    return len(a) == len(b) and all(x[0] == y[0] and x[1] is y[1] for x, y in zip(a, b))
+    if known is None:
+        infos = plugin_manager().hook.torchlens_backend_info()
+        known = _INFOS = tuple(sorted(infos, key=lambda info: info.name))
+    return list(known)
 
 
 def backends() -> list[dict[str, Any]]:
@@ -238,6 +233,8 @@ _MISSING: dict[str, Backend] = {}  # backend_named(..., missing_ok=True) of name
 
 
 def _forget_backends() -> None:
+    global _INFOS
+    _INFOS = None
     _BY_NAME.clear()
     _BY_PLUGIN.clear()
     _MISSING.clear()
@@ -288,14 +285,13 @@ def _plugins_by_name() -> dict[str, object]:
 
 def _as_backend(name: str, plugin: object) -> Backend:
     instance = _instance_of(plugin)
-    own = _impls_of(plugin)
-    name = next((info.name for info in backend_infos() if name in (info.name, *info.aliases)), name)
-    # A per-backend hook that is not the base class's (a subclass's override, or a module's own function beside
-    # an instance's hooks) keeps answering: such a plugin is called through the adapter, hook by hook.
-    if instance is not None and all(_is_base_hook(own[h], instance) for h in own if h in PER_BACKEND_HOOKS):
+    # The base class's hooks only call the method of their name: the instance's methods answer instead (no
+    # deprecated shim). A per-backend hook of the plugin's own (a subclass's override, or a module's function
+    # beside an instance's hooks) keeps answering: such a plugin is called through the adapter, hook by hook.
+    own = {h: impl for h, impl in _impls_of(plugin).items() if instance is None or not _is_base_hook(impl, instance)}
+    if instance is not None and not own.keys() & PER_BACKEND_HOOKS:
         return instance
-    if instance is not None:  # the base class's hooks only call the method: call it directly (no deprecated shim)
-        own = {h: impl for h, impl in own.items() if not _is_base_hook(impl, instance)}
+    name = next((info.name for info in backend_infos() if name in (info.name, *info.aliases)), name)
     return HookBackend(name, own, plugin_manager().hook, fallback=instance)
 
 

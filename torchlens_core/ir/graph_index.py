@@ -4,7 +4,7 @@ roots (ops with no parents) each op is connected to.
 Built once per trace (``trace.graph_index()``) in two passes over the ops, so that reading
 ``op.input_ancestors`` or ``op.siblings`` on every op of a trace costs time linear in its length (plus what
 the answers themselves hold), not a graph walk per op. Ancestry is kept as Python ints used as bit sets,
-one bit per root or per output node, so a pass is one OR per edge.
+one bit per input, output or (when first asked for) root, so a pass is one OR per edge.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class GraphIndex:
     """Positions and bit sets worked out from ``op.parent_indices``; read through the op's fields."""
 
-    __slots__ = ("_ops", "parents", "children", "roots", "outputs", "root_bits", "input_bits", "output_bits")
+    __slots__ = ("_ops", "_root_bits", "children", "input_bits", "inputs", "output_bits", "outputs", "parents", "roots")
 
     def __init__(self, ops: list[OpRecord]) -> None:
         self._ops = ops
@@ -32,27 +32,40 @@ class GraphIndex:
                 children[p].append(i)
         self.children: list[tuple[int, ...]] = [tuple(c) for c in children]
         self.roots: list[int] = [i for i in range(n) if not self.parents[i]]
+        self.inputs: list[int] = [i for i in self.roots if ops[i].kind == "input"]
         self.outputs: list[int] = [op.index for op in ops if op.kind == "output"]
-        # The bits of the roots that are input nodes: ``root_bits[i] & input_mask`` are op i's inputs.
-        input_mask = 0
-        bits = [0] * n
-        for bit, i in enumerate(self.roots):
+        # A few bits an op: the inputs and outputs of a model are few. Every root's bits (constants, draws,
+        # ops on parameters alone: thousands in a big trace) only when op.root_ancestors is first read.
+        self.input_bits = self._down(self.inputs)
+        self.output_bits = self._up(self.outputs)
+        self._root_bits: list[int] | None = None
+
+    @property
+    def root_bits(self) -> list[int]:
+        if self._root_bits is None:
+            self._root_bits = self._down(self.roots)
+        return self._root_bits
+
+    def _down(self, sources: list[int]) -> list[int]:
+        """Bit k of op i's int: ``sources[k]`` is an ancestor of op i (or op i itself). One forward pass."""
+        bits = [0] * len(self.parents)
+        for bit, i in enumerate(sources):
             bits[i] = 1 << bit
-            if ops[i].kind == "input":
-                input_mask |= 1 << bit
-        for i in range(n):  # parents come before their children: one forward pass
-            for p in self.parents[i]:
+        for i, parents in enumerate(self.parents):  # parents come before their children
+            for p in parents:
                 bits[i] |= bits[p]
-        self.root_bits = bits
-        self.input_bits = [b & input_mask for b in bits]
-        out_bits = [0] * n
-        for bit, i in enumerate(self.outputs):
-            out_bits[i] = 1 << bit
-        for i in range(n - 1, -1, -1):  # and one backward pass for what each op reaches
-            if out_bits[i]:
+        return bits
+
+    def _up(self, sinks: list[int]) -> list[int]:
+        """Bit k of op i's int: op i reaches ``sinks[k]`` (or is it). One backward pass."""
+        bits = [0] * len(self.parents)
+        for bit, i in enumerate(sinks):
+            bits[i] = 1 << bit
+        for i in range(len(bits) - 1, -1, -1):
+            if bits[i]:
                 for p in self.parents[i]:
-                    out_bits[p] |= out_bits[i]
-        self.output_bits = out_bits
+                    bits[p] |= bits[i]
+        return bits
 
     def labels(self, bits: int, positions: list[int]) -> tuple[str, ...]:
         """The labels of the ops whose bits are set in ``bits`` (bit k stands for ``positions[k]``)."""
@@ -64,7 +77,7 @@ class GraphIndex:
         return tuple(found)
 
     def input_ancestors(self, i: int) -> tuple[str, ...]:
-        return self.labels(self.input_bits[i], self.roots)
+        return self.labels(self.input_bits[i], self.inputs)
 
     def root_ancestors(self, i: int) -> tuple[str, ...]:
         return self.labels(self.root_bits[i], self.roots)
