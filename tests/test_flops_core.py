@@ -68,3 +68,34 @@ def test_a_registration_overrides_the_backends_table_for_its_backend_only(monkey
     assert (ops["matmul"].flops, ops["matmul"].macs) == (2 * 36, 36)
     tl.register_flops("tanh", lambda call: None, backend="numpy")  # a formula may decline: unknown
     assert flops.count(traced, ops["tanh"]) == (None, None)
+
+
+def test_each_distinct_call_is_counted_once_per_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ops of repeated layers show a formula the same call: it is asked once per distinct call of a trace.
+    Calls that differ only in a constant's type (``1`` and ``1.0``, one dict key) or in a shape are asked apart,
+    and each op gets its own call's count."""
+    pytest.importorskip("torchlens_numpy")
+    import numpy as np
+
+    import torchlens as tl
+
+    monkeypatch.setattr(flops, "_USER", {})
+    asked: list[OpCall] = []
+
+    def power(call: OpCall) -> tuple[int, int]:
+        asked.append(call)
+        return call.out_numel * (2 if isinstance(call.arg(1), float) else 1), 0
+
+    tl.register_flops("power", power, backend="numpy")
+
+    def repeated(v: np.ndarray) -> np.ndarray:
+        for _ in range(10):
+            v = np.power(v, 1)
+        for _ in range(10):
+            v = np.power(v, 1.0)
+        return np.power(v[:2], 1)
+
+    trace = tl.trace(repeated, np.ones((3, 4), dtype=np.float32), backend="numpy")
+    ops = [op for op in trace.ops if op.func_name == "power"]
+    assert [op.flops for op in ops] == [12] * 10 + [24] * 10 + [8]
+    assert len(asked) == 3

@@ -278,17 +278,47 @@ class Mixed(torch.nn.Module):
         return z.nansum() + a.sum() + b.sum() + i + s.sum() + t.sum() + sum(v.sum() for v in small)
 
 
+def _first_tensor(index: int, out: Any) -> tuple[str, tuple[int, ...], Any] | None:
+    """(key, path, NumPy array) of an op's first tensor, by torch itself (outputs here: a tensor or a tuple)."""
+    for path, value in [((), out)] if isinstance(out, torch.Tensor) else [((i,), v) for i, v in enumerate(out)]:
+        if isinstance(value, torch.Tensor):
+            return str(index), path, value.detach().numpy()
+    return None
+
+
+def test_small_values_are_converted_in_one_call_a_stack_and_pictured_as_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The viewer converts small values of one shape, dtype and device in one ``to_numpy_stacked`` call: the
+    pictures are the ones a conversion value by value gives (the backend declining to stack)."""
+    from torchlens_core.backend.manager import backend_named
+    from torchlens_core.viewer.data import op_pictures
+    from torchlens_core.viewer.pictures import _dict
+
+    torch.manual_seed(0)
+    trace = tl.trace(Mixed().eval(), torch.randn(1, 3, 70, 70))
+    torch_backend = backend_named("torch")
+    real = torch_backend.to_numpy_stacked
+    stacks: list[int] = []
+    monkeypatch.setattr(torch_backend, "to_numpy_stacked", lambda values: stacks.append(len(values)) or real(values))
+    stacked = {k: _dict(v) for k, v in op_pictures(trace).items()}
+    monkeypatch.setattr(torch_backend, "to_numpy_stacked", lambda values: None)
+    one_by_one = {k: _dict(v) for k, v in op_pictures(trace).items()}
+    assert stacks and max(stacks) >= 20  # the 20 small values of one shape, at least, in one call
+    assert json.dumps(stacked, sort_keys=True) == json.dumps(one_by_one, sort_keys=True)
+
+
 def test_every_picture_reads_back_from_the_columns_as_pictures_made_it(chromium: Any, tmp_path: pathlib.Path) -> None:
     """The pictures' numbers travel as base64 arrays and the heatmaps' pixels as one run of bytes a block: the
     page's picture() of every op must be what pictures() made of its value (itself checked against picture()
     value by value), whichever path the value took (stacked, alone, NaN, infinite, several outputs)."""
     from torchlens_core.viewer.data import HEATMAP_BUDGET
-    from torchlens_core.viewer.pictures import first_array, pictures
+    from torchlens_core.viewer.pictures import pictures
 
     torch.manual_seed(0)
     trace = tl.trace(Mixed().eval(), torch.randn(1, 3, 70, 70))
-    found = ((str(op.index), *first_array(op.out, "torch")) for op in trace.ops if op.out is not None)
-    expected = pictures(((k, p, a) for k, p, a in found if a is not None), HEATMAP_BUDGET)
+    found = (_first_tensor(op.index, op.out) for op in trace.ops if op.out is not None)
+    expected = pictures((f for f in found if f is not None), HEATMAP_BUDGET)
     assert any("path" in e for e in expected.values()) and any(e["nonfinite"] for e in expected.values())
     assert any(h["rows"] < h["of_rows"] for h in (e.get("heatmaps") for e in expected.values()) if h)
     page = Page(chromium, tl.view(trace, tmp_path / "mixed.html"))

@@ -18,11 +18,24 @@ def array_info(value: Any) -> tuple[tuple[int, ...], str, str] | None:
     return tuple(value.shape), str(value.dtype).removeprefix("torch."), value.device.type
 
 
+_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+
+
 def to_numpy(value: torch.Tensor) -> Any:
-    value = value.detach().cpu().resolve_conj().resolve_neg()
-    if value.is_floating_point() and value.dtype not in (torch.float16, torch.float32, torch.float64):
-        value = value.float()  # bfloat16, float8: NumPy has no such dtype; float32 holds each value exactly
-    return value.numpy().copy()
+    dtype = value.dtype
+    if dtype.is_floating_point and dtype not in _NUMPY_FLOATS:
+        value = value.detach().float()  # bfloat16, float8: NumPy has no such dtype; float32 holds each value exactly
+    # force=True: detached, on the CPU, conjugate and negative bits resolved, in one call (the viewer converts
+    # every op's value: this is most of what a small one costs)
+    return value.numpy(force=True).copy()
+
+
+def to_numpy_stacked(values: list[torch.Tensor]) -> Any:
+    """:func:`to_numpy` of each, stacked: one copy for many small values (the viewer's pictures). A stack
+    copies each value as it is (``torch.stack`` reads a conjugate or negative view's values), so each row
+    holds what :func:`to_numpy` gives that value."""
+    with torch.no_grad():
+        return to_numpy(torch.stack(values))
 
 
 def array_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -53,6 +53,7 @@ class TorchBackend(Backend):
     replay_op = lazy("torchlens_torch.replay:run_op")
     array_info = lazy("torchlens_torch.arrays:array_info")
     to_numpy = lazy("torchlens_torch.arrays:to_numpy")
+    to_numpy_stacked = lazy("torchlens_torch.arrays:to_numpy_stacked")
 
     def stack(self, samples: list[Any]) -> Any:
         import torch

@@ -96,6 +96,9 @@ class HookBackend(Backend):
     def to_numpy(self, value: Any) -> Any:
         return self._call("torchlens_to_numpy", "to_numpy", backend=self.name, value=value)
 
+    def to_numpy_stacked(self, values: list[Any]) -> Any:
+        return self._call("torchlens_to_numpy_stacked", "to_numpy_stacked", backend=self.name, values=values)
+
     def array_error(self, actual: Any, expected: Any) -> float | None:
         return self._call("torchlens_array_error", "array_error", backend=self.name, actual=actual, expected=expected)
 

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from torchlens_core.backend.base import direct
 from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import UnsupportedError
@@ -18,7 +19,7 @@ def array_info_of(backend: str) -> Callable[[Any], Any]:
     capture pays it on every leaf of the model's arguments (a linen model's variables are hundreds). A name
     no plugin serves answers None, as the hook did.
     """
-    return backend_named(backend, missing_ok=True).array_info
+    return direct(backend_named(backend, missing_ok=True).array_info)
 
 
 def is_array_of(backend: str) -> Callable[[Any], bool]:

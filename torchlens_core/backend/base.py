@@ -55,15 +55,34 @@ def lazy(target: str) -> Any:
     module_name, _, attr = target.partition(":")
     found: list[Any] = []
 
-    def method(self: Backend, *args: Any, **kwargs: Any) -> Any:
+    def resolve() -> Any:
         if not found:
             found.append(getattr(importlib.import_module(module_name), attr))
-        value = found[0]
+        return found[0]
+
+    def method(self: Backend, *args: Any, **kwargs: Any) -> Any:
+        value = found[0] if found else resolve()
         return value(*args, **kwargs) if callable(value) else value
 
     method.__name__ = method.__qualname__ = attr
     method.__doc__ = f"``{target}``, imported on first use."
+    method._lazy_target = resolve  # type: ignore[attr-defined]  # for direct()
     return method
+
+
+def direct(method: Any) -> Any:
+    """A backend's bound method as the function it runs, for calls over every value of a trace: a
+    :func:`lazy` method's target imported now (one call, not two, per value); any other method as it is."""
+    resolve = getattr(getattr(method, "__func__", None), "_lazy_target", None)
+    if resolve is None:
+        return method
+    try:
+        value = resolve()
+    except (
+        ImportError
+    ):  # its framework is not installed (a loaded trace's NumPy values never need it): the call says so
+        return method
+    return value if callable(value) else method
 
 
 class Backend:
@@ -106,6 +125,11 @@ class Backend:
     def to_numpy(self, value: Any) -> Any:
         """A NumPy copy of one of this backend's arrays."""
         raise NotImplementedError
+
+    def to_numpy_stacked(self, values: list[Any]) -> Any:
+        """One NumPy array, ``(len(values), *shape)``, of arrays of one shape, dtype and device, each row what
+        :meth:`to_numpy` gives; None (the default): they are converted one by one."""
+        return None
 
     def array_error(self, actual: Any, expected: Any) -> float | None:
         """``max |a - e| / (1 + |e|)`` of two of this backend's arrays (inf if they differ in form)."""

@@ -146,6 +146,15 @@ def torchlens_detach(backend: str, value: Any) -> Any:
 
 
 @hookspec(firstresult=True)
+def torchlens_to_numpy_stacked(backend: str, values: list[Any]) -> Any:
+    """Optional: one NumPy array of shape ``(len(values), *shape)`` from arrays of this backend of one shape,
+    dtype and device (as ``torchlens_array_info`` gives them), each row what ``torchlens_to_numpy`` gives
+    that array. None: they are converted one by one. The viewer converts every op's value: for a framework
+    that stacks in one call, the one conversion for many small values is most of what is saved.
+    """
+
+
+@hookspec(firstresult=True)
 def torchlens_array_error(backend: str, actual: Any, expected: Any) -> float | None:
     """How far ``actual`` is from ``expected``: ``max |a - e| / (1 + |e|)`` elementwise.
 

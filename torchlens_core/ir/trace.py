@@ -84,6 +84,7 @@ class Trace:
         self._op_numbers: list[int] | None = None  # by position: the op's number among ops (print(op))
         self._distances: list[Distances] | None = None
         self._graph: GraphIndex | None = None
+        self._costs: dict[Any, tuple[float | None, float | None]] = {}  # FLOP counts by call (views.flops)
 
     # -- the graph ------------------------------------------------------------------
     @property

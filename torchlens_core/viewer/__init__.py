@@ -23,7 +23,7 @@ from torchlens_core.capture.threads import pause_gc, resume_gc
 from torchlens_core.compare.report import Comparison, colors
 from torchlens_core.ir.errors import ArgumentTypeError
 from torchlens_core.ir.trace import Trace
-from torchlens_core.viewer.data import CHUNK, module_passes, op_blocks, op_graph, op_pictures
+from torchlens_core.viewer.data import CHUNK, module_passes, op_blocks, op_graph, op_pictures, pass_chains
 from torchlens_core.viewer.layouts import MAX_LAYOUT_NODES, PAGE_LAYOUT_OPS, depth_sizes, layouts, start_depth
 from torchlens_core.viewer.page import page
 from torchlens_core.viewer.pictures import picture_block
@@ -53,7 +53,8 @@ def _render(target: Trace | Comparison, side: str, values: bool, max_nodes: int)
     trace, comparison = _trace_of(target, side)
     fills = colors(comparison, side) if comparison is not None else None
     pictures = op_pictures(trace, with_values=values)  # stacked values' pictures as rows of their stacks
-    modules = module_passes(trace)
+    chains = pass_chains(trace)
+    modules = module_passes(trace, chains)
     title = f"{trace.model_name or 'function'} ({trace.backend})"
     data: dict[str, Any] = {
         "graph": op_graph(trace, modules, fills),
@@ -62,7 +63,7 @@ def _render(target: Trace | Comparison, side: str, values: bool, max_nodes: int)
         "focus": None,
         "comparison": None,
         "max_nodes": max_nodes,
-        "sizes": depth_sizes(trace),
+        "sizes": depth_sizes(trace, chains),
     }
     svgs: list[str | None] = []
     if len(trace.ops) > PAGE_LAYOUT_OPS:  # the page lays out what it shows (docs/viewer.md, "Scale")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from torchlens_core.viewer.pictures import converter, first_array, pictured
+from torchlens_core.viewer.pictures import numpy_leaves, pictured
 from torchlens_core.views.draw import shape_text
 
 if TYPE_CHECKING:
@@ -29,38 +29,34 @@ CHUNK = 1000
 
 def op_blocks(trace: Trace) -> list[dict[str, Any]]:
     """The panel's details of every op, as one block per CHUNK ops (:func:`op_block`)."""
-    distances = trace.distances()
     index_of = {op.label: op.index for op in trace.ops}
     memo: dict[str, dict[Any, Any]] = {"bytes": {}}
-    return [
-        op_block(trace, trace.ops[k : k + CHUNK], distances, index_of, memo) for k in range(0, len(trace.ops), CHUNK)
-    ]
+    return [op_block(trace, trace.ops[k : k + CHUNK], index_of, memo) for k in range(0, len(trace.ops), CHUNK)]
 
 
 def op_pictures(trace: Trace, with_values: bool = True) -> dict[str, Any]:
     """Pictures of the ops' values by op index as a string (:func:`~torchlens_core.viewer.pictures.pictured`)."""
     if not with_values:
         return {}
-    convert = converter(trace.backend)
-    found = ((str(op.index), *first_array(op.out, trace.backend, convert)) for op in trace.ops if op.out is not None)
-    return pictured(((key, path, array) for key, path, array in found if array is not None), HEATMAP_BUDGET)
+    values = ((str(op.index), out) for op in trace.ops if (out := op.out) is not None)
+    return pictured(numpy_leaves(values, trace.backend), HEATMAP_BUDGET)
 
 
 def op_block(
     trace: Trace,
     ops: list[OpRecord],
-    distances: list[Any],
     index_of: dict[str, int],
     memo: dict[str, dict[Any, Any]],
 ) -> dict[str, Any]:
     """The panel's details of consecutive ops as columns, one list per field with one entry per op (JSON of
     lists of numbers and short lists is several times faster to write, and to parse, than of a dict per op).
 
-    What the page already has of every op (index, label, kind, function) is not repeated. Strings that repeat
+    What the page already has of every op (index, label, kind, function, parents) is not repeated, nor what it
+    works out from them (children, and the graph distances ``trace.distances()`` gives). Strings that repeat
     (dtypes, devices, module pass keys, code files and functions, sources) are positions in ``strings``; an
     op's code context (its first three frames, [file, line, function]) is a position in ``contexts``, which
-    ops of one line share; parents, children and conditions are op indices (a label no op has stays a
-    string); shapes are positions in ``shapes``; ``distance`` is four numbers an op, one after the other.
+    ops of one line share; conditions are op indices (a label no op has stays a string); shapes are
+    positions in ``shapes``.
     Fields most ops leave empty (parameters, configuration, edits) map the op's position in the block to the
     value. The page's ``record()`` reads an op back as the dict it shows.
     """
@@ -79,11 +75,8 @@ def op_block(
             "device",
             "bytes",
             "module_outputs",
-            "parents",
-            "children",
             "saved",
             "code",
-            "distance",
             "flops",
             "macs",
             "elapsed",
@@ -93,8 +86,8 @@ def op_block(
         )
     }
     sparse: dict[str, dict[int, Any]] = {"params": {}, "config": {}, "edits": {}}
-    (shape, dtype, device, size, outputs, parents, children, saved, code, distance, flops, macs, elapsed, source,
-     in_place, conditions) = columns.values()  # fmt: skip
+    (shape, dtype, device, size, outputs, saved, code, flops, macs, elapsed, source, in_place,
+     conditions) = columns.values()  # fmt: skip
     for at, op in enumerate(ops):
         try:
             found = shapes.get(op.shape)
@@ -117,15 +110,11 @@ def op_block(
         except TypeError:  # not hashable
             size.append(op.num_bytes)
         outputs.append([intern(key, len(strings)) for key in op.module_outputs] if op.module_outputs else ())
-        parents.append([ops_of(label, label) for label in op.parents])
-        children.append([ops_of(label, label) for label in op.children])
         saved.append(1 if op.saved else 0)
         where = contexts.get(op.code_context)
         if where is None:
             where = contexts[op.code_context] = len(contexts)
         code.append(where)
-        d = distances[op.index]
-        distance += (d.min_from_input, d.max_from_input, d.min_to_output, d.max_to_output)
         if op.params:
             read = [trace.params[name] for name in op.params if name in trace.params]
             if read:
@@ -165,13 +154,25 @@ def op_block(
     return {"strings": list(strings), "contexts": frames, "shapes": shape_list, "columns": columns, **sparse}
 
 
-def module_passes(trace: Trace) -> list[dict[str, Any]]:
-    """One record per module pass, in order of first op: ``key`` (``path:pass``), type, depth (1 = top level),
-    ``parent`` (the position of the enclosing pass in this list, -1 at the top level), ``ops`` (how many)."""
-    passes: dict[tuple[str, int], dict[str, Any]] = {}
+def pass_chains(trace: Trace) -> dict[tuple[tuple[str, int], ...], int]:
+    """Each op's module passes, outermost first (its chain), to the number of ops with that chain, in order of
+    first op. Consecutive ops mostly share one: what is worked out per module pass is worked out per chain."""
+    chains: dict[tuple[tuple[str, int], ...], int] = {}
+    get = chains.get
     for op in trace.ops:
+        chain = op.module_passes
+        chains[chain] = get(chain, 0) + 1
+    return chains
+
+
+def module_passes(trace: Trace, chains: dict[tuple[tuple[str, int], ...], int] | None = None) -> list[dict[str, Any]]:
+    """One record per module pass, in order of first op: ``key`` (``path:pass``), type, depth (1 = top level),
+    ``parent`` (the position of the enclosing pass in this list, -1 at the top level), ``ops`` (how many).
+    ``chains`` is :func:`pass_chains` (worked out here when not given)."""
+    passes: dict[tuple[str, int], dict[str, Any]] = {}
+    for chain, count in (pass_chains(trace) if chains is None else chains).items():
         parent = -1
-        for depth, (path, n) in enumerate(op.module_passes, start=1):
+        for depth, (path, n) in enumerate(chain, start=1):
             found = passes.get((path, n))
             if found is None:
                 module = trace.modules[path]
@@ -187,7 +188,7 @@ def module_passes(trace: Trace) -> list[dict[str, Any]]:
                     "ops": 0,
                     "at": len(passes),
                 }
-            found["ops"] += 1
+            found["ops"] += count
             parent = found["at"]
     for found in passes.values():
         del found["at"]
@@ -213,16 +214,23 @@ def op_graph(trace: Trace, modules: list[dict[str, Any]], colors: dict[str, str]
         "edited": [],
     }
     shapes: dict[Any, str] = {}
+    inner: dict[Any, int] = {}  # an op's chain of module passes -> the position of its innermost pass
+    label, func, kind, module, parents, shape, out, params = (
+        graph[k] for k in ("label", "func", "kind", "module", "parents", "shape", "out", "params")
+    )
     for op in trace.ops:
-        graph["label"].append(op.label)
-        graph["func"].append(op.func_name if op.kind == "op" else "")
-        graph["kind"].append(op.kind)
-        inner = op.module_passes[-1] if op.module_passes else None
-        graph["module"].append(at[(inner[0], inner[1])] if inner else -1)
-        graph["parents"].append(list(op.parent_indices))
-        graph["shape"].append(_cached(shapes, op.shape, shape_text))
-        graph["out"].append(1 if op.module_outputs else 0)
-        graph["params"].append(1 if op.params else 0)
+        label.append(op.label)
+        func.append(op.func_name if op.kind == "op" else "")
+        kind.append(op.kind)
+        chain = op.module_passes
+        found = inner.get(chain)
+        if found is None:
+            found = inner[chain] = at[(chain[-1][0], chain[-1][1])] if chain else -1
+        module.append(found)
+        parents.append(list(op.parent_indices))
+        shape.append(_cached(shapes, op.shape, shape_text))
+        out.append(1 if op.module_outputs else 0)
+        params.append(1 if op.params else 0)
         if colors and op.label in colors:
             graph["fill"][str(op.index)] = colors[op.label]
         if op.edits:

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.ir.errors import GraphvizNotFoundError, TorchLensError
+from torchlens_core.viewer.data import pass_chains
 from torchlens_core.views.draw import AUTO_NODE_BUDGET, to_dot, view
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ QUICK_LAYOUT = ("-Gnslimit=1", "-Gmclimit=0.3")
 PAGE_LAYOUT_OPS = 2_000
 
 
-def depth_sizes(trace: Trace) -> list[int]:
+def depth_sizes(trace: Trace, chains: dict[tuple[tuple[str, int], ...], int] | None = None) -> list[int]:
     """How many nodes the graph has with modules ``d`` deep folded, for d = 1 ... (deepest module + 1).
 
     Counted as :func:`torchlens_core.views.draw.view` draws (a module pass of one op is that op, never a
@@ -45,18 +46,20 @@ def depth_sizes(trace: Trace) -> list[int]:
     among its passes ``d`` deep or deeper, or as itself if none is: so a pass at position ``p`` of its ops'
     passes is a box at the depths from just below the pass of more than one op enclosing it (at ``q``) down
     to its own, ``q + 2 <= d <= p + 1``, and an op is its own node from just below its innermost such pass.
-    One pass over the ops counts both, not one pass per depth.
+    One pass over the ops' chains of passes (:func:`~torchlens_core.viewer.data.pass_chains`, given as
+    ``chains`` or worked out here) counts both, not one pass per depth.
     """
-    depth = max((len(op.module_passes) for op in trace.ops), default=0)
+    chains = pass_chains(trace) if chains is None else chains
+    depth = max(map(len, chains), default=0)
     single: dict[Any, int] = {}
-    for op in trace.ops:
-        for key in op.module_passes:
-            single[key] = single.get(key, 0) + 1
+    for chain, count in chains.items():
+        for key in chain:
+            single[key] = single.get(key, 0) + count
     starts = [0] * (depth + 3)  # +1 at the first depth a node is drawn, -1 after its last
     boxes: dict[Any, tuple[int, int]] = {}  # pass -> (its position, the enclosing box pass's, least over its ops)
-    for op in trace.ops:
+    for chain, count in chains.items():
         q = -1
-        for p, key in enumerate(op.module_passes):
+        for p, key in enumerate(chain):
             if single[key] > 1:
                 first = boxes.get(key)
                 if first is not None and first[0] != p:
@@ -64,7 +67,7 @@ def depth_sizes(trace: Trace) -> list[int]:
                 if first is None or q < first[1]:
                     boxes[key] = (p, q)
                 q = p
-        starts[q + 2] += 1
+        starts[q + 2] += count
     for p, q in boxes.values():
         starts[q + 2] += 1
         starts[p + 2] -= 1

@@ -17,10 +17,12 @@ what a small value's picture spends).
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from torchlens_core.backend.arrays import array_info_of
+from torchlens_core.backend.base import direct
 from torchlens_core.backend.manager import backend_named
 from torchlens_core.ir import tree
 
@@ -34,48 +36,89 @@ STACK_MAX_SIZE = 4096
 STACK_ELEMENTS = 1 << 21
 
 
-def as_array(value: Any, backend: str) -> Any:
-    """``value`` as a NumPy array, or None when it is not an array this backend (or NumPy) knows."""
-    return converter(backend)(value)
+def numpy_leaves(found: Iterable[tuple[Any, Any]], backend: str) -> Iterator[tuple[Any, Any, Any]]:
+    """``(key, path, NumPy array)`` of the first array leaf of each ``(key, value)``, in order; a value with no
+    array leaf (or one its backend does not convert) is left out.
 
-
-def converter(backend: str) -> Callable[[Any], Any]:
-    """:func:`as_array` for one backend as a one-argument function, for the many values of a trace.
-
-    The backend's own ``array_info`` and ``to_numpy``
-    (:func:`torchlens_core.backend.manager.backend_named`), called directly for the many values of a trace.
+    An op with several outputs (``split``, an LSTM) is pictured by its first one; the panel says which. Small
+    values (up to STACK_MAX_SIZE elements) of one shape, dtype and device are converted together, a window of
+    about STACK_ELEMENTS elements at a time, by the backend's ``to_numpy_stacked`` where it has one (one call,
+    not one per value: most of what a small value's conversion costs); any other value on its own, when its
+    turn comes (a large value is never held beside others).
     """
     import numpy as np
 
-    info = array_info_of(backend)
-    to_numpy = backend_named(backend, missing_ok=True).to_numpy
+    handle = backend_named(backend, missing_ok=True)
+    info, to_numpy, to_stacked = array_info_of(backend), direct(handle.to_numpy), direct(handle.to_numpy_stacked)
+    window: list[tuple[Any, Any, Any]] = []
+    groups: dict[Any, list[int]] = {}  # (shape, dtype, device) -> positions in the window
+    held = 0
+    for key, value in found:
+        path, leaf, described = _first_leaf(value, info)
+        if leaf is None:
+            continue
+        size = _size(described[0]) if described is not None else None
+        if size is None or not 0 < size <= STACK_MAX_SIZE:  # NumPy already, or large: on its own, in turn
+            yield from _converted(window, groups, to_numpy, to_stacked)
+            window, groups, held = [], {}, 0
+            array = leaf if described is None else to_numpy(leaf)
+            if array is not None:
+                yield key, path, np.asarray(array)
+            continue
+        groups.setdefault(described, []).append(len(window))
+        window.append((key, path, leaf))
+        held += size
+        if held >= STACK_ELEMENTS:
+            yield from _converted(window, groups, to_numpy, to_stacked)
+            window, groups, held = [], {}, 0
+    yield from _converted(window, groups, to_numpy, to_stacked)
 
-    def convert(value: Any) -> Any:
-        if isinstance(value, (np.ndarray, np.generic)):
-            return np.asarray(value)
-        if info(value) is None:
-            return None
-        found = to_numpy(value)
-        return None if found is None else np.asarray(found)
 
-    return convert
+def _first_leaf(value: Any, info: Callable[[Any], Any]) -> tuple[Any, Any, Any]:
+    """(path, leaf, the backend's array_info of it: None for a NumPy array) of the first array leaf."""
+    import numpy as np
+
+    leaves: Iterable[tuple[Any, Any]] = [((), value)] if _is_leaf(value) else tree.leaves(value, _is_leaf)
+    for path, leaf in leaves:  # most ops: one array, no walk
+        if isinstance(leaf, (np.ndarray, np.generic)):
+            return path, leaf, None
+        described = info(leaf)
+        if described is not None:
+            return path, leaf, described
+    return None, None, None
 
 
-def first_array(value: Any, backend: str, convert: Callable[[Any], Any] | None = None) -> tuple[Any, Any]:
-    """(path, NumPy array) of the first array leaf of an op's output; (None, None) when it has none.
+def _size(shape: Any) -> int | None:
+    try:
+        return math.prod(shape)
+    except TypeError:  # a dimension that is not a number
+        return None
 
-    An op with several outputs (``split``, an LSTM) is pictured by its first one; the panel says which.
-    ``convert`` is :func:`converter`'s function for ``backend`` (made here when not given).
-    """
-    convert = convert or converter(backend)
-    if _is_leaf(value):  # most ops: one array, no walk
-        array = convert(value)
-        return ((), array) if array is not None else (None, None)
-    for path, leaf in tree.leaves(value, _is_leaf):
-        array = convert(leaf)
-        if array is not None:
-            return path, array
-    return None, None
+
+def _converted(
+    window: list[tuple[Any, Any, Any]], groups: dict[Any, list[int]], to_numpy: Any, to_stacked: Any
+) -> Iterator[tuple[Any, Any, Any]]:
+    """The window's values as NumPy arrays, in order: each group of more than one in one stacked conversion
+    where the backend has one (and it gave the shape asked for), any other one by one."""
+    import numpy as np
+
+    rows: dict[int, Any] = {}
+    for (shape, _, _), members in groups.items():
+        if len(members) < 2:
+            continue
+        stack = to_stacked([window[i][2] for i in members])
+        if stack is None or tuple(np.shape(stack)) != (len(members), *shape):
+            continue  # not stacked: converted one by one
+        stack = np.asarray(stack)
+        for row, i in enumerate(members):
+            rows[i] = stack[row]
+    for i, (key, path, leaf) in enumerate(window):
+        array = rows.get(i)
+        if array is None:
+            array = to_numpy(leaf)
+            if array is None:
+                continue
+        yield key, path, np.asarray(array)
 
 
 def _is_leaf(value: Any) -> bool:

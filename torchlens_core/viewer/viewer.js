@@ -47,13 +47,48 @@
       index, label: G.label[index], kind: G.kind[index], func: G.func[index], shape: found.shapes[c.shape[at]],
       dtype: text(c.dtype[at]), device: text(c.device[at]), bytes: c.bytes[at],
       module_outputs: c.module_outputs[at].map((i) => s[i]), params: found.params[at] || [],
-      parents: c.parents[at].map(label), children: c.children[at].map(label), saved: c.saved[at] === 1,
-      code: found.contexts[c.code[at]].map(([file, line, func]) => [s[file], line, s[func]]), distance: c.distance.slice(4 * at, 4 * at + 4),
+      parents: G.parents[index].map(label), children: childrenOf(index).map(label), saved: c.saved[at] === 1,
+      code: found.contexts[c.code[at]].map(([file, line, func]) => [s[file], line, s[func]]), distance: distanceOf(index),
       flops: c.flops[at], macs: c.macs[at], elapsed: c.elapsed[at], source: text(c.source[at]),
       in_place: c.in_place[at] === 1, conditions: c.conditions[at].map(label), config: found.config[at] || {},
     };
     if (found.edits[at]) op.edits = found.edits[at];
     return op;
+  }
+  // Each op's children, from every op's parents (as the trace links them: in op order, once per use).
+  let childLists = null;
+  function childrenOf(index) {
+    if (childLists === null) {
+      childLists = Array.from({ length: count }, () => []);
+      G.parents.forEach((parents, j) => { for (const p of parents) childLists[p].push(j); });
+    }
+    return childLists[index];
+  }
+  // Shortest and longest paths, in edges, from any input to each op and from each op to any output (null: no
+  // path), as trace.distances() works them out: worked out here for every op when the first is shown.
+  let distances = null;
+  function distanceOf(index) {
+    if (distances === null) {
+      const [minIn, maxIn, minOut, maxOut] = [0, 1, 2, 3].map(() => new Array(count).fill(null));
+      for (let i = 0; i < count; i++) { // ops are in execution order: parents come first
+        if (G.kind[i] === "input") { minIn[i] = maxIn[i] = 0; continue; }
+        for (const p of G.parents[i]) {
+          if (minIn[p] === null) continue;
+          if (minIn[i] === null || minIn[p] + 1 < minIn[i]) minIn[i] = minIn[p] + 1;
+          if (maxIn[i] === null || maxIn[p] + 1 > maxIn[i]) maxIn[i] = maxIn[p] + 1;
+        }
+      }
+      for (let i = count - 1; i >= 0; i--) {
+        if (G.kind[i] === "output") minOut[i] = maxOut[i] = 0;
+        if (minOut[i] === null) continue;
+        for (const p of G.parents[i]) {
+          if (minOut[p] === null || minOut[i] + 1 < minOut[p]) minOut[p] = minOut[i] + 1;
+          if (maxOut[p] === null || maxOut[i] + 1 > maxOut[p]) maxOut[p] = maxOut[i] + 1;
+        }
+      }
+      distances = [minIn, maxIn, minOut, maxOut];
+    }
+    return distances.map((d) => d[index]);
   }
   // An op's value picture from its block's columns (pictures.picture_block), the arrays decoded once a block.
   function pictureOf(index) {

@@ -162,8 +162,22 @@ def count(trace: Trace, op: OpRecord) -> tuple[float | None, float | None]:
     formula = formula_for(trace.backend, op.func_name)
     if formula is None:
         return None, None
+    # A formula is a function of the call it is shown, and the ops of a model's repeated layers show it the
+    # same call: each distinct call is counted once per trace (the key holds the formula, so one registered
+    # later is asked anew). A call with an unhashable constant is counted on its own.
     try:
-        found = formula(op_call(trace, op))
+        key = (formula, op.func_name, _key(op.args, trace), _key(op.kwargs, trace), op.shape)
+        found = trace._costs.get(key)
+    except (TypeError, ValueError):  # not hashable, or not comparable
+        return _counted(formula, op_call(trace, op))
+    if found is None:
+        found = trace._costs[key] = _counted(formula, op_call(trace, op))
+    return found
+
+
+def _counted(formula: Formula, call: OpCall) -> tuple[float | None, float | None]:
+    try:
+        found = formula(call)
     except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError):
         # A formula meeting a call form it does not know: unknown, not a failed trace.
         return None, None
@@ -171,6 +185,25 @@ def count(trace: Trace, op: OpRecord) -> tuple[float | None, float | None]:
         return None, None
     flops, macs = found
     return float(flops), float(macs)
+
+
+def _key(x: Any, trace: Trace) -> Any:
+    """What :func:`op_call` makes of ``x``, as a hashable key: an array as its shape and dtype, a constant as
+    its type and itself (``1`` and ``1.0`` are one dict key, and may not be one call to a formula)."""
+    t = type(x)
+    if t is tuple or t is list:
+        return (t, *[_key(v, trace) for v in x])
+    if t is dict:
+        return (t, *[(k, _key(v, trace)) for k, v in x.items()])
+    if t is Ref:
+        src = trace.ops[x.index]
+        return (t, shape_at(src.shape, x.path), src.dtype)
+    if t is ParamRef:
+        p = trace.params.get(x.name)
+        return (t, None) if p is None else (t, p.shape, p.dtype)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):  # an array kept as a constant: op_call's ArraySpec
+        raise TypeError("an array constant: counted on its own")
+    return (t, x)
 
 
 # -- building blocks for backend tables -----------------------------------------------------

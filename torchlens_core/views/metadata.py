@@ -37,9 +37,15 @@ def arg_names(call: Any) -> tuple[str, ...] | None:
     return names
 
 
+# Constants that are never data: most of a call's configuration, decided without asking for attributes.
+_PLAIN = frozenset({int, float, bool, str, complex, type(None), type(Ellipsis)})
+
+
 def _is_data(value: Any) -> bool:
     """Arrays, recorded values and parameters are data, not configuration."""
     t = type(value)
+    if t in _PLAIN:
+        return False
     if t is tuple or t is list:
         return any(_is_data(v) for v in value)
     if t is dict:
@@ -54,10 +60,12 @@ def _is_data(value: Any) -> bool:
 
 def config(op: OpRecord) -> dict[str, Any]:
     """The op's non-array arguments, named by the callable's signature where it has one."""
-    names = op.meta.get("arg_names") or (arg_names(op.call) if op.call is not None else None) or ()
+    names: tuple[str, ...] | None = None  # looked up at the first positional setting (most ops have none)
     out: dict[str, Any] = {}
     for i, value in enumerate(op.args):
         if not _is_data(value):
+            if names is None:
+                names = op.meta.get("arg_names") or (arg_names(op.call) if op.call is not None else None) or ()
             out[names[i] if i < len(names) else f"arg{i}"] = value
     for name, value in op.kwargs.items():
         if not _is_data(value):
