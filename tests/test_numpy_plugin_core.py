@@ -147,3 +147,42 @@ def test_a_leaked_view_of_a_value_save_dropped_still_refuses_new_inputs() -> Non
     assert t["multiply_1"].out is None
     with pytest.raises(tl.UnsupportedError, match="multiply_1"):
         t.replay(np.ones(3) + 1)  # would silently reuse 2 * ones where leaky gives 2 * (ones + 1)
+
+
+def test_setting_the_real_part_records_a_write_and_the_parts_it_cannot_record_are_refused() -> None:
+    """``x.real = v`` on a real array writes the whole array, as NumPy does: recorded, so the traced output, its
+    replay and the untraced call agree. On a complex array (a write to part of each element) it is refused with
+    a typed error saying what to write instead, and ``x.imag = v`` on a real array raises NumPy's TypeError."""
+    import numpy as np
+
+    import torchlens as tl
+
+    def set_real(x: np.ndarray) -> np.ndarray:
+        y = x * 2.0
+        y.real = x + 1.0
+        return y * 3.0
+
+    x = np.arange(6, dtype=np.float64).reshape(2, 3)
+    trace = tl.trace(set_real, x, backend="numpy")
+    assert np.array_equal(trace.output, set_real(x)) and np.array_equal(trace.output, (x + 1.0) * 3.0)
+    assert any(op.in_place for op in trace.ops)
+    report = trace.audit()
+    assert report, report.failures
+
+    def set_complex(z: np.ndarray) -> np.ndarray:
+        w = z * 2
+        w.real = np.ones(3)
+        return w
+
+    with pytest.raises(tl.UnsupportedError, match=r"x = value \+ 1j \* x.imag"):
+        tl.trace(set_complex, np.ones(3, dtype=np.complex128), backend="numpy")
+
+    def set_imag(x: np.ndarray) -> np.ndarray:
+        y = x * 2.0
+        y.imag = x
+        return y
+
+    with pytest.raises(TypeError, match="imaginary"):
+        set_imag(x)  # NumPy's own error
+    with pytest.raises(TypeError, match="imaginary"):
+        tl.trace(set_imag, x, backend="numpy")

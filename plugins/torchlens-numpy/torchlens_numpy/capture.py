@@ -144,14 +144,31 @@ class Tracked(Conversions, np.ndarray):  # type: ignore[misc]
     def mT(self) -> Any:
         return self.swapaxes(-1, -2)
 
-    # No setters: ``x.real = v`` on a tracked array raises AttributeError (an ndarray would write the real part)
     @property  # type: ignore[misc]
     def real(self) -> Any:
         return np.real(self)
 
+    @real.setter
+    def real(self, value: Any) -> None:
+        if np.iscomplexobj(self._tl_unlinked()):
+            raise UnsupportedError(
+                "torchlens-numpy cannot record `x.real = ...` on a complex array (a write to part of each "
+                "element): use `x = value + 1j * x.imag`"
+            )
+        self[...] = value  # a real array is its own real part: a recorded write of the whole array
+
     @property  # type: ignore[misc]
     def imag(self) -> Any:
         return np.imag(self)
+
+    @imag.setter
+    def imag(self, value: Any) -> None:
+        if np.iscomplexobj(self._tl_unlinked()):
+            raise UnsupportedError(
+                "torchlens-numpy cannot record `x.imag = ...` (a write to part of each element): use "
+                "`x = x.real + 1j * value`"
+            )
+        np.ndarray.imag.__set__(self._tl_unlinked(), value)  # a real array: NumPy's TypeError, nothing written
 
     @property
     def shape(self) -> tuple[int, ...]:
