@@ -144,7 +144,7 @@ class Tracked(Conversions, np.ndarray):  # type: ignore[misc]
     def mT(self) -> Any:
         return self.swapaxes(-1, -2)
 
-    @property  # type: ignore[misc]
+    @property
     def real(self) -> Any:
         return np.real(self)
 
@@ -157,7 +157,7 @@ class Tracked(Conversions, np.ndarray):  # type: ignore[misc]
             )
         self[...] = value  # a real array is its own real part: a recorded write of the whole array
 
-    @property  # type: ignore[misc]
+    @property
     def imag(self) -> Any:
         return np.imag(self)
 
@@ -168,7 +168,8 @@ class Tracked(Conversions, np.ndarray):  # type: ignore[misc]
                 "torchlens-numpy cannot record `x.imag = ...` (a write to part of each element): use "
                 "`x = x.real + 1j * value`"
             )
-        np.ndarray.imag.__set__(self._tl_unlinked(), value)  # a real array: NumPy's TypeError, nothing written
+        plain = self._tl_unlinked()
+        plain.imag = value  # a real array: NumPy's TypeError, nothing written
 
     @property
     def shape(self) -> tuple[int, ...]:
