@@ -78,10 +78,8 @@ def direct(method: Any) -> Any:
         return method
     try:
         value = resolve()
-    except (
-        ImportError
-    ):  # its framework is not installed (a loaded trace's NumPy values never need it): the call says so
-        return method
+    except ImportError:
+        return method  # its framework is not installed (a loaded trace's NumPy values never need it): a call says so
     return value if callable(value) else method
 
 

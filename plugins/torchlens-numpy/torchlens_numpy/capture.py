@@ -150,11 +150,7 @@ class Tracked(Conversions, np.ndarray):  # type: ignore[misc]
 
     @real.setter
     def real(self, value: Any) -> None:
-        if np.iscomplexobj(self._tl_unlinked()):
-            raise UnsupportedError(
-                "torchlens-numpy cannot record `x.real = ...` on a complex array (a write to part of each "
-                "element): use `x = value + 1j * x.imag`"
-            )
+        self._refuse_part_write("real", "x = value + 1j * x.imag")
         self[...] = value  # a real array is its own real part: a recorded write of the whole array
 
     @property
@@ -163,13 +159,16 @@ class Tracked(Conversions, np.ndarray):  # type: ignore[misc]
 
     @imag.setter
     def imag(self, value: Any) -> None:
-        if np.iscomplexobj(self._tl_unlinked()):
-            raise UnsupportedError(
-                "torchlens-numpy cannot record `x.imag = ...` (a write to part of each element): use "
-                "`x = x.real + 1j * value`"
-            )
+        self._refuse_part_write("imag", "x = x.real + 1j * value")
         plain = self._tl_unlinked()
         plain.imag = value  # a real array: NumPy's TypeError, nothing written
+
+    def _refuse_part_write(self, part: str, instead: str) -> None:
+        if np.iscomplexobj(self._tl_unlinked()):
+            raise UnsupportedError(
+                f"torchlens-numpy cannot record `x.{part} = ...` on a complex array (a write to part of each "
+                f"element): use `{instead}`"
+            )
 
     @property
     def shape(self) -> tuple[int, ...]:
