@@ -182,3 +182,40 @@ def test_a_backend_written_for_contract_1_is_warned_and_its_trace_is_not_saved(
     with pytest.raises(tl.TraceFileError, match="shape"):
         tl.save(trace, tmp_path / "t")
     assert not (tmp_path / "t").exists()
+
+
+def test_a_backend_written_before_contract_4_has_its_ops_named_as_they_are_added(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Contract 4 names ops when the capture finishes; a plugin written for contract 3 may read a label right
+    after add_op, so it still gets one there, and hears once that the next release names them at the end."""
+    from torchlens_core.backend import manager
+    from torchlens_core.capture import builder as builder_module
+
+    seen_at_add = []
+    real_add_op = builder_module.TraceBuilder.add_op
+
+    def add_op(self, *args, **kwargs):  # what a plugin reading labels as it records sees
+        op = real_add_op(self, *args, **kwargs)
+        seen_at_add.append(op.label)
+        return op
+
+    def looped(x):
+        for _ in range(3):
+            x = np.tanh(x) * 2.0
+        return x
+
+    monkeypatch.setattr(builder_module.TraceBuilder, "add_op", add_op)
+    x = np.linspace(-1.0, 1.0, 6)
+    at_end = tl.trace(looped, x, backend="numpy")
+    assert len(seen_at_add) == 6 and set(seen_at_add) == {""}  # contract 4: named when the capture finishes
+    seen_at_add.clear()
+    monkeypatch.setattr(manager, "contract_of", lambda name: 3)
+    monkeypatch.setattr(builder_module, "_WARNED", set())
+    with pytest.warns(tl.PluginContractWarning, match="contract 3: its ops are named as they are recorded"):
+        as_added = tl.trace(looped, x, backend="numpy")
+    ops = [op for op in as_added.ops if op.kind == "op"]
+    assert [op.label for op in ops] == [op.label for op in at_end.ops if op.kind == "op"]
+    # named as added, before the capture knew how many passes each layer has
+    assert seen_at_add == [f"{op.layer_label}:{op.pass_num}" if op.pass_num > 1 else op.layer_label for op in ops]
+    assert np.array_equal(as_added.output, looped(x))

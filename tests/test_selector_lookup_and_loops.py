@@ -66,3 +66,36 @@ def test_selectors_as_keys_give_lists():
     assert torch.equal(returned.out, trace["layer2"].out)
     with pytest.raises(LabelNotFoundError, match=r"tl.func\('conv3d'\) picks no op"):
         trace[tl.func("conv3d")]
+
+
+def test_labels_named_after_the_forward_are_those_named_while_it_runs(monkeypatch):
+    """Without a selector reading labels during the capture, ops are named once the forward has run (a warm
+    loop, docs/performance.md); the labels are the ones a capture that names each op as it arrives gives."""
+    from torchlens_core.capture.builder import LayerNamer
+
+    torchvision = pytest.importorskip("torchvision")
+    running = []
+
+    class Watched(SimpleRecurrent):
+        def forward(self, x):
+            running.append(True)
+            try:
+                return super().forward(torch.relu(x)) + torchvision.ops.misc.Permute([0, 1])(x)
+            finally:
+                running.pop()
+
+    named_in_forward = []
+    real = LayerNamer.name
+    monkeypatch.setattr(LayerNamer, "name", lambda self, op: (named_in_forward.append(bool(running)), real(self, op)))
+    model, x = Watched(), torch.randn(6, 5)
+
+    def fields(trace):
+        return [(op.label, op.layer_label, op.num_passes, op.parents, op.children) for op in trace.ops]
+
+    at_end = tl.trace(model, x)
+    assert named_in_forward and not any(named_in_forward)
+    named_in_forward.clear()
+    as_they_run = tl.trace(model, x, save=tl.func("linear"))  # save= reads each op's label as it arrives
+    assert any(named_in_forward)
+    assert fields(at_end) == fields(as_they_run)
+    assert at_end["add_1_3:4"].num_passes == 4 and at_end.audit()

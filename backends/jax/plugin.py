@@ -24,7 +24,7 @@ class JaxBackend(Backend):
         # for each cond index and each while condition, and reports every one (docs/backend-jax.md).
         # "gradients": one jax.grad over the replayed graph, a zero added at each wanted op (torchlens_jax.grads).
         return BackendInfo(
-            contract=3,
+            contract=4,
             name=self.name,
             framework="jax",
             install="pip install 'torchlens[jax]'",

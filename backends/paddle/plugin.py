@@ -43,7 +43,7 @@ class PaddleBackend(Backend):
         # the helpers); "splice": a layer a splice names gets an instance-level forward for the capture.
         # "gradients": trace.log_backward replays the graph under autograd, hooking each wanted op (grads.py).
         return BackendInfo(
-            contract=3,
+            contract=4,
             name=self.name,
             framework=_distribution(),
             install="pip install 'torchlens[paddle]'",

@@ -49,7 +49,7 @@ class TFBackend(Backend):
         # (torchlens_tf.conversions); reads through the buffer protocol (np.asarray(t)) are not seen.
         # "gradients": the graph replayed under a GradientTape, a zero added at each wanted op (torchlens_tf.grads).
         return BackendInfo(
-            contract=3,
+            contract=4,
             name=self.name,
             framework=_distribution(),
             install="pip install 'torchlens[tf]'",

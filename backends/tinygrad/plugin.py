@@ -26,7 +26,7 @@ class TinygradBackend(Backend):
         # "splice": the layer's __call__ wrapper runs the replacement on its arguments instead.
         # "gradients": trace.log_backward replays the graph lazily with a zero added at each wanted op (grads.py).
         return BackendInfo(
-            contract=3,
+            contract=4,
             name=self.name,
             framework="tinygrad",
             install="pip install 'torchlens[tinygrad]'",

@@ -694,8 +694,9 @@ def capture(
     )
     param_names: dict[int, str] = {}
     paths: dict[int, str] = {}
-    if is_module:
-        _declare(builder, model, param_names, paths)
+    named_modules = list(model.named_modules()) if is_module else None  # one walk for declaring, and fastpath's
+    if named_modules is not None:
+        _declare(builder, model, named_modules, param_names, paths)
     shadow = builder.options.escape_detector == "shadow"
     recorder = (_ShadowedRecorder if shadow else _Recorder)(builder, param_names)
     watching = ShadowMode(recorder) if shadow else contextlib.nullcontext()
@@ -714,7 +715,7 @@ def capture(
             hooks,
             eager_stance.held(),
             spliced(model, builder),
-            recorded_as_run(model, recorder),
+            recorded_as_run(model, recorder, named_modules),
             recorded_transforms(recorder),
             function_mode(recorder),
             watching,
@@ -732,7 +733,7 @@ def capture(
     builder.add_outputs(template, output)
     recorder.check_versions()
     kept = [leaf for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor))]
-    if is_module:
+    if is_module:  # as they are now: the forward may have set new ones (keras-on-torch builds its weights)
         kept += [*model.parameters(), *model.buffers()]
     recorder.unalias(kept)
     trace = builder.finish()
@@ -744,10 +745,17 @@ def capture(
 _SITES.stop_at(capture)
 
 
-def _declare(builder: TraceBuilder, model: torch.nn.Module, param_names: dict[int, str], paths: dict[int, str]) -> None:
-    """Declare the model's modules, parameters and buffers before the forward."""
+def _declare(
+    builder: TraceBuilder,
+    model: torch.nn.Module,
+    named_modules: list[tuple[str, torch.nn.Module]],
+    param_names: dict[int, str],
+    paths: dict[int, str],
+) -> None:
+    """Declare the model's modules (``named_modules``: its ``named_modules()``), parameters and buffers before
+    the forward."""
     # A compile wrapper is not a module of the model: the module it wraps takes its path (compiled.py).
-    modules = [(public_path(path), module) for path, module in model.named_modules() if not is_compiled_wrapper(module)]
+    modules = [(public_path(path), module) for path, module in named_modules if not is_compiled_wrapper(module)]
     params, buffers = _members(model, modules)
     for name, p in params:
         owner = name.rpartition(".")[0]

@@ -82,16 +82,17 @@ SUPPORTED = all(hasattr(owner, name) for owner, name in _INTERNALS)
 
 
 @contextlib.contextmanager
-def recorded_as_run(model: Any, recorder: Any) -> Iterator[None]:
+def recorded_as_run(model: Any, recorder: Any, named: list[tuple[str, nn.Module]] | None = None) -> Iterator[None]:
     """While the block runs, ``model``'s fused-path modules record the path torch really takes.
 
-    ``recorder`` is the capture's TorchFunctionMode (with a ``builder``). Modules
-    whose class or instance overrides ``forward`` are left alone.
+    ``recorder`` is the capture's TorchFunctionMode (with a ``builder``); ``named``: the model's
+    ``named_modules()``, where the caller has them already. Modules whose class or instance overrides
+    ``forward`` are left alone.
     """
     targets = []
     root = model if isinstance(model, nn.Module) else getattr(model, "__self__", None)  # model.forward too
     if SUPPORTED and isinstance(root, nn.Module):
-        for path, module in root.named_modules():
+        for path, module in named if named is not None and root is model else root.named_modules():
             run = _RUNNERS.get(type(module).forward) if "forward" not in vars(module) else None
             if run is not None:
                 targets.append((path, module, run))

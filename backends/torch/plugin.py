@@ -15,7 +15,7 @@ class TorchBackend(Backend):
 
     def info(self) -> BackendInfo:
         return BackendInfo(
-            contract=3,
+            contract=4,
             name=self.name,
             framework="torch",
             install="pip install 'torchlens[torch]'",

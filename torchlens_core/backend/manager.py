@@ -123,7 +123,11 @@ broken_plugins: dict[str, str] = {}
 #      helpers, module sites, splices, refusals and array operations; gradients of selected ops, of loaded traces
 #      and through edits; replay's refusals and loaded traces on new inputs; FLOP coverage). Under an earlier
 #      contract a failure of those checks warns (PluginContractWarning) and is reported xfailed.
-CONTRACT_VERSION = 3
+#   4: TraceBuilder gives ops their labels when the capture finishes, not at add_op (unless intervene=, save=,
+#      halt=, a save_grads= selector or save_to= reads them as the forward runs); a backend that reads a label
+#      while capturing calls TraceBuilder.name_ops() first. Under an earlier contract ops are named as they are
+#      added, with a PluginContractWarning.
+CONTRACT_VERSION = 4
 
 
 def contract_of(name: str) -> int:

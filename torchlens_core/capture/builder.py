@@ -61,6 +61,18 @@ class TraceBuilder:
         # a bar for captures that run longer than a few seconds (torchlens_core/ir/progress.py); silent otherwise
         self.progress = Progress("tl.trace", unit="op")
         self._unwritten: list[OpRecord] = []
+        # Labels are worked out at the end, in one warm loop over the ops, unless something reads them while the
+        # forward runs: intervene=, save=/halt= and a save_grads= selector pick ops by label, and save_to= writes
+        # records out as it goes. Inside a forward naming is several times dearer (the kernels leave the cache
+        # cold between ops; docs/performance.md, "What the per-op cost consists of").
+        self.live_names = bool(
+            self.editor is not None
+            or self.policy.active
+            or self.stream is not None
+            or not isinstance(self.options.save_grads, bool)
+            or _names_as_added(backend)
+        )
+        self._named = 0  # ops[:_named] have their labels
         if self.stream is not None:
             self.stream.begin(backend)
 
@@ -90,7 +102,8 @@ class TraceBuilder:
         )
         self._check(op)
         self.ops.append(op)
-        self.namer.name(op)
+        if self.live_names:
+            self.name_ops()
         return op
 
     def add_op(
@@ -150,7 +163,8 @@ class TraceBuilder:
         )
         self._check(op)
         self.ops.append(op)
-        self.namer.name(op)
+        if self.live_names:
+            self.name_ops()
         self.progress.update()
         if self.editor is not None:
             edited = self.editor.edit_op(op, out)
@@ -181,6 +195,14 @@ class TraceBuilder:
             elif earlier.saved:
                 self.stream.store(earlier)
         self._unwritten = still
+
+    def name_ops(self) -> None:
+        """Give every op recorded so far that has none its label (in index order: a label depends on the
+        parents' labels)."""
+        ops, name = self.ops, self.namer.name
+        for i in range(self._named, len(ops)):
+            name(ops[i])
+        self._named = len(ops)
 
     def _check(self, op: OpRecord) -> None:
         """Refuse a record ``tl.load`` would refuse, now, naming the field and what to pass instead."""
@@ -365,9 +387,10 @@ class TraceBuilder:
                 parent_indices=(leaf.index,),
             )
             self.ops.append(out)
-            self.namer.name(out)
             nodes[path] = Ref(out.index)
         self._output_template = _replace_at(template, nodes)
+        if self.live_names:
+            self.name_ops()
 
     # -- once, at the end --------------------------------------------------------------
     def finish(self, halted: bool = False) -> Trace | Recording:
@@ -379,6 +402,7 @@ class TraceBuilder:
 
     def finish_trace(self, halted: bool = False) -> Trace:
         ops = self.ops
+        self.name_ops()
         self.namer.finish()
         for op in ops:
             op.parents = [ops[i].label for i in op.parent_indices]
@@ -505,6 +529,29 @@ def _replace_at(template: Any, new: dict[tuple[Any, ...], Any], path: tuple[Any,
     if kids is None:
         return template
     return tree.rebuild(template, [_replace_at(v, new, (*path, k)) for k, v in kids])
+
+
+def _names_as_added(backend: str) -> bool:
+    """Does ``backend``, written for a contract before 4, get each op's label at ``add_op`` (as it was written
+    for)? It hears once per process that the next release names ops when the capture finishes."""
+    from torchlens_core.backend.manager import contract_of  # the plugin layer, above this one
+
+    contract = contract_of(backend)
+    if contract >= 4:
+        return False
+    key = f"{backend}:labels"
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(
+            f"the {backend} backend is written for plugin contract {contract}: its ops are named as they are "
+            f"recorded. From contract 4 an op gets its label when the capture finishes (naming is several times "
+            f"dearer inside a forward), as every backend's will in the next release: declare "
+            f"BackendInfo(contract=4) once the backend reads no op label while capturing, or calls "
+            f"TraceBuilder.name_ops() before it does (CHANGELOG.md, 'For plugin authors').",
+            PluginContractWarning,
+            stacklevel=3,
+        )
+    return True
 
 
 class LayerNamer:

@@ -200,7 +200,8 @@ class Recorder(ModulePasses):
             if not x:
                 return x
             items = []
-            for v in x:  # most arguments: recorded arrays and numbers, handled here without a call each
+            param_names = self.param_names
+            for v in x:  # most arguments: recorded arrays, parameters and numbers, handled here without a call each
                 if type(v) in _PLAIN:
                     items.append(v)
                     continue
@@ -209,6 +210,11 @@ class Recorder(ModulePasses):
                     ref = found[1]
                     parents.append(ref.index)
                     items.append(ref)
+                    continue
+                name = param_names.get(id(v))
+                if name is not None and self.is_array(v):
+                    params.append(name)
+                    items.append(ParamRef(name))
                 else:
                     items.append(self.template(v, parents, params))
             return t(items)

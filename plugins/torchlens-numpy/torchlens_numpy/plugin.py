@@ -35,7 +35,7 @@ class NumpyBackend(Backend):
         # "intervene" at op sites; no "splice": plain functions have no module calls to replace.
         # "new_inputs": every conversion of a Tracked array to a Python value is reported.
         return BackendInfo(
-            contract=3,
+            contract=4,
             name=NAME,
             framework="numpy",
             install="pip install torchlens-numpy",
