@@ -188,7 +188,7 @@ def test_a_backend_written_before_contract_4_has_its_ops_named_as_they_are_added
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Contract 4 names ops when the capture finishes; a plugin written for contract 3 may read a label right
-    after add_op, so it still gets one there, and hears once that the next release names them at the end."""
+    after add_op, so it still gets one there (the conformance suite tells it whether it is ready for contract 4)."""
     from torchlens_core.backend import manager
     from torchlens_core.capture import builder as builder_module
 
@@ -211,11 +211,50 @@ def test_a_backend_written_before_contract_4_has_its_ops_named_as_they_are_added
     assert len(seen_at_add) == 6 and set(seen_at_add) == {""}  # contract 4: named when the capture finishes
     seen_at_add.clear()
     monkeypatch.setattr(manager, "contract_of", lambda name: 3)
-    monkeypatch.setattr(builder_module, "_WARNED", set())
-    with pytest.warns(tl.PluginContractWarning, match="contract 3: its ops are named as they are recorded"):
-        as_added = tl.trace(looped, x, backend="numpy")
+    as_added = tl.trace(looped, x, backend="numpy")
     ops = [op for op in as_added.ops if op.kind == "op"]
     assert [op.label for op in ops] == [op.label for op in at_end.ops if op.kind == "op"]
     # named as added, before the capture knew how many passes each layer has
     assert seen_at_add == [f"{op.layer_label}:{op.pass_num}" if op.pass_num > 1 else op.layer_label for op in ops]
     assert np.array_equal(as_added.output, looped(x))
+
+
+def test_the_suite_tells_a_backend_reading_labels_while_it_records_that_contract_4_would_break_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The suite's rule of contract 4 captures the case with ops named at the end: a backend that keys its own
+    bookkeeping by label as it records fails there; written for contract 3 it is warned (the check xfailed),
+    written for contract 4 the check fails."""
+    from torchlens.conformance import checks, support
+    from torchlens.conformance.support import Traced
+    from torchlens_core.backend import manager
+    from torchlens_core.backend.cases import Case
+    from torchlens_core.capture import builder as builder_module
+
+    real_add_op = builder_module.TraceBuilder.add_op
+
+    def keyed_by_label(self, *args, **kwargs):  # a plugin keeping {label: op} as it records
+        op = real_add_op(self, *args, **kwargs)
+        seen = self.notes.setdefault("by_label", {})
+        if op.label in seen:
+            raise RuntimeError(f"two ops labelled {op.label!r}")
+        seen[op.label] = op.index
+        return op
+
+    def model(x):
+        return np.tanh(x) * 2.0 + 1.0
+
+    x = np.linspace(-1.0, 1.0, 6)
+    case = Case("keyed", lambda: (model, (x,), {}))
+    traced = Traced("numpy", case, model, (x,), {}, tl.trace(model, x, backend="numpy"), model(x))
+    check = checks.test_ops_named_when_the_capture_finishes_are_named_as_when_added
+    check(traced=traced)  # the numpy plugin reads no label while it records
+    monkeypatch.setattr(builder_module.TraceBuilder, "add_op", keyed_by_label)
+    for module in (manager, support):  # what the builder and the suite read
+        monkeypatch.setattr(module, "contract_of", lambda name: 3)
+    with pytest.warns(tl.PluginContractWarning, match="rule of contract 4"), pytest.raises(pytest.xfail.Exception):
+        check(traced=traced)
+    for module in (manager, support):
+        monkeypatch.setattr(module, "contract_of", lambda name: 4)
+    with pytest.raises(RuntimeError, match="two ops labelled ''"):
+        check(traced=traced)

@@ -19,7 +19,7 @@ import pytest
 import torchlens as tl
 from torchlens.conformance.plugin import suite_settings
 from torchlens.conformance.rerun import rerun_module_outputs
-from torchlens.conformance.support import Traced, needs
+from torchlens.conformance.support import Traced, needs, since_contract, small_only
 from torchlens.conformance.support import other_inputs as _other_inputs
 from torchlens.conformance.support import run as _run
 from torchlens_core.backend.arrays import max_error
@@ -371,6 +371,40 @@ def test_no_lost_edges(traced: Traced) -> None:
         moved = list(constants_that_moved(traced.trace, other, again))
     found += moved
     assert not found, "lost edges:\n" + "\n".join(f"  {f.op}: {f.detail}" for f in found[:10])
+
+
+# -- a rule of plugin contract 4 ------------------------------------------------------------------------------------
+@since_contract(4)
+def test_ops_named_when_the_capture_finishes_are_named_as_when_added(traced: Traced) -> None:
+    """Under contract 4 an op gets its label when the capture finishes, not at ``add_op``: a capture that reads a
+    label while it records would read none. The case captured so has the labels, graph and output of the same
+    capture naming each op as it is added (whatever contract the backend declares; on small cases)."""
+    from torchlens_core.capture.builder import forced_naming
+
+    small_only(traced)
+
+    def captured(as_added: bool) -> tl.Trace:
+        with forced_naming(as_added):
+            return _run(
+                traced.case, lambda: tl.trace(traced.model, *traced.args, backend=traced.backend, **traced.kwargs)
+            )
+
+    at_end, as_added = captured(False), captured(True)
+
+    def fields(trace: tl.Trace) -> list[tuple[Any, ...]]:
+        return [
+            (op.kind, op.func_name, op.label, op.layer_label, op.pass_num, op.num_passes, op.parents, op.children)
+            for op in trace.ops
+        ]
+
+    named_at_end, named_as_added = fields(at_end), fields(as_added)
+    differ = [(a, b) for a, b in zip(named_at_end, named_as_added) if a != b]
+    assert len(named_at_end) == len(named_as_added) and not differ, (
+        f"named when the capture finishes, {len(named_at_end)} ops; as they are added, {len(named_as_added)}; "
+        f"first difference: {differ[:1]}"
+    )
+    moved = max_error(traced.backend, at_end.output, as_added.output)
+    assert moved <= traced.case.rtol, f"the two captures' outputs differ by {moved:.3g}"
 
 
 # -- the checks of behaviours every backend with a capability must have, rules of plugin contract 3 ---------------
