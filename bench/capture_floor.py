@@ -12,7 +12,8 @@ Interleaved in one process, one thread, medians:
 - ``bare``: the interception a capture uses, doing nothing (torch: a ``TorchFunctionMode``; TensorFlow: an op
   callback, installed with ``op_callbacks.add_op_callback`` so that every eager path calls it; Paddle and tinygrad:
   the capture's own wrappers, installed and put back by the capture's own code, reporting to a keeper that records
-  nothing; JAX: ``jax.make_jaxpr`` of the model, which is how a capture sees its ops).
+  nothing; JAX: ``jax.make_jaxpr`` of the model, which is how a capture sees its ops, traced afresh each time as
+  a capture of a model that is not jitted must: JAX's own cache of traced functions would skip the model's Python).
 - ``hold``: the same, keeping every op's output until the forward ends, as a full trace keeps its values
   (torch and Paddle also copy the tensor an in-place op is about to overwrite, as the capture does; tinygrad
   makes each op's output a realization target and realizes them in one schedule before a write, a draw or a
@@ -39,6 +40,7 @@ the process keeps what it freed (docs/performance.md).
 from __future__ import annotations
 
 import argparse
+import functools
 import resource
 import statistics
 import threading
@@ -339,7 +341,11 @@ def jax_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict
         return view.rebuild(param_values)(*a, **kw)
 
     def trace() -> Any:
-        return jax.make_jaxpr(call)(params, inputs)
+        # A new function object each time, as every capture of a model that is not jitted traces one: JAX keeps
+        # the jaxpr of a function it traced before, and answering from it would skip the model's Python, which
+        # may read state that changed since (a global, a Python attribute). Only a jitted target's contract
+        # lets a capture reuse a program (its floor is hold_jit).
+        return jax.make_jaxpr(functools.partial(call))(params, inputs)
 
     closed = trace()
     jaxpr = closed.jaxpr

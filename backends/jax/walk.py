@@ -35,6 +35,7 @@ from typing import Any
 import attrs
 import jax
 import numpy as np
+from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, Literal
 
 import torchlens_core
 from torchlens_core.capture import api
@@ -110,8 +111,6 @@ class Walker(ModulePasses):
         its iterations; ``helper`` marks jaxprs made by the walk itself (the
         slicing and stacking of a scan), whose code site is not the user's.
         """
-        from jax.extend.core import DropVar, Literal
-
         env: dict[Any, Val] = {}
 
         def read(var: Any) -> Val:
@@ -156,8 +155,6 @@ class Walker(ModulePasses):
     def _eqn(
         self, eqn: Any, ins: list[Val], chain: tuple[int, ...], loc: tuple[Any, ...], in_loop: bool, helper: bool
     ) -> list[Val]:
-        from jax.extend.core import ClosedJaxpr, Jaxpr
-
         name = eqn.primitive.name
         if name == MARKER_NAME:
             return self._marker(eqn, ins)
@@ -469,8 +466,6 @@ class Walker(ModulePasses):
 
 def _last_reads(jaxpr: Any) -> dict[int, list[Any]]:
     """Equation index -> the variables no later equation of ``jaxpr`` reads (its outputs are read at the end)."""
-    from jax.extend.core import DropVar, Literal
-
     last: dict[Any, int] = {}
     for i, eqn in enumerate(jaxpr.eqns):
         for var in eqn.invars:
@@ -492,12 +487,16 @@ def _last_reads(jaxpr: Any) -> dict[int, list[Any]]:
 def _config(params: dict[str, Any]) -> dict[str, Any]:
     """The equation's parameters as the op's keyword arguments, for op.config and FLOP formulas to read.
     Inner jaxprs stay in ``op.call`` only: they are programs, not settings."""
-    return {k: v for k, v in params.items() if not _inner_jaxprs({k: v})}
+    return {k: v for k, v in params.items() if not _holds_jaxpr(v)}
+
+
+def _holds_jaxpr(value: Any) -> bool:
+    """Is the parameter ``value`` a jaxpr, or a tuple or list holding one?"""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    return any(isinstance(item, (ClosedJaxpr, Jaxpr)) for item in items)
 
 
 def _inner_jaxprs(params: dict[str, Any]) -> list[Any]:
-    from jax.extend.core import ClosedJaxpr, Jaxpr
-
     found = []
     for v in params.values():
         for item in v if isinstance(v, (tuple, list)) else (v,):
@@ -518,16 +517,29 @@ _LOCATIONS: dict[tuple[int, int], tuple[Any, CodeLocation]] = {}
 _MAX_LOCATIONS = 1 << 16  # then the cache starts over: models whose code is made anew at every call stay bounded
 
 
-def _code_context(eqn: Any, limit: int = CONTEXT_FRAMES) -> tuple[CodeLocation, ...]:
-    """The user's frames that made this equation, innermost first, if JAX kept them: the frames JAX's
-    ``source_info_util.user_frames`` reports, up to the call into TorchLens, TorchLens's own left out."""
+def _user_frames() -> tuple[Callable[[str], bool], Callable[[Any, int], Any]] | None:
+    """JAX's test of a user's file and its offset-to-line lookup; None where this JAX has neither."""
     try:
         from jax._src import source_info_util  # no public API gives the user frames
         from jax._src.lib import xla_client
 
+        return source_info_util.is_user_filename, xla_client.Traceback.code_addr2location
+    except Exception:  # noqa: BLE001 - moved or gone in this JAX: no code context
+        return None
+
+
+_USER_FRAMES = _user_frames()  # once: an import statement per equation costs a microsecond
+
+
+def _code_context(eqn: Any, limit: int = CONTEXT_FRAMES) -> tuple[CodeLocation, ...]:
+    """The user's frames that made this equation, innermost first, if JAX kept them: the frames JAX's
+    ``source_info_util.user_frames`` reports, up to the call into TorchLens, TorchLens's own left out."""
+    if _USER_FRAMES is None:
+        return ()
+    try:
         traceback = eqn.source_info.traceback
         codes, offsets = traceback.raw_frames() if traceback else ((), ())
-        is_user, locate = source_info_util.is_user_filename, xla_client.Traceback.code_addr2location
+        is_user, locate = _USER_FRAMES
     except Exception:  # noqa: BLE001 - no source info to read: no code context
         return ()
     found: list[CodeLocation] = []
