@@ -65,8 +65,8 @@ class TraceBuilder:
         self._unwritten: list[OpRecord] = []
         # Labels are worked out at the end, in one loop over the ops, unless something reads them while the
         # forward runs: intervene=, save=/halt= and a save_grads= selector pick ops by label, and save_to= writes
-        # records out as it goes. Named at the end, a capture's per-op Python measured about 4 µs less per op and
-        # module pass (docs/performance.md, "What the per-op cost consists of").
+        # records out as it goes. Naming needs nothing the forward has, and what a capture does inside the forward
+        # is what it costs (docs/performance.md, "What the per-op cost consists of").
         self.live_names = bool(
             self.editor is not None
             or self.policy.active
