@@ -246,7 +246,7 @@ def measure(
     backend: str, halts: bool, build: Callable[[], Built], repeats: int, patches: bool = False, clock: str = "wall"
 ) -> tuple[dict[str, Any], dict]:
     from capture_floor import MODES as FLOORS
-    from capture_floor import units
+    from capture_floor import in_turn, units
 
     import torchlens as tl
 
@@ -286,8 +286,9 @@ def measure(
         for run in runs.values():
             run()
     now = CLOCKS[clock]
-    for _ in range(repeats):
-        for name, run in runs.items():
+    for round_ in range(repeats):
+        for name in in_turn(list(runs), round_):  # the plain call first, the others in turn
+            run = runs[name]
             t0 = now()
             result = run()
             times[name].append(now() - t0)

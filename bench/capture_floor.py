@@ -406,6 +406,15 @@ def main() -> None:
         )
 
 
+def in_turn(names: list[str], round_: int) -> list[str]:
+    """The first name (the plain call), then the others rotated by ``round_``: what a run finds of the memory the
+    run before it freed (glibc's blocks, pages still mapped) changes what it costs, so no mode may always come
+    after the same one (a capture run straight after the plain call pays the page faults of fresh memory)."""
+    rest = names[1:]
+    k = round_ % len(rest) if rest else 0
+    return [names[0], *rest[k:], *rest[:k]]
+
+
 def recorded_units(backend: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     """What the recorder handles in one capture: its ops and its module passes."""
     import torchlens as tl
@@ -433,7 +442,8 @@ def measure(
     faults: dict[str, list[int]] = {mode: [] for mode in runs}
     now = time.thread_time if clock == "cpu" else time.perf_counter
     for round_ in range(repeats + 3):  # three warm-up rounds
-        for mode, run in runs.items():
+        for mode in in_turn(list(runs), round_):
+            run = runs[mode]
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = now()
             kept = run()
