@@ -61,11 +61,12 @@ def test_the_plugin_is_inert_without_its_option(tmp_path: pathlib.Path) -> None:
     assert counts(done.stdout) == {"passed": 1}
 
 
-def test_expected_failures_are_strict(tmp_path: pathlib.Path) -> None:
+def _mlp_parity_listed(tmp_path: pathlib.Path, entry: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """The numpy zoo's mlp output-parity check (which passes), run with ``entry`` as its expected failure."""
     site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
     xfails = tmp_path / "xfails.txt"
-    xfails.write_text("mlp::output_parity  # listed, but it passes: a strict entry fails the run\n")
-    done = run_pytest(
+    xfails.write_text(entry + "\n")
+    return run_pytest(
         tmp_path,
         site,
         "--torchlens-backend",
@@ -74,27 +75,19 @@ def test_expected_failures_are_strict(tmp_path: pathlib.Path) -> None:
         str(xfails),
         "-k",
         "output_parity and mlp",
+        *options,
     )
+
+
+def test_expected_failures_are_strict(tmp_path: pathlib.Path) -> None:
+    done = _mlp_parity_listed(tmp_path, "mlp::output_parity  # listed, but it passes: a strict entry fails the run")
     assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
     assert "XPASS(strict)" in done.stdout and "listed, but it passes" in done.stdout
 
 
 def test_an_expected_failure_of_some_machines_only_may_pass(tmp_path: pathlib.Path) -> None:
     """``?case::check``: a failure that depends on the machine (a kernel some CPUs have) is not strict."""
-    site = make_site(tmp_path, {"numpy": "torchlens_numpy.plugin"})
-    xfails = tmp_path / "xfails.txt"
-    xfails.write_text("?mlp::output_parity  # fails where a kernel is missing; passes here\n")
-    done = run_pytest(
-        tmp_path,
-        site,
-        "--torchlens-backend",
-        "numpy",
-        "--torchlens-expected-failures",
-        str(xfails),
-        "-k",
-        "output_parity and mlp",
-        "-rX",
-    )
+    done = _mlp_parity_listed(tmp_path, "?mlp::output_parity  # fails where a kernel is missing; passes here", "-rX")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert counts(done.stdout) == {"xpassed": 1} and "passes here" in done.stdout, done.stdout[-2000:]
 

@@ -69,7 +69,7 @@ def test_selectors_as_keys_give_lists():
 
 
 def test_labels_named_after_the_forward_are_those_named_while_it_runs(monkeypatch):
-    """Without a selector reading labels during the capture, ops are named once the forward has run (a warm
+    """Without a selector reading labels during the capture, ops are named once the forward has run (in one
     loop, docs/performance.md); the labels are the ones a capture that names each op as it arrives gives."""
     from torchlens_core.capture.builder import LayerNamer
 

@@ -487,24 +487,21 @@ def _last_reads(jaxpr: Any) -> dict[int, list[Any]]:
 def _config(params: dict[str, Any]) -> dict[str, Any]:
     """The equation's parameters as the op's keyword arguments, for op.config and FLOP formulas to read.
     Inner jaxprs stay in ``op.call`` only: they are programs, not settings."""
-    return {k: v for k, v in params.items() if not _holds_jaxpr(v)}
+    return {k: v for k, v in params.items() if not _jaxprs_in(v)}
 
 
-def _holds_jaxpr(value: Any) -> bool:
-    """Is the parameter ``value`` a jaxpr, or a tuple or list holding one?"""
+def _jaxprs_in(value: Any) -> list[Any]:
+    """The jaxprs a parameter ``value`` is or holds (a tuple or list of them: cond's branches)."""
     items = value if isinstance(value, (tuple, list)) else (value,)
-    return any(isinstance(item, (ClosedJaxpr, Jaxpr)) for item in items)
+    return [
+        item.jaxpr if isinstance(item, ClosedJaxpr) else item
+        for item in items
+        if isinstance(item, (ClosedJaxpr, Jaxpr))
+    ]
 
 
 def _inner_jaxprs(params: dict[str, Any]) -> list[Any]:
-    found = []
-    for v in params.values():
-        for item in v if isinstance(v, (tuple, list)) else (v,):
-            if isinstance(item, ClosedJaxpr):
-                found.append(item.jaxpr)
-            elif isinstance(item, Jaxpr):
-                found.append(item)
-    return found
+    return [jaxpr for v in params.values() for jaxpr in _jaxprs_in(v)]
 
 
 _OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in (torchlens_core.__file__, __file__))
