@@ -264,7 +264,7 @@ def measure(
         runs["halt"] = lambda: tl.trace(model, *args, backend=backend, halt=tl.label(at), **kwargs)
     floors = FLOORS[backend](model, args, kwargs)  # every value kept, nothing recorded
     runs["hold"] = floors["hold"]
-    if "least" in floors:  # torch: the least any recorder of the graph does, one small record per op and pass
+    if "least" in floors:  # torch, tf, paddle: the least any recorder of the graph does, one small record per op
         runs["least"] = floors["least"]
     # tl.record: the same capture with naming and linking deferred until the recording is read
     runs["record"] = lambda: tl.record(model, *args, backend=backend, **kwargs)
@@ -311,6 +311,7 @@ def measure(
         "passes": passes,
         "recorder_us": (ms["trace"] - ms["hold"]) * 1e3 / (ops + passes),
         "least_vs_floor": ms["least"] / ms["hold"] if "least" in ms else None,
+        "least_ratio": ms["least"] / ms["plain"] if "least" in ms else None,
     }
     if site is not None:
         row.update(patch_site=site, patch_ms=ms["patch"], patch_ratio=ms["patch"] / ms["plain"])

@@ -20,11 +20,11 @@ Interleaved in one process, one thread, medians:
   conversion and at the end, as the capture does; JAX runs ``make_jaxpr`` and then one compiled executable that
   returns every top-level equation's value, what a repeat capture of a model that is not jitted runs).
 - ``hold_jit`` (JAX): that executable alone, the floor of a jitted target's capture (its program is known).
-- ``least`` (torch): ``hold`` plus the least any recorder of the graph does: one small slotted record per op
-  (its function, its arguments with recorded tensors as their records' numbers, shape, dtype, device, the module
-  calls open) and per module pass (global module hooks, as the capture's). No names, call sites, checks, edits or
-  copies before writes: what Python's cost for the records themselves is, the floor a recorder written in Python
-  cannot go under.
+- ``least`` (torch, TensorFlow, Paddle): ``hold`` plus the least any recorder of the graph does: one small slotted
+  record per op (its function, its arguments with recorded tensors as their records' numbers, shape, dtype,
+  device, the module calls open) and, on torch, per module pass (global module hooks, as the capture's; TensorFlow
+  and Paddle: ops only, so theirs is a lower bound). No names, call sites, checks, edits or copies before writes:
+  what Python's cost for the records themselves is, the floor a recorder written in Python cannot go under.
 - ``trace``: ``tl.trace``.
 
 ``trace`` minus ``hold`` is TorchLens's own cost; ``us/unit`` divides it by the units a recorder handles (ops
@@ -150,7 +150,7 @@ class LeastRecord:
         out: Any,
         shape: tuple[int, ...],
         dtype: Any,
-        device: str,
+        device: Any,
         modules: tuple[str, ...],
     ) -> None:
         self.func, self.args, self.kwargs, self.parents, self.out = func, args, kwargs, parents, out
@@ -171,26 +171,40 @@ def _least_ref(value: Any, producers: dict[int, int], parents: list[int]) -> Any
 def tf_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
     from tensorflow.python.framework import op_callbacks
 
-    def under(keep: bool) -> Callable[[], Any]:
+    def under(keep: bool, least: bool = False) -> Callable[[], Any]:
         def run() -> Any:
             kept: list[Any] = []
+            records: list[LeastRecord] = []
+            producers: dict[int, int] = {}  # id(tensor) -> index of its record (the values are kept)
 
             def callback(
                 op_type: Any, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None, graph: Any = None
             ) -> None:
                 if keep:
                     kept.append(outputs)
+                if least and outputs:
+                    parents: list[int] = []
+                    refs = tuple(_least_ref(t, producers, parents) for t in inputs)
+                    for t in outputs:
+                        producers[id(t)] = len(records)
+                    first = outputs[0]
+                    records.append(
+                        LeastRecord(
+                            op_type, refs, {}, tuple(parents), outputs, first._shape_tuple(),
+                            first._datatype_enum(), first.device, (),
+                        )
+                    )  # fmt: skip
 
             op_callbacks.add_op_callback(callback)
             try:
                 model(*args, **kwargs)
             finally:
                 op_callbacks.remove_op_callback(callback)
-            return kept
+            return kept, records
 
         return run
 
-    return {"bare": under(False), "hold": under(True)}
+    return {"bare": under(False), "hold": under(True), "least": under(True, least=True)}
 
 
 def paddle_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
@@ -205,8 +219,9 @@ def paddle_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
     class Keeper:
         """What the capture's wrappers report to (``intercept.STATE.recorder``), recording nothing."""
 
-        def __init__(self, keep: bool) -> None:
+        def __init__(self, keep: bool, least: bool = False) -> None:
             self.depth, self.thread, self.keep, self.kept = 0, threading.get_ident(), keep, []
+            self.least, self.records, self.producers = least, [], {}  # ``least``: one small record per op
 
         def run(self, info: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
             self.depth += 1  # what the op calls inside is part of it, as in a capture
@@ -221,6 +236,14 @@ def paddle_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
                 self.depth -= 1
             if self.keep:
                 self.kept.append(out)
+            if self.least and isinstance(out, paddle.Tensor):
+                producers, parents = self.producers, []
+                refs = tuple(_least_ref(v, producers, parents) for v in a)
+                kw = {key: _least_ref(v, producers, parents) for key, v in k.items()} if k else {}
+                producers[id(out)] = len(self.records)
+                self.records.append(
+                    LeastRecord(info, refs, kw, tuple(parents), out, tuple(out.shape), out.dtype, out.place, ())
+                )
             return out
 
         def alias(self, source: Any, out: Any) -> None:
@@ -235,9 +258,9 @@ def paddle_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
         def decide(self, orig: Any, how: Any, exact: Any, t: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
             return orig(t, *a, **k)
 
-    def under(keep: bool) -> Callable[[], Any]:
+    def under(keep: bool, least: bool = False) -> Callable[[], Any]:
         def run() -> Any:
-            keeper, patches = Keeper(keep), Patches()
+            keeper, patches = Keeper(keep, least), Patches()
             try:
                 patches.install(modules)  # installed and put back every call, as a capture does
                 STATE.recorder = keeper
@@ -245,11 +268,11 @@ def paddle_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
             finally:
                 STATE.recorder = None
                 patches.restore()
-            return keeper.kept
+            return keeper.kept, keeper.records
 
         return run
 
-    return {"bare": under(False), "hold": under(True)}
+    return {"bare": under(False), "hold": under(True), "least": under(True, least=True)}
 
 
 def tinygrad_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
@@ -385,7 +408,8 @@ def main() -> None:
 
         torch.set_num_threads(1)
         torch.set_grad_enabled(False)
-    modes = {"jax": ("bare", "hold", "hold_jit", "trace"), "torch": ("bare", "hold", "least", "trace")}.get(
+    least = ("bare", "hold", "least", "trace")
+    modes = {"jax": ("bare", "hold", "hold_jit", "trace"), "torch": least, "tf": least, "paddle": least}.get(
         options.backend, ("bare", "hold", "trace")
     )
     print(

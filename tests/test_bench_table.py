@@ -142,6 +142,14 @@ def test_goals_are_checked_against_each_figure() -> None:
         "memory 1.20x",
     ]
     assert all_backends.goals("tf", {**row, "floor_ratio": 1.22})[1][0] == "capture 1.25x (the floor 1.22x stops it)"
+    # the least recorder (the floor and one small record per op) over a goal against the plain call stops it
+    assert all_backends.goals("tf", {**row, "least_ratio": 1.21})[1][0] == (
+        "capture 1.25x (floor 1.10x; the least recorder 1.21x the plain call, over the goal: it stops it)"
+    )
+    assert all_backends.goals("paddle", {**row, "least_ratio": 1.15})[1][0] == (
+        "capture 1.25x (floor 1.10x, recorder 10 µs × 140 units; the least recorder 1.15x the plain call, "
+        "under the goal)"
+    )
     # torch's goal is against its floor (1.14x here), not its plain call
     assert all_backends.goals("torch", {**row, "memory_ratio": 1.0})[1] == [
         "capture/floor 1.14x (recorder 10 µs × 140 units; floor 1.10x)"
@@ -210,3 +218,49 @@ def test_jax_capture_parts_times_the_cached_capture_of_the_jitted_target() -> No
     assert us["ops"] == len(tl.trace(target, *targs, backend="jax", **kwargs).ops)
     assert all(us[part] > 0 for part in ("jit", "trace", "key", "executable", "remember"))
     assert us["trace"] > us["executable"]  # the capture runs the executable, and more
+
+
+def test_tf_least_recorder_keeps_one_record_per_op_linked_to_its_inputs() -> None:
+    tf = pytest.importorskip("tensorflow")
+    import capture_floor
+
+    def forward(x):  # type: ignore[no-untyped-def]
+        y = tf.nn.relu(x * 2.0)
+        return tf.reduce_sum(y + x)
+
+    x = tf.constant([[1.0, -2.0], [3.0, -4.0]])
+    _, records = capture_floor.tf_modes(forward, (x,), {})["least"]()
+    # by hand: mul (of x and the constant 2), relu (of mul), add (of relu and x), sum (of add and its axes)
+    types = [r.func for r in records]
+    assert types[-4:] == ["Mul", "Relu", "AddV2", "Sum"], types
+    mul, relu, add, total = records[-4:]
+    base = len(records) - 4
+    assert relu.parents == (base,) and add.parents == (base + 1,) and total.parents[0] == base + 2
+    assert (
+        mul.shape == (2, 2)
+        and total.shape == ()
+        and float(total.out[0]) == float(tf.reduce_sum(tf.nn.relu(x * 2.0) + x))
+    )
+
+
+def test_paddle_least_recorder_keeps_one_record_per_op_linked_to_its_inputs() -> None:
+    paddle = pytest.importorskip("paddle")
+    import capture_floor
+
+    class Net(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = paddle.nn.Linear(3, 2)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return paddle.nn.functional.relu(self.fc(x)) * 2.0
+
+    net, x = Net(), paddle.rand([4, 3])
+    _, records = capture_floor.paddle_modes(net, (x,), {})["least"]()
+    names = [r.func.name for r in records]
+    # by hand: linear (of x and the parameters), relu (of linear), the product (of relu)
+    assert len(records) == 3, names
+    assert records[1].parents == (0,) and records[2].parents == (1,) and records[0].parents == ()
+    assert all(r.shape == (4, 2) for r in records)
+    expected = paddle.nn.functional.relu(net.fc(x)) * 2.0
+    assert bool(paddle.allclose(records[2].out, expected))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -99,6 +100,7 @@ def test_the_builder_takes_a_shape_exactly_when_its_saved_form_loads(shape, good
     x = builder.add_input(np.zeros(3), shape=(3,), dtype="float64", device="cpu")
     try:
         builder.add_op("f", np.negative, (Ref(x.index),), {}, (x.index,), None, shape=shape)
+        builder.check_ops()  # what finishing the capture does first
         taken = True
     except tl.CaptureError as exc:
         assert "shape" in str(exc)
@@ -110,11 +112,10 @@ def test_the_builder_takes_a_shape_exactly_when_its_saved_form_loads(shape, good
     assert taken == good
 
 
-def test_other_fields_a_file_cannot_hold_are_refused_at_capture() -> None:
-    builder = TraceBuilder("numpy")
-    builder.add_param(ParamRecord("w", (3,), "float64", 3, True, ""))
-    x = builder.add_input(np.zeros(3), shape=(3,), dtype="float64", device="cpu")
-    ok = {"shape": (3,), "dtype": "float64", "device": "cpu"}
+def _bad_records() -> list[tuple[dict[str, Any], str]]:
+    """Calls of ``add_op`` with one field a file cannot hold each, and the field the error must name."""
+    ok = {"args": ("x",), "parent_indices": (0,), "shape": (3,), "dtype": "float64", "device": "cpu"}
+    read_w = {"args": ("x", ParamRef("w")), "params": ("w",)}
     cases = [
         ({"dtype": np.dtype("float64")}, "dtype"),
         ({"in_place": 1}, "in_place"),
@@ -123,37 +124,81 @@ def test_other_fields_a_file_cannot_hold_are_refused_at_capture() -> None:
         ({"code_context": (("f.py", 3, "g"),)}, "code_context"),
         ({"meta": {1: "a"}}, "meta"),
         ({"params": ("v",)}, "params"),
+        ({**read_w, "parent_indices": ()}, "parent_indices"),  # an argument the record does not list
+        ({"args": ("x", ParamRef("w"))}, "params"),
+        ({"args": ["x"]}, "args should be a tuple"),
+        ({"args": (Ref(5),), "parent_indices": (5,)}, "earlier ops"),
+        ({"args": (Ref(5),), "parent_indices": ()}, "does not run before it"),
     ]
-    for extra, field in cases:
-        with pytest.raises(tl.CaptureError, match=field):
-            builder.add_op("f", np.negative, (Ref(x.index),), {}, (x.index,), None, **{**ok, **extra})
-    with pytest.raises(tl.CaptureError, match="parent_indices"):  # an argument the record does not list
-        builder.add_op("f", np.add, (Ref(x.index), ParamRef("w")), {}, (), None, params=("w",), **ok)
-    with pytest.raises(tl.CaptureError, match="params"):
-        builder.add_op("f", np.add, (Ref(x.index), ParamRef("w")), {}, (x.index,), None, **ok)
-    with pytest.raises(tl.CaptureError, match="args should be a tuple"):
-        builder.add_op("f", np.negative, [Ref(x.index)], {}, (x.index,), None, **ok)
-    with pytest.raises(tl.CaptureError, match="earlier ops"):
-        builder.add_op("f", np.negative, (Ref(5),), {}, (5,), None, **ok)
-    with pytest.raises(tl.CaptureError, match="does not run before it"):
-        builder.add_op("f", np.negative, (Ref(5),), {}, (), None, **ok)
+    return [({**ok, **extra}, field) for extra, field in cases]
+
+
+def _add(builder: TraceBuilder, fields: dict[str, Any]) -> Any:
+    x = Ref(0)
+    args = tuple(x if a == "x" else a for a in fields["args"])
+    if isinstance(fields["args"], list):
+        args = [x if a == "x" else a for a in fields["args"]]
+    rest = {k: v for k, v in fields.items() if k not in ("args", "parent_indices")}
+    return builder.add_op("f", np.add, args, {}, fields["parent_indices"], None, **rest)
+
+
+def _builder() -> TraceBuilder:
+    builder = TraceBuilder("numpy")
+    builder.add_param(ParamRecord("w", (3,), "float64", 3, True, ""))
+    builder.add_input(np.zeros(3), shape=(3,), dtype="float64", device="cpu")
+    return builder
+
+
+@pytest.mark.parametrize(("fields", "field"), _bad_records(), ids=lambda v: v if isinstance(v, str) else "")
+def test_other_fields_a_file_cannot_hold_are_refused_when_the_capture_finishes(fields, field: str) -> None:
+    """Checked in one loop once the forward has run (contract 4): the error names the op, its call site and the
+    field."""
+    builder = _builder()
+    site = CodeLocation("model.py", 12, "forward")
+    if "code_context" not in fields:
+        fields = {**fields, "code_context": (site,)}
+    _add(builder, fields)  # taken for now: nothing reads it while the forward runs
+    with pytest.raises(tl.CaptureError, match=field) as info:
+        builder.finish()
+    assert "op 1 ('f'" in str(info.value)
+    if "code_context" not in field:
+        assert "called at model.py:12" in str(info.value)
+
+
+@pytest.mark.parametrize(("fields", "field"), _bad_records(), ids=lambda v: v if isinstance(v, str) else "")
+def test_other_fields_a_file_cannot_hold_are_refused_as_added_where_records_are_read_live(fields, field: str) -> None:
+    """Where records are read as the forward runs (a backend written before contract 4, intervene=, save=...),
+    add_op refuses the record itself, and keeps nothing."""
+    from torchlens_core.capture.builder import forced_naming
+
+    with forced_naming(True):
+        builder = _builder()
+    with pytest.raises(tl.CaptureError, match=field):
+        _add(builder, fields)
+    assert len(builder.ops) == 1  # nothing refused was kept
+
+
+def test_parameters_a_file_cannot_hold_are_refused_where_declared() -> None:
+    builder = _builder()
     with pytest.raises(tl.CaptureError, match="a shape should be a tuple"):
         builder.add_param(ParamRecord("v", [3], "float64", 3, True, ""))
     with pytest.raises(tl.CaptureError, match="trainable"):
         builder.add_param(ParamRecord("v", (3,), "float64", 3, np.bool_(True), ""))
-    assert len(builder.ops) == 1 and list(builder.params) == ["w"]  # nothing refused was kept
-    op = builder.add_op(
-        "f",
-        np.add,
-        (Ref(x.index), ParamRef("w")),
-        {},
-        (x.index,),
-        None,
-        params=("w",),
-        code_context=(CodeLocation("f.py", 3, "g"),),
-        elapsed=0.5,
-        **ok,
+    assert list(builder.params) == ["w"]  # nothing refused was kept
+    op = _add(
+        builder,
+        {
+            "args": ("x", ParamRef("w")),
+            "parent_indices": (0,),
+            "params": ("w",),
+            "code_context": (CodeLocation("f.py", 3, "g"),),
+            "elapsed": 0.5,
+            "shape": (3,),
+            "dtype": "float64",
+            "device": "cpu",
+        },
     )
+    builder.check_ops()
     assert op.index == 1
 
 

@@ -235,7 +235,7 @@ def _declare(builder: TraceBuilder, view: Any, scopes: CallScopes) -> None:
     for path, type_name in scopes.types.items():
         types.setdefault(path, type_name)
     for path, type_name in types.items():
-        builder.add_module(path, type_name, params=[p.name for p in view.params if p.name.startswith(path + ".")])
+        builder.add_module(path, type_name)  # its parameters: listed by the builder at the end
     for p in view.params:
         shape, dtype, _ = _array_info(p.value)
         builder.add_param(
@@ -245,7 +245,7 @@ def _declare(builder: TraceBuilder, view: Any, scopes: CallScopes) -> None:
                 dtype=dtype,
                 numel=int(p.value.size),
                 trainable=p.trainable,
-                module=owner(p.name, list(types)),
+                module=owner(p.name, types),
                 is_buffer=p.is_buffer,
                 value=p.value,
             )

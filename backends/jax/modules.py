@@ -20,7 +20,7 @@ import inspect
 import sys
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import Any, Final
 
 import attrs
@@ -53,7 +53,8 @@ class ModelView:
     param_args: int = 0
     # Submodules known before the call, (path, object), root excluded (nnx and equinox).
     objects: list[tuple[str, Any]] = attrs.Factory(list)
-    # nnx: where those submodules are (nnx.iter_modules paths), for finding them again in a rebuilt copy.
+    # nnx and equinox: where those submodules are (attribute names, indices and keys), for finding them again in
+    # a rebuilt copy; None: walk the copy.
     module_paths: tuple[tuple[Any, ...], ...] | None = None
 
     def objects_of(self, call: Any) -> list[tuple[str, Any]]:
@@ -62,7 +63,7 @@ class ModelView:
         if self.kind == "keras":  # no copy: the rebuilt call runs the model's own layers
             return self.objects
         if self.module_paths is not None:
-            found = _at_paths(call.__self__ if inspect.ismethod(call) else call, self.module_paths)
+            found = _at_paths(call.__self__ if inspect.ismethod(call) else call, self.module_paths, self.kind)
             if found is not None:
                 return found
         return submodules(call)
@@ -164,7 +165,12 @@ def _view_equinox(target: Any, model: Any, method: str | None) -> ModelView:
         copy = eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)
         return getattr(copy, method) if method else copy
 
-    return ModelView("equinox", target, type(model).__name__, params, rebuild, objects=submodules(model))
+    found, shared = _equinox_submodules(model)
+    # A copy rebuilt from the leaves has its submodules at the same paths; a module reachable by two paths is
+    # two modules in the copy (pytrees keep no sharing), so such a model's copies are walked instead.
+    paths = None if shared else tuple(path for path, _ in found)
+    objects = [(_dotted(path), m) for path, m in found]
+    return ModelView("equinox", target, type(model).__name__, params, rebuild, objects=objects, module_paths=paths)
 
 
 def _view_linen_apply(target: Any, model: Any, variables: Any) -> ModelView:
@@ -257,13 +263,20 @@ def submodules(model: Any) -> list[tuple[str, Any]]:
         return sorted(nnx_found, key=lambda pm: _sort_key(pm[0]))
     if kind != "equinox":
         return []
+    return [(_dotted(path), m) for path, m in _equinox_submodules(model)[0]]
+
+
+def _equinox_submodules(model: Any) -> tuple[list[tuple[tuple[Any, ...], Any]], bool]:
+    """``(path, module)`` of every equinox module inside ``model`` (itself excluded), each once under the first
+    path reaching it, and whether some module is reachable by two paths."""
     import equinox as eqx
 
-    found: list[tuple[str, Any]] = []
+    found: list[tuple[tuple[Any, ...], Any]] = []
     seen = {id(model)}
+    repeated: list[tuple[Any, ...]] = []
     for f in dataclasses.fields(model):
-        _walk_equinox(getattr(model, f.name, None), (f.name,), eqx.Module, found, seen)
-    return found
+        _walk_equinox(getattr(model, f.name, None), (f.name,), eqx.Module, found, seen, repeated)
+    return found, bool(repeated)
 
 
 # nnx module paths by graph definition. nnx.iter_modules walks every node of the graph, arrays included (0.3 ms
@@ -311,11 +324,17 @@ def _nnx_submodules(model: Any, graphdef: Any) -> tuple[tuple[tuple[Any, ...], .
     return paths, walked
 
 
-def _at_paths(model: Any, paths: tuple[tuple[Any, ...], ...]) -> list[tuple[str, Any]] | None:
-    """``(dotted path, module)`` at each nnx.iter_modules path of ``model``, in the order of ``paths`` (kept as
-    :func:`submodules` sorts them); None if a path does not lead to a distinct nnx Module."""
-    from flax import nnx
+def _at_paths(model: Any, paths: tuple[tuple[Any, ...], ...], kind: str = "nnx") -> list[tuple[str, Any]] | None:
+    """``(dotted path, module)`` at each path of ``model``, in the order of ``paths`` (kept as :func:`submodules`
+    lists them); None if a path does not lead to a distinct module of ``kind`` ("nnx" or "equinox")."""
+    if kind == "nnx":
+        from flax import nnx
 
+        module_type = nnx.Module
+    else:
+        import equinox as eqx
+
+        module_type = eqx.Module
     found: list[tuple[str, Any]] = []
     seen = {id(model)}
     for path in paths:
@@ -325,7 +344,7 @@ def _at_paths(model: Any, paths: tuple[tuple[Any, ...], ...]) -> list[tuple[str,
                 obj = obj[key] if isinstance(key, int) or isinstance(obj, Mapping) else getattr(obj, key)
         except (AttributeError, KeyError, IndexError, TypeError):
             return None
-        if not isinstance(obj, nnx.Module) or id(obj) in seen:
+        if not isinstance(obj, module_type) or id(obj) in seen:
             return None
         seen.add(id(obj))
         found.append((_dotted(path), obj))
@@ -333,23 +352,30 @@ def _at_paths(model: Any, paths: tuple[tuple[Any, ...], ...]) -> list[tuple[str,
 
 
 def _walk_equinox(
-    obj: Any, path: tuple[Any, ...], module_type: Any, found: list[tuple[str, Any]], seen: set[int]
+    obj: Any,
+    path: tuple[Any, ...],
+    module_type: Any,
+    found: list[tuple[tuple[Any, ...], Any]],
+    seen: set[int],
+    repeated: list[tuple[Any, ...]],
 ) -> None:
-    """Equinox modules under ``obj`` into ``found`` (a module-level function: a closure calling itself is a
-    reference cycle, left for the cyclic GC at every capture)."""
+    """Equinox modules under ``obj`` into ``found``, the paths of those met again into ``repeated`` (a
+    module-level function: a closure calling itself is a reference cycle, left for the cyclic GC at every
+    capture)."""
     if isinstance(obj, module_type):
         if id(obj) in seen:
+            repeated.append(path)
             return
         seen.add(id(obj))
-        found.append((_dotted(path), obj))
+        found.append((path, obj))
         for f in dataclasses.fields(obj):
-            _walk_equinox(getattr(obj, f.name, None), (*path, f.name), module_type, found, seen)
+            _walk_equinox(getattr(obj, f.name, None), (*path, f.name), module_type, found, seen, repeated)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            _walk_equinox(v, (*path, i), module_type, found, seen)
+            _walk_equinox(v, (*path, i), module_type, found, seen, repeated)
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            _walk_equinox(v, (*path, k), module_type, found, seen)
+            _walk_equinox(v, (*path, k), module_type, found, seen, repeated)
 
 
 def _key_name(key: Any) -> str:
@@ -368,9 +394,15 @@ def _sort_key(path: str) -> tuple[Any, ...]:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.split("."))
 
 
-def owner(name: str, module_paths: list[str]) -> str:
-    """The innermost module path that holds parameter ``name`` ("" for the root)."""
-    return max((p for p in module_paths if name.startswith(p + ".")), key=len, default="")
+def owner(name: str, module_paths: Container[str]) -> str:
+    """The innermost module path that holds parameter ``name`` ("" for the root): its longest dotted prefix
+    among ``module_paths`` (a set or dict: one lookup per prefix)."""
+    end = name.rfind(".")
+    while end > 0:
+        if name[:end] in module_paths:
+            return name[:end]
+        end = name.rfind(".", 0, end)
+    return ""
 
 
 # -- the framework's own view of module outputs ------------------------------------------------

@@ -404,59 +404,30 @@ def _declare(
     ``layers`` is ``[("", model), *model.named_sublayers()]``; names and order
     are those of ``named_parameters()`` / ``named_buffers()``, shared ones once.
     """
-    under: dict[str, list[str]] = {}  # layer path -> every parameter and buffer below it, in declaration order
-    ancestors = [_ancestors(path) for path, _ in layers]
-    for (path, layer), above in zip(layers, ancestors):
-        for key, p in layer._parameters.items():
-            if p is None or id(p) in param_names:
-                continue
-            name = f"{path}.{key}" if path else key
-            shape = tuple(p.shape)
-            builder.add_param(
-                ParamRecord(
-                    name=name,
-                    shape=shape,
-                    dtype=dtype_name(p.dtype),
-                    numel=math.prod(shape),
-                    trainable=not p.stop_gradient,
-                    module=path,
-                    value=p,
+    for is_buffer in (False, True):  # every parameter first, then every buffer, as named_parameters() and
+        # named_buffers() list them
+        for path, layer in layers:
+            for key, value in (layer._buffers if is_buffer else layer._parameters).items():
+                if not isinstance(value, Tensor) or id(value) in param_names:  # (None: a slot left empty)
+                    continue
+                name = f"{path}.{key}" if path else key
+                shape = tuple(value.shape)
+                builder.add_param(
+                    ParamRecord(
+                        name=name,
+                        shape=shape,
+                        dtype=dtype_name(value.dtype),
+                        numel=math.prod(shape),
+                        trainable=not is_buffer and not value.stop_gradient,
+                        module=path,
+                        is_buffer=is_buffer,
+                        value=value,
+                    )
                 )
-            )
-            param_names[id(p)] = name
-            params[name] = p
-            for ancestor in above:
-                under.setdefault(ancestor, []).append(name)
-    for (path, layer), above in zip(layers, ancestors):
-        for key, b in layer._buffers.items():
-            if not isinstance(b, Tensor) or id(b) in param_names:
-                continue
-            name = f"{path}.{key}" if path else key
-            shape = tuple(b.shape)
-            builder.add_param(
-                ParamRecord(
-                    name=name,
-                    shape=shape,
-                    dtype=dtype_name(b.dtype),
-                    numel=math.prod(shape),
-                    trainable=False,
-                    module=path,
-                    is_buffer=True,
-                    value=b,
-                )
-            )
-            param_names[id(b)] = name
-            params[name] = b
-            for ancestor in above:
-                under.setdefault(ancestor, []).append(name)
+                param_names[id(value)] = name
+                params[name] = value
     for path, layer in layers[1:]:
-        builder.add_module(path, type(layer).__name__, under.get(path, []))
-
-
-def _ancestors(path: str) -> list[str]:
-    """``"a.b.c"`` -> ``["a", "a.b", "a.b.c"]``: the layers a parameter declared by layer ``path`` is below."""
-    parts = path.split(".") if path else []
-    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        builder.add_module(path, type(layer).__name__)  # its parameters: listed by the builder at the end
 
 
 def _defining_modules(model: Any, layers: list[tuple[str, Any]]) -> list[Any]:

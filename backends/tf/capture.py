@@ -890,13 +890,8 @@ def _call_plan(
 
 
 def _declare(builder: TraceBuilder, view: ModelView) -> None:
-    under: dict[str, list[str]] = {}
-    for v in view.variables:
-        parts = v.name.split(".")
-        for depth in range(1, len(parts)):
-            under.setdefault(".".join(parts[:depth]), []).append(v.name)
     for path, layer in view.layers:
-        builder.add_module(path, type(layer).__name__, under.get(path, []))
+        builder.add_module(path, type(layer).__name__)  # its variables: listed by the builder at the end
     for v, value in zip(view.variables, _snapshots([v.variable for v in view.variables])):
         shape, dtype, _ = _info(value)
         builder.add_param(

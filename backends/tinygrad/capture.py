@@ -660,15 +660,10 @@ def _capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options
             )
         )
         param_names[id(t)] = pname
-    under: dict[str, list[str]] = {}
-    for pname in builder.params:
-        parts = pname.split(".")
-        for depth in range(1, len(parts)):
-            under.setdefault(".".join(parts[:depth]), []).append(pname)
     paths = {}
     for path, layer in layers:
         paths[id(layer)] = path
-        builder.add_module(path, type(layer).__name__, under.get(path, []))
+        builder.add_module(path, type(layer).__name__)  # its parameters: listed by the builder at the end
 
     recorder = Recorder(builder, param_names)
     inputs = [leaf for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor))]

@@ -734,7 +734,8 @@ def capture(
     recorder.check_versions()
     kept = [leaf for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor))]
     if is_module:  # as they are now: the forward may have set new ones (keras-on-torch builds its weights)
-        kept += [*model.parameters(), *model.buffers()]
+        for members in _members(model, list(model.named_modules())):
+            kept += [value for _, value in members]
     recorder.unalias(kept)
     trace = builder.finish()
     if isinstance(watching, ShadowMode):
@@ -787,22 +788,17 @@ def _declare(
             )
         )
         param_names[id(b)] = name
-    under: dict[str, list[str]] = {}  # module path -> every parameter and buffer below it
-    for name in builder.params:
-        parts = name.split(".")
-        for depth in range(1, len(parts)):
-            under.setdefault(".".join(parts[:depth]), []).append(name)
     for path, module in modules:
         paths[id(module)] = path
         if path:
-            builder.add_module(path, type(module).__name__, under.get(path, []))
+            builder.add_module(path, type(module).__name__)  # its parameters: listed by the builder at the end
             # print(op)'s Config, read when first asked for: reading it costs microseconds a module every capture
             # would pay. The record holds the module until then, as ParamRecords hold its parameters.
             deferred = Deferred(functools.partial(module_config, module))
             builder.modules[path].config = deferred  # type: ignore[assignment]  # the slot's property computes it
     for path, layer in _keras_layers(model, {id(module) for _, module in modules}):
         paths[id(layer)] = path
-        builder.add_module(path, type(layer).__name__, under.get(path, []))
+        builder.add_module(path, type(layer).__name__)
 
 
 def _keras_layers(model: torch.nn.Module, known: set[int]) -> list[tuple[str, torch.nn.Module]]:

@@ -2,8 +2,9 @@
 
 A backend's capture calls ``add_input``, ``add_op``, ``enter_module`` /
 ``exit_module`` and ``add_outputs`` as the model runs, then ``finish()``, which
-names every op (labels, passes, parents, children) and returns the Trace.
-Everything here is cheap per op; naming happens once at the end.
+checks every op against the schema, names it (labels, passes, parents,
+children) and returns the Trace. Everything here is cheap per op; checking and
+naming happen once at the end, unless records are read as the forward runs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torchlens_core.ir.progress import Progress
 from torchlens_core.ir.records import (
     GRAD_NOT_SELECTED,
     GRAD_WAITING,
+    CodeLocation,
     ModulePass,
     ModuleRecord,
     OpRecord,
@@ -63,11 +65,12 @@ class TraceBuilder:
         # a bar for captures that run longer than a few seconds (torchlens_core/ir/progress.py); silent otherwise
         self.progress = Progress("tl.trace", unit="op")
         self._unwritten: list[OpRecord] = []
-        # Labels are worked out at the end, in one loop over the ops, unless something reads them while the
-        # forward runs: intervene=, save=/halt= and a save_grads= selector pick ops by label, and save_to= writes
-        # records out as it goes. Naming needs nothing the forward has, and what a capture does inside the forward
-        # is what it costs (docs/performance.md, "What the per-op cost consists of").
-        self.live_names = bool(
+        # Records are named and checked against the schema at the end, in one loop over the ops each, unless
+        # something reads them while the forward runs: intervene=, save=/halt= and a save_grads= selector pick
+        # ops by label, and save_to= writes records out as it goes. Neither needs anything the forward has, and a
+        # loop run once the forward is over costs less than the same work between its kernels
+        # (docs/performance.md, "What the per-op cost consists of").
+        self.live_records = bool(
             self.editor is not None
             or self.policy.active
             or self.stream is not None
@@ -75,18 +78,28 @@ class TraceBuilder:
             or _names_as_added(backend)
         )
         self._named = 0  # ops[:_named] have their labels
+        self._checked = 0  # ops[:_checked] are checked against the schema
+        self._unlisted: set[str] = set()  # modules declared without their parameters: listed at the end
         if self.stream is not None:
             self.stream.begin(backend)
 
     # -- declared once, before the forward -------------------------------------------
     def add_module(self, path: str, type_name: str, params: list[str] | None = None) -> None:
-        problem = module_problem(path, type_name, params or [], None)
+        """Declare module ``path`` (dotted, ``"encoder.layer1"``) of class ``type_name``.
+
+        ``params``: the names of every parameter and buffer below it. Left out, the builder lists them when the
+        capture finishes: every declared parameter whose name starts with ``path + "."``, in declaration order
+        (the names every backend gives, so no backend works the lists out itself).
+        """
+        problem = module_problem(path, type_name, [] if params is None else params, None)
         if problem is not None:
             self._refuse(
                 f"the {self.backend} backend declared module {path!r} with {problem} "
-                "(TraceBuilder.add_module(path: str, type_name: str, params: list[str]))"
+                "(TraceBuilder.add_module(path: str, type_name: str, params: list[str] | None))"
             )
-        self.modules[path] = ModuleRecord(path=path, type_name=type_name, params=params or [])
+        self.modules[path] = ModuleRecord(path=path, type_name=type_name, params=[] if params is None else params)
+        if params is None:
+            self._unlisted.add(path)
 
     def add_param(self, record: ParamRecord) -> None:
         problem = param_problem(record)
@@ -102,10 +115,12 @@ class TraceBuilder:
         op = OpRecord(
             index=len(self.ops), kind="input", func_name="input", out=value, shape=shape, dtype=dtype, device=device
         )
-        self._check(op)
-        self.ops.append(op)
-        if self.live_names:
+        if self.live_records:
+            self._check(op)
+            self.ops.append(op)
             self.name_ops()
+        else:
+            self.ops.append(op)
         return op
 
     def add_op(
@@ -129,7 +144,8 @@ class TraceBuilder:
         elapsed: float | None = None,
         conditions: tuple[int, ...] = (),
     ) -> OpRecord:
-        """Record one call; the fields are checked against :mod:`torchlens_core.ir.schema` (CaptureError if off).
+        """Record one call; the fields are checked against :mod:`torchlens_core.ir.schema` (CaptureError if off)
+        when the capture finishes, or here where records are read as the forward runs (``live_records``).
 
         ``args``/``kwargs``: a tuple and a dict with str keys, every recorded array replaced by its
         :class:`Ref` and every parameter by its :class:`ParamRef`; ``parent_indices`` and ``params``: the
@@ -163,10 +179,12 @@ class TraceBuilder:
             elapsed=elapsed,
             condition_indices=conditions,
         )
-        self._check(op)
-        self.ops.append(op)
-        if self.live_names:
+        if self.live_records:
+            self._check(op)
+            self.ops.append(op)
             self.name_ops()
+        else:
+            self.ops.append(op)
         self.progress.update()
         if self.editor is not None:
             edited = self.editor.edit_op(op, out)
@@ -206,12 +224,40 @@ class TraceBuilder:
             name(ops[i])
         self._named = len(ops)
 
+    def _list_params(self) -> None:
+        """Each module declared without its parameters gets every parameter and buffer below it (one walk
+        up each name's dotted prefixes: linear in the names, whatever the depth of the modules)."""
+        unlisted, modules = self._unlisted, self.modules
+        if not unlisted:
+            return
+        for name in self.params:
+            end = name.rfind(".")
+            while end > 0:
+                prefix = name[:end]
+                if prefix in unlisted:
+                    modules[prefix].params.append(name)
+                end = name.rfind(".", 0, end)
+        self._unlisted = set()
+
+    def check_ops(self) -> None:
+        """Check every op recorded so far against the schema, if it was not checked as it was added (in one
+        loop, once the forward has run: see ``live_records``)."""
+        if self.live_records:
+            return
+        ops, check = self.ops, self._check
+        for i in range(self._checked, len(ops)):
+            check(ops[i])
+        self._checked = len(ops)
+
     def _check(self, op: OpRecord) -> None:
-        """Refuse a record ``tl.load`` would refuse, now, naming the field and what to pass instead."""
+        """Refuse a record ``tl.load`` would refuse, naming the op, its call site, the field and what to pass
+        instead."""
         problem = op_problem(op, self.params)
         if problem is not None:
+            site = op.code_context[0] if op.code_context and isinstance(op.code_context[0], CodeLocation) else None
+            at = f", called at {site.file}:{site.line_number}" if site is not None else ""
             self._refuse(
-                f"the {self.backend} backend recorded {op.kind} {op.index} ({op.func_name!r}) with a field "
+                f"the {self.backend} backend recorded {op.kind} {op.index} ({op.func_name!r}{at}) with a field "
                 f"tl.load would refuse: {problem}. See TraceBuilder.add_op for what each field takes."
             )
 
@@ -373,6 +419,7 @@ class TraceBuilder:
         its Ref. Output nodes hold the returned values themselves: a value
         changed in place after its op ran is returned as it was at the end.
         """
+        self.check_ops()  # before the output nodes read the shapes of the ops they return
         self._model_output = model_output
         nodes: dict[tuple[Any, ...], Ref] = {}
         for path, leaf in tree.leaves(template, lambda x: isinstance(x, Ref)):
@@ -391,13 +438,15 @@ class TraceBuilder:
             self.ops.append(out)
             nodes[path] = Ref(out.index)
         self._output_template = _replace_at(template, nodes)
-        if self.live_names:
+        self._checked = len(self.ops)  # output nodes are the builder's own
+        if self.live_records:
             self.name_ops()
 
     # -- once, at the end --------------------------------------------------------------
     def finish(self, halted: bool = False) -> Trace | Recording:
         """The finished Trace; for ``tl.record``, a Recording that finishes it on demand."""
         self.progress.close()
+        self.check_ops()
         if self.options.record:
             return Recording(self, halted)
         return self.finish_trace(halted)
@@ -405,6 +454,7 @@ class TraceBuilder:
     def finish_trace(self, halted: bool = False) -> Trace:
         ops = self.ops
         self.name_ops()
+        self._list_params()
         self.namer.finish()
         for op in ops:
             op.parents = [ops[i].label for i in op.parent_indices]
@@ -534,8 +584,8 @@ def _replace_at(template: Any, new: dict[tuple[Any, ...], Any], path: tuple[Any,
 
 
 def _names_as_added(backend: str) -> bool:
-    """Does ``backend`` get each op's label at ``add_op``? Those written for a contract before 4 do, as they were
-    written for; :func:`forced_naming` overrides it."""
+    """Does ``backend`` get each op's label (and schema check) at ``add_op``? Those written for a contract before 4
+    do, as they were written for; :func:`forced_naming` overrides it."""
     forced = getattr(_FORCED, "as_added", None)
     if forced is not None:
         return bool(forced)
@@ -549,10 +599,10 @@ _FORCED = threading.local()
 
 @contextlib.contextmanager
 def forced_naming(as_added: bool) -> Iterator[None]:
-    """Captures started in this thread inside the block name their ops as they are added (True) or when they
-    finish (False), whatever contract their backend declares: the conformance suite's check of contract 4
-    compares the two. Something that reads labels while the forward runs (``intervene=``, ``save=``...) still
-    has each op named as it is added."""
+    """Captures started in this thread inside the block name (and check) their ops as they are added (True) or
+    when they finish (False), whatever contract their backend declares: the conformance suite's check of
+    contract 4 compares the two. Something that reads labels while the forward runs (``intervene=``,
+    ``save=``...) still has each op named as it is added."""
     before = getattr(_FORCED, "as_added", None)
     _FORCED.as_added = as_added
     try:

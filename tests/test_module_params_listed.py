@@ -1,0 +1,48 @@
+"""A module's record lists every parameter and buffer below it, worked out once by the builder for every backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.ir.records import ParamRecord
+
+
+def _param(name: str, buffer: bool = False) -> ParamRecord:
+    return ParamRecord(name, (2,), "float32", 2, not buffer, name.rpartition(".")[0], is_buffer=buffer)
+
+
+def test_modules_declared_without_their_parameters_get_those_below_them() -> None:
+    builder = TraceBuilder("numpy")
+    for path in ("fc1", "block", "block.inner", "block.inner.deep", "fc"):
+        builder.add_module(path, "M")
+    builder.add_module("given", "M", ["given.w", "elsewhere"])  # a list given is the backend's, kept as given
+    for name in ("fc1.weight", "fc10.weight", "block.inner.deep.w", "block.b", "given.w", "top"):
+        builder.add_param(_param(name))
+    builder.add_param(_param("block.inner.running_mean", buffer=True))
+    builder.add_outputs((), ())
+    trace = builder.finish()
+    assert trace.modules["fc1"].params == ["fc1.weight"]  # not fc10's: a prefix ends at a dot
+    assert trace.modules["fc"].params == []
+    assert trace.modules["block"].params == ["block.inner.deep.w", "block.b", "block.inner.running_mean"]
+    assert trace.modules["block.inner"].params == ["block.inner.deep.w", "block.inner.running_mean"]
+    assert trace.modules["block.inner.deep"].params == ["block.inner.deep.w"]
+    assert trace.modules["given"].params == ["given.w", "elsewhere"]
+    assert trace.modules["fc1"].num_params == 2
+
+
+def test_a_torch_models_module_lists_are_what_torch_lists_below_each_module() -> None:
+    """The reference is torch's own walk of each submodule: ``named_parameters`` and ``named_buffers`` under its
+    prefix (parameters first, in torch's order, as the trace declares them)."""
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    import torchlens as tl
+
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    trace = tl.trace(model, torch.randn(1, 3, 32, 32))
+    for path, sub in model.named_modules():
+        if not path:
+            continue
+        want = [n for n, _ in sub.named_parameters(prefix=path)] + [n for n, _ in sub.named_buffers(prefix=path)]
+        assert trace.modules[path].params == want, path
+    assert trace.modules["layer1.0"].num_params == sum(p.numel() for p in model.layer1[0].parameters())
