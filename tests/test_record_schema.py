@@ -27,8 +27,10 @@ def two_outputs(x):
     return np.divmod(x, 3.0)  # one op, two arrays: its shape has one entry per output
 
 
-def test_a_list_of_shapes_is_refused_where_the_op_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plugin that records a multi-output shape as a list of tuples hears so at capture, not at tl.load."""
+@pytest.mark.parametrize("capture", [tl.trace, tl.record], ids=["trace", "record"])
+def test_a_list_of_shapes_is_refused_where_the_op_is_recorded(monkeypatch: pytest.MonkeyPatch, capture) -> None:
+    """A plugin that records a multi-output shape as a list of tuples hears so at capture, not at tl.load: from
+    tl.trace and tl.record alike, naming the op and the model's line that called it."""
     real = numpy_capture._info
 
     def listed(v):  # the third-party backend of the report: a list where the schema has a tuple
@@ -37,9 +39,11 @@ def test_a_list_of_shapes_is_refused_where_the_op_is_recorded(monkeypatch: pytes
 
     monkeypatch.setattr(numpy_capture, "_info", listed)
     with pytest.raises(tl.CaptureError) as info:
-        tl.trace(two_outputs, np.arange(6.0).reshape(2, 3), backend="numpy")
+        capture(two_outputs, np.arange(6.0).reshape(2, 3), backend="numpy")
     text = str(info.value)
     assert "numpy backend" in text and "divmod" in text and "shape" in text and "((2, 3), (2,))" in text, text
+    line = two_outputs.__code__.co_firstlineno + 1
+    assert f"called at {__file__}:{line}" in text, text
     monkeypatch.setattr(numpy_capture, "_info", real)
     trace = tl.trace(two_outputs, np.arange(6.0).reshape(2, 3), backend="numpy")  # nothing left behind
     assert [op.func_name for op in trace.ops if op.kind == "op"] == ["divmod"]
