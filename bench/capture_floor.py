@@ -85,22 +85,13 @@ def torch_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
 
         def __init__(self) -> None:
             super().__init__()
-            self.records: list[LeastRecord] = []
-            self.producers: dict[int, int] = {}  # id(tensor) -> index of its record (the values are kept)
+            self.records = LeastRecords()
             self.stack: tuple[str, ...] = ()  # the module calls open now
 
         def __torch_function__(self, func: Any, types: Any, a: tuple[Any, ...] = (), k: Any = None) -> Any:
             out = super().__torch_function__(func, types, a, k)
             if isinstance(out, torch.Tensor):
-                producers, parents = self.producers, []
-                refs = tuple(_least_ref(v, producers, parents) for v in a)
-                kw = {key: _least_ref(v, producers, parents) for key, v in k.items()} if k else {}
-                producers[id(out)] = len(self.records)
-                self.records.append(
-                    LeastRecord(
-                        func, refs, kw, tuple(parents), out, tuple(out.shape), out.dtype, out.device.type, self.stack
-                    )
-                )
+                self.records.add(func, a, k, out, (out,), tuple(out.shape), out.dtype, out.device.type, self.stack)
             return out
 
         def pre(self, module: Any, inputs: Any) -> None:
@@ -109,7 +100,9 @@ def torch_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
         def post(self, module: Any, inputs: Any, output: Any) -> None:
             self.stack = self.stack[:-1]
             self.records.append(
-                LeastRecord(module, (), {}, (self.producers.get(id(output), -1),), output, (), None, "", self.stack)
+                LeastRecord(
+                    module, (), {}, (self.records.producers.get(id(output), -1),), output, (), None, "", self.stack
+                )
             )
 
     def under(mode: type) -> Callable[[], Any]:
@@ -157,6 +150,34 @@ class LeastRecord:
         self.shape, self.dtype, self.device, self.modules = shape, dtype, device, modules
 
 
+class LeastRecords(list[LeastRecord]):
+    """The records ``least`` keeps, and which record made each array (``producers``: by id; the values are kept)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.producers: dict[int, int] = {}
+
+    def add(
+        self,
+        func: Any,
+        args: Any,
+        kwargs: dict[str, Any] | None,
+        out: Any,
+        made: Any,
+        shape: tuple[int, ...],
+        dtype: Any,
+        device: Any,
+        modules: tuple[str, ...] = (),
+    ) -> None:
+        """One op's record: its arguments with recorded arrays as record numbers; ``made``: the arrays it made."""
+        producers, parents = self.producers, []
+        refs = tuple(_least_ref(v, producers, parents) for v in args)
+        kw = {key: _least_ref(v, producers, parents) for key, v in kwargs.items()} if kwargs else {}
+        for array in made:
+            producers[id(array)] = len(self)
+        self.append(LeastRecord(func, refs, kw, tuple(parents), out, shape, dtype, device, modules))
+
+
 def _least_ref(value: Any, producers: dict[int, int], parents: list[int]) -> Any:
     """An argument as ``least`` keeps it: a recorded tensor as its record's index, a list or tuple item by item."""
     index = producers.get(id(value))
@@ -174,8 +195,7 @@ def tf_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
     def under(keep: bool, least: bool = False) -> Callable[[], Any]:
         def run() -> Any:
             kept: list[Any] = []
-            records: list[LeastRecord] = []
-            producers: dict[int, int] = {}  # id(tensor) -> index of its record (the values are kept)
+            records = LeastRecords()
 
             def callback(
                 op_type: Any, inputs: Any, attrs: Any, outputs: Any, op_name: Any = None, graph: Any = None
@@ -183,17 +203,9 @@ def tf_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
                 if keep:
                     kept.append(outputs)
                 if least and outputs:
-                    parents: list[int] = []
-                    refs = tuple(_least_ref(t, producers, parents) for t in inputs)
-                    for t in outputs:
-                        producers[id(t)] = len(records)
                     first = outputs[0]
-                    records.append(
-                        LeastRecord(
-                            op_type, refs, {}, tuple(parents), outputs, first._shape_tuple(),
-                            first._datatype_enum(), first.device, (),
-                        )
-                    )  # fmt: skip
+                    shape, dtype = first._shape_tuple(), first._datatype_enum()
+                    records.add(op_type, inputs, None, outputs, outputs, shape, dtype, first.device)
 
             op_callbacks.add_op_callback(callback)
             try:
@@ -221,7 +233,7 @@ def paddle_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
 
         def __init__(self, keep: bool, least: bool = False) -> None:
             self.depth, self.thread, self.keep, self.kept = 0, threading.get_ident(), keep, []
-            self.least, self.records, self.producers = least, [], {}  # ``least``: one small record per op
+            self.least, self.records = least, LeastRecords()  # ``least``: one small record per op
 
         def run(self, info: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
             self.depth += 1  # what the op calls inside is part of it, as in a capture
@@ -237,13 +249,7 @@ def paddle_modes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
             if self.keep:
                 self.kept.append(out)
             if self.least and isinstance(out, paddle.Tensor):
-                producers, parents = self.producers, []
-                refs = tuple(_least_ref(v, producers, parents) for v in a)
-                kw = {key: _least_ref(v, producers, parents) for key, v in k.items()} if k else {}
-                producers[id(out)] = len(self.records)
-                self.records.append(
-                    LeastRecord(info, refs, kw, tuple(parents), out, tuple(out.shape), out.dtype, out.place, ())
-                )
+                self.records.add(info, a, k, out, (out,), tuple(out.shape), out.dtype, out.place)
             return out
 
         def alias(self, source: Any, out: Any) -> None:

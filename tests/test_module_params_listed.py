@@ -17,7 +17,9 @@ def test_modules_declared_without_their_parameters_get_those_below_them() -> Non
     for path in ("fc1", "block", "block.inner", "block.inner.deep", "fc"):
         builder.add_module(path, "M")
     builder.add_module("given", "M", ["given.w", "elsewhere"])  # a list given is the backend's, kept as given
-    for name in ("fc1.weight", "fc10.weight", "block.inner.deep.w", "block.b", "given.w", "top"):
+    builder.add_module("again", "M")
+    builder.add_module("again", "M", ["again.w"])  # declared again with its list: that list, nothing added
+    for name in ("fc1.weight", "fc10.weight", "block.inner.deep.w", "block.b", "given.w", "again.w", "top"):
         builder.add_param(_param(name))
     builder.add_param(_param("block.inner.running_mean", buffer=True))
     builder.add_outputs((), ())
@@ -28,6 +30,7 @@ def test_modules_declared_without_their_parameters_get_those_below_them() -> Non
     assert trace.modules["block.inner"].params == ["block.inner.deep.w", "block.inner.running_mean"]
     assert trace.modules["block.inner.deep"].params == ["block.inner.deep.w"]
     assert trace.modules["given"].params == ["given.w", "elsewhere"]
+    assert trace.modules["again"].params == ["again.w"]
     assert trace.modules["fc1"].num_params == 2
 
 

@@ -126,6 +126,7 @@ def _bad_records() -> list[tuple[dict[str, Any], str]]:
         ({"elapsed": np.float64(0.1)}, "elapsed"),
         ({"elapsed": float("nan")}, "elapsed"),
         ({"code_context": (("f.py", 3, "g"),)}, "code_context"),
+        ({"code_context": 5}, "code_context"),  # not even a tuple: still a CaptureError, naming no site
         ({"meta": {1: "a"}}, "meta"),
         ({"params": ("v",)}, "params"),
         ({**read_w, "parent_indices": ()}, "parent_indices"),  # an argument the record does not list

@@ -100,6 +100,8 @@ class TraceBuilder:
         self.modules[path] = ModuleRecord(path=path, type_name=type_name, params=[] if params is None else params)
         if params is None:
             self._unlisted.add(path)
+        else:  # declared again, with its list this time
+            self._unlisted.discard(path)
 
     def add_param(self, record: ParamRecord) -> None:
         problem = param_problem(record)
@@ -254,7 +256,9 @@ class TraceBuilder:
         instead."""
         problem = op_problem(op, self.params)
         if problem is not None:
-            site = op.code_context[0] if op.code_context and isinstance(op.code_context[0], CodeLocation) else None
+            context = op.code_context  # (maybe the malformed field itself)
+            first = context[0] if isinstance(context, (tuple, list)) and context else None
+            site = first if isinstance(first, CodeLocation) else None
             at = f", called at {site.file}:{site.line_number}" if site is not None else ""
             self._refuse(
                 f"the {self.backend} backend recorded {op.kind} {op.index} ({op.func_name!r}{at}) with a field "

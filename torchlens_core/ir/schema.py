@@ -126,6 +126,8 @@ def op_problem(op: OpRecord, params: dict[str, ParamRecord]) -> str | None:
     elapsed = op.elapsed
     if not (elapsed is None or type(elapsed) in (int, float) and 0 <= elapsed < math.inf):
         return f"elapsed should be None or a finite float of seconds, at least 0, not {_show(elapsed)}"
+    if not isinstance(op.code_context, (tuple, list)):  # (a list saves and loads as well: never refused)
+        return f"code_context should be a tuple of CodeLocation entries, not {_show(op.code_context)}"
     for c in op.code_context:
         if not (
             isinstance(c, CodeLocation)
