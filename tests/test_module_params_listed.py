@@ -22,16 +22,19 @@ def test_modules_declared_without_their_parameters_get_those_below_them() -> Non
     for name in ("fc1.weight", "fc10.weight", "block.inner.deep.w", "block.b", "given.w", "again.w", "top"):
         builder.add_param(_param(name))
     builder.add_param(_param("block.inner.running_mean", buffer=True))
+    builder.add_param(_param("block.gap.w"))  # "block.gap" is no module: listed by "block"
     builder.add_outputs((), ())
     trace = builder.finish()
     assert trace.modules["fc1"].params == ["fc1.weight"]  # not fc10's: a prefix ends at a dot
     assert trace.modules["fc"].params == []
-    assert trace.modules["block"].params == ["block.inner.deep.w", "block.b", "block.inner.running_mean"]
+    assert trace.modules["block"].params == ["block.inner.deep.w", "block.b", "block.inner.running_mean", "block.gap.w"]
     assert trace.modules["block.inner"].params == ["block.inner.deep.w", "block.inner.running_mean"]
     assert trace.modules["block.inner.deep"].params == ["block.inner.deep.w"]
     assert trace.modules["given"].params == ["given.w", "elsewhere"]
     assert trace.modules["again"].params == ["again.w"]
     assert trace.modules["fc1"].num_params == 2
+    assert trace.modules["block"].num_params == 6  # three parameters of 2; the buffer is not counted
+    assert trace.modules["given"].num_params == 2  # "elsewhere" names no parameter: nothing counted
 
 
 def test_a_torch_models_module_lists_are_what_torch_lists_below_each_module() -> None:

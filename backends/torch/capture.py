@@ -734,8 +734,7 @@ def capture(
     recorder.check_versions()
     kept = [leaf for _, leaf in tree.leaves((args, kwargs), lambda v: isinstance(v, Tensor))]
     if is_module:  # as they are now: the forward may have set new ones (keras-on-torch builds its weights)
-        for members in _members(model, list(model.named_modules())):
-            kept += [value for _, value in members]
+        kept += _member_values(model)
     recorder.unalias(kept)
     trace = builder.finish()
     if isinstance(watching, ShadowMode):
@@ -816,6 +815,18 @@ def _keras_layers(model: torch.nn.Module, known: set[int]) -> list[tuple[str, to
         for path, layer in layer_paths(model, seen={id(model)})
         if isinstance(layer, torch.nn.Module) and id(layer) not in known
     ]
+
+
+def _member_values(model: torch.nn.Module) -> list[Tensor]:
+    """The model's parameters and buffers (some maybe twice), without the names :func:`_members` makes."""
+    cls, base = type(model), torch.nn.Module
+    if cls.named_parameters is not base.named_parameters or cls.named_buffers is not base.named_buffers:
+        return [value for members in _members(model, []) for _, value in members]
+    values: list[Tensor] = []
+    for module in model.modules():
+        values += module._parameters.values()
+        values += module._buffers.values()
+    return [value for value in values if value is not None]
 
 
 def _members(

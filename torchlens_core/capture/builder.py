@@ -79,6 +79,7 @@ class TraceBuilder:
         )
         self._named = 0  # ops[:_named] have their labels
         self._checked = 0  # ops[:_checked] are checked against the schema
+        self._sound_sites: dict[int, CodeLocation] = {}  # call sites the schema check passed (op_problem)
         self._unlisted: set[str] = set()  # modules declared without their parameters: listed at the end
         if self.stream is not None:
             self.stream.begin(backend)
@@ -227,18 +228,29 @@ class TraceBuilder:
         self._named = len(ops)
 
     def _list_params(self) -> None:
-        """Each module declared without its parameters gets every parameter and buffer below it (one walk
-        up each name's dotted prefixes: linear in the names, whatever the depth of the modules)."""
+        """Each module declared without its parameters gets every parameter and buffer below it, in declaration
+        order. A name is appended to the lists of the unlisted modules above its owner, found once per owner
+        (from its parent's): linear in the names and modules, whatever their depth."""
         unlisted, modules = self._unlisted, self.modules
         if not unlisted:
             return
+        lists: dict[str, list[list[str]]] = {"": []}  # dotted path -> the lists of the unlisted modules above it
         for name in self.params:
-            end = name.rfind(".")
-            while end > 0:
-                prefix = name[:end]
-                if prefix in unlisted:
-                    modules[prefix].params.append(name)
-                end = name.rfind(".", 0, end)
+            owner = name.rpartition(".")[0]
+            above = lists.get(owner)
+            if above is None:
+                missing = [owner]  # the owner and its ancestors not yet seen, innermost first
+                parent = owner.rpartition(".")[0]
+                while parent not in lists:
+                    missing.append(parent)
+                    parent = parent.rpartition(".")[0]
+                above = lists[parent]
+                for path in reversed(missing):
+                    if path in unlisted:
+                        above = [*above, modules[path].params]
+                    lists[path] = above
+            for params in above:
+                params.append(name)
         self._unlisted = set()
 
     def check_ops(self) -> None:
@@ -254,7 +266,7 @@ class TraceBuilder:
     def _check(self, op: OpRecord) -> None:
         """Refuse a record ``tl.load`` would refuse, naming the op, its call site, the field and what to pass
         instead."""
-        problem = op_problem(op, self.params)
+        problem = op_problem(op, self.params, self._sound_sites)
         if problem is not None:
             context = op.code_context  # (maybe the malformed field itself)
             first = context[0] if isinstance(context, (tuple, list)) and context else None
@@ -374,12 +386,13 @@ class TraceBuilder:
             stack = stack[:-1]
         if not stack:
             raise CaptureError(f"module {path!r} finished without having started")
-        n = stack[-1][1]
+        closed = stack[-1]
+        n = closed[1]
         self.modules[path].passes[n - 1].out_template = out_template
         for ref in (out_template,) if type(out_template) is Ref else refs_in(out_template):
             self.ops[ref.index].module_outputs.append(f"{path}:{n}")
         self.module_stack = stack[:-1]
-        self.closed_passes.add((path, n))
+        self.closed_passes.add(closed)
         if self.policy.active:
             try:
                 self.policy.closed(path, n)  # may settle pending saves, or raise HaltCapture

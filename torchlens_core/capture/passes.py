@@ -113,7 +113,10 @@ class ModulePasses:
         (``output``, or what ``intervene=`` made of it). Errors are remembered (:meth:`remember`)."""
         builder = self.builder
         stack = builder.module_stack
-        current = next((p for p in reversed(stack) if p[0] == path), None)
+        if stack and stack[-1][0] == path:  # the innermost pass, as nearly always
+            current: Pass | None = stack[-1]
+        else:  # a module called by a pass of its own that raised, say
+            current = next((p for p in reversed(stack) if p[0] == path), None)
         try:
             template, edited = self.returned(output, current)
             if builder.editor is not None and current is not None:

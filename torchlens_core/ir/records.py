@@ -504,6 +504,8 @@ def _named_dtype(cls: type, name: str = "dtype") -> property:
     return property(get, put, doc=slot.__doc__)
 
 
+#: The str an op's dtype slot keeps, read without the DType the property makes of it (for the schema's check).
+raw_dtype = OpRecord.__dict__["dtype"].__get__
 OpRecord.dtype = _named_dtype(OpRecord)  # type: ignore[assignment,misc]  # a property over the slot
 
 

@@ -21,7 +21,7 @@ import math
 from typing import Any
 
 from torchlens_core.ir import tree
-from torchlens_core.ir.records import CodeLocation, OpRecord, ParamRecord, ParamRef, Ref
+from torchlens_core.ir.records import CodeLocation, OpRecord, ParamRecord, ParamRef, Ref, raw_dtype
 
 MAX_DIM = 1 << 62  # no real axis is longer; bigger numbers only make NumPy and the tables overflow
 MAX_AXES = 64
@@ -92,23 +92,28 @@ def _elements(s: Any, depth: int) -> int:
     raise ValueError
 
 
-def op_problem(op: OpRecord, params: dict[str, ParamRecord]) -> str | None:
+def op_problem(
+    op: OpRecord, params: dict[str, ParamRecord], sound_sites: dict[int, CodeLocation] | None = None
+) -> str | None:
     """What is wrong with the fields of ``op`` (``params``: the trace's parameters by name), or None.
 
     Checks what ``tl.save`` writes as given and ``tl.load`` reads back only in
     its plain form: the shape, names and flags, positions of earlier ops, the
     call's containers, and that the call's arguments read exactly the ops and
-    parameters the record lists.
+    parameters the record lists. ``sound_sites``: ``id -> CodeLocation`` of
+    call sites checked already, added to as this op's pass (a capture's ops
+    share the same few objects; a CodeLocation is a tuple, so it stays sound).
     """
     problem = shape_problem(op.shape)
     if problem is not None:
         return problem
     if not isinstance(op.func_name, str) or not op.func_name:
         return f"func_name should be a non-empty str, not {_show(op.func_name)}"
-    if not (op.dtype is None or isinstance(op.dtype, str)) or not (op.device is None or isinstance(op.device, str)):
+    dtype, device = raw_dtype(op), op.device  # (the slot: the property would make a DType of the str)
+    if not (dtype is None or isinstance(dtype, str)) or not (device is None or isinstance(device, str)):
         return (
             f"dtype and device should be None or the names as str (such as 'float32', 'cpu'), not "
-            f"{_show(op.dtype)} and {_show(op.device)}"
+            f"{_show(dtype)} and {_show(device)}"
         )
     if type(op.in_place) is not bool:
         return f"in_place should be a bool, not {_show(op.in_place)}"
@@ -129,6 +134,8 @@ def op_problem(op: OpRecord, params: dict[str, ParamRecord]) -> str | None:
     if not isinstance(op.code_context, (tuple, list)):  # (a list saves and loads as well: never refused)
         return f"code_context should be a tuple of CodeLocation entries, not {_show(op.code_context)}"
     for c in op.code_context:
+        if sound_sites is not None and sound_sites.get(id(c)) is c:  # (the object itself: its id is not reused)
+            continue
         if not (
             isinstance(c, CodeLocation)
             and isinstance(c.file, str)
@@ -137,6 +144,8 @@ def op_problem(op: OpRecord, params: dict[str, ParamRecord]) -> str | None:
             and isinstance(c.func_name, str)
         ):
             return f"code_context should hold CodeLocation(file: str, line_number: int, func_name: str), not {_show(c)}"
+        if sound_sites is not None:
+            sound_sites[id(c)] = c
     if not isinstance(op.args, tuple):
         return f"args should be a tuple, not {_show(op.args)}"
     for what, d in (("kwargs", op.kwargs), ("meta", op.meta)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Iterator
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from torchlens_core.ir import graph_index, tree
@@ -63,10 +64,10 @@ class Trace:
         self.ops = ops
         self.modules = ModuleTable(modules)
         self.params = ParamTable(params)
-        for module in self.modules.values():  # a module's parameter count, from the records it names
-            module.num_params = sum(
-                self.params[n].numel for n in module.params if n in self.params and not self.params[n].is_buffer
-            )
+        # a module's parameter count, from the records it names (buffers and names without a record count 0)
+        numels = {name: 0 if p.is_buffer else p.numel for name, p in params.items()}
+        for module in self.modules.values():
+            module.num_params = sum(map(numels.get, module.params, repeat(0)))
         self.output_template = output_template
         # What the forward itself returned, kept apart from the output nodes so
         # that audit() can compare the two.
