@@ -127,6 +127,10 @@ def _bad_records() -> list[tuple[dict[str, Any], str]]:
         ({"elapsed": float("nan")}, "elapsed"),
         ({"code_context": (("f.py", 3, "g"),)}, "code_context"),
         ({"code_context": 5}, "code_context"),  # not even a tuple: still a CaptureError, naming no site
+        ({"code_context": (None,)}, "code_context"),
+        ({"code_context": (CodeLocation("f.py", -1, "g"),)}, "code_context"),
+        ({"conditions": [0]}, "conditions"),  # a list where a tuple goes: refused even when empty
+        ({"conditions": (1,)}, "conditions"),  # not an earlier op
         ({"meta": {1: "a"}}, "meta"),
         ({"params": ("v",)}, "params"),
         ({**read_w, "parent_indices": ()}, "parent_indices"),  # an argument the record does not list
@@ -168,6 +172,19 @@ def test_other_fields_a_file_cannot_hold_are_refused_when_the_capture_finishes(f
     assert "op 1 ('f'" in str(info.value)
     if "code_context" not in field:
         assert "called at model.py:12" in str(info.value)
+
+
+def test_a_call_site_passed_once_does_not_pass_a_bad_one_beside_it() -> None:
+    """The check passes each call site once per capture (ops share them): a bad entry next to one passed already
+    is still refused, and so is a list of conditions that is empty."""
+    site = CodeLocation("model.py", 12, "forward")
+    for bad, field in (({"code_context": (site, None)}, "code_context"), ({"conditions": []}, "conditions")):
+        builder = _builder()
+        _add(builder, {"args": ("x",), "parent_indices": (0,), "code_context": (site,)})
+        _add(builder, {"args": ("x",), "parent_indices": (0,), "code_context": (site,), **bad})
+        with pytest.raises(tl.CaptureError, match=field) as info:
+            builder.finish()
+        assert "op 2 ('f'" in str(info.value)
 
 
 @pytest.mark.parametrize(("fields", "field"), _bad_records(), ids=lambda v: v if isinstance(v, str) else "")

@@ -473,18 +473,9 @@ class TraceBuilder:
         self.name_ops()
         self._list_params()
         self.namer.finish()
-        for op in ops:
-            op.parents = [ops[i].label for i in op.parent_indices]
-            if op.condition_indices:
-                op.conditions = [ops[i].label for i in op.condition_indices]
-        for op in ops:
-            for i in op.parent_indices:
-                ops[i].children.append(op.label)
-            for path, n in op.module_passes:
-                self.modules[path].passes[n - 1].ops.append(op.label)
         if halted:
             self.notes["halted"] = "the forward was stopped once every op selected by halt= had run"
-        trace = Trace(
+        trace = Trace(  # (its constructor reads no links: they are made below)
             backend=self.backend,
             model_name=self.model_name,
             ops=ops,
@@ -496,9 +487,28 @@ class TraceBuilder:
             halted=halted,
         )
         ref = weakref.ref(trace)
-        for op in ops:
+        modules = self.modules
+        # id(op.module_passes) -> the op lists of those passes: ops recorded under the same open passes share
+        # one tuple (builder.module_stack), which they keep alive
+        pass_lists: dict[int, list[list[str]]] = {}
+        for op in ops:  # one loop: labels of parents and conditions, children, the passes' op lists, the trace
+            label = op.label
             op.trace_ref = ref
-        for module in self.modules.values():
+            labels = op.parents = []
+            for i in op.parent_indices:
+                parent = ops[i]
+                labels.append(parent.label)
+                parent.children.append(label)
+            if op.condition_indices:
+                op.conditions = [ops[i].label for i in op.condition_indices]
+            stack = op.module_passes
+            if stack:
+                lists = pass_lists.get(id(stack))
+                if lists is None:
+                    lists = pass_lists[id(stack)] = [modules[path].passes[n - 1].ops for path, n in stack]
+                for names in lists:
+                    names.append(label)
+        for module in modules.values():
             for mp in module.passes:
                 mp.trace_ref = ref
         if self.policy.active:

@@ -88,6 +88,7 @@ class Recorder(ModulePasses):
         self.written_at: dict[Hashable, int] = {}  # memory key -> number of ops recorded when it was last written
         self.reported: set[tuple[Any, ...]] = set()  # conversions reported: (op index, path, how)
         self.versions: list[tuple[int, Path, int, Any]] = []  # (op, path, id(array), version): the tripwire
+        self.param_refs: dict[str, ParamRef] = {}  # name -> the ParamRef every template shares
 
     # -- what a backend says about its arrays (override) -----------------------------------
     def is_array(self, value: Any) -> bool:
@@ -185,23 +186,13 @@ class Recorder(ModulePasses):
     def template(self, x: Any, parents: list[int], params: list[str]) -> Any:
         """``x`` with recorded arrays as their Refs (their ops appended to ``parents``), parameters as ParamRefs
         (appended to ``params``), other arrays as :meth:`constant`, containers rebuilt, plain data as is."""
-        # A parameter written in place during the forward is, from then on, the output
-        # of the op that wrote it: producers are looked up first.
-        producers = self.producers
-        found = producers.get(id(x))
-        if found is not None and found[0]() is x:
-            ref = found[1]
-            parents.append(ref.index)
-            return ref
         t = type(x)
-        if t in _PLAIN:
-            return x
-        if t is tuple or t is list:
+        if t is tuple or t is list:  # a call's arguments: most are recorded arrays, parameters and numbers
             if not x:
                 return x
+            producers, param_names = self.producers, self.param_names
             items = []
-            param_names = self.param_names
-            for v in x:  # most arguments: recorded arrays, parameters and numbers, handled here without a call each
+            for v in x:  # handled here without a call each
                 if type(v) in _PLAIN:
                     items.append(v)
                     continue
@@ -214,21 +205,37 @@ class Recorder(ModulePasses):
                 name = param_names.get(id(v))
                 if name is not None and self.is_array(v):
                     params.append(name)
-                    items.append(ParamRef(name))
+                    items.append(self._param_ref(name))
                 else:
                     items.append(self.template(v, parents, params))
             return t(items)
-        if t is dict:
-            return {key: self.template(v, parents, params) for key, v in x.items()}
+        if t is dict:  # (its values templated as one tuple: in order, without a call each)
+            return dict(zip(x, self.template(tuple(x.values()), parents, params))) if x else {}
+        if t in _PLAIN:
+            return x
+        # A parameter written in place during the forward is, from then on, the output
+        # of the op that wrote it: producers are looked up first.
+        found = self.producers.get(id(x))
+        if found is not None and found[0]() is x:
+            ref = found[1]
+            parents.append(ref.index)
+            return ref
         if not self.is_array(x):
             return x.copy() if t in self.copied_types else x
         name = self.param_names.get(id(x))
         if name is not None:
             params.append(name)
-            return ParamRef(name)
+            return self._param_ref(name)
         if self.pass_throughs.unedited:
             self.pass_throughs.check_read(x)
         return self.constant(x)
+
+    def _param_ref(self, name: str) -> ParamRef:
+        """The ParamRef of parameter ``name``: one object, shared by every op that reads it (it is frozen)."""
+        ref = self.param_refs.get(name)
+        if ref is None:
+            ref = self.param_refs[name] = ParamRef(name)
+        return ref
 
     # -- recording -------------------------------------------------------------------------------
     def record(

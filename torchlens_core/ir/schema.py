@@ -30,6 +30,7 @@ MAX_ELEMENTS = 1 << 56  # elements of one op's output(s): times 16 bytes still f
 MAX_LINE = 1 << 31
 MAX_WALK = 1 << 20  # values in one op's arguments
 _SCALARS = frozenset({int, float, complex, bool, str, bytes, type(None)})
+_NOT_FOUND = object()
 
 SHAPE_FORM = (
     "None (no array), a tuple of ints for one array (``(2, 3)``), or for several outputs a tuple with "
@@ -104,11 +105,14 @@ def op_problem(
     call sites checked already, added to as this op's pass (a capture's ops
     share the same few objects; a CodeLocation is a tuple, so it stays sound).
     """
-    problem = shape_problem(op.shape)
-    if problem is not None:
-        return problem
-    if not isinstance(op.func_name, str) or not op.func_name:
-        return f"func_name should be a non-empty str, not {_show(op.func_name)}"
+    # Straight-line, with locals and the common cases first: this runs for every op of a capture.
+    shape, name, index = op.shape, op.func_name, op.index
+    if not (shape is None or (type(shape) is tuple and _sizes(shape) and math.prod(shape) <= MAX_ELEMENTS)):
+        problem = shape_problem(shape)  # several outputs' shapes, or what is wrong
+        if problem is not None:
+            return problem
+    if not isinstance(name, str) or not name:
+        return f"func_name should be a non-empty str, not {_show(name)}"
     dtype, device = raw_dtype(op), op.device  # (the slot: the property would make a DType of the str)
     if not (dtype is None or isinstance(dtype, str)) or not (device is None or isinstance(device, str)):
         return (
@@ -117,24 +121,31 @@ def op_problem(
         )
     if type(op.in_place) is not bool:
         return f"in_place should be a bool, not {_show(op.in_place)}"
-    # Loops, not all() over generators, and the common cases first: this runs for every op of a capture.
-    for what, positions in (("parent_indices", op.parent_indices), ("conditions", op.condition_indices)):
-        if not _positions(positions, op.index):
-            return (
-                f"{what} should be a tuple of int positions of earlier ops (below {op.index}), not {_show(positions)}"
-            )
-    if type(op.params) is not tuple:
-        return f"params should be a tuple of names of parameters declared with add_param, not {_show(op.params)}"
-    for name in op.params:
-        if not (isinstance(name, str) and name in params):
-            return f"params should name parameters declared with add_param; {_show(name)} names none"
+    parents, conditions = op.parent_indices, op.condition_indices
+    if type(parents) is not tuple:
+        return _positions_problem("parent_indices", parents, index)
+    for i in parents:
+        if type(i) is not int or i < 0 or i >= index:
+            return _positions_problem("parent_indices", parents, index)
+    if type(conditions) is not tuple or conditions:  # (most ops are under no branch taken on a traced value)
+        problem = _positions_problem("conditions", conditions, index)
+        if problem is not None:
+            return problem
+    names = op.params
+    if type(names) is not tuple:
+        return f"params should be a tuple of names of parameters declared with add_param, not {_show(names)}"
+    for param in names:
+        if not (isinstance(param, str) and param in params):
+            return f"params should name parameters declared with add_param; {_show(param)} names none"
     elapsed = op.elapsed
     if not (elapsed is None or type(elapsed) in (int, float) and 0 <= elapsed < math.inf):
         return f"elapsed should be None or a finite float of seconds, at least 0, not {_show(elapsed)}"
-    if not isinstance(op.code_context, (tuple, list)):  # (a list saves and loads as well: never refused)
-        return f"code_context should be a tuple of CodeLocation entries, not {_show(op.code_context)}"
-    for c in op.code_context:
-        if sound_sites is not None and sound_sites.get(id(c)) is c:  # (the object itself: its id is not reused)
+    context = op.code_context
+    if not isinstance(context, (tuple, list)):  # (a list saves and loads as well: never refused)
+        return f"code_context should be a tuple of CodeLocation entries, not {_show(context)}"
+    sound = {} if sound_sites is None else sound_sites
+    for c in context:
+        if sound.get(id(c), _NOT_FOUND) is c:  # (the object itself, held there: its id is not reused)
             continue
         if not (
             isinstance(c, CodeLocation)
@@ -144,74 +155,87 @@ def op_problem(
             and isinstance(c.func_name, str)
         ):
             return f"code_context should hold CodeLocation(file: str, line_number: int, func_name: str), not {_show(c)}"
-        if sound_sites is not None:
-            sound_sites[id(c)] = c
-    if not isinstance(op.args, tuple):
-        return f"args should be a tuple, not {_show(op.args)}"
-    for what, d in (("kwargs", op.kwargs), ("meta", op.meta)):
-        if not isinstance(d, dict):
-            return f"{what} should be a dict with str keys, not {_show(d)}"
+        sound[id(c)] = c
+    args, kwargs, meta = op.args, op.kwargs, op.meta
+    if not isinstance(args, tuple):
+        return f"args should be a tuple, not {_show(args)}"
+    for what, d in ("kwargs", kwargs), ("meta", meta):
+        if type(d) is not dict or d:  # (many are empty)
+            problem = _keys_problem(what, d)
+            if problem is not None:
+                return problem
+    return _reads_problem(args, kwargs, index, parents, names)
+
+
+def _keys_problem(what: str, d: Any) -> str | None:
+    """What is wrong with ``d`` as field ``what``: a dict with str keys (a subclass too)."""
+    if isinstance(d, dict):
         for k in d:
             if not isinstance(k, str):
-                return f"{what} should be a dict with str keys, not {_show(d)}"
-    return _reads_problem(op)
+                break
+        else:
+            return None
+    return f"{what} should be a dict with str keys, not {_show(d)}"
 
 
-def _positions(positions: Any, below: int) -> bool:
-    if type(positions) is not tuple:
-        return False
-    for i in positions:
-        if type(i) is not int or i < 0 or i >= below:
-            return False
-    return True
+def _positions_problem(what: str, positions: Any, below: int) -> str | None:
+    """What is wrong with ``positions`` as field ``what``: a tuple of the int positions of ops before ``below``."""
+    if type(positions) is tuple and all(type(i) is int and 0 <= i < below for i in positions):
+        return None
+    return f"{what} should be a tuple of int positions of earlier ops (below {below}), not {_show(positions)}"
 
 
-def _reads_problem(op: OpRecord) -> str | None:
-    """Do the call's Refs and ParamRefs name exactly the record's parents and parameters?
+def _reads_problem(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    index: int,
+    parent_indices: tuple[int, ...],
+    names: tuple[str, ...],
+) -> str | None:
+    """Do the Refs and ParamRefs in an op's ``args`` and ``kwargs`` name exactly its ``parent_indices`` (each
+    before ``index``, its own position) and parameter ``names``?
 
     The walk is :func:`tree.leaves`' (the one ``tl.load`` makes with ``refs_in``), inlined with the common
     exact types first: it runs once per op during capture.
     """
     parents: set[int] = set()
     read: set[str] = set()
-    stack: list[Any] = [*op.args, *op.kwargs.values()]
+    pending: list[Any] = [args, kwargs.values()] if kwargs else [args]  # containers still to walk
     budget = MAX_WALK  # a container holding itself would otherwise be walked forever
-    while stack:
-        x = stack.pop()
-        t = type(x)
-        if t in _SCALARS:
-            continue
-        if t is Ref:
-            if type(x.index) is not int or not 0 <= x.index < op.index:
-                return f"its arguments refer to op {_show(x.index)}, which does not run before it"
-            if x.path and not (type(x.path) is tuple and all(type(k) in (int, str) for k in x.path)):
-                return f"a Ref's path should be a tuple of int positions and str keys, not {_show(x.path)}"
-            parents.add(x.index)
-            continue
-        if t is ParamRef:
-            if not isinstance(x.name, str):
-                return f"a ParamRef should name a parameter by str, not {_show(x.name)}"
-            read.add(x.name)
-            continue
-        budget -= 1
-        if not budget:
-            return f"its arguments hold more than {MAX_WALK} containers, or a container that holds itself"
-        if t is tuple or t is list:
-            stack.extend(x)
-        elif t is dict:
-            stack.extend(x.values())
-        else:
-            kids = tree.children(x)  # namedtuples, dict subclasses, dataclasses
-            if kids:
-                stack.extend(v for _, v in kids)
-    if parents != set(op.parent_indices):
+    while pending:
+        for x in pending.pop():
+            t = type(x)
+            if t is Ref:
+                at, path = x.index, x.path
+                if type(at) is not int or not 0 <= at < index:
+                    return f"its arguments refer to op {_show(at)}, which does not run before it"
+                if path and not (type(path) is tuple and all(type(k) in (int, str) for k in path)):
+                    return f"a Ref's path should be a tuple of int positions and str keys, not {_show(path)}"
+                parents.add(at)
+            elif t is ParamRef:
+                if not isinstance(x.name, str):
+                    return f"a ParamRef should name a parameter by str, not {_show(x.name)}"
+                read.add(x.name)
+            elif t not in _SCALARS:
+                budget -= 1
+                if not budget:
+                    return f"its arguments hold more than {MAX_WALK} containers, or a container that holds itself"
+                if t is tuple or t is list:
+                    pending.append(x)
+                elif t is dict:
+                    pending.append(x.values())
+                else:
+                    kids = tree.children(x)  # namedtuples, dict subclasses, dataclasses
+                    if kids:
+                        pending.append([v for _, v in kids])
+    if parents != set(parent_indices):
         return (
-            f"its arguments read ops {sorted(parents)}, but parent_indices lists {sorted(set(op.parent_indices))}:"
+            f"its arguments read ops {sorted(parents)}, but parent_indices lists {sorted(set(parent_indices))}:"
             " pass the index of every op whose output (a Ref) is in the arguments, and no other"
         )
-    if read != set(op.params):
+    if read != set(names):
         return (
-            f"its arguments read parameters {sorted(read)}, but params lists {sorted(set(op.params))}: pass "
+            f"its arguments read parameters {sorted(read)}, but params lists {sorted(set(names))}: pass "
             "the name of every parameter (a ParamRef) in the arguments, and no other"
         )
     return None
