@@ -284,3 +284,33 @@ def test_code_context_is_the_user_frames_jax_reports() -> None:
     assert len(seen) >= 2 * 6 and any(seen)
     assert [op.code_context for op in first.ops] == [op.code_context for op in again.ops]
     assert any(c.func_name.endswith("Wide.__call__") for op in first.ops for c in op.code_context)
+
+
+def test_code_context_stays_right_when_its_caches_start_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verdicts on code objects and their line numbers are cleared when they grow past a bound (code made
+    anew at every call): every op's context is then worked out again, the same."""
+    from torchlens_jax import walk
+
+    model, args, kwargs = CASES["nnx_attention"].build()
+    reference = [op.code_context for op in tl.trace(model, *args, **kwargs).ops]
+    grown = len(walk._JUDGED)
+    monkeypatch.setattr(walk, "_MAX_CODES", 8)  # cleared at almost every equation
+    walk._JUDGED.clear()
+    walk._READ.clear()
+    walk._ENDS.clear()
+    walk._LOCATIONS.clear()
+    assert [op.code_context for op in tl.trace(model, *args, **kwargs).ops] == reference
+    assert any(reference) and len(walk._JUDGED) < grown
+    assert all(id(code) == key for key, code in walk._JUDGED.items())  # each judged code object held
+
+
+def test_scope_names_of_other_captures_are_not_this_captures_calls() -> None:
+    """Call scopes are read by one pattern for every capture: only this capture's id counts, not one it is a
+    prefix or suffix of (a scope left in a jit cache by another capture, a capture inside a traced forward)."""
+    from torchlens_jax.scopes import CallScopes
+
+    scopes = CallScopes()
+    mine, other = scopes.capture_id, scopes.capture_id * 10 + 1
+    stack = f"torchlens#{other}.7/torchlens#{mine}.2/jvp(torchlens#{mine}.5)/torchlens#1{mine}.3/dot"
+    assert scopes.calls_in(stack) == (2, 5)
+    assert scopes.calls_in("dot_general") == ()

@@ -52,3 +52,30 @@ def test_a_torch_models_module_lists_are_what_torch_lists_below_each_module() ->
         want = [n for n, _ in sub.named_parameters(prefix=path)] + [n for n, _ in sub.named_buffers(prefix=path)]
         assert trace.modules[path].params == want, path
     assert trace.modules["layer1.0"].num_params == sum(p.numel() for p in model.layer1[0].parameters())
+
+
+def _declared(names: list[str], paths: list[str]) -> TraceBuilder:
+    builder = TraceBuilder("numpy")
+    for path in paths:
+        builder.add_module(path, "M")
+    for name in names:
+        builder.add_param(_param(name))
+    builder.add_outputs((), ())
+    return builder
+
+
+def test_the_lists_of_a_model_captured_again_are_its_own() -> None:
+    """The lists are remembered for the parameter names and module paths they were worked out from: the same
+    model again gets the same lists, each trace its own list objects; a model with a parameter more, or a module
+    fewer, gets lists worked out for it."""
+    names, paths = ["a.w", "a.b.w", "c.w"], ["a", "a.b", "c"]
+    first = _declared(names, paths).finish()
+    again = _declared(names, paths).finish()
+    assert {p: m.params for p, m in again.modules.items()} == {"a": ["a.w", "a.b.w"], "a.b": ["a.b.w"], "c": ["c.w"]}
+    again.modules["a"].params.append("x")  # a user's edit of one trace
+    assert first.modules["a"].params == ["a.w", "a.b.w"]
+    more = _declared([*names, "a.b.v"], paths).finish()
+    assert more.modules["a"].params == ["a.w", "a.b.w", "a.b.v"] and more.modules["a.b"].params == ["a.b.w", "a.b.v"]
+    fewer = _declared(names, ["a", "c"]).finish()
+    assert set(fewer.modules) == {"a", "c"} and fewer.modules["a"].params == ["a.w", "a.b.w"]
+    assert _declared(names, paths).finish().modules["a"].params == ["a.w", "a.b.w"]  # not the edited list

@@ -18,6 +18,7 @@ pytest.importorskip("torchlens_numpy")
 import torchlens as tl
 import torchlens_numpy.capture as numpy_capture
 from torchlens_core.capture.builder import TraceBuilder
+from torchlens_core.capture.recorder import Recorder
 from torchlens_core.ir.records import CodeLocation, ParamRecord, ParamRef, Ref
 from torchlens_core.ir.schema import shape_problem
 from torchlens_core.store.encoding import Decoder, Encoder
@@ -325,3 +326,74 @@ def test_the_suite_tells_a_backend_reading_labels_while_it_records_that_contract
         monkeypatch.setattr(module, "contract_of", lambda name: 4)
     with pytest.raises(RuntimeError, match="two ops labelled ''"):
         check(traced=traced)
+
+
+class _Arrays(Recorder):
+    """The least recorder of NumPy arrays: what a third-party backend builds on the core's Recorder."""
+
+    array_types = (np.ndarray,)
+
+    def describe(self, value: Any) -> tuple[tuple[int, ...], str, str]:
+        return tuple(int(d) for d in value.shape), str(value.dtype), "cpu"
+
+    def copy(self, value: Any) -> Any:
+        return value.copy()
+
+
+def _recorder() -> tuple[_Arrays, np.ndarray, np.ndarray]:
+    builder = _builder()
+    x, w = builder.ops[0].out, np.ones(3)
+    builder.params["w"].value = w
+    recorder = _Arrays(builder, {id(w): "w"})
+    recorder.produced(x, Ref(0))
+    return recorder, x, w
+
+
+def test_reads_the_core_templated_are_not_walked_again_and_are_right() -> None:
+    """call_template's arguments list what they read as they are made: record() takes them, the check of the reads
+    is left out for that op, and they are what a walk of the arguments finds (the loader's own check)."""
+    from torchlens_core.ir.schema import op_problem
+
+    recorder, x, w = _recorder()
+    a, k, parents, params = recorder.call_template((x, [w, 2.0, x], {"y": x}), {"out": None, "scale": w})
+    y = np.add(x, w)
+    recorder.record("add", np.add, a, k, parents, params, y)
+    op = recorder.builder.ops[-1]
+    assert (parents, params) == ((0,), ("w",))
+    assert op.parent_indices == (0,) and op.params == ("w",)
+    assert recorder.builder.templated_reads == {op.index}
+    assert op_problem(op, recorder.builder.params) is None  # the full check, reads included, passes
+    trace = recorder.builder.finish()
+    assert trace[op.index].parents == ["input_1"]
+
+
+def test_reads_handed_in_otherwise_are_still_checked() -> None:
+    """Anything but call_template's own objects, unchanged, is checked in full when the capture finishes: another
+    list of parents, keyword arguments changed after templating, or a template of the backend's own."""
+    for change in ("parents", "kwargs", "own"):
+        recorder, x, w = _recorder()
+        a, k, parents, params = recorder.call_template((x,), {"scale": 2.0})
+        if change == "parents":
+            parents = tuple([*parents])  # equal, but not the same object: checked, and passes
+        elif change == "kwargs":
+            k["other"] = ParamRef("w")  # a read the params do not list
+        else:
+            a = (Ref(0), ParamRef("w"))  # the backend's own, reading a parameter the params do not list
+        recorder.record("mul", np.multiply, a, k, parents, params, np.multiply(x, 2.0))
+        assert recorder.builder.templated_reads == set(), change
+        if change == "parents":
+            recorder.builder.finish()  # right, and checked
+            continue
+        with pytest.raises(tl.CaptureError, match="params lists") as info:
+            recorder.builder.finish()
+        assert "op 1 ('mul'" in str(info.value), change
+
+
+def test_a_template_taken_is_good_for_one_record_only() -> None:
+    """A second record() handed the same objects (a backend recording one template twice) is checked in full."""
+    recorder, x, w = _recorder()
+    a, k, parents, params = recorder.call_template((x, w), {})
+    recorder.record("add", np.add, a, k, parents, params, np.add(x, w))
+    recorder.record("add", np.add, a, k, parents, params, np.add(x, w))
+    assert recorder.builder.templated_reads == {1}
+    recorder.builder.finish()

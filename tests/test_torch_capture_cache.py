@@ -78,8 +78,8 @@ def test_every_judged_code_object_is_held():
     model.forward = forward.__get__(model)
     tl.trace(model, x)
     cache = torch_capture._SITES
-    judged = cache.internal_codes.keys() | cache.user_codes.keys()
-    assert id(forward.__code__) in cache.user_codes
+    judged = cache.verdicts.keys()
+    assert isinstance(cache.verdicts[id(forward.__code__)], dict)  # the user's code: its locations
     assert judged <= cache.held.keys() and all(id(code) == key for key, code in cache.held.items())
 
 

@@ -130,11 +130,11 @@ class DeferredWalker(Walker):
     def _evaluate(self, eqn: Any, ins: list[Val]) -> tuple[Any, list[Any], float | None]:
         prim, p = eqn.primitive, self.program
         outs = tuple(Pending(p.slots + j) for j in range(len(eqn.outvars)))
-        sources = tuple(p.source(x.value, self.origin(x.ref)) for x in ins)
+        sources = tuple([p.source(x.value, self.origin(x.ref)) for x in ins])
         p.steps.append((prim, eqn.params, sources, tuple(o.slot for o in outs)))
         self.step_ops.append(len(self.builder.ops))  # the op the builder records next, from this equation
         p.slots += len(outs)
-        infos = [(tuple(int(d) for d in v.aval.shape), dtype_name(v.aval.dtype), self.device) for v in eqn.outvars]
+        infos = [(tuple(map(int, v.aval.shape)), dtype_name(v.aval.dtype), self.device) for v in eqn.outvars]
         return (outs if prim.multiple_results else outs[0]), infos, None  # timed by the eager run, if one runs
 
     def origin(self, ref: Any) -> tuple[Any, ...]:
@@ -288,7 +288,7 @@ def program_key(program: Program, wanted: tuple[int, ...]) -> Any:
     """A hashable description of everything the executable depends on; None when a parameter is unhashable."""
     try:
         steps = tuple(
-            (prim, tuple((k, _param_key(v)) for k, v in params.items()), sources, outs)
+            (prim, tuple(zip(params, map(_param_key, params.values()))), sources, outs)
             for prim, params, sources, outs in program.steps
         )
         # (the dtype itself: its text costs a NumPy call per argument)
@@ -315,7 +315,7 @@ def _param_key(value: Any) -> Any:
     if kind is float:  # by its bits: -0.0 == 0.0 would share an executable between programs that differ
         return ("float", value.hex())
     if kind is tuple or kind is list:
-        return (kind.__name__, tuple(_param_key(v) for v in value))
+        return (kind.__name__, tuple(map(_param_key, value)))
     from jax.extend.core import ClosedJaxpr, Jaxpr
 
     if isinstance(value, Jaxpr):

@@ -30,6 +30,9 @@ from torchlens_jax.arrays import is_array
 SCOPE_PREFIX = "torchlens#"
 MARKER_NAME = "torchlens_module_output"
 _capture_ids = itertools.count(1)
+# Every capture's scope names ("torchlens#4.2": capture 4, call 2), read by one pattern compiled once: a pattern of
+# its own per capture id would be compiled by every capture (the `re` cache keeps a few hundred).
+_SCOPE_NAME = re.compile(rf"{re.escape(SCOPE_PREFIX)}(\d+)\.(\d+)\b")
 
 # hook(module, original __call__, args, kwargs) -> what the call returns
 CallHook = Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
@@ -57,13 +60,14 @@ class CallScopes:
         self.splicer = splicer
         self.spliced: set[int] = set()
         self._traced_calls: Counter[str] = Counter()
-        self._pattern = re.compile(rf"{re.escape(SCOPE_PREFIX)}{self.capture_id}\.(\d+)\b")
+        self._id_text = str(self.capture_id)
 
     def calls_in(self, name_stack: str) -> tuple[int, ...]:
         """The calls named in an equation's printed name stack ("torchlens#4.0/torchlens#4.2/dot"),
         outermost first. The printed form is read, not JAX's private stack type; transforms
         show there as "jvp(torchlens#4.2)", which is found all the same."""
-        return tuple(int(k) for k in self._pattern.findall(name_stack))
+        mine = self._id_text
+        return tuple(int(k) for capture, k in _SCOPE_NAME.findall(name_stack) if capture == mine)
 
     def call_of_marker(self, params: dict[str, Any]) -> int | None:
         capture_id, k = params["call"]

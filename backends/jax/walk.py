@@ -29,6 +29,7 @@ import operator
 import os
 from collections import Counter
 from collections.abc import Callable
+from itertools import compress
 from time import perf_counter
 from typing import Any
 
@@ -91,6 +92,7 @@ class Walker(ModulePasses):
         # Vals a module call returned as the module had them (a later read is the model's own, where the module
         # kept it), and those a module site's edit replaced for the call's caller (no recorded op may read them).
         self.pass_throughs = PassThroughs(None, builder.ops)
+        self.name_stacks: dict[int, tuple[Any, tuple[int, ...]]] = {}  # id -> (name stack, its calls): _calls
 
     # -- walking ---------------------------------------------------------------------------
     def run(
@@ -172,16 +174,23 @@ class Walker(ModulePasses):
         if name == "while":
             return self._while(eqn, ins, chain, loc, in_loop)
         meta = {}
-        inner = _inner_jaxprs(eqn.params)
+        config, inner = _config(eqn.params)
         if inner:  # a higher-order primitive we do not expand: one op, run as a whole
             self.opaque[name] += 1
             meta = {"opaque": True, "inner_eqns": sum(len(j.eqns) for j in inner)}
-        return self._record(eqn, ins, loc if in_loop else None, helper, meta)
+        return self._record(eqn, ins, loc if in_loop else None, helper, meta, config)
 
     # -- one op ----------------------------------------------------------------------------
     def _record(
-        self, eqn: Any, ins: list[Val], loc: tuple[Any, ...] | None, helper: bool, meta: dict[str, Any]
+        self,
+        eqn: Any,
+        ins: list[Val],
+        loc: tuple[Any, ...] | None,
+        helper: bool,
+        meta: dict[str, Any],
+        config: dict[str, Any],
     ) -> list[Val]:
+        """Record one equation (``config``: its parameters that are settings, :func:`_config`'s)."""
         prim, params = eqn.primitive, eqn.params
         out, infos, elapsed = self._evaluate(eqn, ins)
         outs = tuple(out) if prim.multiple_results else (out,)
@@ -189,17 +198,28 @@ class Walker(ModulePasses):
         first = next((i for i in infos if i), None)
         if prim.multiple_results:  # the record's dtype is the first output's; gradients need each one's
             meta = {**meta, "out_dtypes": tuple(i[1] if i else None for i in infos)}
+        args, parents, names = [], [], []  # (one loop: this runs for every equation)
+        for x in ins:
+            ref = x.ref
+            if ref is None:
+                args.append(x.value)
+                continue
+            args.append(ref)
+            if type(ref) is Ref:
+                parents.append(ref.index)
+            elif type(ref) is ParamRef:
+                names.append(ref.name)
         op = self.builder.add_op(
             prim.name,
             (prim, params),
-            tuple(x.arg for x in ins),
-            _config(params),
-            tuple(dict.fromkeys(x.ref.index for x in ins if isinstance(x.ref, Ref))),
+            tuple(args),
+            config,
+            tuple(parents) if len(parents) < 2 else tuple(dict.fromkeys(parents)),
             outs if prim.multiple_results else out,
             shape=tuple(shapes) if prim.multiple_results else shapes[0],
             dtype=first[1] if first else None,
             device=first[2] if first else None,
-            params=tuple(dict.fromkeys(x.ref.name for x in ins if isinstance(x.ref, ParamRef))),
+            params=tuple(dict.fromkeys(names)) if names else (),
             code_context=() if helper else _code_context(eqn),
             layer_key=None if loc is None else ("jax-loop", loc),
             meta=meta,
@@ -310,7 +330,13 @@ class Walker(ModulePasses):
         """The module calls named in an equation's name stack, outermost first."""
         if self.scopes is None:
             return ()
-        return self.scopes.calls_in(str(eqn.source_info.name_stack))
+        # The equations of one scope share one name stack object (immutable), whose printing costs more than
+        # the rest of this: read once per object. The object is held, so that its id is not reused meanwhile.
+        stack = eqn.source_info.name_stack
+        known = self.name_stacks.get(id(stack))
+        if known is None or known[0] is not stack:
+            known = self.name_stacks[id(stack)] = (stack, self.scopes.calls_in(str(stack)))
+        return known[1]
 
     def _align(self, chain: tuple[int, ...]) -> None:
         """Make the open module calls those of ``chain``: end the others, begin the new ones."""
@@ -484,10 +510,26 @@ def _last_reads(jaxpr: Any) -> dict[int, list[Any]]:
     return released
 
 
-def _config(params: dict[str, Any]) -> dict[str, Any]:
-    """The equation's parameters as the op's keyword arguments, for op.config and FLOP formulas to read.
-    Inner jaxprs stay in ``op.call`` only: they are programs, not settings."""
-    return {k: v for k, v in params.items() if not _jaxprs_in(v)}
+def _config(params: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """The equation's parameters as the op's keyword arguments, for op.config and FLOP formulas to read, and the
+    jaxprs they hold. Inner jaxprs stay in ``op.call`` only: they are programs, not settings."""
+    config: dict[str, Any] = {}
+    inner: list[Any] = []
+    for key, value in params.items():
+        t = type(value)
+        if t in _SETTINGS:  # most parameters: no jaxpr can be in them
+            config[key] = value
+            continue
+        found = _jaxprs_in(value)
+        if found:
+            inner += found
+        else:
+            config[key] = value
+    return config, inner
+
+
+# Parameter types that hold no jaxpr (tuples and lists may: cond's branches)
+_SETTINGS = frozenset({int, float, bool, str, type(None), np.dtype})
 
 
 def _jaxprs_in(value: Any) -> list[Any]:
@@ -500,18 +542,19 @@ def _jaxprs_in(value: Any) -> list[Any]:
     ]
 
 
-def _inner_jaxprs(params: dict[str, Any]) -> list[Any]:
-    return [jaxpr for v in params.values() for jaxpr in _jaxprs_in(v)]
-
-
 _OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "") for f in (torchlens_core.__file__, __file__))
 
 
-# (id(code), instruction offset) -> (the code object, its CodeLocation): every equation of a capture reads the
-# same few dozen frames, and turning an offset into a line number is most of what reading one costs. The code
-# object is held, so that a new code object at a freed one's address is never taken for it.
+# What each code object in an equation's traceback is to the code context, judged once: every equation of a
+# capture reads the same few dozen frames, most of them JAX's own. By id(code), the code objects held in _JUDGED,
+# so that a new code object at a freed one's address is never taken for a judged one.
+_JUDGED: dict[int, Any] = {}  # id(code) -> the code object
+_READ: set[int] = set()  # a user's code, or TorchLens's API (where the walk ends): the frames looked at
+_ENDS: set[int] = set()  # TorchLens's API: frames above it are the caller's of tl.trace
+# (id(code), instruction offset) -> (the code, its CodeLocation): turning an offset into a line number is most of
+# what reading a frame costs.
 _LOCATIONS: dict[tuple[int, int], tuple[Any, CodeLocation]] = {}
-_MAX_LOCATIONS = 1 << 16  # then the cache starts over: models whose code is made anew at every call stay bounded
+_MAX_CODES = 1 << 16  # then the caches start over: models whose code is made anew at every call stay bounded
 
 
 def _user_frames() -> tuple[Callable[[str], bool], Callable[[Any, int], Any]] | None:
@@ -536,26 +579,47 @@ def _code_context(eqn: Any, limit: int = CONTEXT_FRAMES) -> tuple[CodeLocation, 
     try:
         traceback = eqn.source_info.traceback
         codes, offsets = traceback.raw_frames() if traceback else ((), ())
-        is_user, locate = _USER_FRAMES
     except Exception:  # noqa: BLE001 - no source info to read: no code context
         return ()
+    ids = [*map(id, codes)]
+    if not all(map(_JUDGED.__contains__, ids)):
+        _judge(codes)
     found: list[CodeLocation] = []
-    locations = _LOCATIONS
-    for code, offset in zip(codes, offsets):
-        filename = code.co_filename
-        if not is_user(filename):
-            continue
-        if filename == api.__file__ or len(found) == limit:
+    # the frames to read, picked in C: the dozens of JAX's own between the equation and the model are skipped
+    for i in compress(range(len(ids)), map(_READ.__contains__, ids)):
+        key = ids[i]
+        if key in _ENDS or len(found) == limit:
             break
-        if filename.startswith(_OWN_DIRS):
-            continue
-        known = locations.get((id(code), offset))
-        if known is None or known[0] is not code:
-            if len(locations) >= _MAX_LOCATIONS:
-                locations.clear()
-            known = locations[(id(code), offset)] = (
-                code,
-                CodeLocation(filename, locate(code, offset)[0], code.co_qualname),
-            )
+        offset, code = offsets[i], codes[i]
+        known = _LOCATIONS.get((key, offset))
+        if known is None or known[0] is not code:  # (another thread may have started the caches over)
+            location = CodeLocation(code.co_filename, _USER_FRAMES[1](code, offset)[0], code.co_qualname)
+            known = _LOCATIONS[(key, offset)] = (code, location)
         found.append(known[1])
     return tuple(found)
+
+
+def _judge(codes: Any) -> None:
+    """Judge the code objects not judged yet (:data:`_JUDGED`)."""
+    assert _USER_FRAMES is not None
+    if len(_JUDGED) >= _MAX_CODES:
+        _JUDGED.clear()
+        _READ.clear()
+        _ENDS.clear()
+        _LOCATIONS.clear()
+    is_user = _USER_FRAMES[0]
+    for code in codes:
+        key = id(code)
+        if key in _JUDGED:
+            continue
+        _JUDGED[key] = code
+        filename = code.co_filename
+        _READ.discard(key)  # (a freed code's id, left by a thread that judged as another started over)
+        _ENDS.discard(key)
+        if not is_user(filename):  # JAX's own (and the interpreter's)
+            continue
+        if filename == api.__file__:
+            _READ.add(key)
+            _ENDS.add(key)
+        elif not filename.startswith(_OWN_DIRS):
+            _READ.add(key)

@@ -73,7 +73,7 @@ _LARGEST_LIST = 4096
 
 def drop_scratch(out: Any, scratch: tuple[int, ...]) -> Any:
     """``out`` with the outputs at ``scratch`` (backward-only, maybe uninitialized) replaced by None."""
-    return type(out)(None if i in scratch else v for i, v in enumerate(out))
+    return type(out)([None if i in scratch else v for i, v in enumerate(out)])
 
 
 def _is_tensor(value: Any) -> bool:
@@ -163,10 +163,7 @@ class Recorder(BaseRecorder):
                     targets.append(t)
             # The call as it is about to run: tensors from outside the trace are copied
             # before the op can write into them.
-            parents: list[int] = []
-            params: list[str] = []
-            a = self.template(args, parents, params)
-            k = self.template(kwargs, parents, params) if kwargs else {}
+            a, k, parents, params = self.call_template(args, kwargs)
             meta = {"rng_state": paddle.get_rng_state()} if info.random else {}
             start = perf_counter()
             out = info.call(*args, **kwargs)
@@ -183,8 +180,8 @@ class Recorder(BaseRecorder):
         info: OpInfo,
         a: tuple[Any, ...],
         k: dict[str, Any],
-        parents: list[int],
-        params: list[str],
+        parents: tuple[int, ...],
+        params: tuple[str, ...],
         out: Any,
         targets: list[Tensor],
         written: Any,
@@ -203,7 +200,7 @@ class Recorder(BaseRecorder):
                     return result
                 if info.scratch:
                     out = drop_scratch(out, info.scratch)
-                flat = all(v is None or isinstance(v, Tensor) for v in out)  # the usual tuple of tensors and Nones
+                flat = all([v is None or isinstance(v, Tensor) for v in out])  # the usual tuple of tensors and Nones
                 leaves = (
                     [((i,), v) for i, v in enumerate(out) if v is not None]
                     if flat
@@ -211,7 +208,7 @@ class Recorder(BaseRecorder):
                 )
                 if not leaves:
                     return result
-                shape = tuple(tuple(v.shape) if isinstance(v, Tensor) else None for v in out)
+                shape = tuple([tuple(v.shape) if isinstance(v, Tensor) else None for v in out])
                 first = leaves[0][1]
                 dtype, device = dtype_name(first.dtype), device_name(first.place)
         if written:

@@ -401,10 +401,7 @@ class Recorder(BaseRecorder):
             if target is not None and self._isolate(target):
                 meta["isolate"] = True
             # The call's template is taken before it runs: a constant it writes into is kept as it was.
-            parents: list[int] = []
-            params: list[str] = []
-            a = self.template(args, parents, params)
-            k = self.template(kwargs, parents, params) if kwargs else {}
+            a, k, parents, params = self.call_template(args, kwargs)
             if random:
                 meta.update(rng=rng_state(), training=TRAINING.value)
             start = perf_counter()
@@ -461,8 +458,8 @@ class Recorder(BaseRecorder):
         func: Any,
         a: tuple[Any, ...],
         k: dict[str, Any],
-        parents: list[int],
-        params: list[str],
+        parents: tuple[int, ...],
+        params: tuple[str, ...],
         out: Any,
         tensors: list[Tensor],
         target: Tensor | None,

@@ -491,10 +491,7 @@ class _Recorder(BaseRecorder, TorchFunctionMode):
         """Record one call; returns what the forward gets back (``out``, or what intervene= made of it)."""
         if _transform_running() is not None:  # one the recorder is not recording whole (transforms.py)
             raise unrecorded_transform(info.name)
-        parents: list[int] = []
-        params: list[str] = []
-        a = self.template(args, parents, params)
-        k = self.template(kwargs, parents, params) if kwargs else {}
+        a, k, parents, params = self.call_template(args, kwargs)
         if isinstance(out, Tensor):
             shape, dtype = tuple(out.shape), _DTYPE_NAMES.get(out.dtype) or _dtype_name(out.dtype)
             device = "cpu" if out.is_cpu else out.device.type

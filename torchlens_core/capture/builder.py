@@ -31,6 +31,7 @@ from torchlens_core.ir.records import (
     ParamRecord,
     ParamRef,
     Ref,
+    raw_dtype,
     refs_in,
     shape_at,
 )
@@ -38,6 +39,37 @@ from torchlens_core.ir.schema import UNSAVEABLE, module_problem, op_problem, par
 from torchlens_core.ir.trace import Trace
 
 _WARNED: set[str] = set()  # backends already warned about a record the schema refuses
+# (parameter names in declaration order, the modules declared without their lists) -> each one's list, for the
+# last few models captured (TraceBuilder._list_params)
+_PARAM_LISTS: dict[tuple[tuple[str, ...], frozenset[str]], dict[str, tuple[str, ...]]] = {}
+_MAX_PARAM_LISTS = 8
+
+
+def _param_lists(names: tuple[str, ...], paths: set[str]) -> dict[str, tuple[str, ...]]:
+    """Module path -> the parameter ``names`` below it (dotted prefixes), in order, for each of ``paths``.
+
+    A name is appended to the lists of the modules above its owner, found once per owner (from its parent's):
+    linear in the names and modules, whatever their depth.
+    """
+    lists: dict[str, list[str]] = {path: [] for path in paths}
+    above_of: dict[str, list[list[str]]] = {"": []}  # dotted path -> the lists of the given modules above it
+    for name in names:
+        owner = name.rpartition(".")[0]
+        above = above_of.get(owner)
+        if above is None:
+            missing = [owner]  # the owner and its ancestors not yet seen, innermost first
+            parent = owner.rpartition(".")[0]
+            while parent not in above_of:
+                missing.append(parent)
+                parent = parent.rpartition(".")[0]
+            above = above_of[parent]
+            for path in reversed(missing):
+                if path in lists:
+                    above = [*above, lists[path]]
+                above_of[path] = above
+        for found in above:
+            found.append(name)
+    return {path: tuple(found) for path, found in lists.items()}
 
 
 class TraceBuilder:
@@ -80,6 +112,9 @@ class TraceBuilder:
         self._named = 0  # ops[:_named] have their labels
         self._checked = 0  # ops[:_checked] are checked against the schema
         self._sound_sites: dict[int, CodeLocation] = {}  # call sites the schema check passed (op_problem)
+        # ops whose arguments the core's recorder templated itself (Recorder.call_template): the check that they
+        # read exactly the ops and parameters listed is left out for them, as they are made that way
+        self.templated_reads: set[int] = set()
         self._unlisted: set[str] = set()  # modules declared without their parameters: listed at the end
         if self.stream is not None:
             self.stream.begin(backend)
@@ -229,28 +264,20 @@ class TraceBuilder:
 
     def _list_params(self) -> None:
         """Each module declared without its parameters gets every parameter and buffer below it, in declaration
-        order. A name is appended to the lists of the unlisted modules above its owner, found once per owner
-        (from its parent's): linear in the names and modules, whatever their depth."""
+        order. The lists depend on the parameters' names and the modules' paths alone, so a model captured again
+        finds them worked out (:func:`_param_lists`)."""
         unlisted, modules = self._unlisted, self.modules
         if not unlisted:
             return
-        lists: dict[str, list[list[str]]] = {"": []}  # dotted path -> the lists of the unlisted modules above it
-        for name in self.params:
-            owner = name.rpartition(".")[0]
-            above = lists.get(owner)
-            if above is None:
-                missing = [owner]  # the owner and its ancestors not yet seen, innermost first
-                parent = owner.rpartition(".")[0]
-                while parent not in lists:
-                    missing.append(parent)
-                    parent = parent.rpartition(".")[0]
-                above = lists[parent]
-                for path in reversed(missing):
-                    if path in unlisted:
-                        above = [*above, modules[path].params]
-                    lists[path] = above
-            for params in above:
-                params.append(name)
+        key = (tuple(self.params), frozenset(unlisted))
+        lists = _PARAM_LISTS.get(key)
+        if lists is None:
+            lists = _param_lists(key[0], unlisted)
+            if len(_PARAM_LISTS) >= _MAX_PARAM_LISTS:  # many models in one process: start over (as another
+                _PARAM_LISTS.clear()  # thread may, which taking the oldest out would race with)
+            _PARAM_LISTS[key] = lists
+        for path in unlisted:
+            modules[path].params.extend(lists[path])
         self._unlisted = set()
 
     def check_ops(self) -> None:
@@ -258,15 +285,15 @@ class TraceBuilder:
         loop, once the forward has run: see ``live_records``)."""
         if self.live_records:
             return
-        ops, check = self.ops, self._check
+        ops, check, templated = self.ops, self._check, self.templated_reads
         for i in range(self._checked, len(ops)):
-            check(ops[i])
+            check(ops[i], i not in templated)
         self._checked = len(ops)
 
-    def _check(self, op: OpRecord) -> None:
+    def _check(self, op: OpRecord, reads: bool = True) -> None:
         """Refuse a record ``tl.load`` would refuse, naming the op, its call site, the field and what to pass
-        instead."""
-        problem = op_problem(op, self.params, self._sound_sites)
+        instead (``reads``: see :func:`op_problem`)."""
+        problem = op_problem(op, self.params, self._sound_sites, reads)
         if problem is not None:
             context = op.code_context  # (maybe the malformed field itself)
             first = context[0] if isinstance(context, (tuple, list)) and context else None
@@ -412,7 +439,7 @@ class TraceBuilder:
         parents: tuple[int, ...] = ()
         if isinstance(source, Ref):
             src = self.ops[source.index]
-            shape, dtype, device = shape_at(src.shape, source.path), src.dtype, src.device
+            shape, dtype, device = shape_at(src.shape, source.path), raw_dtype(src), src.device
             parents = (source.index,)
         params = (source.name,) if isinstance(source, ParamRef) else ()
         return self.add_op(
@@ -448,7 +475,7 @@ class TraceBuilder:
                 args=(leaf,),
                 out=tree.get(model_output, path),
                 shape=shape_at(src.shape, leaf.path),
-                dtype=src.dtype,
+                dtype=raw_dtype(src),  # (the name, not the DType the property makes)
                 device=src.device,
                 parent_indices=(leaf.index,),
             )
@@ -587,6 +614,8 @@ def returned(
 
 def _small_python(value: Any, budget: int = 4096) -> bool:
     """A plain number, bool, None or a (nested) list of them with at most ``budget`` items: kept as data."""
+    if type(value) is list and len(value) < budget and set(map(type, value)) <= _NUMBERS:
+        return True  # (most: a shape read, a list of ints, tested in C)
     stack, seen = [value], 0
     while stack:
         item = stack.pop()
@@ -598,6 +627,9 @@ def _small_python(value: Any, budget: int = 4096) -> bool:
         elif not (item is None or isinstance(item, (bool, int, float))):
             return False
     return True
+
+
+_NUMBERS = frozenset({int, float, bool})
 
 
 def _replace_at(template: Any, new: dict[tuple[Any, ...], Any], path: tuple[Any, ...] = ()) -> Any:

@@ -7,8 +7,9 @@ lives here, in :class:`Recorder`:
 
 - **which values are which ops'**: ``producers`` maps each recorded array
   (by ``id``, with a weakref against a reused id) to the :class:`Ref` later
-  ops read it by; :meth:`template` turns a call's arguments into Refs,
-  ParamRefs and copies of arrays from outside the trace;
+  ops read it by; :meth:`call_template` turns a call's arguments into Refs,
+  ParamRefs and copies of arrays from outside the trace, listing the ops and
+  parameters they read;
 - **recording**: :meth:`record` adds the op, hands it to ``intervene=``'s
   editor, and makes what the forward gets back the op's value;
 - **saved values are the values that ran**: before a write, :meth:`protect`
@@ -89,6 +90,8 @@ class Recorder(ModulePasses):
         self.reported: set[tuple[Any, ...]] = set()  # conversions reported: (op index, path, how)
         self.versions: list[tuple[int, Path, int, Any]] = []  # (op, path, id(array), version): the tripwire
         self.param_refs: dict[str, ParamRef] = {}  # name -> the ParamRef every template shares
+        # The last call_template's (args, kwargs, parents, params, len(kwargs)), until record() takes it
+        self.templated: tuple[Any, ...] | None = None
 
     # -- what a backend says about its arrays (override) -----------------------------------
     def is_array(self, value: Any) -> bool:
@@ -230,6 +233,24 @@ class Recorder(ModulePasses):
             self.pass_throughs.check_read(x)
         return self.constant(x)
 
+    def call_template(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], tuple[int, ...], tuple[str, ...]]:
+        """The :meth:`template` of a call: its arguments and keyword arguments, and the ops and parameters they
+        read, each once, in order (what :meth:`record` takes).
+
+        Handed to :meth:`record` as they are, the schema's check that the
+        arguments read exactly the ops and parameters listed is left out
+        when the capture finishes: they were made that way here.
+        """
+        parents: list[int] = []
+        params: list[str] = []
+        a = self.template(args, parents, params)
+        k = self.template(kwargs, parents, params) if kwargs else {}
+        p, q = unique(parents), unique(params) if params else ()
+        self.templated = (a, k, p, q, len(k))
+        return a, k, p, q
+
     def _param_ref(self, name: str) -> ParamRef:
         """The ParamRef of parameter ``name``: one object, shared by every op that reads it (it is frozen)."""
         ref = self.param_refs.get(name)
@@ -244,8 +265,8 @@ class Recorder(ModulePasses):
         call: Any,
         args: Any,
         kwargs: Any,
-        parents: list[int],
-        params: list[str],
+        parents: list[int] | tuple[int, ...],
+        params: list[str] | tuple[str, ...],
         out: Any,
         *,
         written: tuple[Any, ...] = (),
@@ -271,20 +292,31 @@ class Recorder(ModulePasses):
                 shape = tuple(self.describe(v)[0] if self.is_array(v) else None for v in out)
                 _, dtype, device = self.describe(arrays[0])
         builder = self.builder
+        made, templated = self.templated, False
+        if made is not None:  # call_template's, unchanged since: they read what they list (op_problem's reads)
+            self.templated = None
+            a, k, p, q, size = made
+            templated = a is args and k is kwargs and p is parents and q is params and size == len(kwargs)
+        if templated:  # (each once already)
+            parent_indices, names = p, q
+        else:
+            parent_indices, names = unique(parents), unique(params) if params else ()
         op = builder.add_op(
             func_name,
             call,
             args,
             kwargs,
-            unique(parents),
+            parent_indices,
             out,
             shape=shape,
             dtype=dtype,
             device=device,
-            params=unique(params) if params else (),
+            params=names,
             in_place=bool(written),
             **fields,
         )
+        if templated:
+            builder.templated_reads.add(op.index)
         if builder.edited_values:  # intervene=: an edit of an in-place op is written into `out` itself
             seen = builder.seen_value(op, out)
             if seen is not out:
@@ -391,16 +423,19 @@ class Recorder(ModulePasses):
     def check_versions(self) -> None:
         """After the forward: flag each saved value written in place after it was recorded without a copy
         (``op.meta["mutated_after_recording"]``, which audit() reports)."""
-        ops, snapshots = self.builder.ops, self.snapshots
+        ops, snapshots, version_of = self.builder.ops, self.snapshots, self.version
         for index, path, array_id, version in self.versions:
             op = ops[index]
-            if op.stored is not None or op.out is None or (index, path) in snapshots:  # written out, dropped by
-                # save=, or copied before the write
+            if op.stored is not None:  # written out by save_to= when it was recorded
                 continue
-            value = tree.get(op.out, path)
+            value = op.out
+            if value is None or (index, path) in snapshots:  # dropped by save=, or copied before the write
+                continue
+            if path:
+                value = tree.get(value, path)
             if id(value) != array_id:  # intervene= replaced it by a new array, registered on its own
                 continue
-            if self.version(value) != version:
+            if version_of(value) != version:
                 op.meta["mutated_after_recording"] = True
 
     # -- conversions into Python values ---------------------------------------------------------
@@ -447,10 +482,10 @@ class Recorder(ModulePasses):
         pass-through op's value (lazy frameworks compute it here)."""
 
 
-def unique(items: list[Any]) -> tuple[Any, ...]:
+def unique(items: list[Any] | tuple[Any, ...]) -> tuple[Any, ...]:
     """``items`` in order, each once (most ops read one or two values: skip the dict for those)."""
     if len(items) < 2 or (len(items) == 2 and items[0] != items[1]):
-        return tuple(items)
+        return tuple(items)  # (a tuple itself)
     return tuple(dict.fromkeys(items))
 
 

@@ -42,11 +42,10 @@ class CallSites:
         # Internal functions that call the model: the walk stops there too, rather than climbing through
         # pluggy's frames to the API's (a shallow model's ops walk every frame up to the stop).
         self.stop_codes: frozenset[CodeType] = frozenset()
-        # Verdicts by id(code): internal codes -> whether the walk stops there; user codes -> their
-        # CodeLocations by instruction offset. `held` keeps each judged code object alive, so that its
-        # id cannot be reused by another one.
-        self.internal_codes: dict[int, bool] = {}
-        self.user_codes: dict[int, dict[int, CodeLocation]] = {}
+        # Verdicts by id(code), one lookup a frame: False for internal code (the walk goes on), True where the
+        # walk stops, and for the user's code its CodeLocations by instruction offset. `held` keeps each judged
+        # code object alive, so that its id cannot be reused by another one.
+        self.verdicts: dict[int, bool | dict[int, CodeLocation]] = {}
         self.held: dict[int, CodeType] = {}
 
     def stop_at(self, *functions: Callable[..., Any]) -> None:
@@ -55,7 +54,7 @@ class CallSites:
         self._forget()
 
     def _forget(self) -> None:
-        self.internal_codes, self.user_codes, self.held = {}, {}, {}
+        self.verdicts, self.held = {}, {}
 
     def _judge(self, code: CodeType) -> None:
         if len(self.held) >= _MAX_CODES:  # code compiled at run time (exec, generated models): stay bounded
@@ -63,9 +62,9 @@ class CallSites:
         filename = code.co_filename
         self.held[id(code)] = code
         if filename.startswith(self.internal) or filename in self.internal_files or filename.startswith("<frozen"):
-            self.internal_codes[id(code)] = filename == _API_FILE or code in self.stop_codes
+            self.verdicts[id(code)] = filename == _API_FILE or code in self.stop_codes
         else:
-            self.user_codes[id(code)] = {}
+            self.verdicts[id(code)] = {}
 
     def stack(self, limit: int = CONTEXT_FRAMES, skip: int = 0) -> tuple[CodeLocation, ...]:
         """The user's frames leading to the current call, innermost first, at most ``limit``.
@@ -86,28 +85,28 @@ class CallSites:
         ``boundary`` frame (True), the frames above which the caller knows.
         This runs for every recorded op: it is written for speed.
         """
-        internal, user = self.internal_codes, self.user_codes
+        verdicts = self.verdicts
         found: list[CodeLocation] = []
         while frame is not None:
             if frame is boundary:
                 return found, True
-            key = id(frame.f_code)
-            stop = internal.get(key)
-            if stop is None:
-                lines = user.get(key)
-                if lines is None:  # not judged yet: judge it, and look at this frame again
-                    self._judge(frame.f_code)
-                    internal, user = self.internal_codes, self.user_codes
-                    continue
-                offset = frame.f_lasti
-                location = lines.get(offset)
-                if location is None:
-                    code = frame.f_code
-                    location = lines[offset] = CodeLocation(code.co_filename, frame.f_lineno, code.co_name)
-                found.append(location)
-                if len(found) >= limit:
-                    break
-            elif stop:
+            lines = verdicts.get(id(frame.f_code))
+            if lines is False:  # internal, as most frames: on up
+                frame = frame.f_back
+                continue
+            if lines is None:  # not judged yet: judge it, and look at this frame again
+                self._judge(frame.f_code)
+                verdicts = self.verdicts
+                continue
+            if lines is True:  # a stop
+                break
+            offset = frame.f_lasti
+            location = lines.get(offset)
+            if location is None:
+                code = frame.f_code
+                location = lines[offset] = CodeLocation(code.co_filename, frame.f_lineno, code.co_name)
+            found.append(location)
+            if len(found) >= limit:
                 break
             frame = frame.f_back
         return found, False

@@ -196,10 +196,7 @@ class WrappedRecorder(Recorder):
     ) -> Any:
         """Run one call on plain values and record it (``targets``: the arrays it writes into; ``random``:
         a draw, run by :meth:`draw`)."""
-        parents: list[int] = []
-        params: list[str] = []
-        a = self.template(args, parents, params)
-        k = self.template(kwargs, parents, params) if kwargs else {}
+        a, k, parents, params = self.call_template(args, kwargs)
         for t in targets:
             self.protect(t)
         meta = None
@@ -261,8 +258,8 @@ class WrappedRecorder(Recorder):
         args: tuple[Any, ...],
         a: Any,
         k: Any,
-        parents: list[int],
-        params: list[str],
+        parents: tuple[int, ...],
+        params: tuple[str, ...],
         result: Any,
         elapsed: float,
     ) -> Any:

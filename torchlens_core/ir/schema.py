@@ -31,6 +31,7 @@ MAX_LINE = 1 << 31
 MAX_WALK = 1 << 20  # values in one op's arguments
 _SCALARS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 _NOT_FOUND = object()
+_INF = math.inf
 
 SHAPE_FORM = (
     "None (no array), a tuple of ints for one array (``(2, 3)``), or for several outputs a tuple with "
@@ -84,17 +85,26 @@ def _elements(s: Any, depth: int) -> int:
     if s is None and depth:
         return 0
     if type(s) is tuple:
-        if all(type(d) is int for d in s):
+        for d in s:  # (loops, not generators: ops of several outputs check one entry each)
+            if type(d) is not int:
+                break
+        else:
             if not _sizes(s):
                 raise ValueError
             return math.prod(s)
         if depth < MAX_NESTING:
-            return sum(_elements(x, depth + 1) for x in s)
+            total = 0
+            for x in s:
+                total += _elements(x, depth + 1)
+            return total
     raise ValueError
 
 
 def op_problem(
-    op: OpRecord, params: dict[str, ParamRecord], sound_sites: dict[int, CodeLocation] | None = None
+    op: OpRecord,
+    params: dict[str, ParamRecord],
+    sound_sites: dict[int, CodeLocation] | None = None,
+    reads: bool = True,
 ) -> str | None:
     """What is wrong with the fields of ``op`` (``params``: the trace's parameters by name), or None.
 
@@ -104,6 +114,9 @@ def op_problem(
     parameters the record lists. ``sound_sites``: ``id -> CodeLocation`` of
     call sites checked already, added to as this op's pass (a capture's ops
     share the same few objects; a CodeLocation is a tuple, so it stays sound).
+    ``reads=False`` leaves out the last check, for arguments the core's
+    recorder templated itself, which list their ops and parameters as they
+    are made (:meth:`~torchlens_core.capture.recorder.Recorder.call_template`).
     """
     # Straight-line, with locals and the common cases first: this runs for every op of a capture.
     shape, name, index = op.shape, op.func_name, op.index
@@ -138,7 +151,7 @@ def op_problem(
         if not (isinstance(param, str) and param in params):
             return f"params should name parameters declared with add_param; {_show(param)} names none"
     elapsed = op.elapsed
-    if not (elapsed is None or type(elapsed) in (int, float) and 0 <= elapsed < math.inf):
+    if not (elapsed is None or (type(elapsed) is float or type(elapsed) is int) and 0 <= elapsed < _INF):
         return f"elapsed should be None or a finite float of seconds, at least 0, not {_show(elapsed)}"
     context = op.code_context
     if not isinstance(context, (tuple, list)):  # (a list saves and loads as well: never refused)
@@ -159,12 +172,15 @@ def op_problem(
     args, kwargs, meta = op.args, op.kwargs, op.meta
     if not isinstance(args, tuple):
         return f"args should be a tuple, not {_show(args)}"
-    for what, d in ("kwargs", kwargs), ("meta", meta):
-        if type(d) is not dict or d:  # (many are empty)
-            problem = _keys_problem(what, d)
-            if problem is not None:
-                return problem
-    return _reads_problem(args, kwargs, index, parents, names)
+    if type(kwargs) is not dict or kwargs:  # (many are empty)
+        problem = _keys_problem("kwargs", kwargs)
+        if problem is not None:
+            return problem
+    if type(meta) is not dict or meta:
+        problem = _keys_problem("meta", meta)
+        if problem is not None:
+            return problem
+    return _reads_problem(args, kwargs, index, parents, names) if reads else None
 
 
 def _keys_problem(what: str, d: Any) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from torchlens_core.ir.records import raw_dtype
 from torchlens_core.viewer.pictures import numpy_leaves, pictured
 from torchlens_core.views.draw import shape_text
 
@@ -99,7 +100,7 @@ def op_block(
             with contextlib.suppress(TypeError):
                 shapes[op.shape] = found
         shape.append(found)
-        kind = op.dtype  # a DType made at each read, and compared by a method of its own: read once, as a str
+        kind = raw_dtype(op)  # the slot's str: op.dtype makes a DType at each read, compared by a method of its own
         kind = None if kind is None else str(kind)
         dtype.append(None if kind is None else intern(kind, len(strings)))
         device.append(None if op.device is None else intern(op.device, len(strings)))
