@@ -69,7 +69,7 @@ def test_a_terminal_gets_tqdms_bar_closed_at_the_end(clock: _Clock) -> None:
     out = _Terminal()
     with progress_module.progress("tl.load", total=3000, unit="value", mode="auto") as bar:
         bar._stream = out  # the context manager writes to stderr; aimed at the fake terminal here
-        bar._show, bar._next = True, progress_module.STRIDE
+        bar._show, bar.due = True, progress_module.STRIDE
         _work(bar, clock, 3000, 0.01)  # 30 s
         assert bar.shown
     text = out.getvalue()
@@ -107,7 +107,7 @@ def test_the_bar_is_closed_when_the_work_raises(clock: _Clock) -> None:
         with progress("tl.audit", total=10, mode="never") as bar:
             bar.update(3)
             raise KeyError("inside")
-    assert bar.done == 3 and bar._next > 10**15
+    assert bar.done == 3 and bar.due > 10**15
 
 
 def test_long_captures_saves_loads_audits_and_compares_show_progress(

@@ -10,6 +10,7 @@ import json
 import pathlib
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 
@@ -19,7 +20,7 @@ import torchlens as tl
 import torchlens_numpy.capture as numpy_capture
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.recorder import Recorder
-from torchlens_core.ir.records import CodeLocation, ParamRecord, ParamRef, Ref
+from torchlens_core.ir.records import CodeLocation, DType, OpRecord, ParamRecord, ParamRef, Ref, new_op
 from torchlens_core.ir.schema import shape_problem
 from torchlens_core.store.encoding import Decoder, Encoder
 
@@ -94,6 +95,41 @@ BAD_SHAPES = [
     tuple(range(65)),
 ]
 GOOD_SHAPES = [None, (), (2, 3), ((2, 3), (2,)), ((2, 3), None), (((1,), (2,)), (3,)), (0,)]
+
+
+def test_new_op_makes_the_record_the_constructor_makes() -> None:
+    """The capture's constructor (no properties an op) sets every field of OpRecord, given or at its default: a
+    field added to OpRecord and not to new_op fails here."""
+    given = {
+        "index": 3,
+        "kind": "op",
+        "func_name": "add",
+        "call": np.add,
+        "args": (Ref(1), ParamRef("w")),
+        "kwargs": {"out": None},
+        "out": np.ones(2),
+        "shape": (2,),
+        "dtype": "float64",
+        "device": "cpu",
+        "module_passes": (("block", 1),),
+        "params": ("w",),
+        "source": None,
+        "in_place": False,
+        "code_context": (CodeLocation("model.py", 3, "forward"),),
+        "layer_key": None,
+        "parent_indices": (1,),
+        "meta": {"k": 1},
+        "elapsed": 0.5,
+        "condition_indices": (0,),
+    }
+    made, reference = new_op(**given), OpRecord(**given)
+    assert attrs.fields_dict(OpRecord).keys() - given.keys()  # (defaults are checked too)
+    for field in attrs.fields(OpRecord):
+        assert getattr(made, field.name) is getattr(reference, field.name) or (
+            getattr(made, field.name) == getattr(reference, field.name)
+            and type(getattr(made, field.name)) is type(getattr(reference, field.name))
+        ), field.name
+    assert type(made.dtype) is DType and made.parents is not new_op(**given).parents  # lists are its own
 
 
 @pytest.mark.parametrize(

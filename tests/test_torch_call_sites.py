@@ -14,7 +14,7 @@ def _contexts(trace):
 
 def _full_walks(monkeypatch):
     """Module calls give no frame to stop at: every walk goes to the end, as CallSites.stack does."""
-    monkeypatch.setattr(sites.PassSites, "enter", lambda self, path, frame: self.open.append([path, None, None]))
+    monkeypatch.setattr(sites.PassSites, "enter", lambda self, path, frame: self.open.append([path, None, None, None]))
 
 
 def _helper(block, x, scale):

@@ -42,7 +42,7 @@ from torchlens_core.capture.recorder import Recorder as BaseRecorder
 from torchlens_core.capture.sites import CallSites, PassSites
 from torchlens_core.ir import tree
 from torchlens_core.ir.errors import TorchLensError, UnsupportedError
-from torchlens_core.ir.records import Deferred, OpRecord, ParamRecord, ParamRef, Ref, refs_in
+from torchlens_core.ir.records import Deferred, OpRecord, ParamRecord, Ref, refs_in
 from torchlens_core.ir.trace import Trace
 from torchlens_torch import autocast
 from torchlens_torch.compiled import (
@@ -57,7 +57,7 @@ from torchlens_torch.escapes import ShadowMode
 from torchlens_torch.fastpath import recorded_as_run
 from torchlens_torch.global_hooks import GlobalHooks
 from torchlens_torch.grads import hook_grads
-from torchlens_torch.modules import module_config
+from torchlens_torch.modules import module_config, named_modules
 from torchlens_torch.replay import GENERATOR_STATE, WRITTEN_KEYWORD
 from torchlens_torch.restore import function_mode
 from torchlens_torch.splice import spliced
@@ -159,6 +159,7 @@ UNRECORDED_COLLECTIVES = "unrecorded_collectives"  # trace.notes key: torch.dist
 # the innermost torch.func transform (vmap, grad...) running now, or None: ops inside one are refused
 _transform_running = torch._C._functorch.peek_interpreter_stack
 _SCALARS = frozenset({int, float, bool, str, type(None)})  # arguments that are never templated
+_SIZE = torch.Size
 
 
 class FuncInfo:
@@ -419,7 +420,9 @@ class _Recorder(BaseRecorder, TorchFunctionMode):
                 out = func(*args, **kwargs) if kwargs else func(*args)
                 elapsed = perf_counter() - start
                 if isinstance(out, Tensor) or (
-                    isinstance(out, (tuple, list)) and any(isinstance(o, Tensor) for o in out)
+                    isinstance(out, (tuple, list))
+                    and type(out) is not _SIZE  # (size(): ints)
+                    and any(isinstance(o, Tensor) for o in out)
                 ):
                     return self._record(func, info, args, kwargs or {}, out, None, None, elapsed)
                 return out
@@ -633,10 +636,15 @@ class _Recorder(BaseRecorder, TorchFunctionMode):
             if found is not None and found[0]() is value:
                 return found[1]
             name = self.param_names.get(id(value))
-            return None if name is None else ParamRef(name)
-        if t is tuple or t is list:
+            return None if name is None else self._param_ref(name)
+        if t is tuple or t is list:  # the positional arguments: recorded tensors handled without a call each
+            producers = self.producers
             items = []
             for v in value:
+                found = producers.get(id(v))
+                if found is not None and found[0]() is v:
+                    items.append(found[1])
+                    continue
                 m = self.module_inputs(v)
                 if m is None and v is not None:
                     return None
@@ -691,9 +699,9 @@ def capture(
     )
     param_names: dict[int, str] = {}
     paths: dict[int, str] = {}
-    named_modules = list(model.named_modules()) if is_module else None  # one walk for declaring, and fastpath's
-    if named_modules is not None:
-        _declare(builder, model, named_modules, param_names, paths)
+    walked = named_modules(model) if is_module else None  # one walk for declaring, and fastpath's
+    if walked is not None:
+        _declare(builder, model, walked, param_names, paths)
     shadow = builder.options.escape_detector == "shadow"
     recorder = (_ShadowedRecorder if shadow else _Recorder)(builder, param_names)
     watching = ShadowMode(recorder) if shadow else contextlib.nullcontext()
@@ -712,7 +720,7 @@ def capture(
             hooks,
             eager_stance.held(),
             spliced(model, builder),
-            recorded_as_run(model, recorder, named_modules),
+            recorded_as_run(model, recorder, walked),
             recorded_transforms(recorder),
             function_mode(recorder),
             watching,
@@ -745,14 +753,14 @@ _SITES.stop_at(capture)
 def _declare(
     builder: TraceBuilder,
     model: torch.nn.Module,
-    named_modules: list[tuple[str, torch.nn.Module]],
+    walked: list[tuple[str, torch.nn.Module]],
     param_names: dict[int, str],
     paths: dict[int, str],
 ) -> None:
-    """Declare the model's modules (``named_modules``: its ``named_modules()``), parameters and buffers before
+    """Declare the model's modules (``walked``: its ``named_modules()``), parameters and buffers before
     the forward."""
     # A compile wrapper is not a module of the model: the module it wraps takes its path (compiled.py).
-    modules = [(public_path(path), module) for path, module in named_modules if not is_compiled_wrapper(module)]
+    modules = [(public_path(path), module) for path, module in walked if not is_compiled_wrapper(module)]
     params, buffers = _members(model, modules)
     for name, p in params:
         owner = name.rpartition(".")[0]
@@ -760,7 +768,7 @@ def _declare(
             ParamRecord(
                 name=name,
                 shape=tuple(p.shape),
-                dtype=_dtype_name(p.dtype),
+                dtype=_DTYPE_NAMES.get(p.dtype) or _dtype_name(p.dtype),
                 numel=p.numel(),
                 trainable=p.requires_grad,
                 module=owner,
@@ -820,7 +828,7 @@ def _member_values(model: torch.nn.Module) -> list[Tensor]:
     if cls.named_parameters is not base.named_parameters or cls.named_buffers is not base.named_buffers:
         return [value for members in _members(model, []) for _, value in members]
     values: list[Tensor] = []
-    for module in model.modules():
+    for _, module in named_modules(model):
         values += module._parameters.values()
         values += module._buffers.values()
     return [value for value in values if value is not None]

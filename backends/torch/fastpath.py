@@ -118,16 +118,52 @@ def recorded_as_run(model: Any, recorder: Any, named: list[tuple[str, nn.Module]
 
 
 @functools.lru_cache(maxsize=64)  # every capture patches the same few classes' modules again
-def _signature(forward: Callable[..., Any]) -> inspect.Signature:
-    return inspect.signature(forward)
+def _binder(forward: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any] | None]:
+    """``bind(args, kwargs)``: ``forward``'s arguments by name, defaults filled in, as ``inspect``'s
+    ``bind(...).apply_defaults()`` gives them; None where the call does not fit the signature (torch then
+    raises its own error). Worked out once per ``forward``: ``Signature.bind`` costs tens of microseconds a
+    call."""
+    params = list(inspect.signature(forward).parameters.values())
+    if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        signature = inspect.signature(forward)
+
+        def bind_any(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+            try:
+                call = signature.bind(*args, **kwargs)
+            except TypeError:
+                return None
+            call.apply_defaults()
+            return dict(call.arguments)
+
+        return bind_any
+    positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    names = frozenset(p.name for p in params)
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        if len(args) > len(positional):
+            return None
+        given = dict(zip(positional, args))
+        if kwargs:
+            if not names.issuperset(kwargs) or not given.keys().isdisjoint(kwargs):
+                return None
+            given.update(kwargs)
+        if len(given) < len(names):
+            given = {**defaults, **given}
+            if len(given) < len(names):  # a required argument missing
+                return None
+        return given
+
+    return bind
 
 
-# runner(handler, module, call) -> what the fast path returned, or NotImplemented: run the module's own forward.
-Runner = Callable[[_Handler, Any, inspect.BoundArguments], Any]
+# runner(handler, module, arguments by name) -> what the fast path returned, or NotImplemented: run the module's
+# own forward.
+Runner = Callable[[_Handler, Any, dict[str, Any]], Any]
 
 
 def _replacement(module: Any, run: Runner) -> Callable[[Any, dict[int, Any]], Any]:
-    signature = _signature(type(module).forward)
+    bind = _binder(type(module).forward)
 
     def make(original: Callable[..., Any], handlers: dict[int, Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -135,12 +171,10 @@ def _replacement(module: Any, run: Runner) -> Callable[[Any, dict[int, Any]], An
             # Untraced, any other function mode (the user's own) disables the fast path too.
             if handler is None or torch.overrides._get_current_function_mode_stack() != [handler.recorder]:
                 return original(*args, **kwargs)
-            try:
-                call = signature.bind(module, *args, **kwargs)
-            except TypeError:
+            arguments = bind((module, *args), kwargs)
+            if arguments is None:
                 return original(*args, **kwargs)  # let torch raise its own error
-            call.apply_defaults()
-            out = run(handler, module, call)
+            out = run(handler, module, arguments)
             return original(*args, **kwargs) if out is NotImplemented else out
 
         return forward
@@ -290,8 +324,7 @@ def _encoder_nested(encoder: Any, src: Any, mask: Any, padding_mask: Any) -> boo
 
 
 # -- the fast paths, as torch runs them ------------------------------------------------------
-def _run_encoder_layer(handler: _Handler, layer: Any, call: inspect.BoundArguments) -> Any:
-    a = call.arguments
+def _run_encoder_layer(handler: _Handler, layer: Any, a: dict[str, Any]) -> Any:
     src, src_mask, padding_mask = a["src"], a["src_mask"], a["src_key_padding_mask"]
     if not _encoder_layer_fused(layer, src, src_mask, padding_mask):
         return NotImplemented
@@ -331,8 +364,7 @@ def _run_encoder_layer(handler: _Handler, layer: Any, call: inspect.BoundArgumen
     )
 
 
-def _run_attention(handler: _Handler, mha: Any, call: inspect.BoundArguments) -> Any:
-    a = call.arguments
+def _run_attention(handler: _Handler, mha: Any, a: dict[str, Any]) -> Any:
     query, padding_mask, attn_mask = a["query"], a["key_padding_mask"], a["attn_mask"]
     if not _attention_fused(mha, query, a["key"], a["value"], padding_mask, attn_mask):
         return NotImplemented
@@ -369,8 +401,7 @@ def _run_attention(handler: _Handler, mha: Any, call: inspect.BoundArguments) ->
     )
 
 
-def _run_encoder(handler: _Handler, encoder: Any, call: inspect.BoundArguments) -> Any:
-    a = call.arguments
+def _run_encoder(handler: _Handler, encoder: Any, a: dict[str, Any]) -> Any:
     if _encoder_nested(encoder, a["src"], a["mask"], a["src_key_padding_mask"]):
         why = (
             "untraced, it runs its layers on a nested tensor built from src_key_padding_mask (padded positions "

@@ -74,3 +74,33 @@ def _is_default(value: Any, default: Any) -> bool:
     if isinstance(value, (tuple, list)) and not isinstance(default, (tuple, list)):
         return all(v == default and type(v) is type(default) for v in value)
     return type(value) is type(default) and value == default
+
+
+_NAMED_MODULES = torch.nn.Module.named_modules
+
+
+def named_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """``list(model.named_modules())``, walked without a generator per module.
+
+    torch's walk nests one generator per level, and every module yielded climbs
+    through each of them: on a model of 150 modules that walk costs more than the
+    rest of declaring it, and a capture walks twice (declaring, and the values the
+    trace must not share memory with). A model with a module whose class walks
+    its own way gets torch's walk.
+    """
+    found: list[tuple[str, torch.nn.Module]] = []
+    memo: set[torch.nn.Module] = set()  # by the modules' own hash, as torch's walk
+    stack = [("", model)]
+    while stack:
+        prefix, module = stack.pop()
+        if module in memo:
+            continue
+        if type(module).named_modules is not _NAMED_MODULES:
+            return list(model.named_modules())
+        memo.add(module)
+        found.append((prefix, module))
+        children = module._modules
+        if children:  # pushed last first: popped in their order, each one's subtree before the next
+            dot = f"{prefix}." if prefix else ""
+            stack += reversed([(dot + name, child) for name, child in children.items() if child is not None])
+    return found

@@ -25,12 +25,14 @@ from torchlens_core.ir.records import (
     GRAD_NOT_SELECTED,
     GRAD_WAITING,
     CodeLocation,
+    DType,
     ModulePass,
     ModuleRecord,
     OpRecord,
     ParamRecord,
     ParamRef,
     Ref,
+    new_op,
     raw_dtype,
     refs_in,
     shape_at,
@@ -111,7 +113,7 @@ class TraceBuilder:
         )
         self._named = 0  # ops[:_named] have their labels
         self._checked = 0  # ops[:_checked] are checked against the schema
-        self._sound_sites: dict[int, CodeLocation] = {}  # call sites the schema check passed (op_problem)
+        self._sound_sites: dict[int, Any] = {}  # call sites (and tuples of them) the schema check passed (op_problem)
         # ops whose arguments the core's recorder templated itself (Recorder.call_template): the check that they
         # read exactly the ops and parameters listed is left out for them, as they are made that way
         self.templated_reads: set[int] = set()
@@ -195,27 +197,29 @@ class TraceBuilder:
         source = None
         if not parent_indices:
             source = "random" if random else "parameter" if params else "constant"
-        op = OpRecord(
-            index=len(self.ops),
-            kind="op",
-            func_name=func_name,
-            call=call,
-            args=args,
-            kwargs=kwargs,
-            out=out,
-            shape=shape,
-            dtype=dtype,
-            device=device,
-            module_passes=self.module_stack,
-            params=params,
-            source=source,
-            in_place=in_place,
-            code_context=code_context,
-            layer_key=layer_key,
-            parent_indices=parent_indices,
-            meta=meta if meta is not None else {},
-            elapsed=elapsed,
-            condition_indices=conditions,
+        if type(dtype) is DType:  # (as OpRecord's dtype property keeps it: the plain str)
+            dtype = str.__str__(dtype)
+        op = new_op(
+            len(self.ops),
+            "op",
+            func_name,
+            call,
+            args,
+            kwargs,
+            out,
+            shape,
+            dtype,
+            device,
+            self.module_stack,
+            params,
+            source,
+            in_place,
+            code_context,
+            layer_key,
+            parent_indices,
+            meta if meta is not None else {},
+            elapsed,
+            conditions,
         )
         if self.live_records:
             self._check(op)
@@ -223,7 +227,8 @@ class TraceBuilder:
             self.name_ops()
         else:
             self.ops.append(op)
-        self.progress.update()
+        if op.index >= self.progress.due:  # (the bar counts the ops itself only now and then)
+            self.progress.reached(op.index + 1)
         if self.editor is not None:
             edited = self.editor.edit_op(op, out)
             if edited is not out:
@@ -489,6 +494,7 @@ class TraceBuilder:
     # -- once, at the end --------------------------------------------------------------
     def finish(self, halted: bool = False) -> Trace | Recording:
         """The finished Trace; for ``tl.record``, a Recording that finishes it on demand."""
+        self.progress.done = len(self.ops)
         self.progress.close()
         self.check_ops()
         if self.options.record:

@@ -50,11 +50,15 @@ from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.edits import PassThroughs
 from torchlens_core.capture.passes import ModulePasses
 from torchlens_core.ir import tree
-from torchlens_core.ir.records import OpRecord, ParamRef, Ref
+from torchlens_core.ir.records import OpRecord, ParamRef, Ref, raw_out
 
 _PLAIN = frozenset({int, float, bool, str, type(None), complex, bytes, slice, type(Ellipsis)})
 
 Path = tuple[Any, ...]
+
+# name -> the ParamRef every template shares (several threads may add one each: equal, and frozen)
+_PARAM_REFS: dict[str, ParamRef] = {}
+_MAX_PARAM_REFS = 1 << 16
 
 
 class Recorder(ModulePasses):
@@ -89,9 +93,11 @@ class Recorder(ModulePasses):
         self.written_at: dict[Hashable, int] = {}  # memory key -> number of ops recorded when it was last written
         self.reported: set[tuple[Any, ...]] = set()  # conversions reported: (op index, path, how)
         self.versions: list[tuple[int, Path, int, Any]] = []  # (op, path, id(array), version): the tripwire
-        self.param_refs: dict[str, ParamRef] = {}  # name -> the ParamRef every template shares
         # The last call_template's (args, kwargs, parents, params, len(kwargs)), until record() takes it
         self.templated: tuple[Any, ...] | None = None
+        # a module's returned arrays are looked up inline (as_output), unless a subclass finds them its own way
+        cls = type(self)
+        self._own_lookup = cls.producer is Recorder.producer and cls.computed_in is ModulePasses.computed_in
 
     # -- what a backend says about its arrays (override) -----------------------------------
     def is_array(self, value: Any) -> bool:
@@ -169,6 +175,19 @@ class Recorder(ModulePasses):
         found = self.producers.get(id(value))
         return found[1] if found is not None and found[0]() is value else None
 
+    def as_output(self, value: Any, inside: tuple[str, int] | None) -> tuple[Ref, Any]:
+        """:meth:`ModulePasses.as_output`, with :meth:`producer` and :meth:`computed_in` inline: it runs for
+        every array a module call returns."""
+        if not self._own_lookup:
+            return super().as_output(value, inside)
+        found = self.producers.get(id(value))
+        if found is not None and found[0]() is value:
+            ref = found[1]
+            if inside is None or inside in self.builder.ops[ref.index].module_passes:
+                return ref, None
+            return self.pass_through(value, ref)
+        return self.pass_through(value, None)
+
     def produced(self, value: Any, ref: Ref, alias: bool = False) -> None:
         """``value`` is op ``ref.index``'s value at ``ref.path`` from now on.
 
@@ -208,7 +227,7 @@ class Recorder(ModulePasses):
                 name = param_names.get(id(v))
                 if name is not None and self.is_array(v):
                     params.append(name)
-                    items.append(self._param_ref(name))
+                    items.append(_PARAM_REFS.get(name) or self._param_ref(name))
                 else:
                     items.append(self.template(v, parents, params))
             return t(items)
@@ -247,15 +266,21 @@ class Recorder(ModulePasses):
         params: list[str] = []
         a = self.template(args, parents, params)
         k = self.template(kwargs, parents, params) if kwargs else {}
-        p, q = unique(parents), unique(params) if params else ()
+        # each once (most ops read one or two values: unique() is left out for those)
+        n = len(parents)
+        p = tuple(parents) if n < 2 or (n == 2 and parents[0] != parents[1]) else unique(parents)
+        q = (params[0],) if len(params) == 1 else unique(params) if params else ()
         self.templated = (a, k, p, q, len(k))
         return a, k, p, q
 
     def _param_ref(self, name: str) -> ParamRef:
-        """The ParamRef of parameter ``name``: one object, shared by every op that reads it (it is frozen)."""
-        ref = self.param_refs.get(name)
+        """The ParamRef of parameter ``name``: one object, shared by every op that reads it (it is frozen), in
+        this capture and the next ones."""
+        ref = _PARAM_REFS.get(name)
         if ref is None:
-            ref = self.param_refs[name] = ParamRef(name)
+            if len(_PARAM_REFS) >= _MAX_PARAM_REFS:  # (names made at run time: stay bounded)
+                _PARAM_REFS.clear()
+            ref = _PARAM_REFS[name] = ParamRef(name)
         return ref
 
     # -- recording -------------------------------------------------------------------------------
@@ -273,6 +298,11 @@ class Recorder(ModulePasses):
         shape: Any = None,
         dtype: Any = None,
         device: Any = None,
+        random: bool = False,
+        code_context: tuple[Any, ...] = (),
+        meta: dict[str, Any] | None = None,
+        elapsed: float | None = None,
+        conditions: tuple[int, ...] = (),
         **fields: Any,
     ) -> Any:
         """Record one call that returned ``out``; returns what the forward gets (``out``, or its edit).
@@ -281,7 +311,8 @@ class Recorder(ModulePasses):
         tuple/list holding arrays (other items are kept as they are); ``written``: the arrays the call wrote
         into (already :meth:`protect`-ed), each from now on this op's value (the first array of ``out``
         living in its memory, or ``out`` itself). ``shape``/``dtype``/``device``: given, or described from
-        ``out``. Other ``fields`` go to :meth:`TraceBuilder.add_op`.
+        ``out``. ``random``, ``code_context``, ``meta``, ``elapsed``, ``conditions`` and other ``fields`` go to
+        :meth:`TraceBuilder.add_op` (named here: most ops give them, and a dict of them an op costs time).
         """
         single = self.is_array(out)
         if shape is None:
@@ -313,6 +344,11 @@ class Recorder(ModulePasses):
             device=device,
             params=names,
             in_place=bool(written),
+            random=random,
+            code_context=code_context,
+            meta=meta,
+            elapsed=elapsed,
+            conditions=conditions,
             **fields,
         )
         if templated:
@@ -428,8 +464,8 @@ class Recorder(ModulePasses):
             op = ops[index]
             if op.stored is not None:  # written out by save_to= when it was recorded
                 continue
-            value = op.out
-            if value is None or (index, path) in snapshots:  # dropped by save=, or copied before the write
+            value = raw_out(op)  # (the slot: nothing lies on disk)
+            if value is None or (snapshots and (index, path) in snapshots):  # dropped by save=, or copied before
                 continue
             if path:
                 value = tree.get(value, path)

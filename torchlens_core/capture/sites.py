@@ -129,11 +129,12 @@ class PassSites:
     def __init__(self, sites: CallSites, limit: int = CONTEXT_FRAMES) -> None:
         self.sites = sites
         self.limit = limit
-        # per open module call: [its path, the frame it runs under, the user frames above that (None: not yet)]
+        # per open module call: [its path, the frame it runs under, the user frames above that (None: not yet),
+        # the call site of an op with no user frame below the call (None: not yet)]
         self.open: list[list[Any]] = []
 
     def enter(self, path: str, frame: FrameType) -> None:
-        self.open.append([path, frame, None])
+        self.open.append([path, frame, None, None])
 
     def exit(self, path: str) -> None:
         """Close the innermost call of ``path`` (and any call inside it left open by an exception)."""
@@ -147,7 +148,12 @@ class PassSites:
         limit = self.limit
         if not self.open:
             return tuple(self.sites.walk(sys._getframe(1 + skip), limit, None)[0]) if limit > 0 else ()
-        found, met = self.sites.walk(sys._getframe(1 + skip), limit, self.open[-1][1])
+        entry = self.open[-1]
+        found, met = self.sites.walk(sys._getframe(1 + skip), limit, entry[1])
+        if met and not found:  # every frame below the module call is internal (a framework's layer): one tuple
+            if entry[3] is None:  # for every such op of the call, which the schema's check then passes once
+                entry[3] = tuple(self._above(len(self.open) - 1)[:limit])
+            return entry[3]
         if met and len(found) < limit:
             found += self._above(len(self.open) - 1)[: limit - len(found)]
         return tuple(found)

@@ -97,7 +97,7 @@ class Progress:
         mode: ``"auto"``, ``"always"``, ``"never"``, a bool, or None for the mode in force (:func:`current_mode`).
     """
 
-    __slots__ = ("what", "total", "unit", "done", "_next", "_started", "_last", "_bar", "_show", "_lines", "_stream")
+    __slots__ = ("what", "total", "unit", "done", "due", "_started", "_last", "_bar", "_show", "_lines", "_stream")
 
     def __init__(
         self,
@@ -111,7 +111,9 @@ class Progress:
         self._stream = stream if stream is not None else sys.stderr
         resolved = current_mode() if mode is None else _checked(mode, what)
         self._show = resolved == "always" or (resolved == "auto" and _interactive(self._stream))
-        self._next = STRIDE if self._show else sys.maxsize  # never looks at the clock when nothing is shown
+        # the count at which the clock is looked at next (never when nothing is shown): a caller counting its units
+        # itself calls reached() once its count is there, and nothing before
+        self.due = STRIDE if self._show else sys.maxsize
         self._started = self._last = time.monotonic()
         self._bar: Any = None
         self._lines = False
@@ -119,7 +121,13 @@ class Progress:
     def update(self, count: int = 1) -> None:
         """``count`` more units done."""
         self.done += count
-        if self.done >= self._next:
+        if self.done >= self.due:
+            self._tick()
+
+    def reached(self, done: int) -> None:
+        """``done`` units done in all."""
+        self.done = done
+        if done >= self.due:
             self._tick()
 
     def each(self, items: Iterable[T]) -> Iterator[T]:
@@ -129,7 +137,7 @@ class Progress:
             self.update()
 
     def _tick(self) -> None:
-        self._next = self.done + STRIDE
+        self.due = self.done + STRIDE
         now = time.monotonic()
         if self._bar is None and not self._lines:
             if now - self._started < DELAY:
@@ -180,7 +188,7 @@ class Progress:
         elif self._lines:
             self._line(time.monotonic())
             self._lines = False
-        self._next = sys.maxsize
+        self.due = sys.maxsize
 
 
 @contextmanager

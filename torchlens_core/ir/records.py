@@ -427,6 +427,12 @@ def _on_disk(name: str) -> property:
     return property(get, put, doc=slot.__doc__)
 
 
+# The slots' own setters, for new_op (below), which writes a new record's value and dtype where no property needs to
+# look at them: nothing lies on disk yet, and the dtype it is given is already a plain str.
+_set_out, _set_pre_edit, _set_dtype = (OpRecord.__dict__[name].__set__ for name in ("out", "pre_edit", "dtype"))
+#: ``op.out`` as the slot holds it: None where ``op.stored`` has the value on disk (save_to=).
+raw_out = OpRecord.__dict__["out"].__get__
+
 # properties over the slots: type checkers take them for class variables clashing with the slots
 OpRecord.out = _on_disk("out")  # type: ignore[misc]
 OpRecord.pre_edit = _on_disk("pre_edit")  # type: ignore[misc]
@@ -507,6 +513,52 @@ def _named_dtype(cls: type, name: str = "dtype") -> property:
 #: The str an op's dtype slot keeps, read without the DType the property makes of it (for the schema's check).
 raw_dtype = OpRecord.__dict__["dtype"].__get__
 OpRecord.dtype = _named_dtype(OpRecord)  # type: ignore[assignment,misc]  # a property over the slot
+
+_new_record = OpRecord.__new__
+
+
+def new_op(
+    index: int,
+    kind: str,
+    func_name: str,
+    call: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: Any,
+    shape: Any,
+    dtype: str | None,
+    device: str | None,
+    module_passes: tuple[tuple[str, int], ...],
+    params: tuple[str, ...],
+    source: str | None,
+    in_place: bool,
+    code_context: tuple[Any, ...],
+    layer_key: Any,
+    parent_indices: tuple[int, ...],
+    meta: dict[str, Any],
+    elapsed: float | None,
+    condition_indices: tuple[int, ...],
+) -> OpRecord:
+    """``OpRecord(...)`` with these fields and every other at its default, as a capture makes one per op.
+
+    The same record, made without the properties over ``out``, ``pre_edit`` and
+    ``dtype`` (three Python calls an op): ``dtype`` must be a str or None here.
+    ``tests/test_record_schema.py`` holds it equal to the constructor, field by field.
+    """
+    op = _new_record(OpRecord)
+    op.index, op.kind, op.func_name, op.call, op.args, op.kwargs = index, kind, func_name, call, args, kwargs
+    op.stored = None
+    _set_out(op, out)
+    _set_dtype(op, dtype)
+    op.shape, op.device, op.module_passes, op.params, op.source = shape, device, module_passes, params, source
+    op.in_place, op.code_context, op.elapsed, op.condition_indices = in_place, code_context, elapsed, condition_indices
+    op.layer_key, op.meta, op.parent_indices = layer_key, meta, parent_indices
+    op.saved, op.edits, op.grad, op.grad_status, op.trace_ref, op.cost = True, (), None, None, None, None
+    _set_pre_edit(op, None)
+    op.label = op.layer_label = ""
+    op.func_ordinal, op.pass_num, op.num_passes = 0, 1, 1
+    op.parents, op.children, op.module_outputs, op.conditions = [], [], [], []
+    return op
 
 
 @attrs.define(slots=True, eq=False, repr=False)
@@ -665,6 +717,8 @@ class ParamRecord:
         return f"<ParamRecord {kind} {self.name} {self.shape}>"
 
 
+#: The str a parameter's dtype slot keeps, read without making a DType of it (for the schema's check).
+raw_param_dtype = ParamRecord.__dict__["dtype"].__get__
 ParamRecord.dtype = _named_dtype(ParamRecord)  # type: ignore[assignment,misc]  # a property over the slot
 
 

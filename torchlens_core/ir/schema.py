@@ -21,7 +21,7 @@ import math
 from typing import Any
 
 from torchlens_core.ir import tree
-from torchlens_core.ir.records import CodeLocation, OpRecord, ParamRecord, ParamRef, Ref, raw_dtype
+from torchlens_core.ir.records import CodeLocation, OpRecord, ParamRecord, ParamRef, Ref, raw_dtype, raw_param_dtype
 
 MAX_DIM = 1 << 62  # no real axis is longer; bigger numbers only make NumPy and the tables overflow
 MAX_AXES = 64
@@ -103,7 +103,7 @@ def _elements(s: Any, depth: int) -> int:
 def op_problem(
     op: OpRecord,
     params: dict[str, ParamRecord],
-    sound_sites: dict[int, CodeLocation] | None = None,
+    sound_sites: dict[int, Any] | None = None,
     reads: bool = True,
 ) -> str | None:
     """What is wrong with the fields of ``op`` (``params``: the trace's parameters by name), or None.
@@ -112,8 +112,8 @@ def op_problem(
     its plain form: the shape, names and flags, positions of earlier ops, the
     call's containers, and that the call's arguments read exactly the ops and
     parameters the record lists. ``sound_sites``: ``id -> CodeLocation`` of
-    call sites checked already, added to as this op's pass (a capture's ops
-    share the same few objects; a CodeLocation is a tuple, so it stays sound).
+    call sites checked already (and of tuples of them), added to as this op's
+    pass (a capture's ops share the same few objects; tuples stay sound).
     ``reads=False`` leaves out the last check, for arguments the core's
     recorder templated itself, which list their ops and parameters as they
     are made (:meth:`~torchlens_core.capture.recorder.Recorder.call_template`).
@@ -157,7 +157,8 @@ def op_problem(
     if not isinstance(context, (tuple, list)):  # (a list saves and loads as well: never refused)
         return f"code_context should be a tuple of CodeLocation entries, not {_show(context)}"
     sound = {} if sound_sites is None else sound_sites
-    for c in context:
+    # ops share call-site tuples (the ops of a framework's layer call, PassSites.stack): each is passed once
+    for c in () if sound.get(id(context), _NOT_FOUND) is context else context:
         if sound.get(id(c), _NOT_FOUND) is c:  # (the object itself, held there: its id is not reused)
             continue
         if not (
@@ -169,6 +170,8 @@ def op_problem(
         ):
             return f"code_context should hold CodeLocation(file: str, line_number: int, func_name: str), not {_show(c)}"
         sound[id(c)] = c
+    if type(context) is tuple:  # (a list may change: passed each time)
+        sound[id(context)] = context
     args, kwargs, meta = op.args, op.kwargs, op.meta
     if not isinstance(args, tuple):
         return f"args should be a tuple, not {_show(args)}"
@@ -261,12 +264,13 @@ def param_problem(record: ParamRecord) -> str | None:
     """What is wrong with the fields of a parameter's record, or None."""
     if not isinstance(record.name, str) or not record.name:
         return f"name should be a non-empty str, not {_show(record.name)}"
-    problem = sizes_problem(record.shape)
-    if problem is not None:
-        return problem
-    if not isinstance(record.dtype, str) or not isinstance(record.module, str):
+    shape = record.shape
+    if not (type(shape) is tuple and _sizes(shape)):
+        return sizes_problem(shape)
+    dtype = raw_param_dtype(record)  # (the slot: the property would make a DType of the str)
+    if not isinstance(dtype, str) or not isinstance(record.module, str):
         return (
-            f"dtype and module should be str (such as 'float32', 'encoder.layer1'), not {_show(record.dtype)} "
+            f"dtype and module should be str (such as 'float32', 'encoder.layer1'), not {_show(dtype)} "
             f"and {_show(record.module)}"
         )
     if type(record.numel) is not int or not 0 <= record.numel < MAX_DIM:
@@ -284,6 +288,8 @@ def module_problem(path: Any, type_name: Any, names: Any, params: dict[str, Para
     """
     if not isinstance(path, str) or not isinstance(type_name, str):
         return f"path and type_name should be str, not {_show(path)} and {_show(type_name)}"
-    if not (isinstance(names, list) and all(isinstance(n, str) and (params is None or n in params) for n in names)):
+    if not isinstance(names, list) or (
+        names and not all(isinstance(n, str) and (params is None or n in params) for n in names)
+    ):
         return f"params should be a list of the names of parameters below it, not {_show(names)}"
     return None
