@@ -123,9 +123,9 @@ def _binder(forward: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str,
     ``bind(...).apply_defaults()`` gives them; None where the call does not fit the signature (torch then
     raises its own error). Worked out once per ``forward``: ``Signature.bind`` costs tens of microseconds a
     call."""
-    params = list(inspect.signature(forward).parameters.values())
+    signature = inspect.signature(forward)
+    params = list(signature.parameters.values())
     if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
-        signature = inspect.signature(forward)
 
         def bind_any(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
             try:

@@ -48,7 +48,7 @@ from typing import Any
 
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.edits import PassThroughs
-from torchlens_core.capture.passes import ModulePasses
+from torchlens_core.capture.passes import ModulePasses, Pass
 from torchlens_core.ir import tree
 from torchlens_core.ir.records import OpRecord, ParamRef, Ref, raw_out
 
@@ -175,7 +175,7 @@ class Recorder(ModulePasses):
         found = self.producers.get(id(value))
         return found[1] if found is not None and found[0]() is value else None
 
-    def as_output(self, value: Any, inside: tuple[str, int] | None) -> tuple[Ref, Any]:
+    def as_output(self, value: Any, inside: Pass | None) -> tuple[Ref, Any]:
         """:meth:`ModulePasses.as_output`, with :meth:`producer` and :meth:`computed_in` inline: it runs for
         every array a module call returns."""
         if not self._own_lookup:
