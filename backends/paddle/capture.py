@@ -232,7 +232,7 @@ class Recorder(BaseRecorder):
             dtype=dtype,
             device=device,
             random=info.random,
-            code_context=self.sites.stack(),
+            code_context=self.sites.stack(skip=2),  # (this frame and run()'s: ours, not looked at)
             meta=meta,
             elapsed=elapsed,
             conditions=self.branches.current(),

@@ -643,7 +643,7 @@ class Recorder(BaseRecorder):
             params=tuple(dict.fromkeys(params)) if params else (),
             random=info.random,
             in_place=bool(writes),
-            code_context=self.sites.stack(),
+            code_context=self.sites.stack(skip=2),  # (this frame and __call__'s: ours, not looked at)
             meta=meta,
             conditions=self.branches.current(),
         )

@@ -47,6 +47,11 @@ class CallSites:
         # code object alive, so that its id cannot be reused by another one.
         self.verdicts: dict[int, bool | dict[int, CodeLocation]] = {}
         self.held: dict[int, CodeType] = {}
+        # The ids of internal code a walk climbs past without a second look: a frame is judged by one set
+        # lookup, a third of the bytecodes of the verdict's. Left out: stops, and code that runs a frame a
+        # PassSites call may end its walks at (`boundaries`), which the walk must compare with its boundary.
+        self.skip: set[int] = set()
+        self.boundaries: set[int] = set()
 
     def stop_at(self, *functions: Callable[..., Any]) -> None:
         """Stop walks at these functions' frames too (a backend's function that calls the model)."""
@@ -54,7 +59,15 @@ class CallSites:
         self._forget()
 
     def _forget(self) -> None:
-        self.verdicts, self.held = {}, {}
+        self.verdicts, self.held, self.skip, self.boundaries = {}, {}, set(), set()
+
+    def may_end_walks(self, code: CodeType) -> None:
+        """Frames running ``code`` may be a walk's boundary (:meth:`PassSites.enter`): never skipped unseen."""
+        key = id(code)
+        if key not in self.boundaries:
+            self.held[key] = code  # (its id stays its own while it is listed)
+            self.boundaries.add(key)
+            self.skip.discard(key)
 
     def _judge(self, code: CodeType) -> None:
         if len(self.held) >= _MAX_CODES:  # code compiled at run time (exec, generated models): stay bounded
@@ -62,7 +75,9 @@ class CallSites:
         filename = code.co_filename
         self.held[id(code)] = code
         if filename.startswith(self.internal) or filename in self.internal_files or filename.startswith("<frozen"):
-            self.verdicts[id(code)] = filename == _API_FILE or code in self.stop_codes
+            stop = self.verdicts[id(code)] = filename == _API_FILE or code in self.stop_codes
+            if not stop and id(code) not in self.boundaries:
+                self.skip.add(id(code))
         else:
             self.verdicts[id(code)] = {}
 
@@ -85,18 +100,21 @@ class CallSites:
         ``boundary`` frame (True), the frames above which the caller knows.
         This runs for every recorded op: it is written for speed.
         """
-        verdicts = self.verdicts
+        verdicts, skip = self.verdicts, self.skip
         found: list[CodeLocation] = []
         while frame is not None:
+            if id(frame.f_code) in skip:  # internal, as most frames: on up
+                frame = frame.f_back
+                continue
             if frame is boundary:
                 return found, True
             lines = verdicts.get(id(frame.f_code))
-            if lines is False:  # internal, as most frames: on up
+            if lines is False:  # internal code that may run a boundary, but not this walk's
                 frame = frame.f_back
                 continue
             if lines is None:  # not judged yet: judge it, and look at this frame again
                 self._judge(frame.f_code)
-                verdicts = self.verdicts
+                verdicts, skip = self.verdicts, self.skip
                 continue
             if lines is True:  # a stop
                 break
@@ -134,6 +152,8 @@ class PassSites:
         self.open: list[list[Any]] = []
 
     def enter(self, path: str, frame: FrameType) -> None:
+        if id(frame.f_code) not in self.sites.boundaries:
+            self.sites.may_end_walks(frame.f_code)
         self.open.append([path, frame, None, None])
 
     def exit(self, path: str) -> None:
