@@ -108,3 +108,21 @@ def test_forgotten_verdicts_give_the_same_sites(framework) -> None:
     assert _names(during)[:2] == ["forget_then_look", sys._getframe().f_code.co_name]
     after = model()
     assert after[0][0] == before[0][0] and _names(after[0]) == _names(before[0]) and after[0] is after[1]
+
+
+def test_a_walk_through_internal_frames_to_the_outermost_ends_there() -> None:
+    # threading's folder (the standard library's) internal: a thread's outermost frames are all internal, and
+    # the walk climbs past them to the end of the stack
+    import threading
+
+    sites = CallSites(threading.__file__)
+    found = []
+
+    def in_thread():
+        for _ in range(2):  # the second time by the skip set the first walk filled
+            found.append(sites.stack(limit=10))
+
+    thread = threading.Thread(target=in_thread)
+    thread.start()
+    thread.join()
+    assert [_names(f) for f in found] == [["in_thread"], ["in_thread"]]

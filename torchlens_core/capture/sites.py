@@ -47,9 +47,10 @@ class CallSites:
         # code object alive, so that its id cannot be reused by another one.
         self.verdicts: dict[int, bool | dict[int, CodeLocation]] = {}
         self.held: dict[int, CodeType] = {}
-        # The ids of internal code a walk climbs past without a second look: a frame is judged by one set
-        # lookup, a third of the bytecodes of the verdict's. Left out: stops, and code that runs a frame a
-        # PassSites call may end its walks at (`boundaries`), which the walk must compare with its boundary.
+        # The ids of internal code a walk climbs past with one set test a frame, once it is past an internal
+        # frame (most of a walk: the framework's frames between an op and its module call). Left out: stops,
+        # and code that runs a frame a PassSites call may end its walks at (`boundaries`), which the walk must
+        # compare with its boundary.
         self.skip: set[int] = set()
         self.boundaries: set[int] = set()
 
@@ -103,18 +104,18 @@ class CallSites:
         verdicts, skip = self.verdicts, self.skip
         found: list[CodeLocation] = []
         while frame is not None:
-            if id(frame.f_code) in skip:  # internal, as most frames: on up
-                frame = frame.f_back
-                continue
             if frame is boundary:
                 return found, True
-            lines = verdicts.get(id(frame.f_code))
-            if lines is False:  # internal code that may run a boundary, but not this walk's
-                frame = frame.f_back
-                continue
-            if lines is None:  # not judged yet: judge it, and look at this frame again
+            try:
+                lines = verdicts[id(frame.f_code)]
+            except KeyError:  # not judged yet: judge it, and look at this frame again
                 self._judge(frame.f_code)
                 verdicts, skip = self.verdicts, self.skip
+                continue
+            if lines is False:  # internal, as most frames: on up, past the internal frames above by one test each
+                frame = frame.f_back
+                while frame is not None and id(frame.f_code) in skip:
+                    frame = frame.f_back
                 continue
             if lines is True:  # a stop
                 break
