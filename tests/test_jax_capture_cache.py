@@ -21,7 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-from torchlens_core.ir.records import OpRecord  # noqa: E402
+from torchlens_core.ir.records import OpRecord, raw_dtype  # noqa: E402
 from torchlens_jax import capture_cache, compiled, walk, zoo  # noqa: E402
 from torchlens_jax.arrays import to_numpy  # noqa: E402
 
@@ -174,6 +174,7 @@ def _same_trace(cached, uncached) -> None:
     assert len(cached.ops) == len(uncached.ops)
     for a, b in zip(cached.ops, uncached.ops):
         assert _fields(a) == _fields(b), a.label
+        assert type(raw_dtype(a)) is type(raw_dtype(b)), a.label  # the slot's plain str, as the walk gives it
         assert _close(a.out, b.out), a.label
     assert list(cached.modules) == list(uncached.modules)
     for m, n in zip(cached.modules.values(), uncached.modules.values()):

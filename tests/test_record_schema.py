@@ -20,7 +20,17 @@ import torchlens as tl
 import torchlens_numpy.capture as numpy_capture
 from torchlens_core.capture.builder import TraceBuilder
 from torchlens_core.capture.recorder import Recorder
-from torchlens_core.ir.records import CodeLocation, DType, OpRecord, ParamRecord, ParamRef, Ref, new_op
+from torchlens_core.ir.records import (
+    CodeLocation,
+    DType,
+    OpRecord,
+    ParamRecord,
+    ParamRef,
+    Ref,
+    new_op,
+    op_from_fields,
+    raw_dtype,
+)
 from torchlens_core.ir.schema import shape_problem
 from torchlens_core.store.encoding import Decoder, Encoder
 
@@ -130,6 +140,19 @@ def test_new_op_makes_the_record_the_constructor_makes() -> None:
             and type(getattr(made, field.name)) is type(getattr(reference, field.name))
         ), field.name
     assert type(made.dtype) is DType and made.parents is not new_op(**given).parents  # lists are its own
+
+
+def test_op_from_fields_makes_the_record_the_constructor_makes() -> None:
+    """Every field a value of its own (a field moved in OpRecord, or in op_from_fields, lands elsewhere)."""
+    names = [f.name for f in attrs.fields(OpRecord)]
+    values = [f"value of {name}" for name in names]
+    values[names.index("stored")] = None  # (nothing on disk: op_from_fields's condition)
+    made, reference = op_from_fields(values), OpRecord(*values)
+    for name in names:
+        assert getattr(made, name) == getattr(reference, name) == values[names.index(name)], name
+    assert type(made.dtype) is DType and type(raw_dtype(made)) is str
+    with pytest.raises(ValueError):  # a field more (or fewer) than OpRecord has
+        op_from_fields([*values, None])
 
 
 @pytest.mark.parametrize(

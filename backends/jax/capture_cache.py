@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from torchlens_core.ir import tree
-from torchlens_core.ir.records import ModuleRecord, OpRecord, ParamRecord, Ref
+from torchlens_core.ir.records import ModuleRecord, OpRecord, ParamRecord, Ref, op_from_fields
 from torchlens_core.ir.trace import Trace
 from torchlens_jax import compiled as compiled_path
 from torchlens_jax.cache_keys import Probe
@@ -350,7 +350,7 @@ def answer(probe: Probe, skeleton: Skeleton) -> Trace | None:
             values[_OUT] = tree.get(model_output, source[1])
         elif values[_SAVED]:
             values[_OUT] = by_slot[source[1]] if source[0] == _SLOT else resolve(source)
-        ops.append(OpRecord(*values))
+        ops.append(op_from_fields(values))  # (the template's dtype is a str; nothing of a new record is on disk)
     modules = {}
     for module, passes in skeleton.modules:
         record = module.make(_PASSES, [p.make() for p in passes])

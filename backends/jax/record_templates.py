@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from torchlens_core.ir import tree
-from torchlens_core.ir.records import ModulePass, ModuleRecord, OpRecord, ParamRecord
+from torchlens_core.ir.records import DType, ModulePass, ModuleRecord, OpRecord, ParamRecord
 
 
 @attrs.define(slots=True, eq=False)
@@ -60,6 +60,8 @@ def template(record: Any, **fields: Any) -> Template:
             value = fields[f.name]
         else:
             value = None if f.name in _DROPPED else getattr(record, f.name)
+        if type(value) is DType:  # the plain str the slot keeps: records are made from templates without the
+            value = str.__str__(value)  # property that converts it (records.op_from_fields)
         copier = fresh_template if f.name in _TEMPLATE_FIELDS else _copier(value)
         if copier is not None:
             value = copier(value)  # the template's own: the first trace's user may change its records

@@ -7,7 +7,7 @@ framework's own; the core reads them only through a backend's hooks.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
@@ -558,6 +558,60 @@ def new_op(
     op.label = op.layer_label = ""
     op.func_ordinal, op.pass_num, op.num_passes = 0, 1, 1
     op.parents, op.children, op.module_outputs, op.conditions = [], [], [], []
+    return op
+
+
+def op_from_fields(values: Sequence[Any]) -> OpRecord:
+    """``OpRecord(*values)``, ``values`` every field in order, made without the properties over ``out``,
+    ``pre_edit`` and ``dtype``: the dtype must be a str or None, and nothing may lie on disk (``stored`` None).
+
+    For a backend that makes new records from a remembered record's fields (JAX's capture cache: one a
+    repeated op): a third of the constructor's time. ``tests/test_record_schema.py`` holds it equal to the
+    constructor field by field (a field moved fails there; one added fails on every call).
+    """
+    op = _new_record(OpRecord)
+    (
+        op.index,
+        op.kind,
+        op.func_name,
+        op.call,
+        op.args,
+        op.kwargs,
+        op.stored,
+        out,
+        op.shape,
+        dtype,
+        op.device,
+        op.module_passes,
+        op.params,
+        op.source,
+        op.in_place,
+        op.code_context,
+        op.elapsed,
+        op.condition_indices,
+        op.layer_key,
+        op.meta,
+        op.parent_indices,
+        op.saved,
+        op.edits,
+        pre_edit,
+        op.grad,
+        op.grad_status,
+        op.label,
+        op.layer_label,
+        op.func_ordinal,
+        op.pass_num,
+        op.num_passes,
+        op.parents,
+        op.children,
+        op.module_outputs,
+        op.conditions,
+        op.trace_ref,
+        op.cost,
+    ) = values
+    _set_out(op, out)
+    _set_dtype(op, dtype)
+    _set_pre_edit(op, pre_edit)
     return op
 
 
