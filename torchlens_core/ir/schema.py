@@ -32,6 +32,11 @@ MAX_WALK = 1 << 20  # values in one op's arguments
 _SCALARS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 _NOT_FOUND = object()
 _INF = math.inf
+# Types of argument values that hold no others (arrays, dtypes, functions): tree.children gives a value none by
+# its type alone, so the check of an op's reads asks it once a type. Strong references, bounded (classes made at
+# run time) and cleared whole when full.
+_LEAVES: set[type] = set()
+_MAX_LEAVES = 1024
 
 SHAPE_FORM = (
     "None (no array), a tuple of ints for one array (``(2, 3)``), or for several outputs a tuple with "
@@ -235,7 +240,7 @@ def _reads_problem(
                 if not isinstance(x.name, str):
                     return f"a ParamRef should name a parameter by str, not {_show(x.name)}"
                 read.add(x.name)
-            elif t not in _SCALARS:
+            elif t not in _SCALARS and t not in _LEAVES:
                 budget -= 1
                 if not budget:
                     return f"its arguments hold more than {MAX_WALK} containers, or a container that holds itself"
@@ -247,6 +252,11 @@ def _reads_problem(
                     kids = tree.children(x)  # namedtuples, dict subclasses, dataclasses
                     if kids:
                         pending.append([v for _, v in kids])
+                    elif kids is None and x.__class__ is t:  # a leaf (a constant array): so is every value of
+                        # its type (unless it passes for another class, as a proxy may, which isinstance believes)
+                        if len(_LEAVES) >= _MAX_LEAVES:
+                            _LEAVES.clear()
+                        _LEAVES.add(t)
     if parents != set(parent_indices):
         return (
             f"its arguments read ops {sorted(parents)}, but parent_indices lists {sorted(set(parent_indices))}:"
